@@ -1,0 +1,162 @@
+"""Hugging Face checkpoint layout for our Paddle models: `config.json` + `model.safetensors` (or shards + index).
+
+Parameter names are HF's; Linear weights are transposed on the way in and out (Paddle [in, out], HF [out, in]).
+Loading is strict: a missing, unexpected or mis-shaped tensor is an error naming the tensor and the file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Dict, Iterable, Optional
+
+import paddle
+import paddle.nn as nn
+from safetensors import SafetensorError, safe_open
+from safetensors.paddle import save_file
+
+from alignment.fileio import atomic_directory
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "tokenizer.model")
+DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
+IGNORED_ON_LOAD = ("rotary_emb.inv_freq",)  # buffers some HF versions store; we recompute them
+
+
+def linear_weight_names(model: nn.Layer) -> set:
+    return {f"{name}.weight" if name else "weight" for name, sub in model.named_sublayers(include_self=True)
+            if isinstance(sub, nn.Linear)}
+
+
+def hf_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
+    """Model parameters under HF names and orientation, contiguous, ready for safetensors."""
+    linear = linear_weight_names(model)
+    out = {}
+    for name, tensor in model.state_dict().items():
+        out[name] = tensor.T.contiguous() if name in linear else tensor.contiguous()
+    return out
+
+
+def _weight_files(path: str) -> Iterable[str]:
+    index = os.path.join(path, WEIGHTS_INDEX_NAME)
+    if os.path.exists(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise ValueError(f"{index}: not a valid safetensors index ({err})") from err
+        return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
+    single = os.path.join(path, WEIGHTS_NAME)
+    if not os.path.exists(single):
+        raise FileNotFoundError(f"{path}: no {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME} (not an HF safetensors checkpoint)")
+    return [single]
+
+
+def load_hf_state_dict(path: str) -> Dict[str, tuple]:
+    """{name: (tensor, file)} for every tensor in the checkpoint directory."""
+    tensors = {}
+    for file in _weight_files(path):
+        if not os.path.exists(file):
+            raise FileNotFoundError(f"{file}: listed in {WEIGHTS_INDEX_NAME} but missing")
+        try:
+            with safe_open(file, framework="paddle") as f:
+                for key in f.keys():
+                    tensors[key] = (f.get_tensor(key), file)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"{file}: cannot read safetensors file, truncated or corrupt? ({err})") from err
+    return tensors
+
+
+def load_weights(model: nn.Layer, path: str, strict: bool = True, ignore_missing: Iterable[str] = ()) -> list:
+    """Copy an HF checkpoint into `model`; return the names left uninitialised (allowed by `ignore_missing`)."""
+    loaded = load_hf_state_dict(path)
+    linear = linear_weight_names(model)
+    own = model.state_dict()
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        loaded.pop("lm_head.weight", None)
+    unexpected = sorted(k for k in loaded if k not in own and not k.endswith(IGNORED_ON_LOAD))
+    missing = sorted(k for k in own if k not in loaded)
+    not_allowed = [k for k in missing if not any(k.startswith(prefix) for prefix in ignore_missing)]
+    if strict and (unexpected or not_allowed):
+        raise ValueError(
+            f"{path}: checkpoint does not match the model config: missing tensors {not_allowed[:8]}"
+            f"{' ...' if len(not_allowed) > 8 else ''}, unexpected tensors {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}"
+        )
+    for name, param in own.items():
+        if name not in loaded:
+            continue
+        tensor, file = loaded[name]
+        if name in linear:
+            tensor = tensor.T
+        if list(tensor.shape) != list(param.shape):
+            hf_shape = list(loaded[name][0].shape)
+            raise ValueError(f"{file}: tensor {name} has shape {hf_shape}, the model config expects "
+                             f"{list(param.shape)[::-1] if name in linear else list(param.shape)}")
+        param.set_value(tensor.astype(param.dtype))
+    return missing
+
+
+def save_weights(model: nn.Layer, path: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+    """Write safetensors weights into the existing directory `path`, sharded with an index when large."""
+    state = hf_state_dict(model)
+    shards, current, size = [], {}, 0
+    for name in sorted(state):
+        nbytes = int(state[name].numel()) * state[name].element_size()
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = state[name]
+        size += nbytes
+    shards.append(current)
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+        return
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
+        for name, tensor in shard.items():
+            weight_map[name] = file
+            total += int(tensor.numel()) * tensor.element_size()
+    with open(os.path.join(path, WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+
+
+def copy_tokenizer_files(src: str, dst: str) -> None:
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+
+
+class PretrainedMixin:
+    """`from_pretrained(dir)` / `save_pretrained(dir)` for layers with a `config` having the same methods."""
+
+    config_class = None
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype: str = "float32", **config_overrides):
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{path}: model directory not found")
+        config = cls.config_class.from_pretrained(path)
+        for key, value in config_overrides.items():
+            if not hasattr(config, key):
+                raise ValueError(f"{path}: unknown config override {key!r}")
+            setattr(config, key, value)
+        model = cls(config)
+        if dtype != "float32":
+            model.to(dtype=dtype)
+        load_weights(model, path)
+        model.eval()
+        return model
+
+    def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None,
+                        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+        """Write config + weights (+ tokenizer files copied from `tokenizer_dir`) atomically to `path`."""
+        with atomic_directory(path) as tmp:
+            self.config.save_pretrained(tmp)
+            save_weights(self, tmp, max_shard_bytes)
+            if tokenizer_dir:
+                copy_tokenizer_files(tokenizer_dir, tmp)

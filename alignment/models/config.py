@@ -1,0 +1,114 @@
+"""LlamaConfig: the model hyper-parameters, read from and written to a Hugging Face `config.json`.
+
+One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA) and Qwen2 (q/k/v bias), following
+transformers' key names so checkpoints move both ways between this project, paddleformers and transformers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+CONFIG_NAME = "config.json"
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclasses.dataclass
+class LlamaConfig:
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: Optional[int] = None  # None = num_attention_heads (multi-head attention)
+    head_dim: Optional[int] = None  # None = hidden_size // num_attention_heads
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v/o bias (LLaMA convention); Qwen2 always has q/k/v bias, see qkv_bias
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    initializer_range: float = 0.02
+    bos_token_id: Optional[int] = 1
+    eos_token_id: Optional[Any] = 2  # int or list of ints
+    pad_token_id: Optional[int] = None
+    model_type: str = "llama"
+    architectures: Optional[list] = None
+    recompute: bool = False  # activation checkpointing per decoder layer; a run-time switch, not saved
+    extra: dict = dataclasses.field(default_factory=dict)  # unknown keys from config.json, written back unchanged
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {self.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu' / SwiGLU)")
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2"
+
+    @property
+    def eos_token_ids(self) -> list:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LlamaConfig":
+        data = dict(data)
+        rope = data.pop("rope_parameters", None) or data.get("rope_scaling") or {}
+        if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in data:
+            data["rope_theta"] = rope["rope_theta"]
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if rope_type not in ("default", None):
+            raise ValueError(f"rope scaling type {rope_type!r} is not supported yet (only default RoPE)")
+        if data.pop("use_sliding_window", False):
+            raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "recompute"}
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names}
+        return cls(**known, extra=extra)
+
+    def to_dict(self) -> dict:
+        out = dict(self.extra)
+        for field in dataclasses.fields(self):
+            if field.name not in ("extra", "recompute"):
+                out[field.name] = getattr(self, field.name)
+        out["architectures"] = self.architectures or [_ARCHITECTURE[self.model_type]]
+        out.setdefault("torch_dtype", "float32")
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "LlamaConfig":
+        file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+        if not os.path.exists(file):
+            raise FileNotFoundError(f"{file}: no model config found (expected a Hugging Face checkpoint directory)")
+        try:
+            with open(file, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file}: not valid JSON ({err})") from err
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{file}: {err}") from err
+
+    def save_pretrained(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}

@@ -1,0 +1,144 @@
+"""Batched sampling with a KV cache: greedy, temperature, top-k, top-p, repetition penalty, per-row eos stops.
+
+Prompts are left-padded ([pad pad a b c]) so every row's next token lands in the same column; positions come
+from the attention mask so padding does not shift RoPE.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, NamedTuple, Optional, Union
+
+import paddle
+import paddle.nn.functional as F
+
+
+@dataclasses.dataclass
+class GenerationConfig:
+    max_new_tokens: int = 64
+    do_sample: bool = True  # False = greedy (argmax); temperature/top_k/top_p are then ignored
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    repetition_penalty: float = 1.0  # HF/CTRL style: divide positive logits of seen tokens, multiply negative ones
+    eos_token_id: Optional[Union[int, List[int]]] = None
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def eos_ids(self) -> List[int]:
+        if self.eos_token_id is None:
+            return []
+        return list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id]
+
+
+class GenerationOutput(NamedTuple):
+    sequences: paddle.Tensor  # [b, prompt_len + new_len]: the left-padded prompt, then the response
+    response_mask: paddle.Tensor  # [b, new_len] int64: 1 for generated tokens up to and including eos
+
+
+def apply_repetition_penalty(logits, seen, penalty: float):
+    """logits [b, vocab] float32, seen [b, vocab] bool."""
+    penalised = paddle.where(logits > 0, logits / penalty, logits * penalty)
+    return paddle.where(seen, penalised, logits)
+
+
+def apply_top_k(logits, k: int):
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = paddle.topk(logits, k, axis=-1)[0][:, -1:]  # [b, 1]
+    return paddle.where(logits < kth, paddle.full_like(logits, float("-inf")), logits)
+
+
+def apply_top_p(logits, p: float):
+    """Keep the smallest set of tokens whose probability reaches p (always at least the most likely one)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = paddle.sort(logits, axis=-1, descending=True), paddle.argsort(logits, axis=-1,
+                                                                                        descending=True)
+    sorted_probs = F.softmax(sorted_logits, axis=-1)
+    mass_before = paddle.cumsum(sorted_probs, axis=-1) - sorted_probs  # [b, vocab]
+    sorted_logits = paddle.where(mass_before >= p, paddle.full_like(sorted_logits, float("-inf")), sorted_logits)
+    return paddle.put_along_axis(paddle.zeros_like(logits), order, sorted_logits, axis=-1)
+
+
+def next_token(logits, config: GenerationConfig, seen):
+    """logits [b, vocab] float32 -> token ids [b]."""
+    if config.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if not config.do_sample:
+        return paddle.argmax(logits, axis=-1)
+    logits = apply_top_p(apply_top_k(logits / config.temperature, config.top_k), config.top_p)
+    return paddle.multinomial(F.softmax(logits, axis=-1), num_samples=1).squeeze(-1)
+
+
+def mark_seen(seen, ids, mask):
+    """seen [b, vocab] bool |= one-hot of ids [b, s] where mask [b, s] is 1."""
+    counts = paddle.put_along_axis(paddle.zeros(seen.shape, "float32"), ids, mask.astype("float32"), axis=1,
+                                   reduce="add")
+    return paddle.logical_or(seen, counts > 0)
+
+
+@paddle.no_grad()
+def generate(model, input_ids, attention_mask, config: GenerationConfig) -> GenerationOutput:
+    """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens."""
+    b = input_ids.shape[0]
+    attention_mask = attention_mask.astype("int64")
+    seen = paddle.zeros([b, model.config.vocab_size], dtype="bool")
+    if config.repetition_penalty != 1.0:
+        seen = mark_seen(seen, input_ids, attention_mask)
+    eos = paddle.to_tensor(config.eos_ids or [-1], dtype="int64")
+    finished = paddle.zeros([b], dtype="bool")
+    out = model(input_ids, attention_mask=attention_mask, use_cache=True, last_only=True)
+    tokens, alive = [], []
+    for _ in range(config.max_new_tokens):
+        token = next_token(out.logits[:, -1], config, seen)  # [b]
+        token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
+        alive.append(paddle.logical_not(finished))
+        tokens.append(token)
+        finished = paddle.logical_or(finished, paddle.isin(token, eos))
+        if bool(finished.all()):
+            break
+        if config.repetition_penalty != 1.0:
+            seen = mark_seen(seen, token.unsqueeze(-1), paddle.ones([b, 1], "int64"))
+        attention_mask = paddle.concat([attention_mask, paddle.ones([b, 1], "int64")], axis=1)
+        out = model(token.unsqueeze(-1), attention_mask=attention_mask, past_key_values=out.past_key_values,
+                    use_cache=True, last_only=True)
+    response = paddle.stack(tokens, axis=1)  # [b, new_len]
+    response_mask = paddle.stack(alive, axis=1).astype("int64")
+    return GenerationOutput(paddle.concat([input_ids, response], axis=1), response_mask)
+
+
+@paddle.no_grad()
+def generate_without_cache(model, input_ids, attention_mask, config: GenerationConfig) -> GenerationOutput:
+    """Reference path: recompute the whole sequence each step. Same tokens as `generate` under greedy decoding."""
+    b = input_ids.shape[0]
+    attention_mask = attention_mask.astype("int64")
+    seen = paddle.zeros([b, model.config.vocab_size], dtype="bool")
+    if config.repetition_penalty != 1.0:
+        seen = mark_seen(seen, input_ids, attention_mask)
+    eos = paddle.to_tensor(config.eos_ids or [-1], dtype="int64")
+    finished = paddle.zeros([b], dtype="bool")
+    sequences, tokens, alive = input_ids, [], []
+    for _ in range(config.max_new_tokens):
+        logits = model(sequences, attention_mask=attention_mask, last_only=True).logits[:, -1]
+        token = next_token(logits, config, seen)
+        token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
+        alive.append(paddle.logical_not(finished))
+        tokens.append(token)
+        finished = paddle.logical_or(finished, paddle.isin(token, eos))
+        sequences = paddle.concat([sequences, token.unsqueeze(-1)], axis=1)
+        attention_mask = paddle.concat([attention_mask, paddle.ones([b, 1], "int64")], axis=1)
+        if config.repetition_penalty != 1.0:
+            seen = mark_seen(seen, token.unsqueeze(-1), paddle.ones([b, 1], "int64"))
+        if bool(finished.all()):
+            break
+    return GenerationOutput(sequences, paddle.stack(alive, axis=1).astype("int64"))

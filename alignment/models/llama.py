@@ -1,0 +1,207 @@
+"""A LLaMA-family causal LM in plain Paddle: RMSNorm, RoPE, grouped-query attention, SwiGLU, KV cache.
+
+Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so checkpoint
+conversion is a transpose of the Linear weights (Paddle stores them [in, out], HF [out, in]); see checkpoint.py.
+Shapes: b = batch, s = new (query) positions, t = all key positions (cache + new), h = heads, d = head_dim.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, NamedTuple, Optional, Tuple
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+from paddle.distributed.fleet.utils import recompute
+
+from alignment.models.checkpoint import PretrainedMixin
+from alignment.models.config import LlamaConfig
+
+KVCache = List[Tuple[paddle.Tensor, paddle.Tensor]]  # per layer (k, v), each [b, t, kv_heads, d]
+MASK_VALUE = -1e9  # finite, so a query whose keys are all padding gets uniform attention instead of NaN
+
+
+class CausalLMOutput(NamedTuple):
+    logits: Optional[paddle.Tensor]  # [b, s, vocab] (None when only hidden states were asked for)
+    hidden_states: paddle.Tensor  # [b, s, hidden] after the final norm
+    past_key_values: Optional[KVCache]
+
+
+class RMSNorm(nn.Layer):
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
+        self.eps = eps
+
+    def forward(self, x):
+        # paddle.square is ~3x faster than x.pow(2) on CPU (measured)
+        variance = paddle.square(x.astype("float32")).mean(axis=-1, keepdim=True)
+        normed = x.astype("float32") * paddle.rsqrt(variance + self.eps)
+        return normed.astype(x.dtype) * self.weight
+
+
+def rope_cos_sin(position_ids, head_dim: int, theta: float, dtype):
+    """position_ids [b, s] -> cos, sin [b, s, 1, d] (HF's rotate-half layout: both halves share frequencies)."""
+    inv_freq = 1.0 / (theta ** (paddle.arange(0, head_dim, 2, dtype="float32") / head_dim))  # [d/2]
+    freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freq  # [b, s, d/2]
+    emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)  # [b, s, 1, d]
+    return emb.cos().astype(dtype), emb.sin().astype(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """x [b, s, heads, d]."""
+    x1, x2 = x.chunk(2, axis=-1)
+    return x * cos + paddle.concat([-x2, x1], axis=-1) * sin
+
+
+def attention_bias(attention_mask, query_len: int, dtype):
+    """attention_mask [b, t] (1 = real token, covering cache + new) -> additive bias [b, 1, s, t], causal."""
+    total = attention_mask.shape[1]
+    key_pos = paddle.arange(total).unsqueeze(0)  # [1, t]
+    query_pos = paddle.arange(total - query_len, total).unsqueeze(1)  # [s, 1]
+    allowed = (key_pos <= query_pos).unsqueeze(0) & (attention_mask.unsqueeze(1) > 0)  # [b, s, t]
+    zeros = paddle.zeros(allowed.shape, dtype=dtype)
+    return paddle.where(allowed, zeros, paddle.full_like(zeros, MASK_VALUE)).unsqueeze(1)
+
+
+def positions_from_mask(attention_mask):
+    """Position ids that skip left padding: [b, t] -> [b, t], 0 at the first real token."""
+    return paddle.clip(attention_mask.astype("int64").cumsum(axis=-1) - 1, min=0)
+
+
+class Attention(nn.Layer):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        qkv_bias = config.attention_bias or config.qkv_bias
+        hidden, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias_attr=None if qkv_bias else False)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias_attr=None if qkv_bias else False)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias_attr=None if qkv_bias else False)
+        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias_attr=None if config.attention_bias else False)
+
+    def forward(self, x, cos, sin, bias, past: Optional[Tuple] = None):
+        b, s, _ = x.shape
+        q = self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim])
+        k = self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
+        v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if past is not None:
+            k = paddle.concat([past[0], k], axis=1)  # [b, t, kv_heads, d]
+            v = paddle.concat([past[1], v], axis=1)
+        present = (k, v)
+        q = q.transpose([0, 2, 1, 3])  # [b, h, s, d]
+        k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])  # [b, kv_heads, t, d]
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, axis=1)  # [b, h, t, d]
+            v = v.repeat_interleave(groups, axis=1)
+        # plain matmul-softmax: ~3x faster than F.scaled_dot_product_attention for CPU generation (measured)
+        scores = paddle.matmul(q, k, transpose_y=True) / math.sqrt(self.head_dim) + bias  # [b, h, s, t]
+        probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)
+        out = paddle.matmul(probs, v).transpose([0, 2, 1, 3]).reshape([b, s, self.num_heads * self.head_dim])
+        return self.o_proj(out), present
+
+
+class MLP(nn.Layer):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        bias = None if config.mlp_bias else False
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias_attr=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias_attr=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias_attr=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class DecoderLayer(nn.Layer):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, bias, past=None):
+        attn, present = self.self_attn(self.input_layernorm(x), cos, sin, bias, past)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), present
+
+
+class LlamaModel(nn.Layer):
+    """The decoder stack without a head: used by the causal LM and by score models (reward, critic)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        # no padding_idx: pad may be a real token (SmolLM2 pads with <|im_end|>), whose embedding must not be zero
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: Optional[KVCache] = None,
+                use_cache: bool = False):
+        """input_ids [b, s]; attention_mask [b, t] over cache + new tokens; position_ids [b, s]."""
+        b, s = input_ids.shape
+        past_len = 0 if past_key_values is None else past_key_values[0][0].shape[1]
+        if attention_mask is None:
+            attention_mask = paddle.ones([b, past_len + s], dtype="int64")
+        if position_ids is None:
+            position_ids = positions_from_mask(attention_mask)[:, past_len:]
+        x = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
+        bias = attention_bias(attention_mask, s, x.dtype)
+        presents = []
+        for i, layer in enumerate(self.layers):
+            past = None if past_key_values is None else past_key_values[i]
+            if self.config.recompute and self.training and not use_cache:
+                # non-reentrant recompute of the hidden state only: the reentrant PyLayer path crashed on the
+                # (k, v) outputs that training does not need
+                x = recompute(lambda h, layer=layer: layer(h, cos, sin, bias)[0], x, use_reentrant=False)
+                present = None
+            else:
+                x, present = layer(x, cos, sin, bias, past)
+            presents.append(present)
+        return self.norm(x), (presents if use_cache else None)
+
+
+class LlamaForCausalLM(PretrainedMixin, nn.Layer):
+    config_class = LlamaConfig
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias_attr=False)
+        init_weights(self, config.initializer_range)
+
+    def compute_logits(self, hidden):
+        """hidden [b, s, hidden] -> logits [b, s, vocab] in float32."""
+        if self.config.tie_word_embeddings:
+            logits = paddle.matmul(hidden, self.model.embed_tokens.weight, transpose_y=True)
+        else:
+            logits = self.lm_head(hidden)
+        return logits.astype("float32")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                last_only: bool = False) -> CausalLMOutput:
+        """last_only: compute logits for the final position only (generation), saving a [b, s, vocab] matmul."""
+        hidden, presents = self.model(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        logits = self.compute_logits(hidden[:, -1:] if last_only else hidden)
+        return CausalLMOutput(logits, hidden, presents)
+
+    def num_parameters(self) -> int:
+        return sum(int(p.numel()) for p in self.parameters())
+
+
+def init_weights(layer: nn.Layer, std: float) -> None:
+    """HF's initialisation: normal(0, std) for Linear and Embedding weights, zero biases, unit norms."""
+    for sub in layer.sublayers(include_self=True):
+        if isinstance(sub, (nn.Linear, nn.Embedding)):
+            sub.weight.set_value(paddle.normal(0.0, std, sub.weight.shape).astype(sub.weight.dtype))
+        if isinstance(sub, nn.Linear) and sub.bias is not None:
+            sub.bias.set_value(paddle.zeros(sub.bias.shape, dtype=sub.bias.dtype))

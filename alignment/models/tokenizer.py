@@ -1,0 +1,119 @@
+"""A thin tokenizer over the `tokenizers` library, reading the Hugging Face files of a checkpoint directory.
+
+`tokenizer.json` gives the model; `tokenizer_config.json` gives the special tokens and the chat template
+(rendered with jinja2 as transformers does). Checkpoints without a chat template use DEFAULT_CHAT_TEMPLATE,
+the plain "BEGINNING OF CONVERSATION: USER: ... ASSISTANT:" format of safe-rlhf and PaddleNLP's PPO.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Optional
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}BEGINNING OF CONVERSATION:{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'user' %} USER: {{ message['content'] }}"
+    "{% else %} ASSISTANT:{{ message['content'] }}{{ eos_token }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %} ASSISTANT:{% endif %}"
+)
+
+
+def _token_string(value) -> Optional[str]:
+    """tokenizer_config.json stores special tokens as strings or as {"content": ...} dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _raise_template_error(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+class Tokenizer:
+    def __init__(self, tokenizer: HFTokenizer, config: Dict, name_or_path: str = ""):
+        self._tok = tokenizer
+        self.config = config
+        self.name_or_path = name_or_path
+        self.chat_template = config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        self.bos_token = _token_string(config.get("bos_token"))
+        self.eos_token = _token_string(config.get("eos_token"))
+        self.pad_token = _token_string(config.get("pad_token")) or self.eos_token
+        self.add_bos_token = bool(config.get("add_bos_token", False))
+        self.model_max_length = int(config.get("model_max_length", 10**9))
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "Tokenizer":
+        file = os.path.join(path, "tokenizer.json")
+        if not os.path.exists(file):
+            raise FileNotFoundError(f"{file}: tokenizer not found (a checkpoint directory needs tokenizer.json)")
+        config_file = os.path.join(path, "tokenizer_config.json")
+        config = {}
+        if os.path.exists(config_file):
+            with open(config_file, encoding="utf-8") as f:
+                config = json.load(f)
+        template_file = os.path.join(path, "chat_template.jinja")
+        if os.path.exists(template_file) and not config.get("chat_template"):
+            with open(template_file, encoding="utf-8") as f:
+                config["chat_template"] = f.read()
+        return cls(HFTokenizer.from_file(file), config, path)
+
+    def save_pretrained(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        self._tok.save(os.path.join(path, "tokenizer.json"))
+        with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(self.config, f, indent=2, ensure_ascii=False)
+
+    def token_to_id(self, token: Optional[str]) -> Optional[int]:
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def bos_token_id(self) -> Optional[int]:
+        return self.token_to_id(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        return self.token_to_id(self.eos_token)
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.token_to_id(self.pad_token)
+        if pad is None:
+            raise ValueError(f"{self.name_or_path}: tokenizer has neither a pad nor an eos token")
+        return pad
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> List[int]:
+        """Token ids of `text`; special tokens written in the text (e.g. <|im_start|>) are recognised."""
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, batch, skip_special_tokens: bool = True) -> List[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in batch]
+
+    def apply_chat_template(self, messages: List[Dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """Render a conversation to text with the checkpoint's chat template (as transformers does)."""
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_template_error
+        template = env.from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def chat_messages(self, turns) -> List[Dict[str, str]]:
+        """A prompt string or an alternating user/assistant list of turns -> chat messages."""
+        if isinstance(turns, str):
+            turns = [turns]
+        return [{"role": "user" if i % 2 == 0 else "assistant", "content": text} for i, text in enumerate(turns)]

@@ -1,0 +1,9 @@
+import os
+import sys
+
+# thread settings must be in place before paddle is imported (see alignment/cpu_env.py)
+for _key, _value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2", "MKL_DEBUG_CPU_TYPE": "5"}.items():
+    os.environ.setdefault(_key, _value)
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,0 +1,155 @@
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from alignment.models import GenerationConfig, LlamaConfig, LlamaForCausalLM, generate, generate_without_cache
+from alignment.models.generation import apply_repetition_penalty, apply_top_k, apply_top_p
+
+TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, initializer_range=0.3)
+
+
+def tiny_model(**overrides):
+    paddle.seed(7)
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides}))
+    model.eval()
+    return model
+
+
+def left_padded_batch():
+    ids = paddle.to_tensor([[0, 0, 0, 5, 9, 11], [4, 8, 15, 16, 23, 42], [0, 3, 1, 4, 1, 5]])
+    mask = paddle.to_tensor([[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    return ids, mask
+
+
+def test_save_then_load_round_trips_exactly_in_hf_layout(tmp_path):
+    model = tiny_model(model_type="qwen2")
+    model.save_pretrained(str(tmp_path / "ckpt"))
+    config = json.load(open(tmp_path / "ckpt" / "config.json"))
+    for key in ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "rms_norm_eps", "rope_theta", "architectures"):
+        assert key in config
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), framework="numpy") as f:
+        names = set(f.keys())
+        assert f.get_tensor("model.layers.0.self_attn.q_proj.weight").shape == (32, 32)  # HF [out, in]
+        assert f.get_tensor("model.layers.1.self_attn.k_proj.weight").shape == (16, 32)
+        assert f.get_tensor("lm_head.weight").shape == (97, 32)
+    assert "model.layers.1.mlp.gate_proj.weight" in names and "model.norm.weight" in names
+    loaded = LlamaForCausalLM.from_pretrained(str(tmp_path / "ckpt"))
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)
+    assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+
+
+def test_sharded_save_writes_index_and_loads(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(str(tmp_path / "ckpt"), max_shard_bytes=20_000)
+    files = os.listdir(tmp_path / "ckpt")
+    assert "model.safetensors.index.json" in files and len([f for f in files if f.endswith(".safetensors")]) > 2
+    ids, mask = left_padded_batch()
+    loaded = LlamaForCausalLM.from_pretrained(str(tmp_path / "ckpt"))
+    np.testing.assert_array_equal(loaded(ids, mask).logits.numpy(), model(ids, mask).logits.numpy())
+
+
+def test_config_mismatch_and_truncated_weights_give_clear_errors(tmp_path):
+    model = tiny_model()
+    path = str(tmp_path / "ckpt")
+    model.save_pretrained(path)
+    config = json.load(open(os.path.join(path, "config.json")))
+    config["intermediate_size"] = 48
+    json.dump(config, open(os.path.join(path, "config.json"), "w"))
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\..*shape"):
+        LlamaForCausalLM.from_pretrained(path)
+    model.save_pretrained(path)
+    weights = os.path.join(path, "model.safetensors")
+    data = open(weights, "rb").read()
+    open(weights, "wb").write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="model.safetensors: cannot read safetensors file"):
+        LlamaForCausalLM.from_pretrained(path)
+
+
+def test_kv_cache_forward_equals_full_forward_with_left_padding():
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    full = model(ids, mask).logits
+    first = model(ids[:, :4], mask[:, :4], use_cache=True)
+    second = model(ids[:, 4:], mask, past_key_values=first.past_key_values, use_cache=True)
+    both = paddle.concat([first.logits, second.logits], axis=1)
+    valid = mask.numpy().astype(bool)
+    assert np.abs(both.numpy()[valid] - full.numpy()[valid]).max() < 1e-5
+
+
+def test_left_padding_does_not_change_a_rows_logits():
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    padded = model(ids, mask).logits[0, 3:]
+    alone = model(ids[0:1, 3:]).logits[0]
+    assert np.abs(padded.numpy() - alone.numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_kv_cache_greedy_generation_equals_recomputation(penalty):
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, repetition_penalty=penalty)
+    cached = generate(model, ids, mask, config)
+    recomputed = generate_without_cache(model, ids, mask, config)
+    np.testing.assert_array_equal(cached.sequences.numpy(), recomputed.sequences.numpy())
+    assert cached.sequences.shape == [3, 18]
+
+
+def test_eos_stops_rows_independently_and_pads_after():
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    free = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False)).sequences.numpy()
+    eos = int(free[0, 6 + 2])  # row 0's third generated token becomes the eos
+    out = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=[eos],
+                                                       pad_token_id=0))
+    seq, resp_mask = out.sequences.numpy(), out.response_mask.numpy()
+    first_eos = list(seq[0, 6:]).index(eos)
+    assert first_eos <= 2
+    assert (seq[0, 6 + first_eos + 1:] == 0).all()
+    assert resp_mask[0].tolist() == [1] * (first_eos + 1) + [0] * (seq.shape[1] - 6 - first_eos - 1)
+    for row in range(3):  # rows that never emit eos run to the end
+        if eos not in seq[row, 6:]:
+            assert resp_mask[row].all()
+
+
+def test_sampling_is_reproducible_with_seed_and_respects_top_k_1():
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    config = GenerationConfig(max_new_tokens=6, do_sample=True, temperature=0.7, top_p=0.9)
+    paddle.seed(3)
+    a = generate(model, ids, mask, config).sequences.numpy()
+    paddle.seed(3)
+    b = generate(model, ids, mask, config).sequences.numpy()
+    np.testing.assert_array_equal(a, b)
+    greedy = generate(model, ids, mask, GenerationConfig(max_new_tokens=6, do_sample=False)).sequences.numpy()
+    top1 = generate(model, ids, mask, GenerationConfig(max_new_tokens=6, top_k=1, temperature=2.0)).sequences
+    np.testing.assert_array_equal(top1.numpy(), greedy)
+
+
+def test_logit_processors_against_hand_computed_values():
+    logits = paddle.to_tensor([[2.0, -1.0, 0.5, 1.0]])
+    seen = paddle.to_tensor([[True, True, False, False]])
+    np.testing.assert_allclose(apply_repetition_penalty(logits, seen, 2.0).numpy(), [[1.0, -2.0, 0.5, 1.0]])
+    assert np.isinf(apply_top_k(logits, 2).numpy()).tolist() == [[False, True, True, False]]
+    # probs of [2, -1, .5, 1] = [.574, .029, .128, .211]: top_p .7 keeps 2.0 and 1.0 (mass .785)
+    kept = ~np.isinf(apply_top_p(logits, 0.7).numpy())
+    assert kept.tolist() == [[True, False, False, True]]
+    assert (~np.isinf(apply_top_p(logits, 0.5).numpy())).tolist() == [[True, False, False, False]]
+
+
+def test_recompute_gives_the_same_gradients():
+    grads = []
+    for recompute in (False, True):
+        model = tiny_model(recompute=recompute)
+        model.train()
+        ids, mask = left_padded_batch()
+        model(ids, mask).logits.mean().backward()
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad.numpy())
+    np.testing.assert_allclose(grads[0], grads[1], atol=1e-7)
