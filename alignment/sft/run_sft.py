@@ -1,0 +1,52 @@
+"""Stage 1, supervised fine-tuning.
+
+    python alignment/sft/run_sft.py config/tiny/sft_argument.json [--key value ...]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.args import ArgumentError, ArgumentParser, to_dict  # noqa: E402
+from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
+from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.training.setup import fail, load_raw, print_arguments  # noqa: E402
+
+
+def main(argv=None) -> dict:
+    try:
+        model_args, data_args, train_args = ArgumentParser(ModelArguments, DataArguments, TrainingArguments).parse_args(
+            sys.argv[1:] if argv is None else argv)
+    except ArgumentError as err:
+        fail(err)
+    effective = to_dict(model_args, data_args, train_args)
+    print_arguments(effective)
+
+    from alignment.data.tokenized import SupervisedDataset, collate_supervised
+    from alignment.models import LlamaForCausalLM, Tokenizer
+    from alignment.sft.trainer import SupervisedTrainer
+    from alignment.training.trainer import set_seed
+
+    set_seed(train_args.seed)
+    tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+    train_raw, eval_raw = load_raw(data_args, train_args.seed)
+    train_set = SupervisedDataset(train_raw, tokenizer, data_args.max_length)
+    eval_set = SupervisedDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
+    print(f"train: {len(train_set)} samples {train_set.stats}" +
+          (f"; eval: {len(eval_set)} samples {eval_set.stats}" if eval_set is not None else ""))
+    model = LlamaForCausalLM.from_pretrained(model_args.model_name_or_path, recompute=train_args.recompute)
+    trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
+                                lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
+    results = trainer.train()
+    final = os.path.join(train_args.output_dir, "model")
+    print(f"\nSFT done: {trainer.global_step} steps; model saved to {final}" +
+          (f"; eval loss {results['eval/loss']:.4f}" if "eval/loss" in results else ""))
+    print(f"next: use it as model_name_or_path of the reward model, or actor_model_name_or_path of PPO ({final})")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Training arguments shared by every stage, under PaddleNLP TrainingArguments' key names."""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Union
+
+from alignment.args import field
+
+LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
+DatasetSpecs = Union[str, List[str], dict]
+
+
+@dataclasses.dataclass
+class TrainingArguments:
+    output_dir: str = field("outputs/run", help="Directory for args.json, metrics.jsonl, VisualDL logs and checkpoints.")
+    seed: int = field(42, help="Seed for Python, numpy and Paddle RNGs (data order, dropout, sampling).")
+    max_steps: int = field(-1, help="Total optimizer steps; -1 = derive from num_train_epochs.")
+    num_train_epochs: float = field(1.0, help="Passes over the training data when max_steps is -1.")
+    per_device_train_batch_size: int = field(8, help="Samples per forward/backward pass on each device.")
+    per_device_eval_batch_size: int = field(8, help="Samples per evaluation forward pass on each device.")
+    gradient_accumulation_steps: int = field(1, help="Micro-batches accumulated into one optimizer step.")
+    learning_rate: float = field(2e-5, help="Peak learning rate of AdamW.")
+    min_learning_rate: float = field(0.0, help="Learning rate at the end of the linear/cosine decay.")
+    weight_decay: float = field(0.0, help="AdamW decoupled weight decay (not applied to norms and biases).")
+    adam_beta1: float = field(0.9, help="AdamW beta1.")
+    adam_beta2: float = field(0.95, help="AdamW beta2.")
+    adam_epsilon: float = field(1e-8, help="AdamW epsilon.")
+    max_grad_norm: float = field(1.0, help="Clip the global gradient norm to this value; 0 = no clipping.")
+    lr_scheduler_type: str = field("cosine", help=f"Learning-rate schedule after warmup: one of {LR_SCHEDULERS}.")
+    warmup_ratio: float = field(0.0, help="Fraction of the total steps spent in linear warmup.")
+    warmup_steps: int = field(0, help="Warmup steps; overrides warmup_ratio when > 0.")
+    logging_steps: int = field(10, help="Log loss, learning rate and throughput every N optimizer steps.")
+    do_eval: bool = field(True, help="Evaluate on eval_datasets (when given) every eval_steps and at the end.")
+    eval_steps: int = field(0, help="Evaluate every N optimizer steps; 0 = only at the end of training.")
+    save_steps: int = field(0, help="Save a checkpoint under output_dir/checkpoint-N every N steps; 0 = only the final one.")
+    save_total_limit: int = field(0, help="Keep only the newest N step checkpoints; 0 = keep all.")
+    recompute: bool = field(False, help="Activation checkpointing: recompute each decoder layer in backward (saves memory).")
+    disable_tqdm: bool = field(False, help="Hide the progress bar (logs are still printed and written).")
+    resume_from_checkpoint: Optional[str] = field(None, help="Not supported yet: resuming lands with the reliability work; must stay null.")
+
+    def validate(self) -> None:
+        positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                    "logging_steps")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"key {key!r} must be >= 1, got {getattr(self, key)}")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"key 'max_steps' must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}")
+        if self.max_steps == -1 and self.num_train_epochs <= 0:
+            raise ValueError("key 'num_train_epochs' must be > 0 when max_steps is -1")
+        if self.learning_rate <= 0:
+            raise ValueError(f"key 'learning_rate' must be > 0, got {self.learning_rate}")
+        if not 0 <= self.min_learning_rate <= self.learning_rate:
+            raise ValueError("key 'min_learning_rate' must be between 0 and learning_rate")
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            raise ValueError(f"key 'lr_scheduler_type' must be one of {LR_SCHEDULERS}, got {self.lr_scheduler_type!r}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"key 'warmup_ratio' must be in [0, 1), got {self.warmup_ratio}")
+        for key in ("eval_steps", "save_steps", "save_total_limit", "warmup_steps"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"key {key!r} must be >= 0, got {getattr(self, key)}")
+        if self.max_grad_norm < 0:
+            raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
+        if self.resume_from_checkpoint is not None:
+            raise ValueError("key 'resume_from_checkpoint' is not supported yet; remove it or set it to null")

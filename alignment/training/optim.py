@@ -1,0 +1,57 @@
+"""AdamW with warmup + linear / cosine / constant learning-rate schedules and global-norm clipping."""
+from __future__ import annotations
+
+import math
+
+import paddle
+
+from alignment.training.arguments import TrainingArguments
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate at `step` (0-based optimizer step)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule in ("constant", "constant_with_warmup"):
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "linear":
+        decay = 1.0 - progress
+    elif schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown lr_scheduler_type {schedule!r}")
+    return min_ratio + (1.0 - min_ratio) * decay
+
+
+def warmup_steps_for(args: TrainingArguments, total_steps: int) -> int:
+    return args.warmup_steps if args.warmup_steps > 0 else int(args.warmup_ratio * total_steps)
+
+
+def build_optimizer(model: paddle.nn.Layer, args: TrainingArguments, total_steps: int,
+                    learning_rate: float = None, weight_decay: float = None):
+    """Return (optimizer, scheduler). Norm weights and biases get no weight decay."""
+    peak = args.learning_rate if learning_rate is None else learning_rate
+    decay = args.weight_decay if weight_decay is None else weight_decay
+    warmup = warmup_steps_for(args, total_steps)
+    min_ratio = args.min_learning_rate / peak if peak > 0 else 0.0
+    scheduler = paddle.optimizer.lr.LambdaDecay(
+        peak, lambda step: lr_factor(step, total_steps, warmup, args.lr_scheduler_type, min_ratio))
+    no_decay = {p.name for n, p in model.named_parameters() if p.ndim == 1 or n.endswith("norm.weight")}
+    optimizer = paddle.optimizer.AdamW(
+        learning_rate=scheduler,
+        parameters=[p for p in model.parameters() if not p.stop_gradient],
+        beta1=args.adam_beta1,
+        beta2=args.adam_beta2,
+        epsilon=args.adam_epsilon,
+        weight_decay=decay,
+        apply_decay_param_fun=lambda name: name not in no_decay,
+        grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
+    )
+    return optimizer, scheduler
+
+
+def global_grad_norm(parameters) -> float:
+    """L2 norm over all gradients (before clipping), for logging."""
+    squares = [paddle.sum(paddle.square(p.grad.astype("float32"))) for p in parameters if p.grad is not None]
+    return float(paddle.sqrt(paddle.add_n(squares))) if squares else 0.0

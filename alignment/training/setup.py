@@ -1,0 +1,31 @@
+"""Start-of-run helpers shared by the entry points: argument echo, data loading, clean failures."""
+from __future__ import annotations
+
+import json
+import sys
+
+from alignment.data import DataFormatError, MixedRawDataset, import_user_modules
+
+
+def fail(error: Exception) -> None:
+    """Exit non-zero with a one-line message (no traceback) for errors the user can fix."""
+    print(f"error: {error}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def print_arguments(effective: dict) -> None:
+    print("effective arguments:\n" + json.dumps(effective, indent=2, sort_keys=True, default=str))
+
+
+def load_raw(data_args, seed: int):
+    """(train, eval or None) raw datasets from the argument specs; user modules are imported first."""
+    try:
+        import_user_modules(data_args.user_dataset_modules)
+        train = MixedRawDataset(data_args.train_datasets, seed=seed)
+        evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed) if data_args.eval_datasets else None
+    except (DataFormatError, FileNotFoundError, ValueError) as err:
+        fail(err)
+    for name, dataset in (("train", train), ("eval", evaluation)):
+        if dataset is not None:
+            print(f"{name} data: " + ", ".join(f"{s.name} {s.selected}/{s.available}" for s in dataset.sources))
+    return train, evaluation

@@ -1,0 +1,149 @@
+"""The training loop shared by the supervised stages (SFT, reward model): a subclass only defines its loss.
+
+    compute_loss(batch) -> (loss, metrics, weight)   # weight: what eval averages by (tokens, pairs, ...)
+
+Data order is a seeded permutation per epoch, so a run is reproducible from `seed`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import time
+from typing import Callable, Dict, Iterator, Optional
+
+import numpy as np
+import paddle
+from tqdm import tqdm
+
+from alignment.fileio import write_json_atomic
+from alignment.training.arguments import TrainingArguments
+from alignment.training.logger import MetricsLogger
+from alignment.training.optim import build_optimizer, global_grad_norm
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    paddle.seed(seed)
+
+
+def epoch_batches(num_items: int, batch_size: int, seed: int, shuffle: bool = True) -> Iterator[np.ndarray]:
+    """Index batches forever, a fresh seeded permutation each epoch (the last batch of an epoch may be short)."""
+    epoch = 0
+    while True:
+        order = np.random.default_rng(seed + epoch).permutation(num_items) if shuffle else np.arange(num_items)
+        for start in range(0, num_items, batch_size):
+            yield order[start: start + batch_size]
+        epoch += 1
+
+
+def to_tensors(batch: Dict[str, np.ndarray]) -> Dict[str, paddle.Tensor]:
+    return {k: paddle.to_tensor(v) for k, v in batch.items()}
+
+
+class Trainer:
+    def __init__(self, args: TrainingArguments, model, tokenizer, train_dataset, eval_dataset,
+                 collate_fn: Callable, effective_args: Optional[dict] = None):
+        self.args, self.model, self.tokenizer = args, model, tokenizer
+        self.train_dataset, self.eval_dataset, self.collate_fn = train_dataset, eval_dataset, collate_fn
+        if len(train_dataset) == 0:
+            raise ValueError("the training dataset is empty after tokenization (see the counts printed above)")
+        os.makedirs(args.output_dir, exist_ok=True)
+        if effective_args is not None:
+            write_json_atomic(os.path.join(args.output_dir, "args.json"), effective_args)
+        self.logger = MetricsLogger(args.output_dir)
+        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        steps_per_epoch = math.ceil(len(train_dataset) / samples_per_step)
+        self.total_steps = args.max_steps if args.max_steps > 0 else max(1, int(steps_per_epoch * args.num_train_epochs))
+        self.optimizer, self.scheduler = build_optimizer(model, args, self.total_steps)
+        self.global_step = 0
+
+    # --- what a stage overrides -------------------------------------------------------------------------------
+    def compute_loss(self, batch: Dict[str, paddle.Tensor]):
+        """Return (scalar loss tensor, {metric: float}, weight: float)."""
+        raise NotImplementedError
+
+    def batch_tokens(self, batch: Dict[str, paddle.Tensor]) -> int:
+        return int(batch["attention_mask"].sum())
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def train(self) -> Dict[str, float]:
+        args = self.args
+        batches = epoch_batches(len(self.train_dataset), args.per_device_train_batch_size, args.seed)
+        self.model.train()
+        window, window_tokens, window_start = [], 0, time.perf_counter()
+        progress = tqdm(total=self.total_steps, disable=args.disable_tqdm, desc="train", dynamic_ncols=True)
+        last_eval = {}
+        while self.global_step < self.total_steps:
+            step_metrics = []
+            for _ in range(args.gradient_accumulation_steps):
+                batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in next(batches)]))
+                loss, metrics, _ = self.compute_loss(batch)
+                (loss / args.gradient_accumulation_steps).backward()
+                step_metrics.append({"loss": float(loss), **metrics})
+                window_tokens += self.batch_tokens(batch)
+            grad_norm = global_grad_norm(self.model.parameters())
+            lr = self.optimizer.get_lr()
+            self.optimizer.step()
+            self.optimizer.clear_grad()
+            self.scheduler.step()
+            self.global_step += 1
+            progress.update(1)
+            window.append({**_mean(step_metrics), "grad_norm": grad_norm, "lr": lr})
+            if self.global_step % args.logging_steps == 0 or self.global_step == self.total_steps:
+                elapsed = time.perf_counter() - window_start
+                logged = {**_mean(window), "tokens_per_sec": window_tokens / max(elapsed, 1e-9)}
+                self.logger.log(self.global_step, logged, echo=progress.write)
+                progress.set_postfix(loss=f"{logged['loss']:.4f}")
+                window, window_tokens, window_start = [], 0, time.perf_counter()
+            if self._due(args.eval_steps) and self.global_step < self.total_steps:
+                last_eval = self.evaluate()
+            if self._due(args.save_steps) and self.global_step < self.total_steps:
+                self.save_step_checkpoint()
+        progress.close()
+        if self.eval_dataset is not None and args.do_eval:
+            last_eval = self.evaluate()
+        self.save_model(os.path.join(args.output_dir, "model"))
+        self.logger.close()
+        return last_eval
+
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.global_step % every == 0
+
+    @paddle.no_grad()
+    def evaluate(self) -> Dict[str, float]:
+        if self.eval_dataset is None or not self.args.do_eval or len(self.eval_dataset) == 0:
+            return {}
+        self.model.eval()
+        totals, total_weight = {}, 0.0
+        size = self.args.per_device_eval_batch_size
+        for start in range(0, len(self.eval_dataset), size):
+            items = [self.eval_dataset[i] for i in range(start, min(start + size, len(self.eval_dataset)))]
+            loss, metrics, weight = self.compute_loss(to_tensors(self.collate_fn(items)))
+            for key, value in {"loss": float(loss), **metrics}.items():
+                totals[key] = totals.get(key, 0.0) + value * weight
+            total_weight += weight
+        self.model.train()
+        results = {f"eval/{k}": v / max(total_weight, 1e-12) for k, v in totals.items()}
+        self.logger.log(self.global_step, results, echo=tqdm.write)
+        return results
+
+    def save_model(self, path: str) -> None:
+        self.model.save_pretrained(path, tokenizer_dir=self.tokenizer.name_or_path)
+
+    def save_step_checkpoint(self) -> None:
+        path = os.path.join(self.args.output_dir, f"checkpoint-{self.global_step}")
+        self.save_model(path)
+        limit = self.args.save_total_limit
+        if limit > 0:
+            steps = sorted(int(d.split("-")[1]) for d in os.listdir(self.args.output_dir)
+                           if d.startswith("checkpoint-") and d.split("-")[1].isdigit())
+            for old in steps[:-limit]:
+                shutil.rmtree(os.path.join(self.args.output_dir, f"checkpoint-{old}"), ignore_errors=True)
+
+
+def _mean(rows):
+    keys = rows[0].keys()
+    return {k: float(np.mean([r[k] for r in rows])) for k in keys}
