@@ -7,3 +7,13 @@ for _key, _value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2", "MKL_DEBUG_
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny LLaMA + tokenizer of tools/make_tiny.py, built once per test session."""
+    from tools import make_tiny
+
+    return make_tiny.main(["--output", str(tmp_path_factory.mktemp("tiny") / "model")])
