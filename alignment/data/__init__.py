@@ -1,0 +1,41 @@
+"""Raw text datasets (pure Python + ``datasets``; no paddle): registry, specs, mixing.
+
+Importing this package registers the built-in datasets (see :mod:`alignment.data.builtin`).
+"""
+from alignment.data.raw import (
+    DataFormatError,
+    DatasetSpec,
+    MixedRawDataset,
+    MixSource,
+    RawDataset,
+    RawSample,
+    import_user_module,
+    import_user_modules,
+    parse_dataset_specs,
+)
+from alignment.data.builtin import (  # noqa: E402  (registers the built-ins)
+    JsonRowsDataset,
+    RowError,
+    UnreadableJsonError,
+    load_json_file,
+    resolve_data_files,
+    split_hh_rlhf_transcript,
+)
+
+__all__ = [
+    "DataFormatError",
+    "DatasetSpec",
+    "JsonRowsDataset",
+    "MixSource",
+    "MixedRawDataset",
+    "RawDataset",
+    "RawSample",
+    "RowError",
+    "UnreadableJsonError",
+    "import_user_module",
+    "import_user_modules",
+    "load_json_file",
+    "parse_dataset_specs",
+    "resolve_data_files",
+    "split_hh_rlhf_transcript",
+]

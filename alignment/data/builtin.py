@@ -1,0 +1,461 @@
+"""Built-in raw datasets: PKU-SafeRLHF, hh-rlhf, alpaca and generic JSON/JSONL.
+
+Each loads a local ``.json``/``.jsonl`` file (or a directory holding ``<split>.jsonl``)
+with ``datasets.load_dataset("json", ...)``, or the Hugging Face hub repo when no path
+is given. Every row is validated; problems raise :class:`DataFormatError` naming the
+file and line (``data/x.jsonl line 7: missing key 'response_1' (...)``).
+Pass ``strict=False`` to skip invalid rows with one warning instead.
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import glob
+import gzip
+import json
+import os
+import re
+import warnings
+from typing import Any, ClassVar, Iterator
+
+import datasets
+
+from alignment.data.raw import DataFormatError, RawDataset, RawSample
+
+__all__ = ["JsonRowsDataset", "RowError", "UnreadableJsonError", "load_json_file", "resolve_data_files",
+           "split_hh_rlhf_transcript"]
+
+DATA_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+_WHITESPACE = re.compile(r"\s*")
+
+
+class RowError(ValueError):
+    """A row does not fit the schema; the loader adds file and line to the message."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+# --------------------------------------------------------------------------- files
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No progress bars or parse-error logging from ``datasets`` while reading local files."""
+    bars_were_on = datasets.is_progress_bar_enabled()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
+def resolve_data_files(path: str | os.PathLike, split: str) -> list[str]:
+    """A file path as is; for a directory, its ``<split>.jsonl|.json[.gz]`` files (top level
+    first, else anywhere below, e.g. a cloned hub repo's ``data/*/train.jsonl``)."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"Data path {path!r} does not exist")
+    names = [split + suffix for suffix in DATA_SUFFIXES]
+    for pattern in ("", "**"):
+        found = sorted({f for name in names for f in glob.glob(os.path.join(path, pattern, name), recursive=True)})
+        if found:
+            return found
+    raise FileNotFoundError(f"No {split!r} data file in directory {path!r} (looked for {', '.join(names)})")
+
+
+class UnreadableJsonError(DataFormatError):
+    """``datasets`` failed on a file whose rows are all valid JSON objects; ``records``
+    holds them as ``(line, row)`` so a loader can still point at a bad row."""
+
+    def __init__(self, message: str, path: str, line: int | None, records: list[tuple[int, dict]]):
+        super().__init__(message, path, line)
+        self.records = records
+
+
+def load_json_file(path: str) -> list[dict[str, Any]]:
+    """Rows of a local JSON/JSONL file read with ``datasets``; parse problems name the line."""
+    try:
+        with _quiet_datasets():
+            rows = datasets.load_dataset("json", data_files=path, split="train").to_list()
+    except Exception as error:  # datasets/pyarrow raise many types; locate the problem ourselves
+        records = _scan_records(path)  # raises DataFormatError with the line when it finds the problem
+        line, problem = _first_type_change(records) or (None, "every row is valid JSON")
+        where = f"{path} line {line}" if line else path
+        message = f"{where}: {problem}; datasets could not read the file ({type(error).__name__}: {error})"
+        raise UnreadableJsonError(message, path, line, records) from error
+    if not rows:
+        raise DataFormatError(f"{path}: the file has no rows", path=path)
+    return rows
+
+
+def _first_type_change(records: list[tuple[int, dict]]) -> tuple[int, str] | None:
+    """The first value whose JSON type differs from the same key's type on an earlier row."""
+    first_seen: dict[str, tuple[str, int]] = {}
+    for line, record in records:
+        for key, value in record.items():
+            if value is not None:
+                kind, first_line = first_seen.setdefault(key, (_type_name(value), line))
+                if kind != _type_name(value):
+                    return line, f"{key!r} is {_type_name(value)} here but {kind} on line {first_line}"
+    return None
+
+
+def _read_bytes(path: str) -> bytes:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as handle:
+        return handle.read()
+
+
+def _scan_records(path: str) -> list[tuple[int, Any]]:
+    """(line, value) of each top-level JSON row: JSONL, or the elements of a JSON array."""
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        message = f"{path} line {line}: not valid UTF-8 (byte 0x{data[error.start]:02x} at column {column})"
+        raise DataFormatError(message, path, line) from None
+    records = _scan_json_values(path, text.replace("\ufeff", " ", 1) if text.startswith("\ufeff") else text)
+    if not records:
+        raise DataFormatError(f"{path}: the file has no rows", path=path)
+    for line, value in records:
+        if not isinstance(value, dict):
+            raise DataFormatError(f"{path} line {line}: expected a JSON object, got {_type_name(value)}", path, line)
+    return records
+
+
+def _scan_json_values(path: str, text: str) -> list[tuple[int, Any]]:
+    decoder = json.JSONDecoder()
+    newlines = [match.start() for match in re.finditer("\n", text)]
+
+    def line_of(pos: int) -> int:
+        return bisect.bisect_left(newlines, pos) + 1
+
+    pos = _WHITESPACE.match(text).end()
+    is_array = text.startswith("[", pos)
+    if is_array:
+        pos = _WHITESPACE.match(text, pos + 1).end()
+    records: list[tuple[int, Any]] = []
+    while pos < len(text) and not (is_array and text[pos] == "]"):
+        line = line_of(pos)
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as error:
+            where = f"column {error.colno}" if error.lineno == line else f"line {error.lineno} column {error.colno}"
+            raise DataFormatError(f"{path} line {line}: invalid JSON: {error.msg} ({where})", path, line) from None
+        records.append((line, value))
+        pos = _WHITESPACE.match(text, pos).end()
+        if is_array and text.startswith(",", pos):
+            pos = _WHITESPACE.match(text, pos + 1).end()
+        elif is_array and not text.startswith("]", pos):
+            line = line_of(min(pos, len(text)))
+            raise DataFormatError(f"{path} line {line}: invalid JSON: expected ',' or ']' in the array", path, line)
+    return records
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+# --------------------------------------------------------------------------- row checks
+
+
+def _present(row: dict, key: str) -> Any:
+    value = row.get(key)
+    if value is None:
+        raise RowError(f"missing key {key!r}", key)
+    return value
+
+
+def _text(row: dict, key: str, required: bool = True) -> str | None:
+    value = _present(row, key) if required else row.get(key)
+    if value is not None and not isinstance(value, str):
+        raise RowError(f"{key!r} must be a string, got {_type_name(value)} {_short(value)}", key)
+    if required and not value.strip():
+        raise RowError(f"{key!r} is empty", key)
+    return value
+
+
+def _response_id(row: dict, key: str) -> int:
+    value = _present(row, key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a column mixing ints and floats is read as floats
+    if isinstance(value, bool) or value not in (0, 1):
+        raise RowError(f"{key!r} must be 0 or 1, got {_short(value)}", key)
+    return value
+
+
+def _flag(row: dict, key: str) -> bool:
+    value = _present(row, key)
+    if not isinstance(value, bool):
+        raise RowError(f"{key!r} must be true or false, got {_short(value)}", key)
+    return value
+
+
+def _turns(row: dict, key: str) -> list[str]:
+    value = row.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(turn, str) for turn in value):
+        raise RowError(f"{key!r} must be a non-empty list of strings, got {_short(value)}", key)
+    return value
+
+
+def _different(first: str, second: str, what: str) -> None:
+    if first.strip() == second.strip():
+        raise RowError(f"{what} are identical")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
+
+
+def split_hh_rlhf_transcript(transcript: str) -> tuple[list[str], str]:
+    """Split ``"\\n\\nHuman: q\\n\\nAssistant: a ..."`` into (turns before the final
+    assistant answer, the final answer). Turns alternate user/assistant, stripped."""
+    text = transcript if transcript.startswith("\n\n") else "\n\n" + transcript.lstrip()
+    parts = _HH_MARKER.split(text)
+    if parts[0].strip() or len(parts) < 5:
+        raise RowError("transcript must start with 'Human:' and end with an 'Assistant:' turn")
+    roles, turns = parts[1::2], [turn.strip() for turn in parts[2::2]]
+    expected = ["Human", "Assistant"] * (len(roles) // 2)
+    if roles != expected:
+        raise RowError("transcript turns must alternate 'Human:' / 'Assistant:' and end with 'Assistant:'")
+    return turns[:-1], turns[-1]
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+class JsonRowsDataset(RawDataset):
+    """Base of the built-ins (unregistered): subclasses set ``NAME``, ``HUB_ID``,
+    ``SPLIT``, ``REQUIREMENT`` and implement :meth:`convert_row`.
+
+    ``path``: a file, or a directory holding ``<split>`` files; ``None`` loads ``HUB_ID``
+    (extra keyword arguments such as ``data_dir`` or ``revision`` go to ``load_dataset``).
+    """
+
+    HUB_ID: ClassVar[str | None] = None
+    SPLIT: ClassVar[str] = "train"
+    REQUIREMENT: ClassVar[str] = ""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, split: str | None = None,
+                 strict: bool = True, **hub_kwargs: Any):
+        self.split = split or self.SPLIT
+        self.strict = strict
+        self.samples: list[RawSample] = []
+        self.skipped = 0
+        if path is not None:
+            if hub_kwargs:
+                raise TypeError(f"{self.NAME}: unexpected arguments for a local path: {sorted(hub_kwargs)}")
+            for file_path in resolve_data_files(path, self.split):
+                self._add_rows(self._load_file(file_path), file_path)
+        else:
+            self._add_rows(self._load_hub_rows(hub_kwargs), None)
+
+    def convert_row(self, row: dict[str, Any]) -> RawSample:
+        """One validated sample from a row; raise :class:`RowError` for a bad row."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> RawSample:
+        return dict(self.samples[index])  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def _load_file(self, file_path: str) -> list[dict[str, Any]]:
+        try:
+            return load_json_file(file_path)
+        except UnreadableJsonError as error:  # report a bad row first: it is likelier the user's problem
+            for index, (_, record) in enumerate(error.records):
+                try:
+                    self.convert_row(record)
+                except RowError as row_error:
+                    raise self._describe(row_error, index, len(error.records), file_path) from error
+            raise
+
+    def _load_hub_rows(self, hub_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.HUB_ID is None:
+            raise ValueError(f"Dataset {self.NAME!r} needs a local path (e.g. '{self.NAME}:1.0:data/file.jsonl')")
+        try:
+            return datasets.load_dataset(self.HUB_ID, split=self.split, **hub_kwargs).to_list()
+        except Exception as error:
+            raise RuntimeError(
+                f"Dataset {self.NAME!r}: no local path given and loading {self.HUB_ID!r} (split "
+                f"{self.split!r}) from the Hugging Face hub failed: {error}. Pass a local path instead."
+            ) from error
+
+    def _add_rows(self, rows: list[dict[str, Any]], file_path: str | None) -> None:
+        first_problem = None
+        skipped_before = self.skipped
+        for index, row in enumerate(rows):
+            try:
+                self.samples.append(self.convert_row(row))
+            except RowError as error:
+                if self.strict:
+                    raise self._describe(error, index, len(rows), file_path) from None
+                self.skipped += 1  # only the first problem is located (that re-reads the file)
+                first_problem = first_problem or self._describe(error, index, len(rows), file_path)
+        if first_problem is not None:
+            count = self.skipped - skipped_before
+            warnings.warn(f"{self.NAME}: skipped {count} invalid row(s); first: {first_problem}", stacklevel=3)
+
+    def _describe(self, error: RowError, index: int, row_count: int, file_path: str | None) -> DataFormatError:
+        message, line = str(error), None
+        if file_path is None:
+            where = f"{self.HUB_ID} ({self.split}) row index {index}"
+        else:
+            line, record = _locate_row(file_path, index, row_count)
+            if error.key and isinstance(record, dict) and record.get(error.key, 0) is None:
+                message = f"key {error.key!r} is null"
+            where = f"{file_path} line {line}" if line else f"{file_path} row index {index}"
+        return DataFormatError(f"{where}: {message} ({self.REQUIREMENT})", file_path, line)
+
+
+def _locate_row(path: str, index: int, row_count: int) -> tuple[int | None, Any]:
+    try:
+        records = _scan_records(path)
+    except DataFormatError:
+        return None, None
+    return records[index] if len(records) == row_count else (None, None)
+
+
+class _SafeRLHFBase(JsonRowsDataset):
+    REQUIREMENT = ("PKU-SafeRLHF rows need prompt, response_0, response_1, better_response_id, "
+                   "safer_response_id, is_response_0_safe, is_response_1_safe")
+
+    def convert_row(self, row: dict[str, Any]) -> RawSample:
+        prompt, answer, other = (_text(row, key) for key in ("prompt", "response_0", "response_1"))
+        _different(answer, other, "response_0 and response_1")
+        return RawSample(
+            input=prompt, answer=answer, other_answer=other,
+            better=_response_id(row, "better_response_id") == 0,
+            safer=_response_id(row, "safer_response_id") == 0,
+            is_safe=_flag(row, "is_response_0_safe"), is_other_safe=_flag(row, "is_response_1_safe"),
+        )
+
+
+class SafeRLHFTrain(_SafeRLHFBase):
+    NAME = "PKU-SafeRLHF/train"
+    ALIASES = ("PKU-SafeRLHF", "PKU-Alignment/PKU-SafeRLHF")
+    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF", "train"
+
+
+class SafeRLHFTest(_SafeRLHFBase):
+    NAME = "PKU-SafeRLHF/test"
+    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF", "test"
+
+
+class SafeRLHF30KTrain(_SafeRLHFBase):
+    NAME = "PKU-SafeRLHF-30K/train"
+    ALIASES = ("PKU-SafeRLHF-30K", "PKU-Alignment/PKU-SafeRLHF-30K")
+    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF-30K", "train"
+
+
+class SafeRLHF30KTest(_SafeRLHFBase):
+    NAME = "PKU-SafeRLHF-30K/test"
+    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF-30K", "test"
+
+
+class SafeRLHF10KTrain(_SafeRLHFBase):
+    NAME = "PKU-SafeRLHF-10K/train"
+    ALIASES = ("PKU-SafeRLHF-10K", "PKU-Alignment/PKU-SafeRLHF-10K")
+    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF-10K", "train"
+
+
+class _HhRLHFBase(JsonRowsDataset):
+    REQUIREMENT = "hh-rlhf rows need chosen and rejected transcripts '\\n\\nHuman: ...\\n\\nAssistant: ...'"
+    HUB_ID = "Anthropic/hh-rlhf"
+
+    def convert_row(self, row: dict[str, Any]) -> RawSample:
+        history, answer = _final_answer(row, "chosen")
+        _, other = _final_answer(row, "rejected")  # the shared dialogue prefix is taken from 'chosen'
+        _different(answer, other, "the final answers of chosen and rejected")
+        return RawSample(input=history, answer=answer, other_answer=other, better=True)
+
+
+def _final_answer(row: dict[str, Any], key: str) -> tuple[list[str], str]:
+    transcript = _text(row, key)
+    try:
+        history, answer = split_hh_rlhf_transcript(transcript)
+    except RowError as error:
+        raise RowError(f"{key!r}: {error}", error.key) from None
+    if not answer:
+        raise RowError(f"{key!r}: the final assistant answer is empty")
+    return history, answer
+
+
+class HhRLHFTrain(_HhRLHFBase):
+    NAME = "hh-rlhf/train"
+    ALIASES = ("hh-rlhf", "Anthropic/hh-rlhf")
+    SPLIT = "train"
+
+
+class HhRLHFTest(_HhRLHFBase):
+    NAME = "hh-rlhf/test"
+    SPLIT = "test"
+
+
+def _instruction_prompt(row: dict[str, Any]) -> str:
+    instruction = _text(row, "instruction").strip()
+    extra = (_text(row, "input", required=False) or "").strip()
+    return f"{instruction}\n\n{extra}" if extra else instruction
+
+
+class Alpaca(JsonRowsDataset):
+    NAME = "alpaca"
+    ALIASES = ("tatsu-lab/alpaca",)
+    HUB_ID = "tatsu-lab/alpaca"
+    REQUIREMENT = "alpaca rows need instruction, output and optionally input"
+
+    def convert_row(self, row: dict[str, Any]) -> RawSample:
+        return RawSample(input=_instruction_prompt(row), answer=_text(row, "output"))
+
+
+class GenericJson(JsonRowsDataset):
+    """Local prompt(-answer) rows: ``prompt`` (or ``instruction`` [+ ``input``], or ``input``
+    as a string or list of turns) and optionally ``answer``/``output``/``response``; or a
+    ``dialogue`` list of alternating turns ending with the assistant."""
+
+    NAME = "jsonl"
+    ALIASES = ("prompt-only", "json")
+    REQUIREMENT = "rows need prompt (or instruction/input), optionally answer/output/response, or dialogue"
+
+    def convert_row(self, row: dict[str, Any]) -> RawSample:
+        if row.get("dialogue") is not None:
+            turns = _turns(row, "dialogue")
+            if len(turns) % 2:
+                raise RowError("'dialogue' must have an even number of turns (user first, assistant last)")
+            return RawSample(input=turns[:-1], answer=turns[-1], dialogue=turns)
+        sample = RawSample(input=self._prompt(row))
+        for key in ("answer", "output", "response"):
+            answer = _text(row, key, required=False)
+            if answer and answer.strip():
+                sample["answer"] = answer
+                break
+        return sample
+
+    @staticmethod
+    def _prompt(row: dict[str, Any]) -> str | list[str]:
+        if row.get("prompt") is not None:
+            return _text(row, "prompt")
+        if row.get("instruction") is not None:
+            return _instruction_prompt(row)
+        if isinstance(row.get("input"), list):
+            return _turns(row, "input")
+        if row.get("input") is not None:
+            return _text(row, "input")
+        raise RowError("missing key 'prompt'", "prompt")

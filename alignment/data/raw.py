@@ -1,0 +1,358 @@
+"""Raw data layer: sample schema, dataset registry, dataset specs and mixing.
+
+Pure Python (no paddle): a raw dataset yields :class:`RawSample` dicts of *text*;
+tokenisation happens later in the training code.
+
+Registering a dataset only takes a subclass with a ``NAME``::
+
+    class MyData(RawDataset):
+        NAME = "my-data"
+        ALIASES = ("my-data/train",)          # optional
+
+        def __init__(self, path=None):
+            self.rows = [...]
+
+        def __getitem__(self, index): return RawSample(input=..., answer=...)
+        def __len__(self): return len(self.rows)
+
+    RawDataset.load("my-data", path="my.jsonl")
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+import os
+import random
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from collections.abc import Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Mapping, TypedDict, Union
+
+__all__ = [
+    "DataFormatError",
+    "DatasetSpec",
+    "MixSource",
+    "MixedRawDataset",
+    "RawDataset",
+    "RawSample",
+    "import_user_module",
+    "import_user_modules",
+    "parse_dataset_specs",
+]
+
+
+class RawSample(TypedDict, total=False):
+    """One raw text sample. Every field is optional; each stage reads the ones it needs.
+
+    input: the prompt (``str``) or a dialogue history (``list[str]`` of alternating
+        user/assistant turns, starting and ending with a user turn).
+    answer: a response to ``input`` (the SFT target, or the first side of a pair).
+    other_answer: a second response to ``input`` (preference pairs).
+    better: ``True`` when ``answer`` is better (more helpful) than ``other_answer``.
+    safer: ``True`` when ``answer`` is safer than ``other_answer``.
+    is_safe: whether ``answer`` is safe.
+    is_other_safe: whether ``other_answer`` is safe.
+    dialogue: a whole conversation for multi-turn SFT (``list[str]``, alternating
+        user/assistant turns starting with the user and ending with the assistant).
+    """
+
+    input: Union[str, list[str]]
+    answer: str
+    other_answer: str
+    better: bool
+    safer: bool
+    is_safe: bool
+    is_other_safe: bool
+    dialogue: list[str]
+
+
+class DataFormatError(ValueError):
+    """A data file (or hub row) does not match the schema a loader expects.
+
+    ``path`` and ``line`` (1-based) say where, when known; the message always
+    starts with the location, e.g. ``data/x.jsonl line 7: missing key 'response_1'``.
+    """
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+# --------------------------------------------------------------------------- registry
+
+_NAME_FORBIDDEN = (":", ",")
+
+
+class RawDataset(Sequence):
+    """Base class of raw datasets (a read-only sequence of :class:`RawSample`);
+    subclasses with a ``NAME`` register themselves and implement ``__getitem__``/``__len__``.
+
+    ``NAME`` and ``ALIASES`` are only read from the class body that defines them, so
+    helper base classes without a ``NAME`` stay unregistered and subclasses of a
+    registered dataset must pick their own ``NAME`` to register.
+    """
+
+    NAME: ClassVar[str]
+    ALIASES: ClassVar[tuple[str, ...]] = ()
+    _registry: ClassVar[dict[str, type[RawDataset]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("NAME")
+        if name is None:
+            return
+        aliases = cls.__dict__.get("ALIASES", ())
+        if isinstance(aliases, str):
+            raise TypeError(f"{cls.__qualname__}.ALIASES must be a tuple of names, not a string")
+        keys = (name, *aliases)
+        for key in keys:  # check every key first so a failed class registers nothing
+            _check_key(key, cls)
+        RawDataset._registry.update(dict.fromkeys(keys, cls))
+
+    @classmethod
+    def load(cls, name: str, path: str | os.PathLike | None = None, **kwargs: Any) -> RawDataset:
+        """Instantiate the dataset registered as ``name`` (or alias) with ``path``."""
+        try:
+            dataset_cls = RawDataset._registry[name]
+        except (KeyError, TypeError):
+            known = ", ".join(cls.registered_names())
+            raise ValueError(f"Unknown dataset {name!r}. Registered datasets: {known}") from None
+        return dataset_cls(path=path, **kwargs)
+
+    @classmethod
+    def registered_names(cls) -> list[str]:
+        """All registered names and aliases, sorted."""
+        return sorted(RawDataset._registry)
+
+    def __iter__(self) -> Iterator[RawSample]:
+        for index in range(len(self)):
+            yield self[index]
+
+
+def _check_key(key: str, dataset_cls: type[RawDataset]) -> None:
+    if not isinstance(key, str) or not key.strip() or key != key.strip():
+        raise ValueError(f"{dataset_cls.__qualname__}: invalid dataset name {key!r}")
+    if any(char in key for char in _NAME_FORBIDDEN):
+        raise ValueError(f"{dataset_cls.__qualname__}: dataset name {key!r} may not contain ':' or ','")
+    existing = RawDataset._registry.get(key)
+    if existing is not None and not _same_class(existing, dataset_cls):
+        raise ValueError(
+            f"Dataset name {key!r} is already registered by "
+            f"{existing.__module__}.{existing.__qualname__}; cannot register "
+            f"{dataset_cls.__module__}.{dataset_cls.__qualname__} under the same name"
+        )
+
+
+def _same_class(old: type, new: type) -> bool:
+    """A re-executed module (reload) redefines the same class: allow re-registering it."""
+    return old.__module__ == new.__module__ and old.__qualname__ == new.__qualname__
+
+
+# --------------------------------------------------------------------------- specs
+
+SPEC_FORMS = "'name', 'name:proportion' or 'name:proportion:path'"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of a mixture: registry ``name``, ``proportion`` (>1 repeats,
+    <1 subsamples) and an optional local ``path`` (``None``: the loader's default)."""
+
+    name: str
+    proportion: float = 1.0
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        _parse_proportion(self.proportion, f"{self.name}:{self.proportion}")
+
+
+SpecsLike = Union[str, DatasetSpec, Mapping[str, Any], Iterable[Union[str, DatasetSpec, Mapping[str, Any]]]]
+
+
+def parse_dataset_specs(specs: SpecsLike) -> list[DatasetSpec]:
+    """Parse dataset specs as written in argument files.
+
+    Accepted: ``"name"``, ``"name:proportion"``, ``"name:proportion:path"`` (split on
+    ':' at most twice, so the path may contain ':'), a comma-separated string of those,
+    a list of such strings (or :class:`DatasetSpec` / ``{"name", "proportion", "path"}``
+    dicts), or a dict ``{name: proportion}`` / ``{name: {"proportion": p, "path": ...}}``.
+    """
+    if isinstance(specs, Mapping):
+        result = [_parse_mapping_entry(name, value) for name, value in specs.items()]
+    elif isinstance(specs, (str, DatasetSpec)):
+        result = _parse_item(specs)
+    elif isinstance(specs, Iterable):
+        result = [spec for item in specs for spec in _parse_item(item)]
+    else:
+        raise ValueError(f"Invalid dataset specs {specs!r}: expected a string, list or dict")
+    if not result:
+        raise ValueError(f"Invalid dataset specs {specs!r}: no dataset given")
+    return result
+
+
+def _parse_item(item: Any) -> list[DatasetSpec]:
+    if isinstance(item, DatasetSpec):
+        return [item]
+    if isinstance(item, str):
+        if any(not part.strip() for part in item.split(",")):
+            raise ValueError(f"Invalid dataset specs {item!r}: empty entry (expected {SPEC_FORMS}, comma-separated)")
+        return [_parse_spec_string(part) for part in item.split(",")]
+    if isinstance(item, Mapping) and "name" in item:
+        return [_parse_mapping_entry(item["name"], {key: value for key, value in item.items() if key != "name"})]
+    raise ValueError(f"Invalid dataset spec {item!r}: expected a string like {SPEC_FORMS}")
+
+
+def _parse_spec_string(spec: str) -> DatasetSpec:
+    parts = [part.strip() for part in spec.split(":", 2)]
+    name = parts[0]
+    if not name:
+        raise ValueError(f"Invalid dataset spec {spec!r}: empty dataset name (expected {SPEC_FORMS})")
+    proportion = _parse_proportion(parts[1], spec) if len(parts) > 1 else 1.0
+    path = parts[2] if len(parts) > 2 else None
+    if path == "":
+        raise ValueError(f"Invalid dataset spec {spec!r}: empty path (expected {SPEC_FORMS})")
+    return DatasetSpec(name, proportion, path)
+
+
+def _parse_mapping_entry(name: Any, value: Any) -> DatasetSpec:
+    spec_text = f"{name}: {value!r}"
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"Invalid dataset spec {spec_text!r}: dataset name must be a non-empty string")
+    if value is None:
+        return DatasetSpec(name.strip())
+    if not isinstance(value, Mapping):
+        return DatasetSpec(name.strip(), _parse_proportion(value, spec_text))
+    unknown = set(value) - {"proportion", "path"}
+    if unknown:
+        raise ValueError(f"Invalid dataset spec {spec_text!r}: unknown keys {sorted(unknown)} (use proportion, path)")
+    proportion = _parse_proportion(value.get("proportion", 1.0), spec_text)
+    path = value.get("path")
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or not str(path).strip()):
+        raise ValueError(f"Invalid dataset spec {spec_text!r}: path must be a non-empty string")
+    return DatasetSpec(name.strip(), proportion, None if path is None else os.fspath(path))
+
+
+def _parse_proportion(value: Any, spec: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"Invalid dataset spec {spec!r}: proportion {value!r} is not a number")
+    try:
+        proportion = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"Invalid dataset spec {spec!r}: proportion {value!r} is not a number") from None
+    if not math.isfinite(proportion) or proportion <= 0:
+        raise ValueError(f"Invalid dataset spec {spec!r}: proportion must be > 0, got {value!r}")
+    return proportion
+
+
+# --------------------------------------------------------------------------- mixing
+
+
+@dataclass(frozen=True)
+class MixSource:
+    """How one spec contributed to a :class:`MixedRawDataset`."""
+
+    name: str
+    path: str | None
+    proportion: float
+    available: int  # samples in the loaded dataset
+    selected: int  # samples taken into the mixture (with repeats)
+
+
+class MixedRawDataset(RawDataset):
+    """Several registered datasets mixed by proportion, deterministically for a seed.
+
+    For each spec with ``n`` samples, ``round(n * proportion)`` samples are taken (half
+    rounds up): whole copies for the integer part of the proportion, then a seeded
+    subset (kept in original order) for the rest. Datasets follow each other in spec
+    order; shuffling is the data loader's job. ``sources`` lists what each spec gave.
+    """
+
+    def __init__(self, specs: SpecsLike, seed: int = 42, **load_kwargs: Any):
+        self.seed = seed
+        self.specs = parse_dataset_specs(specs)
+        self.datasets: list[RawDataset] = []
+        self.sources: list[MixSource] = []
+        self._index: list[tuple[int, int]] = []
+        for position, spec in enumerate(self.specs):
+            dataset = RawDataset.load(spec.name, path=spec.path, **load_kwargs)
+            picks = _select_indices(len(dataset), spec, random.Random(f"{seed}/{position}/{spec.name}"))
+            self.datasets.append(dataset)
+            self._index.extend((position, index) for index in picks)
+            self.sources.append(MixSource(spec.name, spec.path, spec.proportion, len(dataset), len(picks)))
+
+    def __getitem__(self, index: int) -> RawSample:
+        position, inner = self._index[index]
+        return self.datasets[position][inner]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def _select_indices(size: int, spec: DatasetSpec, rng: random.Random) -> list[int]:
+    target = math.floor(size * spec.proportion + 0.5)
+    if size and target == 0:
+        raise ValueError(
+            f"Dataset spec {spec.name}:{spec.proportion:g}: proportion selects no samples "
+            f"from a dataset of {size}"
+        )
+    copies, remainder = divmod(target, size) if size else (0, 0)
+    partial = sorted(rng.sample(range(size), remainder))
+    return list(range(size)) * copies + partial
+
+
+# --------------------------------------------------------------------------- user modules
+
+_USER_MODULE_PREFIX = "alignment_user_datasets"
+
+
+def import_user_module(path_or_module: str | os.PathLike, base_dir: str | os.PathLike | None = None) -> ModuleType:
+    """Import a user ``.py`` file (path) or dotted module name so its datasets register.
+
+    A relative file path is resolved against ``base_dir`` (e.g. the argument file's
+    directory) when given, else the current directory. Importing the same file again
+    returns the already-imported module. Raises ``FileNotFoundError`` for a missing file.
+    """
+    text = os.fspath(path_or_module)
+    if not _looks_like_path(text):
+        return importlib.import_module(text)
+    file_path = os.path.abspath(os.path.join(os.fspath(base_dir or os.getcwd()), os.path.expanduser(text)))
+    if not os.path.isfile(file_path):
+        raise FileNotFoundError(f"User dataset module {text!r} not found (looked for {file_path})")
+    digest = hashlib.sha1(file_path.encode("utf-8")).hexdigest()[:12]
+    module_name = f"{_USER_MODULE_PREFIX}_{_identifier(file_path)}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, file_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"Cannot import user dataset module {file_path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def import_user_modules(paths: Iterable[str | os.PathLike] | str | None,
+                        base_dir: str | os.PathLike | None = None) -> list[ModuleType]:
+    """:func:`import_user_module` for each entry (e.g. ``user_dataset_modules`` of an argument file)."""
+    if paths is None:
+        return []
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return [import_user_module(path, base_dir=base_dir) for path in paths]
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.endswith(".py") or os.sep in text or "/" in text or os.path.isfile(text)
+
+
+def _identifier(file_path: str) -> str:
+    stem = os.path.splitext(os.path.basename(file_path))[0]
+    return "".join(char if char.isalnum() else "_" for char in stem) or "module"
