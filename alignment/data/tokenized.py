@@ -78,7 +78,7 @@ class PreferenceDataset:
     """Each item: better_input_ids, worse_input_ids (prompt + answer + end-of-turn), sharing the prompt tokens."""
 
     def __init__(self, raw, tokenizer, max_length: int):
-        self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0}
+        self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0, "identical_after_truncation": 0}
         for sample in raw:
             better, worse = sample["answer"], sample["other_answer"]
             if not sample.get("better", True):
@@ -92,10 +92,13 @@ class PreferenceDataset:
             if max(pair["better_prompt_len"], pair["worse_prompt_len"]) >= max_length:
                 self.stats["dropped_prompt_too_long"] += 1
                 continue
+            better_ids, worse_ids = pair["better_input_ids"][:max_length], pair["worse_input_ids"][:max_length]
+            if better_ids == worse_ids:  # the answers differ only past max_length: nothing to learn from
+                self.stats["identical_after_truncation"] += 1
+                continue
             if max(len(pair["better_input_ids"]), len(pair["worse_input_ids"])) > max_length:
                 self.stats["truncated"] += 1
-            self.items.append({"better_input_ids": pair["better_input_ids"][:max_length],
-                               "worse_input_ids": pair["worse_input_ids"][:max_length]})
+            self.items.append({"better_input_ids": better_ids, "worse_input_ids": worse_ids})
 
     def __len__(self):
         return len(self.items)

@@ -69,14 +69,21 @@ def load_hf_state_dict(path: str) -> Dict[str, tuple]:
     return tensors
 
 
-def load_weights(model: nn.Layer, path: str, strict: bool = True, ignore_missing: Iterable[str] = ()) -> list:
-    """Copy an HF checkpoint into `model`; return the names left uninitialised (allowed by `ignore_missing`)."""
+def load_weights(model: nn.Layer, path: str, strict: bool = True, ignore_missing: Iterable[str] = (),
+                 ignore_unexpected: Iterable[str] = ()) -> list:
+    """Copy an HF checkpoint into `model`; return the names left uninitialised (allowed by `ignore_missing`).
+
+    `ignore_missing` / `ignore_unexpected` are name prefixes: e.g. a score model started from a causal LM
+    has no `score.` head in the file and does not use its `lm_head.`.
+    """
     loaded = load_hf_state_dict(path)
     linear = linear_weight_names(model)
     own = model.state_dict()
     if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
         loaded.pop("lm_head.weight", None)
-    unexpected = sorted(k for k in loaded if k not in own and not k.endswith(IGNORED_ON_LOAD))
+    skip = tuple(ignore_unexpected)
+    unexpected = sorted(k for k in loaded if k not in own and not k.endswith(IGNORED_ON_LOAD)
+                        and not (skip and k.startswith(skip)))
     missing = sorted(k for k in own if k not in loaded)
     not_allowed = [k for k in missing if not any(k.startswith(prefix) for prefix in ignore_missing)]
     if strict and (unexpected or not_allowed):
@@ -135,6 +142,8 @@ class PretrainedMixin:
     """`from_pretrained(dir)` / `save_pretrained(dir)` for layers with a `config` having the same methods."""
 
     config_class = None
+    load_allow_missing = ()  # name prefixes a checkpoint may lack (initialised instead)
+    load_ignore_unexpected = ()  # name prefixes of checkpoint tensors this model does not use
 
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "float32", **config_overrides):
@@ -148,9 +157,13 @@ class PretrainedMixin:
         model = cls(config)
         if dtype != "float32":
             model.to(dtype=dtype)
-        load_weights(model, path)
+        model.initialised_on_load = load_weights(model, path, ignore_missing=cls.load_allow_missing,
+                                                 ignore_unexpected=cls.load_ignore_unexpected)
         model.eval()
         return model
+
+    def save_extra_files(self, path: str) -> None:
+        """Hook: write files beside the weights (inside the same atomic save)."""
 
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None,
                         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
@@ -158,5 +171,6 @@ class PretrainedMixin:
         with atomic_directory(path) as tmp:
             self.config.save_pretrained(tmp)
             save_weights(self, tmp, max_shard_bytes)
+            self.save_extra_files(tmp)
             if tokenizer_dir:
                 copy_tokenizer_files(tokenizer_dir, tmp)

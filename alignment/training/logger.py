@@ -40,6 +40,10 @@ class MetricsLogger:
         if echo is not None:
             echo(f"step {step}: " + ", ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
 
+    def log_histogram(self, tag: str, values, step: int) -> None:
+        if self.enabled and self._writer is not None:
+            self._writer.add_histogram(tag=tag, values=values, step=step, buckets=20)
+
     def close(self) -> None:
         if self.enabled:
             self._file.close()

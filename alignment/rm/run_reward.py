@@ -1,0 +1,66 @@
+"""Stage 2, reward model: pairwise training on (better, worse) answers.
+
+    python alignment/rm/run_reward.py config/tiny/rm_argument.json [--key value ...]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.args import ArgumentError, ArgumentParser, to_dict  # noqa: E402
+from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
+from alignment.rm.trainer import RewardArguments  # noqa: E402
+from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.training.setup import fail, load_raw, print_arguments  # noqa: E402
+
+
+def main(argv=None) -> dict:
+    parser = ArgumentParser(ModelArguments, DataArguments, RewardArguments, TrainingArguments)
+    try:
+        model_args, data_args, reward_args, train_args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except ArgumentError as err:
+        fail(err)
+    effective = to_dict(model_args, data_args, reward_args, train_args)
+    print_arguments(effective)
+
+    from alignment.data.tokenized import PreferenceDataset, collate_preference
+    from alignment.models import Tokenizer
+    from alignment.models.score_model import ScoreModel
+    from alignment.rm.trainer import RewardTrainer
+    from alignment.training.trainer import set_seed
+
+    set_seed(train_args.seed)
+    tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+    train_raw, eval_raw = load_raw(data_args, train_args.seed)
+    try:
+        train_set = PreferenceDataset(train_raw, tokenizer, data_args.max_length)
+        eval_set = PreferenceDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
+    except KeyError as err:
+        fail(ValueError(f"preference datasets need samples with 'answer', 'other_answer' and 'better' "
+                        f"(missing {err}); check the dataset names in train_datasets / eval_datasets"))
+    print(f"train: {len(train_set)} pairs {train_set.stats}" +
+          (f"; eval: {len(eval_set)} pairs {eval_set.stats}" if eval_set is not None else ""))
+    model = ScoreModel.from_pretrained(
+        model_args.model_name_or_path, recompute=train_args.recompute, score_type="reward",
+        do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
+        normalizer_momentum=reward_args.normalizer_momentum)
+    print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised else "restored"))
+    trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
+                            lambda items: collate_preference(items, tokenizer.pad_token_id), effective)
+    before = trainer.evaluate() if eval_set is not None and train_args.do_eval else {}
+    results = trainer.train()
+    final = os.path.join(train_args.output_dir, "model")
+    print("\nreward model done")
+    if "eval/accuracy" in results:
+        print(f"  held-out pairwise accuracy: {before['eval/accuracy']:.3f} before -> {results['eval/accuracy']:.3f} "
+              f"after; chosen score {results['eval/chosen_score']:.3f}, rejected {results['eval/rejected_score']:.3f}")
+    print(f"  checkpoint: {final} (HF LlamaForSequenceClassification layout + score_normalizer.json)")
+    print(f"  use it in PPO: \"reward_model_name_or_path\": \"{final}\" in ppo_argument.json")
+    return {**results, **{f"start_{k}": v for k, v in before.items()}}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,361 @@
+"""Golden tests of alignment/ppo/algorithms.py: hand-worked numbers (arithmetic in comments) and tiny
+independent numpy / pure-Python references, over right / left / mid-row padding, eos == pad, truncation,
+all-masked rows and group size 1."""
+import math
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+import pytest
+
+from alignment.ppo import algorithms as alg
+
+INF = float("inf")
+
+
+def t(x, dtype="float32"):
+    return paddle.to_tensor(np.asarray(x, dtype=dtype))
+
+
+def close(actual, expected, atol=1e-5):
+    actual = actual.numpy() if isinstance(actual, paddle.Tensor) else np.asarray(actual)
+    np.testing.assert_allclose(actual, np.asarray(expected, dtype=np.float64), rtol=1e-5, atol=atol)
+
+
+def response_mask(prompt_len, response_len, width):
+    """Mask built from lengths (never from ids != pad, which breaks when eos == pad)."""
+    return [[1.0 if p <= i < p + r else 0.0 for i in range(width)] for p, r in zip(prompt_len, response_len)]
+
+
+# ---------------------------------------------------------------- references (plain Python / numpy)
+def ref_gae_row(values, rewards, mask, gamma, lam):
+    """Definition: A_t = sum_l (gamma lam)^l delta_{t+l} over the valid tokens only, V after the last = 0."""
+    idx = [i for i, m in enumerate(mask) if m]
+    v = [values[i] for i in idx] + [0.0]
+    r = [rewards[i] for i in idx]
+    deltas = [r[k] + gamma * v[k + 1] - v[k] for k in range(len(r))]
+    adv = [0.0] * len(mask)
+    for k, i in enumerate(idx):
+        adv[i] = sum((gamma * lam) ** l * deltas[k + l] for l in range(len(r) - k))
+    ret = [adv[i] + (values[i] if mask[i] else 0.0) for i in range(len(mask))]
+    return adv, ret
+
+
+def ref_whiten(x, mask):
+    x, mask = np.asarray(x, np.float64), np.asarray(mask) > 0
+    vals = x[mask]
+    out = np.zeros_like(x)
+    out[mask] = (vals - vals.mean()) / np.sqrt(vals.var(ddof=1) + 1e-8)
+    return out
+
+
+# ---------------------------------------------------------------- log probs / entropy
+def test_gather_log_probs_hand_case_and_log_softmax_reference():
+    # logits = log [1, 2, 3] -> softmax = [1/6, 2/6, 3/6]
+    logits = t(np.log([[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]]))  # [1, 2, 3]
+    close(alg.gather_log_probs(logits, t([[2, 0]], "int64")), [[math.log(0.5), math.log(1 / 6)]])
+    rng = np.random.default_rng(0)
+    logits = t(rng.normal(size=(3, 5, 11)) * 3)
+    labels = t(rng.integers(0, 11, size=(3, 5)), "int64")
+    out = alg.gather_log_probs(logits, labels)
+    ref = paddle.take_along_axis(F.log_softmax(logits, axis=-1), labels.unsqueeze(-1), axis=-1).squeeze(-1)
+    assert out.shape == [3, 5] and out.dtype == paddle.float32
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-6)
+
+
+def test_gather_log_probs_gradient_is_onehot_minus_softmax():
+    logits = t(np.log([[[1.0, 2.0, 3.0]]]))
+    logits.stop_gradient = False
+    alg.gather_log_probs(logits, t([[2]], "int64")).sum().backward()
+    close(logits.grad, [[[-1 / 6, -2 / 6, 1 - 3 / 6]]])
+
+
+def test_entropy_from_logits():
+    # uniform over 4 -> ln 4; probs [1/6, 1/3, 1/2] -> -(1/6 ln 1/6 + 1/3 ln 1/3 + 1/2 ln 1/2)
+    h = -(1 / 6 * math.log(1 / 6) + 1 / 3 * math.log(1 / 3) + 1 / 2 * math.log(1 / 2))
+    close(alg.entropy_from_logits(t([[[0.0, 0, 0, 0]]])), [[math.log(4)]])
+    close(alg.entropy_from_logits(t(np.log([[[1.0, 2.0, 3.0]]]))), [[h]])
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(2, 3, 7)) * 2
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    close(alg.entropy_from_logits(t(z)), -(p * np.log(p)).sum(-1))
+
+
+# ---------------------------------------------------------------- KL estimators
+def test_kl_estimators_hand_values():
+    # p = 0.5, q = 0.25: k1 = ln 2; k2 = (ln 2)^2 / 2; k3 = q/p - ln(q/p) - 1 = 0.5 + ln 2 - 1
+    lp, ref = t([[math.log(0.5)]]), t([[math.log(0.25)]])
+    ln2 = math.log(2)
+    close(alg.kl_penalty(lp, ref, "k1"), [[ln2]])
+    close(alg.kl_penalty(lp, ref, "k2"), [[0.5 * ln2 ** 2]])
+    close(alg.kl_penalty(lp, ref, "k3"), [[0.5 + ln2 - 1]])
+    # reversed (p < q): k1 negative, k3 = 2 - ln 2 - 1
+    close(alg.kl_penalty(ref, lp, "k1"), [[-ln2]])
+    close(alg.kl_penalty(ref, lp, "k3"), [[2 - ln2 - 1]])
+
+
+def test_kl_k3_nonnegative_zero_at_equality_and_unknown_estimator():
+    rng = np.random.default_rng(2)
+    a, b = t(rng.normal(size=(4, 9)) * 3), t(rng.normal(size=(4, 9)) * 3)
+    k3 = alg.kl_penalty(a, b, "k3").numpy()
+    d = b.numpy() - a.numpy()
+    close(k3, np.exp(d) - d - 1, atol=1e-4)
+    assert (k3 >= 0).all() and (alg.kl_penalty(a, b, "k2").numpy() >= 0).all()
+    close(alg.kl_penalty(a, a, "k3"), np.zeros((4, 9)))
+    with pytest.raises(ValueError, match="k4"):
+        alg.kl_penalty(a, b, "k4")
+
+
+# ---------------------------------------------------------------- masked statistics
+def test_masked_mean_sum_hand_values_and_all_masked():
+    x = t([[1.0, 2, 3], [4, 5, 6], [7, 8, 9]])
+    mask = t([[1.0, 1, 0], [0, 0, 1], [0, 0, 0]])
+    close(alg.masked_sum(x, mask), 9.0)  # 1 + 2 + 6
+    close(alg.masked_mean(x, mask), 3.0)  # 9 / 3
+    close(alg.masked_mean(x, mask, axis=1), [1.5, 6.0, 0.0])  # all-masked row -> 0, not NaN
+    close(alg.masked_mean(x, t(np.zeros((3, 3)))), 0.0)
+    garbage = t([[1.0, 2, INF], [-INF, np.nan, 6], [np.nan, 1, 1]])  # inf / NaN outside the mask are ignored
+    close(alg.masked_mean(garbage, mask), 3.0)
+
+
+def test_masked_whiten_hand_values_reference_and_edges():
+    # masked [1, 2, 3]: mean 2, unbiased var (1 + 0 + 1) / 2 = 1 -> [-1, 0, 1]; padded slot -> 0
+    x, mask = t([[1.0, 2, 3, 100]]), t([[1.0, 1, 1, 0]])
+    close(alg.masked_whiten(x, mask), [[-1, 0, 1, 0]])
+    close(alg.masked_whiten(x, mask, shift_mean=False), [[1, 2, 3, 0]])  # (x - 2)/1 + 2
+    rng = np.random.default_rng(3)
+    xs, ms = rng.normal(size=(3, 6)) * 4 + 2, (rng.random((3, 6)) > 0.4).astype("float32")
+    close(alg.masked_whiten(t(xs), t(ms)), ref_whiten(xs, ms), atol=1e-4)
+    zero = alg.masked_whiten(x, t([[0.0, 0, 0, 0]]))  # all-masked: zeros, no NaN
+    close(zero, [[0, 0, 0, 0]])
+    close(alg.masked_whiten(t([[5.0, 5, 5]]), t([[1.0, 1, 1]])), [[0, 0, 0]])  # constant -> 0
+
+
+# ---------------------------------------------------------------- GAE
+def test_gae_hand_worked():
+    # gamma = lam = 1, V = [1, 2, 3], r = [0, 0, 1]:
+    # d2 = 1 - 3 = -2, A2 = -2; d1 = 0 + 3 - 2 = 1, A1 = 1 - 2 = -1; d0 = 0 + 2 - 1 = 1, A0 = 1 - 1 = 0
+    # returns = A + V = [1, 1, 1] (Monte Carlo return of the final reward 1)
+    adv, ret = alg.compute_gae(t([[1.0, 2, 3]]), t([[0.0, 0, 1]]), t([[1.0, 1, 1]]), 1.0, 1.0)
+    close(adv, [[0, -1, -2]])
+    close(ret, [[1, 1, 1]])
+    # gamma = 0.9, lam = 0.5, V = [0.5, 1], r = [0.2, 2]:
+    # d1 = 2 - 1 = 1, A1 = 1; d0 = 0.2 + 0.9 * 1 - 0.5 = 0.6, A0 = 0.6 + 0.9 * 0.5 * 1 = 1.05; R = [1.55, 2]
+    adv, ret = alg.compute_gae(t([[0.5, 1.0]]), t([[0.2, 2.0]]), t([[1.0, 1]]), 0.9, 0.5)
+    close(adv, [[1.05, 1.0]])
+    close(ret, [[1.55, 2.0]])
+
+
+def test_gae_layouts_match_compacted_reference():
+    # the same 3-token response (V = [0.5, -1, 2], r = [0.1, 0, 1.5]) placed right-padded, left-padded,
+    # mid-row (response block of a full sequence), plus a truncated full row and an all-masked row;
+    # values/rewards outside the mask are garbage and must not matter
+    g = 99.0
+    values = [[0.5, -1, 2, g, g, g], [g, g, g, 0.5, -1, 2], [g, g, 0.5, -1, 2, g], [1, 2, 3, 4, 5, 6], [g] * 6]
+    rewards = [[0.1, 0, 1.5, g, g, g], [g, g, g, 0.1, 0, 1.5], [g, g, 0.1, 0, 1.5, g], [0, 1, 0, 0, 0, 2], [g] * 6]
+    masks = [[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 0], [1] * 6, [0] * 6]
+    adv, ret = alg.compute_gae(t(values), t(rewards), t(masks), 0.95, 0.9)
+    for row in range(5):
+        ra, rr = ref_gae_row(values[row], rewards[row], masks[row], 0.95, 0.9)
+        close(adv[row], ra)
+        close(ret[row], rr)
+    a = adv.numpy()
+    np.testing.assert_allclose(a[0, :3], a[1, 3:], atol=1e-6)  # layout does not change the answer
+    np.testing.assert_allclose(a[0, :3], a[2, 2:5], atol=1e-6)
+    assert (a[np.asarray(masks) == 0] == 0).all() and np.isfinite(a).all()
+    assert (ret.numpy()[4] == 0).all()
+
+
+# ---------------------------------------------------------------- end-score placement
+def test_last_valid_index():
+    mask = t([[1, 1, 0, 0], [0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 1]])
+    out = alg.last_valid_index(mask)
+    assert out.dtype == paddle.int64
+    assert out.numpy().tolist() == [1, 2, 3, -1, 3]
+
+
+def test_reward_with_kl_hand_worked():
+    # k1 kl = lp - ref = [0.5, 0, -1, (masked)]; kl_coeff 0.1 -> [-0.05, 0, 0.1]; score 10 clipped to 5 at t=2
+    lp = t([[-1.0, -2, -3, 0], [-1, -1, -1, -1], [-1, -1, -1, -1], [0, 0, 0, 0]])
+    ref = t([[-1.5, -2, -2, -50], [-1, -1, -1, -1], [-1, -1, -1, -1], [9, 9, 9, 9]])
+    mask = t([[1.0, 1, 1, 0], [0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    rewards, kl = alg.reward_with_kl(t([10.0, -7, 0.5, 3]), lp, ref, mask, 0.1, 5.0)
+    close(kl, [[0.5, 0, -1, 0], [0] * 4, [0] * 4, [0] * 4])
+    close(rewards, [[-0.05, 0, 0.1 + 5, 0],  # clipped +5 on the last valid token
+                    [0, 0, -5, 0],  # left-padded block: -7 clipped to -5 at t=2
+                    [0, 0, 0, 0.5],  # truncated (mask 1 to the end): score on the last column
+                    [0, 0, 0, 0]])  # all-masked row: no end reward, no KL
+    # k3 estimator on the first token: q/p = e^-0.5 -> e^-0.5 + 0.5 - 1
+    _, kl3 = alg.reward_with_kl(t([0.0] * 4), lp, ref, mask, 0.1, 5.0, estimator="k3")
+    close(kl3[0, 0], math.exp(-0.5) - 0.5)
+
+
+def test_eos_equals_pad_mask_from_lengths_puts_score_on_eos():
+    pad = eos = 2
+    # prompt [5, 6], response [7, eos], then padding with the same id
+    ids = np.array([[5, 6, 7, eos, pad, pad]])
+    good = response_mask([2], [2], 6)  # lengths -> [0, 0, 1, 1, 0, 0]
+    naive = ((ids != pad) & (np.arange(6) >= 2)).astype("float32")  # drops the eos token: [0, 0, 1, 0, 0, 0]
+    assert good == [[0, 0, 1, 1, 0, 0]] and naive.tolist() == [[0, 0, 1, 0, 0, 0]]
+    zeros = t(np.zeros((1, 6)))
+    rewards, _ = alg.reward_with_kl(t([0.7]), zeros, zeros, t(good), 0.1, 10.0)
+    close(rewards, [[0, 0, 0, 0.7, 0, 0]])  # end score on the eos token (index 3)
+    assert alg.last_valid_index(t(naive)).numpy().tolist() == [2]  # the naive mask would miss it
+    adv, ret = alg.compute_gae(zeros, rewards, t(good), 1.0, 1.0)
+    close(adv, [[0, 0, 0.7, 0.7, 0, 0]])  # V = 0, gamma = lam = 1: every response token sees the score
+    close(ret, [[0, 0, 0.7, 0.7, 0, 0]])
+
+
+# ---------------------------------------------------------------- PPO losses
+def _ppo_case():
+    # eps = 0.2; tokens (rho, A):
+    # (1.5, +1): max(-1.5, -1.2) = -1.2 clipped | (0.5, +1): max(-0.5, -0.8) = -0.5
+    # (0.5, -1): max(0.5, 0.8) = 0.8 clipped    | (1.5, -1): max(1.5, 1.2) = 1.5
+    # (1.1, +2): max(-2.2, -2.2) = -2.2          | masked (rho = e^30, A = 100)
+    # loss = (-1.2 - 0.5 + 0.8 + 1.5 - 2.2) / 5 = -0.32   (unclipped would be -2.2 / 5 = -0.44)
+    old = np.array([[-1.0, -2, -1, -3, -2, -40]])
+    log_rho = np.log([[1.5, 0.5, 0.5, 1.5, 1.1, 1.0]]) + np.array([[0, 0, 0, 0, 0, 30]])
+    lp = t(old + log_rho)
+    lp.stop_gradient = False
+    return lp, t(old), t([[1.0, 1, -1, -1, 2, 100]]), t([[1.0, 1, 1, 1, 1, 0]])
+
+
+def test_actor_loss_clips_hand_worked_and_stats():
+    lp, old, adv, mask = _ppo_case()
+    loss, stats = alg.policy_loss_and_stats(lp, old, adv, mask, 0.2)
+    close(loss, -0.32)
+    close(alg.actor_loss(lp, old, adv, mask, 0.2), -0.32)
+    close(alg.actor_loss(lp, old, adv, mask, 10.0), -0.44)  # huge eps: no clipping
+    close(stats["clip_frac"], 0.8)  # |rho - 1| > 0.2 for 4 of 5 tokens
+    # approx_kl = mean((rho - 1) - ln rho) = (2 (0.5 - ln 1.5) + 2 (-0.5 + ln 2) + (0.1 - ln 1.1)) / 5
+    kl = (2 * (0.5 - math.log(1.5)) + 2 * (-0.5 + math.log(2)) + (0.1 - math.log(1.1))) / 5
+    close(stats["approx_kl"], kl)
+    assert all(v.stop_gradient for v in stats.values())
+
+
+def test_actor_loss_gradients():
+    # d loss / d log p = -A rho / 5 on unclipped tokens, 0 on clipped and masked ones
+    lp, old, adv, mask = _ppo_case()
+    alg.actor_loss(lp, old, adv, mask, 0.2).backward()
+    close(lp.grad, [[0, -0.5 / 5, 0, 1.5 / 5, -2.2 / 5, 0]])
+    # near-on-policy random case: finite, non-zero where mask = 1, zero where 0 (incl. all-masked row, inf there)
+    rng = np.random.default_rng(4)
+    old = rng.normal(size=(3, 5)) - 2
+    m = np.array([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype="float32")
+    lp = t(np.where(m > 0, old + rng.normal(size=(3, 5)) * 0.01, INF))
+    lp.stop_gradient = False
+    loss = alg.actor_loss(lp, t(old), t(rng.normal(size=(3, 5)) + 0.5), t(m), 0.2)
+    loss.backward()
+    g = lp.grad.numpy()
+    assert np.isfinite(loss.numpy()) and np.isfinite(g).all()
+    assert (g[m > 0] != 0).all() and (g[m == 0] == 0).all()
+
+
+def test_critic_loss_hand_worked():
+    # eps = 0.2
+    # t0: V=1, Vold=0.5, R=1: (V-R)^2 = 0, clipped V = 0.7 -> 0.09; max 0.09 (clipped branch wins)
+    # t1: V=0, Vold=0.1, R=2: 4; clipped 0 -> 4 | t2: V=2, Vold=1, R=0: 4; clipped 1.2 -> 1.44; max 4
+    # loss = 0.5 * (0.09 + 4 + 4) / 3
+    values = t([[1.0, 0, 2, 50]])
+    values.stop_gradient = False
+    loss = alg.critic_loss(values, t([[0.5, 0.1, 1, 0]]), t([[1.0, 2, 0, -50]]), t([[1.0, 1, 1, 0]]), 0.2)
+    close(loss, 0.5 * 8.09 / 3)
+    loss.backward()
+    # d/dV: t0 clipped (0), t1 (V - R)/3 = -2/3, t2 2/3, masked 0
+    close(values.grad, [[0, -2 / 3, 2 / 3, 0]])
+
+
+def test_explained_variance():
+    r, m = t([[1.0, 2, 3, 4, 77]]), t([[1.0, 1, 1, 1, 0]])
+    close(alg.explained_variance(t([[1.0, 2, 3, 4, -5]]), r, m), 1.0)  # perfect
+    close(alg.explained_variance(t([[0.0, 1, 2, 3, 0]]), r, m), 1.0)  # constant offset
+    close(alg.explained_variance(t([[2.5] * 5]), r, m), 0.0)  # mean predictor
+    # V = [1, 2, 3, 5]: R - V = [0, 0, 0, -1], var = 0.1875; Var(R) = 1.25 -> 1 - 0.15 = 0.85
+    close(alg.explained_variance(t([[1.0, 2, 3, 5, 0]]), r, m), 0.85)
+    close(alg.explained_variance(t([[1.0, 2, 3]]), t([[4.0, 4, 4]]), t([[1.0, 1, 1]])), 0.0)  # Var(R)=0 -> 0
+    close(alg.explained_variance(r, r, t(np.zeros((1, 5)))), 0.0)  # all-masked -> 0
+
+
+# ---------------------------------------------------------------- group estimators
+def test_group_advantages_hand_worked():
+    r = t([1.0, 2, 3, 0, 0, 0])  # two prompts x 3 samples; group 1 mean 2, std (ddof 1) 1; group 2 constant
+    close(alg.group_advantages(r, 3, "grpo"), [-1 / (1 + 1e-6), 0, 1 / (1 + 1e-6), 0, 0, 0])
+    close(alg.group_advantages(r, 3, "dr_grpo"), [-1, 0, 1, 0, 0, 0])
+    # rloo: 1 - (2+3)/2 = -1.5, 2 - (1+3)/2 = 0, 3 - (1+2)/2 = 1.5
+    close(alg.group_advantages(r, 3, "rloo"), [-1.5, 0, 1.5, 0, 0, 0])
+    # reinforce_baseline: centered [-1, 0, 1, 0, 0, 0], batch std (ddof 1) sqrt(2 / 5)
+    s = math.sqrt(0.4) + 1e-6
+    close(alg.group_advantages(r, 3, "reinforce_baseline"), [-1 / s, 0, 1 / s, 0, 0, 0])
+    close(alg.group_advantages(t([1.0, 3, 5, 5]), 2, "rloo"), [-2, 2, 0, 0])
+
+
+def test_group_advantages_numpy_reference():
+    rng = np.random.default_rng(5)
+    r = rng.normal(size=12) * 3
+    g = r.reshape(3, 4)
+    c = g - g.mean(1, keepdims=True)
+    close(alg.group_advantages(t(r), 4, "grpo"), (c / (g.std(1, ddof=1, keepdims=True) + 1e-6)).ravel(), 1e-4)
+    close(alg.group_advantages(t(r), 4, "dr_grpo"), c.ravel(), 1e-4)
+    loo = np.array([[row[i] - np.delete(row, i).mean() for i in range(4)] for row in g])
+    close(alg.group_advantages(t(r), 4, "rloo"), loo.ravel(), 1e-4)
+    close(alg.group_advantages(t(r), 4, "reinforce_baseline"), (c / (c.std(ddof=1) + 1e-6)).ravel(), 1e-4)
+
+
+def test_group_size_one_and_errors():
+    r = t([1.0, 5, -2])
+    close(alg.group_advantages(r, 1, "dr_grpo"), [0, 0, 0])
+    out = alg.group_advantages(r, 1, "reinforce_baseline")
+    close(out, [0, 0, 0])
+    assert np.isfinite(out.numpy()).all()
+    for est in ("grpo", "rloo"):
+        with pytest.raises(ValueError, match="num_return_sequences >= 2"):
+            alg.group_advantages(r, 1, est)
+    with pytest.raises(ValueError, match="num_return_sequences=2"):
+        alg.group_advantages(r, 2, "grpo")  # 3 rewards are not whole groups of 2
+    with pytest.raises(ValueError, match="ppo_gae"):
+        alg.group_advantages(r, 3, "ppo_gae")
+
+
+def test_broadcast_sequence_advantages():
+    out = alg.broadcast_sequence_advantages(t([2.0, -1, 3]), t([[1.0, 1, 0], [0, 1, 1], [0, 0, 0]]))
+    assert out.shape == [3, 3]
+    close(out, [[2, 2, 0], [0, -1, -1], [0, 0, 0]])
+
+
+# ---------------------------------------------------------------- REINFORCE++
+def test_reinforce_plus_plus_hand_worked():
+    # row 0: k1 kl = [0.5, 0, -1], kl_coeff 0.1 -> r = [-0.05, 0, -(-0.1) + 1] = [-0.05, 0, 1.1]
+    #        returns-to-go (gamma 1) = [1.05, 1.1, 1.1]
+    # row 1: left-padded block at t=1..2, no KL, score -1 -> returns [-, -1, -1]; row 2 all-masked
+    # whiten the 5 values [1.05, 1.1, 1.1, -1, -1]: mean 0.25, deviations [0.8, 0.85, 0.85, -1.25, -1.25],
+    # unbiased var = (0.64 + 0.7225 + 0.7225 + 1.5625 + 1.5625) / 4 = 1.3025
+    lp = t([[-1.0, -2, -3, 0], [-1, -1, -1, -1], [0, 0, 0, 0]])
+    ref = t([[-1.5, -2, -2, 7], [-1, -1, -1, -1], [5, 5, 5, 5]])
+    mask = t([[1.0, 1, 1, 0], [0, 1, 1, 0], [0, 0, 0, 0]])
+    adv = alg.reinforce_plus_plus_advantages(t([1.0, -1, 4]), lp, ref, mask, 0.1)
+    s = math.sqrt(1.3025 + 1e-8)
+    close(adv, [[0.8 / s, 0.85 / s, 0.85 / s, 0], [0, -1.25 / s, -1.25 / s, 0], [0, 0, 0, 0]])
+    # gamma 0.5, row 0: G2 = 1.1, G1 = 0 + 0.5 * 1.1 = 0.55, G0 = -0.05 + 0.5 * 0.55 = 0.225
+    adv = alg.reinforce_plus_plus_advantages(t([1.0, -1, 4]), lp, ref, mask, 0.1, gamma=0.5)
+    rtg = np.array([[0.225, 0.55, 1.1, 0], [0, -0.5, -1, 0], [0, 0, 0, 0]])
+    close(adv, ref_whiten(rtg, mask.numpy()), 1e-4)
+
+
+def test_reinforce_plus_plus_reference_random():
+    rng = np.random.default_rng(6)
+    lp, ref = rng.normal(size=(3, 6)) - 2, rng.normal(size=(3, 6)) - 2
+    masks = np.array([[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [1] * 6], dtype="float32")
+    scores, gamma, coeff = rng.normal(size=3), 0.9, 0.05
+    rtg = np.zeros((3, 6))
+    for b in range(3):
+        idx = np.flatnonzero(masks[b])
+        k3 = np.exp(ref[b] - lp[b]) - (ref[b] - lp[b]) - 1
+        r = -coeff * k3[idx]
+        r[-1] += scores[b]
+        running = 0.0
+        for k in range(len(idx) - 1, -1, -1):
+            running = r[k] + gamma * running
+            rtg[b, idx[k]] = running
+    adv = alg.reinforce_plus_plus_advantages(t(scores), t(lp), t(ref), t(masks), coeff, gamma, "k3")
+    close(adv, ref_whiten(rtg, masks), 1e-4)
