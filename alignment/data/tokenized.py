@@ -38,8 +38,13 @@ def tokenize_conversation(tokenizer, messages) -> tuple:
                              "growing prefix; multi-turn supervised data needs one that does")
         prompt_ids = tokenizer.encode(before[len(rendered):], add_special_tokens=not rendered)
         answer_ids = tokenizer.encode(through[len(before):])
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in answer_ids:
-            answer_ids.append(tokenizer.eos_token_id)  # templates without an end-of-turn token still stop
+        eos = tokenizer.eos_token_id
+        if eos is not None and eos not in answer_ids:
+            answer_ids.append(eos)  # templates without an end-of-turn token still stop
+        elif eos is not None and k == len(messages) - 1:
+            # the final answer ends at its end-of-turn token, as a sampled response does (generation stops there),
+            # so reward models score training pairs and rollouts at the same token
+            answer_ids = answer_ids[: len(answer_ids) - answer_ids[::-1].index(eos)]
         input_ids += prompt_ids + answer_ids
         labels += [IGNORE_INDEX] * len(prompt_ids) + answer_ids
         rendered = through
@@ -108,19 +113,28 @@ class PreferenceDataset:
 
 
 class PromptOnlyDataset:
-    def __init__(self, raw, tokenizer, max_length: int):
+    """Items: input_ids (chat-formatted prompt), prompt (the raw input), answer (label or None).
+
+    too_long="drop" counts and skips prompts of max_length tokens or more; "error" raises naming the prompt
+    (RL needs room for a response after every prompt).
+    """
+
+    def __init__(self, raw, tokenizer, max_length: int, too_long: str = "drop"):
         self.items, self.stats, seen = [], {"duplicates": 0, "dropped_prompt_too_long": 0}, set()
-        for sample in raw:
+        for index, sample in enumerate(raw):
             text = format_prompt(tokenizer, sample)
             if text in seen:
                 self.stats["duplicates"] += 1
                 continue
             seen.add(text)
             ids = tokenizer.encode(text, add_special_tokens=True)
-            if len(ids) > max_length:
+            if len(ids) >= max_length:
+                if too_long == "error":
+                    raise ValueError(f"prompt {index} ({len(ids)} tokens, {str(sample['input'])[:60]!r}...) leaves "
+                                     f"no room for a response within key 'max_length' = {max_length}")
                 self.stats["dropped_prompt_too_long"] += 1
                 continue
-            self.items.append({"input_ids": ids, "answer": sample.get("answer")})
+            self.items.append({"input_ids": ids, "prompt": sample["input"], "answer": sample.get("answer")})
 
     def __len__(self):
         return len(self.items)

@@ -6,6 +6,8 @@ import math
 import os
 from typing import Dict
 
+from alignment.fileio import write_json_atomic
+
 
 def _format(value) -> str:
     if isinstance(value, float):
@@ -14,22 +16,31 @@ def _format(value) -> str:
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str, enabled: bool = True, use_visualdl: bool = True):
-        """`enabled` is False on non-zero ranks: only rank 0 writes."""
-        self.enabled = enabled
-        self.path = os.path.join(output_dir, "metrics.jsonl")
-        self._writer = None
-        if enabled:
-            os.makedirs(output_dir, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
-            if use_visualdl:
-                from visualdl import LogWriter
+    """Nothing is written until the first `log` call, so a run that fails before its first step leaves no files;
+    `first_files` ({name: JSON data}, e.g. the effective arguments) are written then, before the first row."""
 
-                self._writer = LogWriter(logdir=os.path.join(output_dir, "visualdl"))
+    def __init__(self, output_dir: str, enabled: bool = True, use_visualdl: bool = True, first_files=None):
+        """`enabled` is False on non-zero ranks: only rank 0 writes."""
+        self.enabled, self.output_dir, self.use_visualdl = enabled, output_dir, use_visualdl
+        self.first_files = first_files or {}
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self._file = self._writer = None
+
+    def _open(self) -> None:
+        os.makedirs(self.output_dir, exist_ok=True)
+        for name, data in self.first_files.items():
+            write_json_atomic(os.path.join(self.output_dir, name), data)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if self.use_visualdl:
+            from visualdl import LogWriter
+
+            self._writer = LogWriter(logdir=os.path.join(self.output_dir, "visualdl"))
 
     def log(self, step: int, metrics: Dict[str, float], echo=print) -> None:
         if not self.enabled:
             return
+        if self._file is None:
+            self._open()
         row = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
@@ -41,11 +52,11 @@ class MetricsLogger:
             echo(f"step {step}: " + ", ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
 
     def log_histogram(self, tag: str, values, step: int) -> None:
-        if self.enabled and self._writer is not None:
+        if self._writer is not None:
             self._writer.add_histogram(tag=tag, values=values, step=step, buckets=20)
 
     def close(self) -> None:
-        if self.enabled:
+        if self._file is not None:
             self._file.close()
-            if self._writer is not None:
-                self._writer.close()
+        if self._writer is not None:
+            self._writer.close()

@@ -17,7 +17,6 @@ import numpy as np
 import paddle
 from tqdm import tqdm
 
-from alignment.fileio import write_json_atomic
 from alignment.training.arguments import TrainingArguments
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer, global_grad_norm
@@ -50,10 +49,7 @@ class Trainer:
         self.train_dataset, self.eval_dataset, self.collate_fn = train_dataset, eval_dataset, collate_fn
         if len(train_dataset) == 0:
             raise ValueError("the training dataset is empty after tokenization (see the counts printed above)")
-        os.makedirs(args.output_dir, exist_ok=True)
-        if effective_args is not None:
-            write_json_atomic(os.path.join(args.output_dir, "args.json"), effective_args)
-        self.logger = MetricsLogger(args.output_dir)
+        self.logger = MetricsLogger(args.output_dir, first_files={"args.json": effective_args} if effective_args else None)
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         steps_per_epoch = math.ceil(len(train_dataset) / samples_per_step)
         self.total_steps = args.max_steps if args.max_steps > 0 else max(1, int(steps_per_epoch * args.num_train_epochs))

@@ -1,0 +1,97 @@
+"""Rollouts: sample responses, then the per-token quantities PPO needs from the four models.
+
+Layout of one rollout batch (N = prompts x num_return_sequences, P = padded prompt width, R = response width):
+    input_ids      [N, P + R]  left-padded prompt, then the response (pad after each row's eos)
+    attention_mask [N, P + R]
+    response_mask  [N, R]      1 on generated tokens up to and including eos (from generation, never from
+                               `ids != pad`: SmolLM2's pad token is its eos)
+Logits at column P - 1 + t predict response token t, so every per-token tensor below is [N, R].
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import paddle
+
+from alignment.models.generation import GenerationConfig, generate
+from alignment.ppo.algorithms import entropy_from_logits, gather_log_probs
+
+
+@dataclasses.dataclass
+class Rollout:
+    input_ids: paddle.Tensor  # [N, P + R]
+    attention_mask: paddle.Tensor  # [N, P + R]
+    response_mask: paddle.Tensor  # [N, R] float32
+    prompt_len: int  # P
+    prompts: List  # raw prompt (str or list of turns) per row
+    completions: List[str]  # decoded responses
+    labels: Dict[str, List]  # dataset columns per row (e.g. answer) for reward functions
+    old_log_probs: Optional[paddle.Tensor] = None  # [N, R]
+    ref_log_probs: Optional[paddle.Tensor] = None  # [N, R]
+    old_values: Optional[paddle.Tensor] = None  # [N, R] (critic only)
+    end_rewards: Optional[paddle.Tensor] = None  # [N]
+    advantages: Optional[paddle.Tensor] = None  # [N, R]
+    returns: Optional[paddle.Tensor] = None  # [N, R] (critic only)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: paddle.Tensor) -> "Rollout":
+        """The rows `index` ([n] int64) of every tensor field; lists are left out (micro-batches need none)."""
+        picked = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, paddle.Tensor):
+                value = paddle.gather(value, index)
+            elif isinstance(value, (list, dict)):
+                value = type(value)()
+            picked[f.name] = value
+        return Rollout(**picked)
+
+
+@paddle.no_grad()
+def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig, num_return_sequences: int,
+                   collate) -> Rollout:
+    """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous."""
+    items = [item for item in prompt_items for _ in range(num_return_sequences)]
+    batch = collate(items)
+    prompt_ids = paddle.to_tensor(batch["input_ids"])  # [N, P]
+    prompt_mask = paddle.to_tensor(batch["attention_mask"])  # [N, P]
+    actor.eval()
+    out = generate(actor, prompt_ids, prompt_mask, gen_config)
+    response_mask = out.response_mask  # [N, R]
+    responses = out.sequences[:, prompt_ids.shape[1]:].numpy()
+    completions = [tokenizer.decode(row[: int(n)]) for row, n in zip(responses, response_mask.sum(axis=1).numpy())]
+    return Rollout(
+        input_ids=out.sequences,
+        attention_mask=paddle.concat([prompt_mask.astype("int64"), response_mask], axis=1),
+        response_mask=response_mask.astype("float32"),
+        prompt_len=prompt_ids.shape[1],
+        prompts=[item["prompt"] for item in items],
+        completions=completions,
+        labels={"answer": [item.get("answer") for item in items]},
+    )
+
+
+def response_log_probs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
+                       with_entropy: bool = False):
+    """Log-probs [N, R] of the response tokens under `model` (and their entropies [N, R] when asked).
+
+    The LM head runs on the response positions only. Logits are divided by the sampling temperature so the
+    ratio and the KL compare the distributions the responses were actually drawn from (as TRL does).
+    """
+    hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [N, P + R, h]
+    logits = model.compute_logits(hidden[:, prompt_len - 1: -1])  # [N, R, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = gather_log_probs(logits, input_ids[:, prompt_len:])  # [N, R]
+    if not with_entropy:
+        return log_probs, None
+    with paddle.no_grad():  # a logged statistic: keep it out of the autograd graph
+        return log_probs, entropy_from_logits(logits.detach())
+
+
+def critic_values(critic, input_ids, attention_mask, prompt_len: int):
+    """Values [N, R]: the critic's score at the state before each response token."""
+    return critic(input_ids, attention_mask).scores[:, prompt_len - 1: -1]

@@ -1,0 +1,101 @@
+"""Stage 3, policy optimisation: PPO with a critic, or critic-free GRPO / REINFORCE++ / RLOO.
+
+    python alignment/ppo/run_ppo.py config/tiny/ppo_argument.json [--key value ...]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.args import ArgumentError, ArgumentParser, to_dict  # noqa: E402
+from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
+from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.training.setup import fail, load_raw, print_arguments  # noqa: E402
+
+
+def build_models(model_args, ppo_args, train_args):
+    """(actor, reference, critic or None, reward model or None, reward tokenizer or None)."""
+    from alignment.models import LlamaForCausalLM, Tokenizer
+    from alignment.models.score_model import ScoreModel
+
+    actor = LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path, recompute=train_args.recompute)
+    reference = LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path)
+    for param in reference.parameters():
+        param.stop_gradient = True
+    reward_model = reward_tokenizer = None
+    if model_args.reward_model_name_or_path:
+        reward_model = ScoreModel.from_pretrained(model_args.reward_model_name_or_path)
+        for param in reward_model.parameters():
+            param.stop_gradient = True
+        reward_tokenizer = Tokenizer.from_pretrained(model_args.reward_model_name_or_path)
+    critic = None
+    if ppo_args.uses_critic:
+        path = (model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
+                or model_args.actor_model_name_or_path)
+        critic = ScoreModel.from_pretrained(path, score_type="critic", do_normalize=False,
+                                            recompute=ppo_args.critic_recompute)
+    return actor, reference, critic, reward_model, reward_tokenizer
+
+
+def main(argv=None) -> dict:
+    parser = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments)
+    try:
+        model_args, data_args, ppo_args, train_args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except ArgumentError as err:
+        fail(err)
+    effective = to_dict(model_args, data_args, ppo_args, train_args)
+    print_arguments(effective)
+
+    from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
+    from alignment.models import Tokenizer
+    from alignment.ppo.rewards import RewardComputer, RewardFunctionError
+    from alignment.ppo.trainer import PPOTrainer
+    from alignment.training.trainer import set_seed
+
+    set_seed(train_args.seed)
+    tokenizer = Tokenizer.from_pretrained(model_args.actor_model_name_or_path)
+    train_raw, eval_raw = load_raw(data_args, train_args.seed)
+    try:
+        prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
+        eval_prompts = PromptOnlyDataset(eval_raw, tokenizer, data_args.max_length, too_long="error") \
+            if eval_raw is not None else None
+    except ValueError as err:
+        fail(err)
+    ptx = None
+    if data_args.ptx_datasets:
+        from alignment.data import MixedRawDataset
+
+        ptx = SupervisedDataset(MixedRawDataset(data_args.ptx_datasets, seed=train_args.seed), tokenizer,
+                                data_args.max_length)
+    print(f"prompts: {len(prompts)} train {prompts.stats}" +
+          (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
+          (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
+    actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, train_args)
+    try:
+        reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
+                                ppo_args.reward_weights, ppo_args.clip_range_score)
+    except ValueError as err:
+        fail(err)
+    print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
+          f"reward = {' + '.join((['reward model'] if reward_model else []) + list(ppo_args.reward_funcs))}"
+          + (" (re-tokenized for the reward model)" if reward.retokenize else ""))
+    trainer = PPOTrainer(ppo_args, train_args, data_args, actor, reference, critic, reward, tokenizer, prompts,
+                         eval_prompts, ptx, lambda items: collate_prompts(items, tokenizer.pad_token_id),
+                         lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
+    try:
+        results = trainer.train()
+    except RewardFunctionError as err:
+        fail(err)
+    print(f"\n{ppo_args.advantage_estimator} done: {trainer.global_step} steps; policy saved to "
+          f"{os.path.join(train_args.output_dir, 'policy')}")
+    if "start" in results and "end" in results:
+        for key in results["end"]:
+            print(f"  {key}: {results['start'][key]:.4f} before -> {results['end'][key]:.4f} after")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""The PPO-family loop, top to bottom: rollout -> score -> advantages -> update. The math is in algorithms.py.
+
+advantage_estimator "gae" trains actor and critic (PPO); the critic-free estimators (grpo, dr_grpo, rloo,
+reinforce_baseline, reinforce_plus_plus) build no critic at all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Dict, List
+
+import numpy as np
+import paddle
+from tqdm import tqdm
+
+from alignment.models.generation import GenerationConfig
+from alignment.models.normalizer import RunningMeanStd
+from alignment.ppo import algorithms as rl
+from alignment.ppo.rewards import gold_scores
+from alignment.ppo.rollout import critic_values, response_log_probs, sample_rollout
+from alignment.sft.trainer import answer_token_loss
+from alignment.training.logger import MetricsLogger
+from alignment.training.optim import build_optimizer
+from alignment.training.trainer import epoch_batches, to_tensors
+
+
+class PPOTrainer:
+    def __init__(self, ppo_args, train_args, data_args, actor, reference, critic, reward, tokenizer, prompts,
+                 eval_prompts, ptx_data, collate_prompts, collate_ptx, effective_args=None):
+        self.ppo, self.args, self.data_args = ppo_args, train_args, data_args
+        self.actor, self.reference, self.critic, self.reward, self.tokenizer = actor, reference, critic, reward, tokenizer
+        self.prompts, self.eval_prompts, self.ptx_data = prompts, eval_prompts, ptx_data
+        self.collate_prompts, self.collate_ptx = collate_prompts, collate_ptx
+        self.logger = MetricsLogger(train_args.output_dir,
+                                    first_files={"args.json": effective_args} if effective_args else None)
+        steps_per_epoch = math.ceil(len(prompts) / ppo_args.per_device_prompt_batch_size)
+        self.total_steps = train_args.max_steps if train_args.max_steps > 0 else \
+            max(1, int(steps_per_epoch * train_args.num_train_epochs))
+        rollouts = ppo_args.per_device_prompt_batch_size * ppo_args.num_return_sequences
+        micro_batches = math.ceil(rollouts / train_args.per_device_train_batch_size)
+        optimizer_steps = self.total_steps * ppo_args.update_iters * max(
+            1, micro_batches // train_args.gradient_accumulation_steps)
+        self.actor_opt, self.actor_sched = build_optimizer(actor, train_args, optimizer_steps)
+        if critic is not None:
+            critic_args = dataclasses.replace(
+                train_args, learning_rate=ppo_args.critic_learning_rate, min_learning_rate=0.0,
+                weight_decay=ppo_args.critic_weight_decay, lr_scheduler_type=ppo_args.critic_lr_scheduler_type,
+                warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
+            self.critic_opt, self.critic_sched = build_optimizer(critic, critic_args, optimizer_steps)
+        self.reward_stats = RunningMeanStd()
+        self.gen_config = GenerationConfig(  # max_new_tokens is set per batch from max_length
+            max_new_tokens=1, do_sample=True, temperature=ppo_args.temperature, top_p=ppo_args.top_p,
+            top_k=ppo_args.top_k, repetition_penalty=ppo_args.repetition_penalty,
+            eos_token_id=actor.config.eos_token_ids or tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        self.global_step = 0
+
+    # --- one PPO step: rollout -> score -> advantages -> update ---------------------------------------------------
+    def train(self) -> Dict[str, float]:
+        prompt_batches = epoch_batches(len(self.prompts), self.ppo.per_device_prompt_batch_size, self.args.seed)
+        ptx_batches = epoch_batches(len(self.ptx_data), self.args.per_device_train_batch_size, self.args.seed + 1) \
+            if self.ptx_data is not None else None
+        progress = tqdm(total=self.total_steps, disable=self.args.disable_tqdm, desc="ppo", dynamic_ncols=True)
+        results = {"start": self.evaluate()} if self.eval_prompts is not None and self.args.do_eval else {}
+        while self.global_step < self.total_steps:
+            times = {}
+            start = time.perf_counter()
+            rollout = self.make_rollout([self.prompts[int(i)] for i in next(prompt_batches)])
+            times["time/generate"] = time.perf_counter() - start
+            start = time.perf_counter()
+            metrics = self.score(rollout)
+            metrics.update(self.compute_advantages(rollout))
+            times["time/score"] = time.perf_counter() - start
+            start = time.perf_counter()
+            metrics.update(self.update(rollout, ptx_batches))
+            times["time/train"] = time.perf_counter() - start
+            self.global_step += 1
+            progress.update(1)
+            if self.global_step % self.args.logging_steps == 0 or self.global_step == self.total_steps:
+                self.logger.log(self.global_step, {**metrics, **times}, echo=progress.write)
+            progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['kl']:.3f}")
+            if self._due(self.args.eval_steps) and self.global_step < self.total_steps:
+                self.evaluate()
+            if self._due(self.args.save_steps) and self.global_step < self.total_steps:
+                self.save(os.path.join(self.args.output_dir, f"checkpoint-{self.global_step}"))
+        progress.close()
+        if self.eval_prompts is not None and self.args.do_eval:
+            results["end"] = self.evaluate()
+        self.save(self.args.output_dir)
+        self.logger.close()
+        return results
+
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.global_step % every == 0
+
+    def make_rollout(self, items, greedy: bool = False):
+        """Responses to the prompt items (num_return_sequences each when sampling, one each when greedy)."""
+        budget = self.data_args.max_length - max(len(item["input_ids"]) for item in items)
+        config = dataclasses.replace(self.gen_config, max_new_tokens=min(budget, self.ppo.max_new_tokens or budget))
+        if greedy:
+            config = dataclasses.replace(config, do_sample=False, repetition_penalty=1.0)
+        return sample_rollout(self.actor, self.tokenizer, items, config, 1 if greedy else self.ppo.num_return_sequences,
+                              self.collate_prompts)
+
+    @paddle.no_grad()
+    def score(self, rollout) -> Dict[str, float]:
+        """Old and reference log-probs, old values and end rewards of the rollout (in place)."""
+        ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
+        self.actor.eval()
+        rollout.old_log_probs, _ = response_log_probs(self.actor, ids, mask, p, self.ppo.temperature)
+        rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
+        if self.critic is not None:
+            self.critic.eval()
+            rollout.old_values = critic_values(self.critic, ids, mask, p)
+        end_rewards, parts = self.reward(rollout)
+        metrics = {"reward/mean": float(end_rewards.mean()), "reward/std": float(end_rewards.std()), **parts}
+        if self.ppo.normalize_reward:
+            self.reward_stats.update(end_rewards)
+            end_rewards = self.reward_stats.normalize(end_rewards)
+        rollout.end_rewards = end_rewards
+        gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
+        if gold is not None:
+            metrics["gold_reward/mean"] = float(gold.mean())
+        lengths = rollout.response_mask.sum(axis=1)  # [N]
+        ended = [self.tokenizer.eos_token_id in row for row in rollout.input_ids[:, p:].numpy().tolist()]
+        metrics.update({"response_length": float(lengths.mean()), "truncated": 1.0 - float(np.mean(ended))})
+        return metrics
+
+    @paddle.no_grad()
+    def compute_advantages(self, rollout) -> Dict[str, float]:
+        mask, ppo = rollout.response_mask, self.ppo
+        kl = rl.kl_penalty(rollout.old_log_probs, rollout.ref_log_probs, ppo.kl_estimator)  # [N, R]
+        kl_in_reward = 0.0 if ppo.kl_in_loss else ppo.kl_coeff
+        if ppo.advantage_estimator == "gae":
+            rewards, _ = rl.reward_with_kl(rollout.end_rewards, rollout.old_log_probs, rollout.ref_log_probs, mask,
+                                           kl_in_reward, math.inf, ppo.kl_estimator)  # [N, R]
+            advantages, rollout.returns = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, ppo.gae_lambda)
+            if ppo.normalize_advantage:
+                advantages = rl.masked_whiten(advantages, mask)
+        elif ppo.advantage_estimator == "reinforce_plus_plus":
+            advantages = rl.reinforce_plus_plus_advantages(rollout.end_rewards, rollout.old_log_probs,
+                                                           rollout.ref_log_probs, mask, kl_in_reward, ppo.gamma,
+                                                           ppo.kl_estimator)
+        else:
+            per_sequence = rl.group_advantages(rollout.end_rewards, ppo.num_return_sequences, ppo.advantage_estimator)
+            advantages = rl.broadcast_sequence_advantages(per_sequence, mask)  # [N, R]
+        rollout.advantages = advantages
+        return {"kl": float(rl.masked_sum(kl, mask, axis=1).mean()), "advantage/mean": float(
+            rl.masked_mean(advantages, mask))}
+
+    def update(self, rollout, ptx_batches) -> Dict[str, float]:
+        """`update_iters` passes over the rollout in micro-batches: actor step, then critic step."""
+        args, ppo = self.args, self.ppo
+        self.actor.train()
+        if self.critic is not None:
+            self.critic.train()
+        rows: List[Dict[str, float]] = []
+        rng = np.random.default_rng(args.seed + 7919 * self.global_step)
+        size, accum, micro = args.per_device_train_batch_size, args.gradient_accumulation_steps, 0
+        for _ in range(ppo.update_iters):
+            order = rng.permutation(len(rollout))
+            for start in range(0, len(rollout), size):
+                batch = rollout.select(paddle.to_tensor(order[start: start + size]))
+                stats = self.actor_step(batch, ptx_batches, accum)
+                if self.critic is not None:
+                    stats.update(self.critic_step(batch, accum))
+                micro += 1
+                if micro % accum == 0:
+                    self._optimizer_step()
+                rows.append(stats)
+        if micro % accum:
+            self._optimizer_step()
+        return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+
+    def _optimizer_step(self):
+        for opt, sched in ((self.actor_opt, self.actor_sched),) + (
+                ((self.critic_opt, self.critic_sched),) if self.critic is not None else ()):
+            opt.step()
+            opt.clear_grad()
+            sched.step()
+
+    def actor_step(self, batch, ptx_batches, accum) -> Dict[str, float]:
+        ppo, mask = self.ppo, batch.response_mask
+        log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                                                ppo.temperature, with_entropy=True)
+        loss, stats = rl.policy_loss_and_stats(log_probs, batch.old_log_probs, batch.advantages, mask,
+                                               ppo.clip_range_ratio)
+        out = {"actor_loss": float(loss), "entropy": float(rl.masked_mean(entropy, mask)),
+               **{k: float(v) for k, v in stats.items()}, "lr": self.actor_opt.get_lr()}
+        if ppo.kl_in_loss:
+            kl = rl.masked_mean(rl.kl_penalty(log_probs, batch.ref_log_probs, ppo.kl_estimator), mask)
+            loss = loss + ppo.kl_coeff * kl
+        if ptx_batches is not None:
+            ptx = to_tensors(self.collate_ptx([self.ptx_data[int(i)] for i in next(ptx_batches)]))
+            ptx_loss, _ = answer_token_loss(self.actor, ptx["input_ids"], ptx["attention_mask"], ptx["labels"])
+            loss = loss + ppo.ptx_coeff * ptx_loss
+            out["ptx_loss"] = float(ptx_loss)
+        (loss / accum).backward()
+        return out
+
+    def critic_step(self, batch, accum) -> Dict[str, float]:
+        values = critic_values(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_len)  # [n, R]
+        loss = rl.critic_loss(values, batch.old_values, batch.returns, batch.response_mask, self.ppo.clip_range_value)
+        (loss / accum).backward()
+        return {"critic_loss": float(loss), "explained_variance": float(
+            rl.explained_variance(values.detach(), batch.returns, batch.response_mask))}
+
+    # --- evaluation and checkpoints -------------------------------------------------------------------------------
+    @paddle.no_grad()
+    def evaluate(self) -> Dict[str, float]:
+        """Greedy responses to the eval prompts: reward, gold reward, length; generations go to a JSONL file."""
+        rewards, golds, lengths, records = [], [], [], []
+        size = self.args.per_device_eval_batch_size
+        for start in range(0, len(self.eval_prompts), size):
+            items = [self.eval_prompts[i] for i in range(start, min(start + size, len(self.eval_prompts)))]
+            rollout = self.make_rollout(items, greedy=True)
+            reward, _ = self.reward(rollout)
+            gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
+            rewards += reward.numpy().tolist()
+            golds += [] if gold is None else gold.tolist()
+            lengths += rollout.response_mask.sum(axis=1).numpy().tolist()
+            records += [{"step": self.global_step, "prompt": p, "completion": c, "reward": r}
+                        for p, c, r in zip(rollout.prompts, rollout.completions, reward.numpy().tolist())]
+        results = {"eval/reward": float(np.mean(rewards)), "eval/response_length": float(np.mean(lengths))}
+        if golds:
+            results["eval/gold_reward"] = float(np.mean(golds))
+            for record, gold in zip(records, golds):
+                record["gold_reward"] = gold
+        self.logger.log(self.global_step, results, echo=tqdm.write)
+        if self.logger.enabled:
+            with open(os.path.join(self.args.output_dir, "eval_generations.jsonl"), "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        return results
+
+    def save(self, directory: str) -> None:
+        self.actor.save_pretrained(os.path.join(directory, "policy"), tokenizer_dir=self.tokenizer.name_or_path)
+        if self.critic is not None:
+            self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)

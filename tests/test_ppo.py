@@ -1,0 +1,134 @@
+"""PPO / GRPO end to end on the tiny model, the rollout layout, reward plumbing and the user-facing errors."""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from alignment.models import LlamaForCausalLM, Tokenizer
+from alignment.models.score_model import ScoreModel
+from alignment.ppo import run_ppo
+from alignment.ppo.rewards import RewardComputer
+from alignment.ppo.rollout import Rollout, critic_values, response_log_probs
+from tests.helpers import REPO, read_metrics
+
+PPO_CONFIG = os.path.join(REPO, "config", "tiny", "ppo_argument.json")
+GRPO_CONFIG = os.path.join(REPO, "config", "tiny", "grpo_argument.json")
+PROMPTS = f"prompt-only:1.0:{REPO}/data/prompts/train.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tiny_reward_dir(tiny_model_dir, tmp_path_factory):
+    paddle.seed(11)
+    model = ScoreModel.from_pretrained(tiny_model_dir)
+    path = str(tmp_path_factory.mktemp("rm") / "model")
+    model.save_pretrained(path, tokenizer_dir=tiny_model_dir)
+    return path
+
+
+def common(tmp_path, actor, *extra):
+    return ["--actor_model_name_or_path", actor, "--output_dir", str(tmp_path / "out"), "--disable_tqdm",
+            "--train_datasets", PROMPTS, "--eval_datasets", "", "--max_steps", "2", "--max_new_tokens", "8",
+            "--per_device_prompt_batch_size", "4", "--logging_steps", "1", *extra]
+
+
+def weights(path, cls=LlamaForCausalLM):
+    return cls.from_pretrained(path).model.layers[0].self_attn.q_proj.weight.numpy()
+
+
+def test_ppo_steps_change_actor_and_critic_and_log_the_metrics(tmp_path, tiny_model_dir, tiny_reward_dir):
+    run_ppo.main([PPO_CONFIG, *common(tmp_path, tiny_model_dir, "--reward_model_name_or_path", tiny_reward_dir,
+                                      "--gold_judge", "combined", "--per_device_train_batch_size", "2")])
+    out = tmp_path / "out"
+    assert np.abs(weights(str(out / "policy")) - weights(tiny_model_dir)).max() > 0
+    assert np.abs(weights(str(out / "value"), ScoreModel) - weights(tiny_reward_dir, ScoreModel)).max() > 0
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward/mean", "kl", "actor_loss", "critic_loss", "entropy", "response_length", "gold_reward/mean",
+                "time/generate", "time/train", "clip_frac", "approx_kl", "explained_variance", "truncated"):
+        assert all(np.isfinite(r[key]) for r in rows), key
+    assert rows[0]["kl"] == 0.0  # the first rollout comes from the reference policy itself
+    assert json.load(open(out / "args.json"))["advantage_estimator"] == "gae"
+
+
+def test_grpo_with_a_rule_reward_builds_no_critic(tmp_path, tiny_model_dir, capsys):
+    run_ppo.main([GRPO_CONFIG, *common(tmp_path, tiny_model_dir, "--reward_funcs", "arithmetic")])
+    assert "critic not built" in capsys.readouterr().out
+    out = tmp_path / "out"
+    assert not (out / "value").exists() and (out / "policy" / "model.safetensors").exists()
+    assert all("critic_loss" not in r for r in read_metrics(out))
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "dr_grpo", "reinforce_baseline", "reinforce_plus_plus"])
+def test_every_critic_free_estimator_runs_a_step(tmp_path, tiny_model_dir, estimator):
+    run_ppo.main([GRPO_CONFIG, *common(tmp_path, tiny_model_dir, "--advantage_estimator", estimator,
+                                       "--reward_funcs", "sentiment", "--max_steps", "1", "--kl_in_loss", "false")])
+    row = read_metrics(tmp_path / "out")[0]
+    assert np.isfinite(row["actor_loss"]) and row["response_length"] > 0
+
+
+def test_response_log_probs_and_values_line_up_with_the_response_tokens(tiny_model_dir, tiny_reward_dir):
+    actor = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    critic = ScoreModel.from_pretrained(tiny_reward_dir)
+    ids = paddle.to_tensor([[0, 5, 6, 7, 8, 9], [4, 5, 6, 10, 11, 0]])  # prompt width 3, response width 3
+    mask = paddle.to_tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    log_probs, _ = response_log_probs(actor, ids, mask, prompt_len=3)
+    logits = actor(ids, mask).logits.numpy()
+    reference = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    for row in range(2):
+        for t in range(3):
+            assert abs(log_probs[row, t].item() - reference[row, 2 + t, ids[row, 3 + t].item()]) < 1e-5
+    values = critic_values(critic, ids, mask, prompt_len=3)
+    np.testing.assert_allclose(values.numpy(), critic(ids, mask).scores.numpy()[:, 2:5], atol=1e-6)
+
+
+def test_reward_model_with_another_chat_template_gets_retokenized_text(tmp_path, tiny_model_dir, tiny_reward_dir):
+    import shutil
+
+    other = tmp_path / "rm_plain"
+    shutil.copytree(tiny_reward_dir, other)
+    config = json.load(open(other / "tokenizer_config.json"))
+    del config["chat_template"]  # falls back to the plain USER:/ASSISTANT: template
+    json.dump(config, open(other / "tokenizer_config.json", "w"))
+    actor_tok, rm_tok = Tokenizer.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(str(other))
+    model = ScoreModel.from_pretrained(str(other))
+    computer = RewardComputer(model, rm_tok, actor_tok)
+    assert computer.retokenize
+    rollout = Rollout(paddle.zeros([1, 2], "int64"), paddle.ones([1, 2], "int64"), paddle.ones([1, 1]), 1,
+                      prompts=["What is 2 + 2?"], completions=["4"], labels={})
+    text_ids = rm_tok.encode("BEGINNING OF CONVERSATION: USER: What is 2 + 2? ASSISTANT:4<|im_end|>")
+    expected = model(paddle.to_tensor([text_ids])).end_scores.numpy()
+    np.testing.assert_allclose(computer.model_scores(rollout).numpy(), expected, atol=1e-6)
+
+
+def expect_exit(capsys, argv, *fragments):
+    with pytest.raises(SystemExit) as info:
+        run_ppo.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_bad_arguments_fail_before_anything_is_written(tmp_path, tiny_model_dir, capsys):
+    base = [PPO_CONFIG, *common(tmp_path, tiny_model_dir)]
+    expect_exit(capsys, base + ["--clip_range_ratio", "0"], "clip_range_ratio")
+    expect_exit(capsys, base + ["--advantage_estimator", "grpo", "--num_return_sequences", "1"],
+                "num_return_sequences")
+    expect_exit(capsys, base + ["--max_length", "12"], "prompt 0", "max_length")
+    expect_exit(capsys, base + ["--reward_funcs", "no_such_judge"], "reward_funcs", "no_such_judge")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("raise RuntimeError('judge crashed')", "'{spec}' raised RuntimeError: judge crashed"),
+    ("return [float('nan')] * len(completions)", "returned nan for sample 0"),
+])
+def test_broken_reward_functions_are_named_and_nothing_is_written(tmp_path, tiny_model_dir, capsys, body, fragment):
+    module = tmp_path / "my_rewards.py"
+    module.write_text(f"def score(prompts, completions, **labels):\n    {body}\n")
+    spec = f"{module}:score"
+    expect_exit(capsys, [GRPO_CONFIG, *common(tmp_path, tiny_model_dir, "--reward_funcs", spec)],
+                fragment.format(spec=spec))
+    assert not (tmp_path / "out").exists()
