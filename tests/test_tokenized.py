@@ -16,7 +16,7 @@ def tok(tiny_model_dir):
 def test_supervised_labels_cover_exactly_the_answer_and_end_of_turn(tok):
     item = SupervisedDataset([{"input": "What is 2 + 2?", "answer": "4."}], tok, 128)[0]
     prompt = tok.encode("<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n")
-    answer = tok.encode("4.<|im_end|>\n")
+    answer = tok.encode("4.<|im_end|>")
     assert item["input_ids"] == prompt + answer
     assert item["labels"] == [IGNORE_INDEX] * len(prompt) + answer
     assert tok.eos_token_id in answer
@@ -26,9 +26,9 @@ def test_multi_turn_dialogue_trains_on_every_assistant_turn_only(tok):
     sample = {"dialogue": ["Hi", "Hello!", "Add 1 and 2.", "3."]}
     item = SupervisedDataset([sample], tok, 128)[0]
     text = tok.apply_chat_template(tok.chat_messages(sample["dialogue"]), add_generation_prompt=False)
-    assert tok.decode(item["input_ids"], skip_special_tokens=False) == text
+    assert tok.decode(item["input_ids"], skip_special_tokens=False) == text.rstrip("\n")  # ends at the last eos
     trained = tok.decode([t for t in item["labels"] if t != IGNORE_INDEX], skip_special_tokens=False)
-    assert trained == "Hello!<|im_end|>\n3.<|im_end|>\n"
+    assert trained == "Hello!<|im_end|>\n3.<|im_end|>"
 
 
 def test_truncation_and_dropping_are_counted(tok):
@@ -42,8 +42,8 @@ def test_preference_pairs_follow_the_better_flag_and_share_the_prompt(tok):
     raw = [{"input": "Q", "answer": "bad", "other_answer": "good", "better": False}]
     item = PreferenceDataset(raw, tok, 64)[0]
     prompt = tok.encode(format_prompt(tok, raw[0]))
-    assert item["better_input_ids"] == prompt + tok.encode("good<|im_end|>\n")
-    assert item["worse_input_ids"] == prompt + tok.encode("bad<|im_end|>\n")
+    assert item["better_input_ids"] == prompt + tok.encode("good<|im_end|>")
+    assert item["worse_input_ids"] == prompt + tok.encode("bad<|im_end|>")
 
 
 def test_prompt_only_deduplicates_and_ends_with_the_generation_prompt(tok):
