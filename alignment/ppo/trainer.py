@@ -22,9 +22,11 @@ from alignment.ppo import algorithms as rl
 from alignment.ppo.rewards import gold_scores
 from alignment.ppo.rollout import critic_values, response_log_probs, sample_rollout
 from alignment.sft.trainer import answer_token_loss
+from alignment.training.distributed import (average_gradients, barrier, gather_lists, init_distributed,
+                                            is_main_process, mean_over_ranks, shard, world_size)
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer
-from alignment.training.trainer import epoch_batches, to_tensors
+from alignment.training.trainer import epoch_batches, eval_shards, to_tensors
 
 
 class PPOTrainer:
@@ -34,9 +36,10 @@ class PPOTrainer:
         self.actor, self.reference, self.critic, self.reward, self.tokenizer = actor, reference, critic, reward, tokenizer
         self.prompts, self.eval_prompts, self.ptx_data = prompts, eval_prompts, ptx_data
         self.collate_prompts, self.collate_ptx = collate_prompts, collate_ptx
-        self.logger = MetricsLogger(train_args.output_dir,
+        init_distributed()
+        self.logger = MetricsLogger(train_args.output_dir, enabled=is_main_process(),
                                     first_files={"args.json": effective_args} if effective_args else None)
-        steps_per_epoch = math.ceil(len(prompts) / ppo_args.per_device_prompt_batch_size)
+        steps_per_epoch = math.ceil(len(prompts) / (ppo_args.per_device_prompt_batch_size * world_size()))
         self.total_steps = train_args.max_steps if train_args.max_steps > 0 else \
             max(1, int(steps_per_epoch * train_args.num_train_epochs))
         rollouts = ppo_args.per_device_prompt_batch_size * ppo_args.num_return_sequences
@@ -59,15 +62,18 @@ class PPOTrainer:
 
     # --- one PPO step: rollout -> score -> advantages -> update ---------------------------------------------------
     def train(self) -> Dict[str, float]:
-        prompt_batches = epoch_batches(len(self.prompts), self.ppo.per_device_prompt_batch_size, self.args.seed)
-        ptx_batches = epoch_batches(len(self.ptx_data), self.args.per_device_train_batch_size, self.args.seed + 1) \
-            if self.ptx_data is not None else None
-        progress = tqdm(total=self.total_steps, disable=self.args.disable_tqdm, desc="ppo", dynamic_ncols=True)
+        world = world_size()
+        prompt_batches = epoch_batches(len(self.prompts), self.ppo.per_device_prompt_batch_size * world,
+                                       self.args.seed, min_size=world)
+        ptx_batches = epoch_batches(len(self.ptx_data), self.args.per_device_train_batch_size * world,
+                                    self.args.seed + 1, min_size=world) if self.ptx_data is not None else None
+        progress = tqdm(total=self.total_steps, disable=self.args.disable_tqdm or not is_main_process(), desc="ppo",
+                        dynamic_ncols=True)
         results = {"start": self.evaluate()} if self.eval_prompts is not None and self.args.do_eval else {}
         while self.global_step < self.total_steps:
             times = {}
             start = time.perf_counter()
-            rollout = self.make_rollout([self.prompts[int(i)] for i in next(prompt_batches)])
+            rollout = self.make_rollout([self.prompts[int(i)] for i in shard(next(prompt_batches))])
             times["time/generate"] = time.perf_counter() - start
             start = time.perf_counter()
             metrics = self.score(rollout)
@@ -76,10 +82,11 @@ class PPOTrainer:
             start = time.perf_counter()
             metrics.update(self.update(rollout, ptx_batches))
             times["time/train"] = time.perf_counter() - start
+            metrics = mean_over_ranks({**metrics, **times})
             self.global_step += 1
             progress.update(1)
             if self.global_step % self.args.logging_steps == 0 or self.global_step == self.total_steps:
-                self.logger.log(self.global_step, {**metrics, **times}, echo=progress.write)
+                self.logger.log(self.global_step, metrics, echo=progress.write)
             progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", kl=f"{metrics['kl']:.3f}")
             if self._due(self.args.eval_steps) and self.global_step < self.total_steps:
                 self.evaluate()
@@ -175,8 +182,11 @@ class PPOTrainer:
         return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
     def _optimizer_step(self):
-        for opt, sched in ((self.actor_opt, self.actor_sched),) + (
-                ((self.critic_opt, self.critic_sched),) if self.critic is not None else ()):
+        pairs = [(self.actor, self.actor_opt, self.actor_sched)]
+        if self.critic is not None:
+            pairs.append((self.critic, self.critic_opt, self.critic_sched))
+        for model, opt, sched in pairs:
+            average_gradients(model.parameters())
             opt.step()
             opt.clear_grad()
             sched.step()
@@ -193,7 +203,7 @@ class PPOTrainer:
             kl = rl.masked_mean(rl.kl_penalty(log_probs, batch.ref_log_probs, ppo.kl_estimator), mask)
             loss = loss + ppo.kl_coeff * kl
         if ptx_batches is not None:
-            ptx = to_tensors(self.collate_ptx([self.ptx_data[int(i)] for i in next(ptx_batches)]))
+            ptx = to_tensors(self.collate_ptx([self.ptx_data[int(i)] for i in shard(next(ptx_batches))]))
             ptx_loss, _ = answer_token_loss(self.actor, ptx["input_ids"], ptx["attention_mask"], ptx["labels"])
             loss = loss + ppo.ptx_coeff * ptx_loss
             out["ptx_loss"] = float(ptx_loss)
@@ -212,9 +222,8 @@ class PPOTrainer:
     def evaluate(self) -> Dict[str, float]:
         """Greedy responses to the eval prompts: reward, gold reward, length; generations go to a JSONL file."""
         rewards, golds, lengths, records = [], [], [], []
-        size = self.args.per_device_eval_batch_size
-        for start in range(0, len(self.eval_prompts), size):
-            items = [self.eval_prompts[i] for i in range(start, min(start + size, len(self.eval_prompts)))]
+        for indices in eval_shards(len(self.eval_prompts), self.args.per_device_eval_batch_size):
+            items = [self.eval_prompts[i] for i in indices]
             rollout = self.make_rollout(items, greedy=True)
             reward, _ = self.reward(rollout)
             gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
@@ -223,6 +232,7 @@ class PPOTrainer:
             lengths += rollout.response_mask.sum(axis=1).numpy().tolist()
             records += [{"step": self.global_step, "prompt": p, "completion": c, "reward": r}
                         for p, c, r in zip(rollout.prompts, rollout.completions, reward.numpy().tolist())]
+        rewards, golds, lengths, records = (gather_lists(x) for x in (rewards, golds, lengths, records))
         results = {"eval/reward": float(np.mean(rewards)), "eval/response_length": float(np.mean(lengths))}
         if golds:
             results["eval/gold_reward"] = float(np.mean(golds))
@@ -235,6 +245,8 @@ class PPOTrainer:
         return results
 
     def save(self, directory: str) -> None:
-        self.actor.save_pretrained(os.path.join(directory, "policy"), tokenizer_dir=self.tokenizer.name_or_path)
-        if self.critic is not None:
-            self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)
+        if is_main_process():
+            self.actor.save_pretrained(os.path.join(directory, "policy"), tokenizer_dir=self.tokenizer.name_or_path)
+            if self.critic is not None:
+                self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)
+        barrier()

@@ -11,7 +11,8 @@ from tqdm import tqdm
 from alignment.args import field
 from alignment.models.normalizer import NORMALIZER_TYPES
 from alignment.rm.losses import sequence_wise_loss, token_wise_loss
-from alignment.training.trainer import Trainer, to_tensors
+from alignment.training.distributed import gather_lists
+from alignment.training.trainer import Trainer, eval_shards, to_tensors
 
 LOSS_TYPES = ("sequence-wise", "token-wise")
 
@@ -74,16 +75,15 @@ class RewardTrainer(Trainer):
             return {}
         self.model.eval()
         better, worse, losses = [], [], []
-        size = self.args.per_device_eval_batch_size
-        for start in range(0, len(self.eval_dataset), size):
-            items = [self.eval_dataset[i] for i in range(start, min(start + size, len(self.eval_dataset)))]
+        for indices in eval_shards(len(self.eval_dataset), self.args.per_device_eval_batch_size):
+            items = [self.eval_dataset[i] for i in indices]
             loss, better_end, worse_end = self.loss_and_end_scores(to_tensors(self.collate_fn(items)))
-            better.append(better_end.numpy())
-            worse.append(worse_end.numpy())
+            better += better_end.numpy().tolist()
+            worse += worse_end.numpy().tolist()
             losses.append(float(loss) * len(items))
         self.model.train()
-        better, worse = np.concatenate(better), np.concatenate(worse)
-        results = {"eval/loss": sum(losses) / len(better), "eval/accuracy": float((better > worse).mean()),
+        better, worse = np.array(gather_lists(better)), np.array(gather_lists(worse))
+        results = {"eval/loss": sum(gather_lists(losses)) / len(better), "eval/accuracy": float((better > worse).mean()),
                    "eval/chosen_score": float(better.mean()), "eval/rejected_score": float(worse.mean()),
                    "eval/chosen_score_std": float(better.std()), "eval/rejected_score_std": float(worse.std())}
         edges = np.histogram_bin_edges(np.concatenate([better, worse]), bins=20)
@@ -92,5 +92,6 @@ class RewardTrainer(Trainer):
         self.logger.log(self.global_step, {**results, "eval/score_histogram": histogram}, echo=None)
         self.logger.log_histogram("eval/chosen_scores", better, self.global_step)
         self.logger.log_histogram("eval/rejected_scores", worse, self.global_step)
-        tqdm.write(f"step {self.global_step}: " + ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
+        if self.logger.enabled:
+            tqdm.write(f"step {self.global_step}: " + ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
         return results

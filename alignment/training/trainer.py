@@ -11,13 +11,15 @@ import os
 import random
 import shutil
 import time
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 import paddle
 from tqdm import tqdm
 
 from alignment.training.arguments import TrainingArguments
+from alignment.training.distributed import (average_gradients, barrier, init_distributed, is_main_process,
+                                            mean_over_ranks, shard, world_size)
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer, global_grad_norm
 
@@ -28,13 +30,18 @@ def set_seed(seed: int) -> None:
     paddle.seed(seed)
 
 
-def epoch_batches(num_items: int, batch_size: int, seed: int, shuffle: bool = True) -> Iterator[np.ndarray]:
-    """Index batches forever, a fresh seeded permutation each epoch (the last batch of an epoch may be short)."""
+def epoch_batches(num_items: int, batch_size: int, seed: int, shuffle: bool = True,
+                  min_size: int = 1) -> Iterator[np.ndarray]:
+    """Index batches forever, a fresh seeded permutation each epoch. The last batch of an epoch may be short;
+    one shorter than `min_size` (the world size: every rank needs an item) is skipped."""
+    if num_items < min_size:
+        raise ValueError(f"{num_items} samples cannot be shared by {min_size} data-parallel processes")
     epoch = 0
     while True:
         order = np.random.default_rng(seed + epoch).permutation(num_items) if shuffle else np.arange(num_items)
         for start in range(0, num_items, batch_size):
-            yield order[start: start + batch_size]
+            if len(order[start: start + batch_size]) >= min_size:
+                yield order[start: start + batch_size]
         epoch += 1
 
 
@@ -49,8 +56,10 @@ class Trainer:
         self.train_dataset, self.eval_dataset, self.collate_fn = train_dataset, eval_dataset, collate_fn
         if len(train_dataset) == 0:
             raise ValueError("the training dataset is empty after tokenization (see the counts printed above)")
-        self.logger = MetricsLogger(args.output_dir, first_files={"args.json": effective_args} if effective_args else None)
-        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        init_distributed()
+        self.logger = MetricsLogger(args.output_dir, enabled=is_main_process(),
+                                    first_files={"args.json": effective_args} if effective_args else None)
+        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
         steps_per_epoch = math.ceil(len(train_dataset) / samples_per_step)
         self.total_steps = args.max_steps if args.max_steps > 0 else max(1, int(steps_per_epoch * args.num_train_epochs))
         self.optimizer, self.scheduler = build_optimizer(model, args, self.total_steps)
@@ -67,19 +76,22 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------------------------------------
     def train(self) -> Dict[str, float]:
         args = self.args
-        batches = epoch_batches(len(self.train_dataset), args.per_device_train_batch_size, args.seed)
+        batches = epoch_batches(len(self.train_dataset), args.per_device_train_batch_size * world_size(), args.seed,
+                                min_size=world_size())
         self.model.train()
         window, window_tokens, window_start = [], 0, time.perf_counter()
-        progress = tqdm(total=self.total_steps, disable=args.disable_tqdm, desc="train", dynamic_ncols=True)
+        progress = tqdm(total=self.total_steps, disable=args.disable_tqdm or not is_main_process(), desc="train",
+                        dynamic_ncols=True)
         last_eval = {}
         while self.global_step < self.total_steps:
             step_metrics = []
             for _ in range(args.gradient_accumulation_steps):
-                batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in next(batches)]))
+                batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in shard(next(batches))]))
                 loss, metrics, _ = self.compute_loss(batch)
                 (loss / args.gradient_accumulation_steps).backward()
                 step_metrics.append({"loss": float(loss), **metrics})
                 window_tokens += self.batch_tokens(batch)
+            average_gradients(self.model.parameters())
             grad_norm = global_grad_norm(self.model.parameters())
             lr = self.optimizer.get_lr()
             self.optimizer.step()
@@ -90,7 +102,8 @@ class Trainer:
             window.append({**_mean(step_metrics), "grad_norm": grad_norm, "lr": lr})
             if self.global_step % args.logging_steps == 0 or self.global_step == self.total_steps:
                 elapsed = time.perf_counter() - window_start
-                logged = {**_mean(window), "tokens_per_sec": window_tokens / max(elapsed, 1e-9)}
+                logged = mean_over_ranks({**_mean(window), "tokens_per_sec": window_tokens / max(elapsed, 1e-9)})
+                logged["tokens_per_sec"] *= world_size()  # throughput of all processes together
                 self.logger.log(self.global_step, logged, echo=progress.write)
                 progress.set_postfix(loss=f"{logged['loss']:.4f}")
                 window, window_tokens, window_start = [], 0, time.perf_counter()
@@ -115,29 +128,38 @@ class Trainer:
         self.model.eval()
         totals, total_weight = {}, 0.0
         size = self.args.per_device_eval_batch_size
-        for start in range(0, len(self.eval_dataset), size):
-            items = [self.eval_dataset[i] for i in range(start, min(start + size, len(self.eval_dataset)))]
-            loss, metrics, weight = self.compute_loss(to_tensors(self.collate_fn(items)))
+        for indices in eval_shards(len(self.eval_dataset), size):
+            loss, metrics, weight = self.compute_loss(to_tensors(self.collate_fn([self.eval_dataset[i] for i in indices])))
             for key, value in {"loss": float(loss), **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + value * weight
             total_weight += weight
         self.model.train()
-        results = {f"eval/{k}": v / max(total_weight, 1e-12) for k, v in totals.items()}
+        sums = mean_over_ranks({**totals, "_weight": total_weight})  # ratios of means = ratios of sums
+        results = {f"eval/{k}": v / max(sums["_weight"], 1e-12) for k, v in sums.items() if k != "_weight"}
         self.logger.log(self.global_step, results, echo=tqdm.write)
         return results
 
     def save_model(self, path: str) -> None:
-        self.model.save_pretrained(path, tokenizer_dir=self.tokenizer.name_or_path)
+        if is_main_process():
+            self.model.save_pretrained(path, tokenizer_dir=self.tokenizer.name_or_path)
+        barrier()
 
     def save_step_checkpoint(self) -> None:
         path = os.path.join(self.args.output_dir, f"checkpoint-{self.global_step}")
         self.save_model(path)
         limit = self.args.save_total_limit
-        if limit > 0:
+        if limit > 0 and is_main_process():
             steps = sorted(int(d.split("-")[1]) for d in os.listdir(self.args.output_dir)
                            if d.startswith("checkpoint-") and d.split("-")[1].isdigit())
             for old in steps[:-limit]:
                 shutil.rmtree(os.path.join(self.args.output_dir, f"checkpoint-{old}"), ignore_errors=True)
+
+
+def eval_shards(num_items: int, batch_size: int) -> Iterator[List[int]]:
+    """This rank's evaluation batches: a strided share of the items, in batches of `batch_size`."""
+    mine = list(shard(range(num_items)))
+    for start in range(0, len(mine), batch_size):
+        yield mine[start: start + batch_size]
 
 
 def _mean(rows):
