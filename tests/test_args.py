@@ -75,3 +75,23 @@ def test_every_argument_is_documented():
         for name, f in cls.__dataclass_fields__.items():
             assert f.metadata.get("help"), name
             assert f"--{name} " in text
+
+
+def test_every_shipped_argument_file_parses():
+    import glob
+    import os
+
+    from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments
+    from alignment.rm.trainer import RewardArguments
+    from tests.helpers import REPO
+
+    parsers = {
+        "sft_argument.json": ArgumentParser(ModelArguments, DataArguments, TrainingArguments),
+        "rm_argument.json": ArgumentParser(ModelArguments, DataArguments, RewardArguments, TrainingArguments),
+        "ppo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments),
+        "grpo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments),
+    }
+    files = sorted(glob.glob(os.path.join(REPO, "config", "*", "*.json")))
+    assert len(files) >= 6
+    for path in files:
+        parsers[os.path.basename(path)].parse_args([path])
