@@ -55,19 +55,24 @@ def atomic_directory(path: str):
         raise
 
 
-def write_json_atomic(path: str, data, indent: int = 2) -> None:
-    """Write JSON to `path` via a temporary file and rename."""
+def write_text_atomic(path: str, text: str) -> None:
+    """Write `text` to `path` via a temporary file in the same directory, fsync, then rename."""
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=parent)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=indent, sort_keys=True, default=str)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def write_json_atomic(path: str, data, indent: int = 2) -> None:
+    """Write JSON to `path` via a temporary file and rename."""
+    write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True, default=str) + "\n")

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import datasets
 
-from alignment.data.jsonfiles import (UnreadableJsonError, quiet_datasets, scan_records, json_type_name,
+from alignment.data.jsonfiles import (UnreadableJsonError, scan_records, json_type_name,
                                       load_json_file, resolve_data_files)
 from alignment.data.raw import DataFormatError, RawDataset, RawSample
 

@@ -88,8 +88,12 @@ def mark_seen(seen, ids, mask):
 
 
 @paddle.no_grad()
-def generate(model, input_ids, attention_mask, config: GenerationConfig) -> GenerationOutput:
-    """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens."""
+def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True) -> GenerationOutput:
+    """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens.
+
+    use_cache=False recomputes the whole sequence every step: the reference path, with the same tokens under
+    greedy decoding.
+    """
     b = input_ids.shape[0]
     attention_mask = attention_mask.astype("int64")
     seen = paddle.zeros([b, model.config.vocab_size], dtype="bool")
@@ -97,48 +101,30 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig) -> Gene
         seen = mark_seen(seen, input_ids, attention_mask)
     eos = paddle.to_tensor(config.eos_ids or [-1], dtype="int64")
     finished = paddle.zeros([b], dtype="bool")
-    out = model(input_ids, attention_mask=attention_mask, use_cache=True, last_only=True)
-    tokens, alive = [], []
+    out = model(input_ids, attention_mask=attention_mask, use_cache=use_cache, last_only=True)
+    sequences, tokens, alive = input_ids, [], []
     for _ in range(config.max_new_tokens):
         token = next_token(out.logits[:, -1], config, seen)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
         alive.append(paddle.logical_not(finished))
         tokens.append(token)
         finished = paddle.logical_or(finished, paddle.isin(token, eos))
-        if bool(finished.all()):
+        if bool(finished.all()) or len(tokens) == config.max_new_tokens:
             break
         if config.repetition_penalty != 1.0:
             seen = mark_seen(seen, token.unsqueeze(-1), paddle.ones([b, 1], "int64"))
         attention_mask = paddle.concat([attention_mask, paddle.ones([b, 1], "int64")], axis=1)
-        out = model(token.unsqueeze(-1), attention_mask=attention_mask, past_key_values=out.past_key_values,
-                    use_cache=True, last_only=True)
+        if use_cache:
+            out = model(token.unsqueeze(-1), attention_mask=attention_mask, past_key_values=out.past_key_values,
+                        use_cache=True, last_only=True)
+        else:
+            sequences = paddle.concat([sequences, token.unsqueeze(-1)], axis=1)
+            out = model(sequences, attention_mask=attention_mask, last_only=True)
     response = paddle.stack(tokens, axis=1)  # [b, new_len]
     response_mask = paddle.stack(alive, axis=1).astype("int64")
     return GenerationOutput(paddle.concat([input_ids, response], axis=1), response_mask)
 
 
-@paddle.no_grad()
 def generate_without_cache(model, input_ids, attention_mask, config: GenerationConfig) -> GenerationOutput:
-    """Reference path: recompute the whole sequence each step. Same tokens as `generate` under greedy decoding."""
-    b = input_ids.shape[0]
-    attention_mask = attention_mask.astype("int64")
-    seen = paddle.zeros([b, model.config.vocab_size], dtype="bool")
-    if config.repetition_penalty != 1.0:
-        seen = mark_seen(seen, input_ids, attention_mask)
-    eos = paddle.to_tensor(config.eos_ids or [-1], dtype="int64")
-    finished = paddle.zeros([b], dtype="bool")
-    sequences, tokens, alive = input_ids, [], []
-    for _ in range(config.max_new_tokens):
-        logits = model(sequences, attention_mask=attention_mask, last_only=True).logits[:, -1]
-        token = next_token(logits, config, seen)
-        token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
-        alive.append(paddle.logical_not(finished))
-        tokens.append(token)
-        finished = paddle.logical_or(finished, paddle.isin(token, eos))
-        sequences = paddle.concat([sequences, token.unsqueeze(-1)], axis=1)
-        attention_mask = paddle.concat([attention_mask, paddle.ones([b, 1], "int64")], axis=1)
-        if config.repetition_penalty != 1.0:
-            seen = mark_seen(seen, token.unsqueeze(-1), paddle.ones([b, 1], "int64"))
-        if bool(finished.all()):
-            break
-    return GenerationOutput(sequences, paddle.stack(alive, axis=1).astype("int64"))
+    """The reference path of `generate`: recompute the whole sequence each step."""
+    return generate(model, input_ids, attention_mask, config, use_cache=False)

@@ -10,10 +10,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.args import ArgumentError, ArgumentParser, to_dict  # noqa: E402
 from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, print_arguments  # noqa: E402
+from alignment.training.setup import fail, load_raw, parse_arguments  # noqa: E402
 
 
 def build_models(model_args, ppo_args, train_args):
@@ -41,13 +40,8 @@ def build_models(model_args, ppo_args, train_args):
 
 
 def main(argv=None) -> dict:
-    parser = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments)
-    try:
-        model_args, data_args, ppo_args, train_args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except ArgumentError as err:
-        fail(err)
-    effective = to_dict(model_args, data_args, ppo_args, train_args)
-    print_arguments(effective)
+    model_args, data_args, ppo_args, train_args, effective = parse_arguments(
+        argv, PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments)
 
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
     from alignment.models import Tokenizer

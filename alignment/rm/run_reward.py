@@ -10,21 +10,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.args import ArgumentError, ArgumentParser, to_dict  # noqa: E402
 from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
 from alignment.rm.trainer import RewardArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, print_arguments  # noqa: E402
+from alignment.training.setup import fail, load_raw, parse_arguments  # noqa: E402
 
 
 def main(argv=None) -> dict:
-    parser = ArgumentParser(ModelArguments, DataArguments, RewardArguments, TrainingArguments)
-    try:
-        model_args, data_args, reward_args, train_args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except ArgumentError as err:
-        fail(err)
-    effective = to_dict(model_args, data_args, reward_args, train_args)
-    print_arguments(effective)
+    model_args, data_args, reward_args, train_args, effective = parse_arguments(
+        argv, ModelArguments, DataArguments, RewardArguments, TrainingArguments)
 
     from alignment.data.tokenized import PreferenceDataset, collate_preference
     from alignment.models import Tokenizer

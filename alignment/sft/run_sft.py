@@ -10,20 +10,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.args import ArgumentError, ArgumentParser, to_dict  # noqa: E402
 from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, print_arguments  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments  # noqa: E402
 
 
 def main(argv=None) -> dict:
-    try:
-        model_args, data_args, train_args = ArgumentParser(ModelArguments, DataArguments, TrainingArguments).parse_args(
-            sys.argv[1:] if argv is None else argv)
-    except ArgumentError as err:
-        fail(err)
-    effective = to_dict(model_args, data_args, train_args)
-    print_arguments(effective)
+    model_args, data_args, train_args, effective = parse_arguments(argv, ModelArguments, DataArguments,
+                                                                   TrainingArguments)
 
     from alignment.data.tokenized import SupervisedDataset, collate_supervised
     from alignment.models import LlamaForCausalLM, Tokenizer

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from alignment.args import ArgumentError, ArgumentParser, to_dict
 from alignment.data import DataFormatError, MixedRawDataset, import_user_modules
 
 
@@ -13,8 +14,18 @@ def fail(error: Exception) -> None:
     raise SystemExit(2)
 
 
-def print_arguments(effective: dict) -> None:
+def parse_arguments(argv, *dataclass_types):
+    """Parse an argument file + flags into the dataclasses and print the effective configuration.
+
+    Returns (instances..., effective dict); exits with a one-line message on bad arguments.
+    """
+    try:
+        instances = ArgumentParser(*dataclass_types).parse_args(sys.argv[1:] if argv is None else argv)
+    except ArgumentError as err:
+        fail(err)
+    effective = to_dict(*instances)
     print("effective arguments:\n" + json.dumps(effective, indent=2, sort_keys=True, default=str))
+    return (*instances, effective)
 
 
 def load_raw(data_args, seed: int):

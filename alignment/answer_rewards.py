@@ -1,0 +1,55 @@
+"""Rule rewards for verifiable tasks (reasoning-gym style prompts that ask for <answer></answer> tags).
+
+accuracy: 1.0 when the completion's answer equals the `answer` label, else 0.0. The answer is the content of the
+          last <answer>...</answer> block, or, without tags, the last number in the text. Numbers compare as
+          numbers (within 1e-6), anything else as whitespace-stripped text.
+format:   1.0 when the completion is an optional <think>...</think> block followed by exactly one
+          <answer>...</answer> block and nothing else (MindRLHF / DeepSeek-R1 style), 0.5 when it contains exactly
+          one <answer> block among other text, else 0.0.
+Both have the reward-function signature fn(prompts, completions, **labels) -> list[float].
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, List, Optional, Sequence
+
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+STRICT_FORMAT = re.compile(r"^\s*(<think>.*?</think>\s*)?<answer>(?:(?!<answer>).)*?</answer>\s*$", re.DOTALL)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def extract_answer(completion: str) -> Optional[str]:
+    blocks = ANSWER_BLOCK.findall(completion)
+    if blocks:
+        return blocks[-1].strip()
+    numbers = NUMBER.findall(completion.replace(",", ""))
+    return numbers[-1] if numbers else None
+
+
+def answers_match(predicted: Optional[str], expected: Any) -> bool:
+    if predicted is None or expected is None:
+        return False
+    expected = str(expected).strip()
+    try:
+        return abs(float(predicted.replace(",", "")) - float(expected)) < 1e-6
+    except ValueError:
+        return predicted.strip() == expected
+
+
+def accuracy(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any] = None,
+             **labels: Any) -> List[float]:
+    if answer is None:
+        raise ValueError("the 'accuracy' reward needs an 'answer' column in the prompt dataset")
+    return [float(answers_match(extract_answer(c), a)) for c, a in zip(completions, answer)]
+
+
+def format_reward(prompts: Sequence[str], completions: Sequence[str], **labels: Any) -> List[float]:
+    scores = []
+    for completion in completions:
+        if STRICT_FORMAT.match(completion):
+            scores.append(1.0)
+        elif len(ANSWER_BLOCK.findall(completion)) == 1:
+            scores.append(0.5)
+        else:
+            scores.append(0.0)
+    return scores

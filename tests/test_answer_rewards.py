@@ -1,0 +1,21 @@
+from alignment.answer_rewards import accuracy, extract_answer, format_reward
+
+
+def test_extract_answer_prefers_the_last_tag_then_the_last_number():
+    assert extract_answer("so <answer> 42 </answer>") == "42"
+    assert extract_answer("<answer>1</answer> no, <answer>2</answer>") == "2"
+    assert extract_answer("5 + 13 = 18") == "18"
+    assert extract_answer("the total is 1,250.") == "1250"
+    assert extract_answer("no idea") is None
+
+
+def test_accuracy_compares_numbers_and_text():
+    completions = ["<answer>-3</answer>", "82 - 85 = -3.0", "<answer>4</answer>", "", "<answer>Paris</answer>"]
+    answers = ["-3", "-3", "5", "1", "Paris"]
+    assert accuracy([""] * 5, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def test_format_reward_strict_partial_and_none():
+    completions = ["<answer>18</answer>", "<think>5+13</think>\n<answer>18</answer>\n", "It is <answer>18</answer>.",
+                   "<answer>1</answer><answer>2</answer>", "18", "<think>x</think> text <answer>1</answer>"]
+    assert format_reward([""] * 6, completions) == [1.0, 1.0, 0.5, 0.0, 0.0, 0.5]

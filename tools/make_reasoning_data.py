@@ -1,0 +1,49 @@
+"""Write verifiable prompts from reasoning-gym's procedural tasks as prompt-only JSONL (prompt, answer, task).
+
+    python tools/make_reasoning_data.py [--task basic_arithmetic] [--train 400 --eval 50] [--output-dir data/reasoning]
+
+The `answer` column reaches reward functions as a label (`accuracy` compares the completion's answer with it).
+Each prompt asks for the final answer inside <answer></answer> tags, which the `format` reward checks.
+reasoning-gym (Apache-2.0) generates the questions offline from a seed; train and eval use different seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.fileio import write_text_atomic  # noqa: E402
+
+INSTRUCTION = "Put the final answer inside <answer></answer> tags, for example <answer>7</answer>."
+TASK_OPTIONS = {"basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                                         operators=("+", "-", "*"))}
+
+
+def make_rows(task: str, size: int, seed: int) -> list:
+    import reasoning_gym
+
+    dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **TASK_OPTIONS.get(task, {}))
+    return [{"prompt": f"{entry['question']}\n{INSTRUCTION}", "answer": str(entry["answer"]), "task": task}
+            for entry in dataset]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="basic_arithmetic")
+    parser.add_argument("--train", type=int, default=400)
+    parser.add_argument("--eval", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--output-dir", default=os.path.join("data", "reasoning"))
+    args = parser.parse_args(argv)
+    for split, size, seed in (("train", args.train, args.seed), ("eval", args.eval, args.seed + 1)):
+        rows = make_rows(args.task, size, seed)
+        path = os.path.join(args.output_dir, f"{args.task}_{split}.jsonl")
+        write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+        print(f"{path}: {len(rows)} prompts")
+
+
+if __name__ == "__main__":
+    main()
