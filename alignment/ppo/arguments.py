@@ -66,8 +66,8 @@ class PPOArguments:
                                              "'module:function' or 'path/to/file.py:function'; summed with "
                                              "reward_weights, plus the reward model's score when one is given.")
     reward_weights: List[float] = field([], help="Weights of reward_funcs (default 1.0 each).")
-    gold_judge: Optional[str] = field(None, help="Offline judge (alignment.judges name) reported as gold_reward; "
-                                                 "never used for training.")
+    gold_judge: Optional[str] = field(None, help="Offline judge reported as gold_reward, never used for training: "
+                                                 "a name or function spec as in reward_funcs.")
     critic_learning_rate: float = field(5e-6, help="Critic peak learning rate.")
     critic_weight_decay: float = field(0.0, help="Critic AdamW weight decay.")
     critic_lr_scheduler_type: str = field("cosine", help=f"Critic schedule, one of {LR_SCHEDULERS}.")

@@ -28,16 +28,16 @@ def load_reward_function(spec: str) -> Callable:
     if spec in JUDGES:
         return get_judge(spec)
     if ":" not in spec:
-        raise ValueError(f"key 'reward_funcs': {spec!r} is neither a judge ({', '.join(sorted(JUDGES))}) nor "
+        raise ValueError(f"key 'reward_funcs' / 'gold_judge': {spec!r} is neither a judge ({', '.join(sorted(JUDGES))}) nor "
                          "'module:function' / 'file.py:function'")
     target, name = spec.rsplit(":", 1)
     try:
         module = import_user_module(target) if target.endswith(".py") else importlib.import_module(target)
     except (ImportError, FileNotFoundError) as err:
-        raise ValueError(f"key 'reward_funcs': cannot import {target!r} ({err})") from err
+        raise ValueError(f"key 'reward_funcs' / 'gold_judge': cannot import {target!r} ({err})") from err
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"key 'reward_funcs': {target!r} has no function {name!r}")
+        raise ValueError(f"key 'reward_funcs' / 'gold_judge': {target!r} has no function {name!r}")
     return fn
 
 
@@ -113,4 +113,5 @@ def gold_scores(judge: Optional[str], prompts, completions, labels) -> Optional[
     """The offline judge's scores (never trained on), or None when no judge is configured."""
     if judge is None:
         return None
-    return np.asarray(get_judge(judge)([prompt_text(p) for p in prompts], list(completions), **labels), dtype="float64")
+    fn = load_reward_function(judge)
+    return np.asarray(fn([prompt_text(p) for p in prompts], list(completions), **labels), dtype="float64")

@@ -45,7 +45,7 @@ def main(argv=None) -> dict:
 
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
     from alignment.models import Tokenizer
-    from alignment.ppo.rewards import RewardComputer, RewardFunctionError
+    from alignment.ppo.rewards import RewardComputer, RewardFunctionError, load_reward_function
     from alignment.ppo.trainer import PPOTrainer
     from alignment.training.trainer import set_seed
 
@@ -71,6 +71,8 @@ def main(argv=None) -> dict:
     try:
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score)
+        if ppo_args.gold_judge:
+            load_reward_function(ppo_args.gold_judge)
     except ValueError as err:
         fail(err)
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
