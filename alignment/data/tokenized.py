@@ -55,7 +55,20 @@ def answer_messages(tokenizer, sample, answer: str) -> List[Dict[str, str]]:
     return conversation_messages(tokenizer, sample) + [{"role": "assistant", "content": answer}]
 
 
-class SupervisedDataset:
+class TokenizedDataset:
+    """A list of tokenized items plus `stats`: how many samples were truncated, dropped, deduplicated."""
+
+    items: List[dict]
+    stats: Dict[str, int]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+class SupervisedDataset(TokenizedDataset):
     def __init__(self, raw, tokenizer, max_length: int):
         self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0}
         for sample in raw:
@@ -72,14 +85,8 @@ class SupervisedDataset:
                 continue
             self.items.append({"input_ids": input_ids, "labels": labels})
 
-    def __len__(self):
-        return len(self.items)
 
-    def __getitem__(self, index):
-        return self.items[index]
-
-
-class PreferenceDataset:
+class PreferenceDataset(TokenizedDataset):
     """Each item: better_input_ids, worse_input_ids (prompt + answer + end-of-turn), sharing the prompt tokens."""
 
     def __init__(self, raw, tokenizer, max_length: int):
@@ -105,14 +112,8 @@ class PreferenceDataset:
                 self.stats["truncated"] += 1
             self.items.append({"better_input_ids": better_ids, "worse_input_ids": worse_ids})
 
-    def __len__(self):
-        return len(self.items)
 
-    def __getitem__(self, index):
-        return self.items[index]
-
-
-class PromptOnlyDataset:
+class PromptOnlyDataset(TokenizedDataset):
     """Items: input_ids (chat-formatted prompt), prompt (the raw input), answer (label or None).
 
     too_long="drop" counts and skips prompts of max_length tokens or more; "error" raises naming the prompt
@@ -135,12 +136,6 @@ class PromptOnlyDataset:
                 self.stats["dropped_prompt_too_long"] += 1
                 continue
             self.items.append({"input_ids": ids, "prompt": sample["input"], "answer": sample.get("answer")})
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, index):
-        return self.items[index]
 
 
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_value: int, left: bool = False) -> np.ndarray:
