@@ -17,3 +17,17 @@ def tiny_model_dir(tmp_path_factory):
     from tools import make_tiny
 
     return make_tiny.main(["--output", str(tmp_path_factory.mktemp("tiny") / "model")])
+
+
+@pytest.fixture
+def offline_datasets(monkeypatch, tmp_path):
+    """No network (a test that connects fails) and a private `datasets` cache."""
+    import socket
+
+    from alignment.data import builtin
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(builtin.datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))

@@ -1,12 +1,10 @@
 """Gold judges (alignment/judges.py) and judge-labelled preference data (tools/make_preference_data.py)."""
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
-import alignment.data.builtin as builtin
 from alignment import judges as J
 from alignment.data import RawDataset
 from tools import make_preference_data as mpd
@@ -15,13 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
 
-@pytest.fixture(autouse=True)
-def no_network_and_own_cache(monkeypatch, tmp_path):
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(builtin.datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+pytestmark = pytest.mark.usefixtures("offline_datasets")
 
 
 def one(judge, prompt, completion, **labels):

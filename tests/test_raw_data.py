@@ -2,7 +2,6 @@
 import filecmp
 import gzip
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,13 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 
 
-@pytest.fixture(autouse=True)
-def no_network_and_own_cache(monkeypatch, tmp_path):
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(builtin.datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+pytestmark = pytest.mark.usefixtures("offline_datasets")
 
 
 @pytest.fixture
