@@ -31,6 +31,11 @@ def _convert(value: Any, tp, key: str) -> Any:
     if origin is typing.Union:
         if value is None and type(None) in args:
             return None
+        if isinstance(value, str) and value.strip()[:1] in ("[", "{"):  # JSON given on the command line
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
         for option in (a for a in args if a is not type(None)):
             try:
                 return _convert(value, option, key)
