@@ -98,7 +98,7 @@ class ScoreModel(PretrainedMixin, nn.Layer):
         scores = self.score(hidden).astype("float32")  # [b, s, k]
         end_index = last_token_index(attention_mask)  # [b]
         end_scores = paddle.take_along_axis(scores, end_index.reshape([-1, 1, 1]), axis=1).squeeze(1)  # [b, k]
-        if self.training:
+        if self.training and self.config.score_type != "critic":  # critic values are not end scores to track
             self.normalizer.update(end_scores.detach())
         if self.config.do_normalize:
             scores, end_scores = self.normalizer.normalize(scores), self.normalizer.normalize(end_scores)

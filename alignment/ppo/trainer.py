@@ -122,7 +122,7 @@ class PPOTrainer:
             self.critic.eval()
             rollout.old_values = critic_values(self.critic, ids, mask, p)
         end_rewards, parts = self.reward(rollout)
-        metrics = {"reward/mean": float(end_rewards.mean()), "reward/std": float(end_rewards.std()), **parts}
+        metrics = {"reward/mean": float(end_rewards.mean()), "reward/std": float(end_rewards.std(unbiased=False)), **parts}
         if self.ppo.normalize_reward:
             self.reward_stats.update(end_rewards)
             end_rewards = self.reward_stats.normalize(end_rewards)
