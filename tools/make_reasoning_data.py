@@ -17,9 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from alignment.fileio import write_text_atomic  # noqa: E402
 
-INSTRUCTION = "Put the final answer inside <answer></answer> tags, for example <answer>7</answer>."
-TASK_OPTIONS = {"basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
-                                         operators=("+", "-", "*"))}
+INSTRUCTION = "Give the final number inside <answer></answer> tags."
+# sized for a 135M model: two terms of 1-2 digits, + and -, no parentheses or negated terms
+TASK_OPTIONS = {"basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2, operators=("+", "-"),
+                                         allow_parentheses=False, allow_negation=False)}
 
 
 def make_rows(task: str, size: int, seed: int) -> list:
