@@ -6,7 +6,6 @@ reinforce_baseline, reinforce_plus_plus) build no critic at all.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -239,9 +238,7 @@ class PPOTrainer:
             for record, gold in zip(records, golds):
                 record["gold_reward"] = gold
         self.logger.log(self.global_step, results, echo=tqdm.write)
-        if self.logger.enabled:
-            with open(os.path.join(self.args.output_dir, "eval_generations.jsonl"), "a", encoding="utf-8") as f:
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        self.logger.write_rows("eval_generations.jsonl", records)
         return results
 
     def save(self, directory: str) -> None:

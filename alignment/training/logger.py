@@ -25,12 +25,13 @@ class MetricsLogger:
         self.first_files = first_files or {}
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self._file = self._writer = None
+        self._row_files = set()
 
     def _open(self) -> None:
         os.makedirs(self.output_dir, exist_ok=True)
         for name, data in self.first_files.items():
             write_json_atomic(os.path.join(self.output_dir, name), data)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(self.path, "w", encoding="utf-8")  # a new run starts a new log
         if self.use_visualdl:
             from visualdl import LogWriter
 
@@ -50,6 +51,17 @@ class MetricsLogger:
                     self._writer.add_scalar(tag=key, value=value, step=step)
         if echo is not None:
             echo(f"step {step}: " + ", ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
+
+    def write_rows(self, name: str, rows) -> None:
+        """Append JSON rows to `<output_dir>/<name>` (emptied at its first use in this run), e.g. generations."""
+        if not self.enabled:
+            return
+        if self._file is None:
+            self._open()
+        mode = "a" if name in self._row_files else "w"
+        self._row_files.add(name)
+        with open(os.path.join(self.output_dir, name), mode, encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
     def log_histogram(self, tag: str, values, step: int) -> None:
         if self._writer is not None:
