@@ -101,3 +101,9 @@ def test_bad_inputs_give_clear_errors_and_write_nothing(tmp_path, tiny_model_dir
     expect_exit(capsys, base + ["--train_datasets", "no-such-data"], "no-such-data", "alpaca", "PKU-SafeRLHF/train")
     expect_exit(capsys, base + ["--learning_rat", "1"], "unknown key 'learning_rat'", "learning_rate")
     assert not out.exists()
+
+
+def test_a_second_run_in_the_same_directory_starts_a_fresh_log(tmp_path, tiny_model_dir):
+    for _ in range(2):
+        run(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", "--eval_datasets", "")
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2]
