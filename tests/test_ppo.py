@@ -118,6 +118,8 @@ def test_bad_arguments_fail_before_anything_is_written(tmp_path, tiny_model_dir,
                 "num_return_sequences")
     expect_exit(capsys, base + ["--max_length", "12"], "prompt 0", "max_length")
     expect_exit(capsys, base + ["--reward_funcs", "no_such_judge"], "reward_funcs", "no_such_judge")
+    expect_exit(capsys, base + ["--reward_model_name_or_path", str(tmp_path / "missing")], "missing",
+                "model directory not found")
     assert not (tmp_path / "out").exists()
 
 

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
 from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, parse_arguments  # noqa: E402
+from alignment.training.setup import fail, load_raw, parse_arguments, user_errors  # noqa: E402
 
 
 def build_models(model_args, ppo_args, train_args):
@@ -43,6 +43,7 @@ def main(argv=None) -> dict:
     model_args, data_args, ppo_args, train_args, effective = parse_arguments(
         argv, PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments)
 
+    from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
     from alignment.models import Tokenizer
     from alignment.ppo.rewards import RewardComputer, RewardFunctionError, load_reward_function
@@ -50,31 +51,24 @@ def main(argv=None) -> dict:
     from alignment.training.trainer import set_seed
 
     set_seed(train_args.seed)
-    tokenizer = Tokenizer.from_pretrained(model_args.actor_model_name_or_path)
-    train_raw, eval_raw = load_raw(data_args, train_args.seed)
-    try:
+    with user_errors():
+        for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
+            load_reward_function(spec)  # a typo fails here, before any model is loaded
+        tokenizer = Tokenizer.from_pretrained(model_args.actor_model_name_or_path)
+        train_raw, eval_raw = load_raw(data_args, train_args.seed)
         prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
         eval_prompts = PromptOnlyDataset(eval_raw, tokenizer, data_args.max_length, too_long="error") \
             if eval_raw is not None else None
-    except ValueError as err:
-        fail(err)
-    ptx = None
-    if data_args.ptx_datasets:
-        from alignment.data import MixedRawDataset
-
-        ptx = SupervisedDataset(MixedRawDataset(data_args.ptx_datasets, seed=train_args.seed), tokenizer,
-                                data_args.max_length)
-    print(f"prompts: {len(prompts)} train {prompts.stats}" +
-          (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
-          (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
-    actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, train_args)
-    try:
+        ptx = None
+        if data_args.ptx_datasets:
+            ptx = SupervisedDataset(MixedRawDataset(data_args.ptx_datasets, seed=train_args.seed), tokenizer,
+                                    data_args.max_length)
+        print(f"prompts: {len(prompts)} train {prompts.stats}" +
+              (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
+              (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
+        actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, train_args)
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score)
-        if ppo_args.gold_judge:
-            load_reward_function(ppo_args.gold_judge)
-    except ValueError as err:
-        fail(err)
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
           f"reward = {' + '.join((['reward model'] if reward_model else []) + list(ppo_args.reward_funcs))}"
           + (" (re-tokenized for the reward model)" if reward.retokenize else ""))

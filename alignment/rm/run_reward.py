@@ -13,7 +13,7 @@ import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is 
 from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
 from alignment.rm.trainer import RewardArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, parse_arguments  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, user_errors  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -27,20 +27,21 @@ def main(argv=None) -> dict:
     from alignment.training.trainer import set_seed
 
     set_seed(train_args.seed)
-    tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
-    train_raw, eval_raw = load_raw(data_args, train_args.seed)
-    try:
-        train_set = PreferenceDataset(train_raw, tokenizer, data_args.max_length)
-        eval_set = PreferenceDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
-    except KeyError as err:
-        fail(ValueError(f"preference datasets need samples with 'answer', 'other_answer' and 'better' "
-                        f"(missing {err}); check the dataset names in train_datasets / eval_datasets"))
-    print(f"train: {len(train_set)} pairs {train_set.stats}" +
-          (f"; eval: {len(eval_set)} pairs {eval_set.stats}" if eval_set is not None else ""))
-    model = ScoreModel.from_pretrained(
-        model_args.model_name_or_path, recompute=train_args.recompute, score_type="reward",
-        do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
-        normalizer_momentum=reward_args.normalizer_momentum)
+    with user_errors():
+        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+        train_raw, eval_raw = load_raw(data_args, train_args.seed)
+        try:
+            train_set = PreferenceDataset(train_raw, tokenizer, data_args.max_length)
+            eval_set = PreferenceDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
+        except KeyError as err:
+            raise ValueError(f"preference datasets need samples with 'answer', 'other_answer' and 'better' "
+                             f"(missing {err}); check the dataset names in train_datasets / eval_datasets") from None
+        print(f"train: {len(train_set)} pairs {train_set.stats}" +
+              (f"; eval: {len(eval_set)} pairs {eval_set.stats}" if eval_set is not None else ""))
+        model = ScoreModel.from_pretrained(
+            model_args.model_name_or_path, recompute=train_args.recompute, score_type="reward",
+            do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
+            normalizer_momentum=reward_args.normalizer_momentum)
     print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised else "restored"))
     trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
                             lambda items: collate_preference(items, tokenizer.pad_token_id), effective)

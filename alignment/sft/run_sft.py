@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
 from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import load_raw, parse_arguments  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, user_errors  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -25,13 +25,14 @@ def main(argv=None) -> dict:
     from alignment.training.trainer import set_seed
 
     set_seed(train_args.seed)
-    tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
-    train_raw, eval_raw = load_raw(data_args, train_args.seed)
-    train_set = SupervisedDataset(train_raw, tokenizer, data_args.max_length)
-    eval_set = SupervisedDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
-    print(f"train: {len(train_set)} samples {train_set.stats}" +
-          (f"; eval: {len(eval_set)} samples {eval_set.stats}" if eval_set is not None else ""))
-    model = LlamaForCausalLM.from_pretrained(model_args.model_name_or_path, recompute=train_args.recompute)
+    with user_errors():
+        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+        train_raw, eval_raw = load_raw(data_args, train_args.seed)
+        train_set = SupervisedDataset(train_raw, tokenizer, data_args.max_length)
+        eval_set = SupervisedDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
+        print(f"train: {len(train_set)} samples {train_set.stats}" +
+              (f"; eval: {len(eval_set)} samples {eval_set.stats}" if eval_set is not None else ""))
+        model = LlamaForCausalLM.from_pretrained(model_args.model_name_or_path, recompute=train_args.recompute)
     trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
                                 lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
     results = trainer.train()

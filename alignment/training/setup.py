@@ -1,11 +1,21 @@
 """Start-of-run helpers shared by the entry points: argument echo, data loading, clean failures."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
 from alignment.args import ArgumentError, ArgumentParser, to_dict
 from alignment.data import DataFormatError, MixedRawDataset, import_user_modules
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Turn the errors of loading user inputs (missing paths, bad files, bad values) into a one-line exit."""
+    try:
+        yield
+    except (FileNotFoundError, ValueError) as err:  # DataFormatError and ArgumentError are ValueErrors
+        fail(err)
 
 
 def fail(error: Exception) -> None:
