@@ -1,0 +1,507 @@
+#!/usr/bin/env python
+"""Time one PPO or GRPO step of our PPOTrainer on the TRL peer's shape (benchmarks/README.md), fully offline.
+
+    python benchmarks/bench_rl_step.py --algo ppo  --steps 12 [--warmup 1]
+    python benchmarks/bench_rl_step.py --algo grpo --steps 12 [--warmup 1]
+
+Everything is built locally from config: a byte-level BPE tokenizer (vocab 8000) trained with `tokenizers` on
+generated template text, a random-init LLaMA policy (hidden 256, intermediate 1024, 4 layers, 4 heads, 4 kv heads,
+vocab 8000: 8.29M parameters, fp32) and random-init reward and value ScoreModels of the same config (1-output head).
+They are saved to a temp dir and loaded the way alignment/ppo/run_ppo.py does; PPOTrainer is constructed directly
+and its per-step methods (make_rollout -> score + compute_advantages -> update) are called in a loop, each phase
+timed (the same split as the trainer's time/generate, time/score, time/train metrics).
+
+`--steps N` is the total number of steps; the first `--warmup` steps (default 1) are excluded from the medians, so
+`--steps 12` is directly comparable with the peer's `median_step_s_excl_first` (the median of steps 2-12).
+The last line printed is `RESULT {json}`. A Markdown table, a JSON file and a PNG chart are written under
+benchmarks/results/ (`<algo>_<timestamp>.*` and `latest_<algo>.md`).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import json
+import math
+import os
+import platform
+import pstats
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import alignment  # noqa: E402,F401  (sets OMP/MKL thread defaults before paddle is imported)
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+VOCAB_SIZE = 8000
+MODEL_SHAPE = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=4, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+                   tie_word_embeddings=False, initializer_range=0.02)
+NUM_PROMPTS = 64  # the peer's dataset size
+
+# Words of the generated tokenizer corpus and the prompts (the same kinds of text as the peer's).
+SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "a small robot", "the old man", "our team", "the bird",
+            "a child", "the farmer"]
+VERBS = ["likes", "sees", "finds", "loves", "hates", "builds", "paints", "reads", "writes", "opens", "eats",
+         "carries"]
+ADJECTIVES = ["happy", "sad", "good", "bad", "great", "terrible", "bright", "dark", "quiet", "loud", "warm", "cold",
+              "lovely", "awful", "nice", "boring"]
+TOPICS = ["apple", "book", "river", "house", "garden", "song", "letter", "window", "cake", "mountain", "story",
+          "picture", "road", "boat"]
+LINKS = ["and", "but", "because", "so", "while", "when"]
+
+
+# --- data: corpus, tokenizer, prompts -----------------------------------------------------------------------------
+def corpus_lines(seed: int = 0):
+    """Template sentences, arithmetic Q/A and reviews, then random letter 'words' so BPE fills 8000 merges."""
+    rng = random.Random(seed)
+    for _ in range(20000):
+        kind = rng.random()
+        if kind < 0.6:
+            text = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} a {rng.choice(ADJECTIVES)} {rng.choice(TOPICS)}"
+            if rng.random() < 0.5:
+                text += f" {rng.choice(LINKS)} {rng.choice(SUBJECTS)} {rng.choice(VERBS)} the {rng.choice(TOPICS)}"
+            yield text[0].upper() + text[1:] + "."
+        elif kind < 0.85:
+            a, b, op = rng.randint(0, 99), rng.randint(0, 99), rng.choice("+-*")
+            value = {"+": a + b, "-": a - b, "*": a * b}[op]
+            yield f"Question: what is {a} {op} {b}? Answer: {value}."
+        else:
+            yield f"Review: this {rng.choice(TOPICS)} is {rng.choice(ADJECTIVES)}. Rating: {rng.randint(1, 5)} stars."
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    for _ in range(20000):
+        yield " ".join("".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(12))
+
+
+def build_tokenizer(directory: str):
+    """Byte-level BPE, vocab 8000, saved in the HF layout our Tokenizer reads. No eos token is declared: responses
+    are always exactly max_new_tokens long (the peer: PPO stop_token=None; GRPO on an untrained model)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from alignment.models import Tokenizer as OurTokenizer
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=1, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    os.makedirs(directory, exist_ok=True)
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "pad_token": "<pad>",
+              "unk_token": "<unk>", "add_bos_token": False, "model_max_length": MODEL_SHAPE["max_position_embeddings"]}
+    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    return OurTokenizer.from_pretrained(directory)
+
+
+def prompt_texts(n: int = NUM_PROMPTS, seed: int = 0):
+    """Plain-text prompts (no chat template), alternating the peer's two kinds: about 9-12 tokens each."""
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        if i % 2 == 0:
+            texts.append(f"Write a happy sentence about the {rng.choice(TOPICS)}:")
+        else:
+            texts.append(f"Question: what is {rng.randint(0, 50)} + {rng.randint(0, 50)}? Answer:")
+    return texts
+
+
+# --- models -------------------------------------------------------------------------------------------------------
+def model_config(tokenizer, cls, **extra):
+    return cls(vocab_size=VOCAB_SIZE, bos_token_id=tokenizer.bos_token_id, eos_token_id=None,
+               pad_token_id=tokenizer.pad_token_id, **MODEL_SHAPE, **extra)
+
+
+def build_checkpoints(tokenizer, directory: str, seed: int) -> dict:
+    """Random-init policy (seed), reward model (seed + 1) and value model (seed + 2), saved in the HF layout."""
+    import paddle
+
+    from alignment.models import LlamaConfig, LlamaForCausalLM
+    from alignment.models.score_model import ScoreConfig, ScoreModel
+
+    paths = {name: os.path.join(directory, name) for name in ("policy", "reward", "value")}
+    paddle.seed(seed)
+    policy = LlamaForCausalLM(model_config(tokenizer, LlamaConfig))
+    policy.save_pretrained(paths["policy"], tokenizer_dir=tokenizer.name_or_path)
+    for offset, name in ((1, "reward"), (2, "value")):
+        paddle.seed(seed + offset)
+        ScoreModel(model_config(tokenizer, ScoreConfig, num_labels=1)).save_pretrained(
+            paths[name], tokenizer_dir=tokenizer.name_or_path)
+    return paths
+
+
+# --- arguments ----------------------------------------------------------------------------------------------------
+def make_arguments(args, paths: dict, output_dir: str):
+    """(model, data, ppo, training) argument dataclasses for the peer's settings (see README for differences)."""
+    from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments
+    from alignment.training.arguments import TrainingArguments
+
+    ppo = args.algo == "ppo"
+    model_args = PPOModelArguments(actor_model_name_or_path=paths["policy"],
+                                   reward_model_name_or_path=paths["reward"],
+                                   reward_critic_model_name_or_path=paths["value"] if ppo else None)
+    data_args = PPODataArguments(train_datasets="(in-memory benchmark prompts)",
+                                 max_length=MODEL_SHAPE["max_position_embeddings"])
+    ppo_args = PPOArguments(
+        advantage_estimator="gae" if ppo else "grpo",
+        per_device_prompt_batch_size=args.batch if ppo else args.batch // args.grpo_generations,
+        num_return_sequences=1 if ppo else args.grpo_generations,
+        max_new_tokens=args.resp_len,
+        temperature=args.temperature if args.temperature else (0.7 if ppo else 1.0),  # TRL PPOConfig / GRPOConfig
+        top_p=1.0, top_k=0, repetition_penalty=1.0,
+        update_iters=args.ppo_epochs if ppo else 1,  # GRPO: TRL num_iterations=1
+        kl_coeff=0.05 if ppo else args.grpo_beta,  # TRL PPOConfig.kl_coef / GRPOConfig.beta
+        kl_estimator="k1" if ppo else "k3",  # TRL PPO kl_estimator k1 (in the reward); GRPO k3 in the loss
+        kl_in_loss=not ppo,
+        clip_range_ratio=0.2,  # TRL cliprange / epsilon
+        clip_range_value=0.2,  # TRL cliprange_value
+        clip_range_score=1e6,  # TRL does not clip reward-model scores
+        gamma=1.0, gae_lambda=0.95, normalize_reward=False, normalize_advantage=True,
+        critic_learning_rate=args.learning_rate, critic_lr_scheduler_type="linear",
+    )
+    train_args = TrainingArguments(
+        output_dir=output_dir, seed=args.seed, max_steps=args.steps,
+        per_device_train_batch_size=args.batch,  # PPO: 1 mini-batch of 16; GRPO: 16 completions in one pass
+        gradient_accumulation_steps=1, learning_rate=args.learning_rate, lr_scheduler_type="linear",
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0,  # HF TrainingArguments defaults
+        # TRL PPO steps the optimizer without clipping; GRPOTrainer (HF Trainer loop) clips at 1.0
+        max_grad_norm=args.max_grad_norm if args.max_grad_norm >= 0 else (0.0 if ppo else 1.0),
+        logging_steps=1, do_eval=False, disable_tqdm=True,
+    )
+    for a in (data_args, ppo_args, train_args):
+        a.validate()
+    ppo_args.validate_with(model_args, data_args)
+    return model_args, data_args, ppo_args, train_args
+
+
+# --- measurements -------------------------------------------------------------------------------------------------
+def matmul_peak_gflops(sizes=(1024, 2048), seconds: float = 1.5) -> dict:
+    """Best fp32 paddle.matmul throughput (GFLOP/s, 2 n^3 per product) over a timed loop per size."""
+    import paddle
+
+    out = {}
+    for n in sizes:
+        a, b = paddle.randn([n, n], dtype="float32"), paddle.randn([n, n], dtype="float32")
+        float(paddle.matmul(a, b)[0, 0])  # warm-up
+        best, deadline, reps = math.inf, time.perf_counter() + seconds, 0
+        while reps < 3 or time.perf_counter() < deadline:
+            t = time.perf_counter()
+            float(paddle.matmul(a, b)[0, 0])  # reading an element makes sure the product is done
+            best = min(best, time.perf_counter() - t)
+            reps += 1
+        out[n] = 2.0 * n ** 3 / best / 1e9
+    return out
+
+
+def machine_load() -> dict:
+    try:
+        load1, load5, load15 = os.getloadavg()
+    except OSError:
+        return {}
+    return {"loadavg_1m": round(load1, 2), "loadavg_5m": round(load5, 2), "loadavg_15m": round(load15, 2),
+            "cpu_count": os.cpu_count()}
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def run(args):
+    """(result dict, per-step rows)."""
+    import numpy as np
+    import paddle
+
+    from alignment.data.tokenized import collate_prompts
+    from alignment.ppo.rewards import RewardComputer
+    from alignment.ppo.run_ppo import build_models
+    from alignment.ppo.trainer import PPOTrainer
+    from alignment.training.trainer import epoch_batches, set_seed
+
+    load_before = machine_load()
+    peak = matmul_peak_gflops(args.peak_sizes)
+    peak_gflops = max(peak.values())
+    print("fp32 matmul peak: " + ", ".join(f"{n}^3 {g:.1f} GFLOP/s" for n, g in peak.items()), flush=True)
+
+    work = args.workdir or tempfile.mkdtemp(prefix="bench_rl_step_")
+    try:
+        t = time.perf_counter()
+        tokenizer = build_tokenizer(os.path.join(work, "tokenizer"))
+        print(f"tokenizer: vocab {tokenizer.vocab_size} trained in {time.perf_counter() - t:.1f}s", flush=True)
+        paths = build_checkpoints(tokenizer, os.path.join(work, "models"), args.seed)
+        model_args, data_args, ppo_args, train_args = make_arguments(args, paths, os.path.join(work, "run"))
+        set_seed(args.seed)
+        actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, train_args)
+        reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
+                                ppo_args.reward_weights, ppo_args.clip_range_score)
+        assert not reward.retokenize, "reward model and policy share the tokenizer: no re-tokenization expected"
+        actor_params = actor.num_parameters()
+        critic_params = sum(int(p.numel()) for p in critic.parameters()) if critic is not None else 0
+        reward_params = sum(int(p.numel()) for p in reward_model.parameters())
+        print(f"policy {actor_params / 1e6:.2f}M params; reward {reward_params / 1e6:.2f}M; "
+              f"value {critic_params / 1e6:.2f}M" if critic is not None else
+              f"policy {actor_params / 1e6:.2f}M params; reward {reward_params / 1e6:.2f}M; no value model (GRPO)",
+              flush=True)
+        items = [{"input_ids": tokenizer.encode(text), "prompt": text, "answer": None} for text in prompt_texts()]
+        lengths = [len(item["input_ids"]) for item in items]
+        print(f"prompts: {len(items)}, {min(lengths)}-{max(lengths)} tokens (mean {np.mean(lengths):.1f})", flush=True)
+        trainer = PPOTrainer(ppo_args, train_args, data_args, actor, reference, critic, reward, tokenizer, items,
+                             None, None, lambda rows: collate_prompts(rows, tokenizer.pad_token_id), None)
+
+        stride_flag = paddle.get_flags(["FLAGS_use_stride_kernel"])
+        if args.stride_kernel == "off":
+            paddle.set_flags({"FLAGS_use_stride_kernel": False})
+        batches = epoch_batches(len(items), ppo_args.per_device_prompt_batch_size, args.seed)
+        rows, profiler = [], None
+        for step in range(args.steps):
+            if args.profile and step == args.warmup:
+                profiler = cProfile.Profile()
+                profiler.enable()
+            batch = [items[int(i)] for i in next(batches)]
+            t0 = time.perf_counter()
+            rollout = trainer.make_rollout(batch)
+            t1 = time.perf_counter()
+            metrics = trainer.score(rollout)
+            metrics.update(trainer.compute_advantages(rollout))
+            t2 = time.perf_counter()
+            metrics.update(trainer.update(rollout, None))
+            t3 = time.perf_counter()
+            trainer.global_step += 1
+            n, width = rollout.input_ids.shape
+            row = {"step": step + 1, "total_s": t3 - t0, "generate_s": t1 - t0, "score_s": t2 - t1,
+                   "train_s": t3 - t2, "rollouts": int(n), "prompt_width": int(rollout.prompt_len),
+                   "response_len": float(metrics["response_length"]), "seq_width": int(width),
+                   "reward": float(metrics["reward/mean"]), "kl": float(metrics["kl"])}
+            rows.append(row)
+            print(f"step {row['step']:>3}{' (warmup)' if step < args.warmup else '':9}: {row['total_s']:.3f}s  "
+                  f"generate {row['generate_s']:.3f}  score {row['score_s']:.3f}  train {row['train_s']:.3f}  "
+                  f"[{n} x ({row['prompt_width']}+{row['response_len']:.0f})] reward {row['reward']:+.3f} "
+                  f"kl {row['kl']:.4f}", flush=True)
+        paddle.set_flags(stride_flag)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+            pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
+    finally:
+        if not args.workdir and not args.keep_workdir:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"tokenizer, checkpoints and trainer output kept in {work}", flush=True)
+    short = [r["step"] for r in rows if r["response_len"] != args.resp_len]
+    if short:
+        print(f"WARNING: steps {short} generated fewer than {args.resp_len} tokens per response", flush=True)
+    load_after = machine_load()
+
+    measured = rows[args.warmup:] or rows
+    med = {key: median([r[key] for r in measured]) for key in ("total_s", "generate_s", "score_s", "train_s")}
+    # Update-phase work: passes = update_iters x micro-batches; each pass runs forward+backward on every token of
+    # the micro-batch (padded prompt + response). FLOPs = 6 x params x tokens per pass x passes, for the policy and
+    # (PPO) the value model.
+    n_rollouts = measured[0]["rollouts"]
+    micro_batches = math.ceil(n_rollouts / train_args.per_device_train_batch_size)
+    passes = ppo_args.update_iters * micro_batches
+    tokens_per_pass = statistics.mean(r["rollouts"] * r["seq_width"] for r in measured) / micro_batches
+    update_tokens = tokens_per_pass * passes
+    update_flops = 6.0 * (actor_params + critic_params) * update_tokens
+    # A tighter count of the matmul work: embedding tables are lookups, and our LM head runs on the response
+    # positions only: 6 x (params - embeddings - LM head) x tokens + 6 x LM head x response tokens.
+    table = VOCAB_SIZE * MODEL_SHAPE["hidden_size"]
+    response_tokens = n_rollouts * args.resp_len * ppo_args.update_iters
+    matmul_flops = 6.0 * ((actor_params - 2 * table) + (critic_params - table if critic_params else 0)) * \
+        update_tokens + 6.0 * table * response_tokens
+    train_tokens_per_s = update_tokens / med["train_s"]
+    update_gflops_per_s = update_flops / med["train_s"] / 1e9
+    result = {
+        "algo": args.algo,
+        "variant": "default" if args.stride_kernel == "default" else "stride-kernel-off",
+        "sec_per_step_median": round(med["total_s"], 4),
+        "samples_per_sec": round(n_rollouts / med["total_s"], 2),
+        "median_step_s_excl_first": round(med["total_s"], 4) if args.warmup == 1 else None,
+        "steps": args.steps, "warmup": args.warmup,
+        "step_times_s": [round(r["total_s"], 3) for r in rows],
+        "first_step_s": round(rows[0]["total_s"], 3),
+        "mean_step_s_after_warmup": round(statistics.mean(r["total_s"] for r in measured), 4),
+        "min_step_s": round(min(r["total_s"] for r in measured), 4),
+        "samples_per_step": n_rollouts,
+        "generate_s_median": round(med["generate_s"], 4),
+        "score_s_median": round(med["score_s"], 4),
+        "train_s_median": round(med["train_s"], 4),
+        "generate_s": [round(r["generate_s"], 3) for r in rows],
+        "score_s": [round(r["score_s"], 3) for r in rows],
+        "train_s": [round(r["train_s"], 3) for r in rows],
+        "decode_ms_per_token": round(1000 * med["generate_s"] / args.resp_len, 2),
+        "prompt_width_mean": round(statistics.mean(r["prompt_width"] for r in measured), 2),
+        "response_len": args.resp_len,
+        "update_passes": passes,
+        "update_tokens_per_step": int(update_tokens),
+        "train_tokens_per_s": round(train_tokens_per_s, 1),
+        "update_flops_per_step": update_flops,
+        "update_gflops_per_s": round(update_gflops_per_s, 2),
+        "matmul_peak_gflops": round(peak_gflops, 2),
+        "matmul_peak_by_size": {str(n): round(g, 2) for n, g in peak.items()},
+        "update_fraction_of_peak": round(update_gflops_per_s / peak_gflops, 4),
+        "update_matmul_flops_per_step": matmul_flops,
+        "update_matmul_fraction_of_peak": round(matmul_flops / med["train_s"] / 1e9 / peak_gflops, 4),
+        "params": {"policy": actor_params, "value": critic_params, "reward": reward_params},
+        "settings": {
+            "prompts_per_step": ppo_args.per_device_prompt_batch_size,
+            "completions_per_prompt": ppo_args.num_return_sequences, "update_iters": ppo_args.update_iters,
+            "micro_batch": train_args.per_device_train_batch_size, "temperature": ppo_args.temperature,
+            "learning_rate": train_args.learning_rate, "kl_coeff": ppo_args.kl_coeff,
+            "kl_estimator": ppo_args.kl_estimator, "kl_in_loss": ppo_args.kl_in_loss,
+            "max_grad_norm": train_args.max_grad_norm},
+        "load_before": load_before, "load_after": load_after,
+        "env": {"python": platform.python_version(), "paddle": paddle.__version__,
+                **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE")},
+                "FLAGS_use_stride_kernel (timed steps)": args.stride_kernel != "off"},
+    }
+    return result, rows
+
+
+# --- reports ------------------------------------------------------------------------------------------------------
+def result_tag(result: dict) -> str:
+    return result["algo"] if result.get("variant", "default") == "default" else f"{result['algo']}-{result['variant']}"
+
+
+def render_markdown(result: dict, rows, stamp: str) -> str:
+    tag = result_tag(result)
+    warmup = result["warmup"]
+    s = result["settings"]
+    lines = [
+        f"# {result['algo'].upper()} step benchmark "
+        f"({stamp}{'' if tag == result['algo'] else ', ' + result['variant']})",
+        "",
+        f"`python benchmarks/bench_rl_step.py --algo {result['algo']} --steps {result['steps']} --warmup {warmup}"
+        f"{'' if tag == result['algo'] else ' --stride-kernel off'}`",
+        "",
+        f"Shape: LLaMA hidden 256, intermediate 1024, 4 layers, 4 heads (kv 4), vocab 8000, fp32 "
+        f"(policy {result['params']['policy'] / 1e6:.2f}M params); {result['samples_per_step']} rollouts per step "
+        f"({s['prompts_per_step']} prompts x {s['completions_per_prompt']}), {result['response_len']} new tokens, "
+        f"padded prompt width {result['prompt_width_mean']:.1f}; update_iters {s['update_iters']}, micro-batch "
+        f"{s['micro_batch']}; temperature {s['temperature']}, lr {s['learning_rate']}, kl {s['kl_coeff']} "
+        f"({s['kl_estimator']}, {'in the loss' if s['kl_in_loss'] else 'in the reward'}).",
+        "",
+        "| metric | value |",
+        "| --- | --- |",
+        f"| median step (s, after {warmup} warmup) | {result['sec_per_step_median']:.3f} |",
+        f"| samples/s | {result['samples_per_sec']:.2f} |",
+        f"| generate / score / train median (s) | {result['generate_s_median']:.3f} / "
+        f"{result['score_s_median']:.3f} / {result['train_s_median']:.3f} |",
+        f"| decode (ms per new token, whole batch) | {result['decode_ms_per_token']:.1f} |",
+        f"| update: passes x tokens per pass | {result['update_passes']} x "
+        f"{result['update_tokens_per_step'] // max(1, result['update_passes'])} |",
+        f"| update: training tokens/s | {result['train_tokens_per_s']:.0f} |",
+        f"| update: GFLOP/s (6 x params x tokens) | {result['update_gflops_per_s']:.2f} |",
+        f"| fp32 matmul peak GFLOP/s (best of {', '.join(result['matmul_peak_by_size'])}^3) | "
+        f"{result['matmul_peak_gflops']:.1f} |",
+        f"| update fraction of peak | {100 * result['update_fraction_of_peak']:.1f}% |",
+        f"| update fraction of peak, matmul FLOPs only (no embedding tables; LM head on response tokens) | "
+        f"{100 * result['update_matmul_fraction_of_peak']:.1f}% |" if "update_matmul_fraction_of_peak" in result
+        else "| update fraction of peak, matmul FLOPs only | (not recorded) |",
+        f"| load average before / after (1 min, {result['load_before'].get('cpu_count')} CPUs) | "
+        f"{result['load_before'].get('loadavg_1m')} / {result['load_after'].get('loadavg_1m')} |",
+        "",
+        "| step | total (s) | generate (s) | score (s) | train (s) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        note = " (warmup)" if r["step"] <= warmup else ""
+        lines.append(f"| {r['step']}{note} | {r['total_s']:.3f} | {r['generate_s']:.3f} | {r['score_s']:.3f} | "
+                     f"{r['train_s']:.3f} |")
+    lines += ["", f"Environment: {json.dumps(result['env'])}", ""]
+    return "\n".join(lines)
+
+
+def write_reports(result: dict, rows, results_dir: str) -> list:
+    os.makedirs(results_dir, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    tag = result_tag(result)
+    base = os.path.join(results_dir, f"{tag}_{stamp}")
+    text = render_markdown(result, rows, stamp)
+    warmup = result["warmup"]
+    written = []
+    for path in (base + ".md", os.path.join(results_dir, f"latest_{tag}.md")):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        written.append(path)
+    with open(base + ".json", "w", encoding="utf-8") as f:
+        json.dump({"result": result, "steps": rows}, f, indent=1)
+    written.append(base + ".json")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+        x = [r["step"] for r in rows]
+        bottom = [0.0] * len(rows)
+        for key, color in (("generate_s", "#4c72b0"), ("score_s", "#dd8452"), ("train_s", "#55a868")):
+            values = [r[key] for r in rows]
+            ax.bar(x, values, bottom=bottom, color=color, label=key[:-2])
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.axhline(result["sec_per_step_median"], color="black", linestyle="--", linewidth=1,
+                   label=f"median {result['sec_per_step_median']:.3f}s")
+        ax.set_xlabel("step (first %d = warmup)" % warmup)
+        ax.set_ylabel("seconds")
+        ax.set_title(f"{result['algo'].upper()} step time by phase ({result['samples_per_step']} rollouts x "
+                     f"{result['response_len']} tokens)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(base + ".png", dpi=100)
+        plt.close(fig)
+        written.append(base + ".png")
+    except ImportError:
+        print("matplotlib not installed: no chart written", flush=True)
+    return written
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--algo", choices=["ppo", "grpo"], required=True)
+    p.add_argument("--steps", type=int, default=12, help="total steps, warmup included")
+    p.add_argument("--warmup", type=int, default=1, help="first steps left out of the medians")
+    p.add_argument("--batch", type=int, default=16, help="rollouts per step (GRPO: prompts x completions)")
+    p.add_argument("--resp-len", type=int, default=32)
+    p.add_argument("--ppo-epochs", type=int, default=4)
+    p.add_argument("--grpo-generations", type=int, default=4)
+    p.add_argument("--grpo-beta", type=float, default=0.04)
+    p.add_argument("--learning-rate", type=float, default=1e-5)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = TRL's default (PPO 0.7, GRPO 1.0)")
+    p.add_argument("--max-grad-norm", type=float, default=-1.0,
+                   help="-1 = as TRL: PPO no clipping (0), GRPO 1.0")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 2048])
+    p.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results files")
+    p.add_argument("--workdir", default=None, help="keep the tokenizer/models here instead of a temp dir")
+    p.add_argument("--keep-workdir", action="store_true")
+    p.add_argument("--profile", default=None, help="cProfile the steps after warmup into this .prof file")
+    p.add_argument("--stride-kernel", choices=["default", "off"], default="default",
+                   help="experiment: 'off' sets paddle's FLAGS_use_stride_kernel to False for the timed steps "
+                        "(after the checkpoints are loaded: safetensors loading needs strided views), so transpose "
+                        "and slicing copy with the dense kernels instead of making strided views whose later "
+                        "contiguous copy is slow on CPU; 'default' leaves Paddle's setting (on) alone")
+    args = p.parse_args(argv)
+    if args.steps <= args.warmup:
+        p.error("--steps must be larger than --warmup")
+    if args.algo == "grpo" and args.batch % args.grpo_generations:
+        p.error("--batch must be a multiple of --grpo-generations")
+
+    result, rows = run(args)
+    if not args.no_save:
+        for path in write_reports(result, rows, args.results_dir):
+            shown = os.path.relpath(path, REPO)
+            print(f"wrote {path if shown.startswith('..') else shown}", flush=True)
+    print("RESULT " + json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
