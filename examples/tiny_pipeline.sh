@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SFT -> reward model -> PPO -> GRPO on the tiny LLaMA built from config (no downloads; ~2 minutes on 2 CPU cores).
+# SFT -> reward model -> PPO -> GRPO on the tiny LLaMA built from config (no downloads; ~1 minute on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python tools/make_tiny.py
