@@ -6,7 +6,7 @@ import json
 import sys
 
 from alignment.args import ArgumentError, ArgumentParser, to_dict
-from alignment.data import DataFormatError, MixedRawDataset, import_user_modules
+from alignment.data import MixedRawDataset, import_user_modules
 
 
 @contextlib.contextmanager
@@ -39,13 +39,13 @@ def parse_arguments(argv, *dataclass_types):
 
 
 def load_raw(data_args, seed: int):
-    """(train, eval or None) raw datasets from the argument specs; user modules are imported first."""
-    try:
-        import_user_modules(data_args.user_dataset_modules)
-        train = MixedRawDataset(data_args.train_datasets, seed=seed)
-        evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed) if data_args.eval_datasets else None
-    except (DataFormatError, FileNotFoundError, ValueError) as err:
-        fail(err)
+    """(train, eval or None) raw datasets from the argument specs; user modules are imported first.
+
+    Bad specs or files raise DataFormatError / FileNotFoundError / ValueError: call it inside `user_errors()`.
+    """
+    import_user_modules(data_args.user_dataset_modules)
+    train = MixedRawDataset(data_args.train_datasets, seed=seed)
+    evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed) if data_args.eval_datasets else None
     for name, dataset in (("train", train), ("eval", evaluation)):
         if dataset is not None:
             print(f"{name} data: " + ", ".join(f"{s.name} {s.selected}/{s.available}" for s in dataset.sources))
