@@ -130,7 +130,8 @@ class PPOTrainer:
         if gold is not None:
             metrics["gold_reward/mean"] = float(gold.mean())
         lengths = rollout.response_mask.sum(axis=1)  # [N]
-        ended = [self.tokenizer.eos_token_id in row for row in rollout.input_ids[:, p:].numpy().tolist()]
+        eos = set(self.gen_config.eos_ids)  # the ids generation stops on, not only the tokenizer's eos
+        ended = [not eos.isdisjoint(row) for row in rollout.input_ids[:, p:].numpy().tolist()]
         metrics.update({"response_length": float(lengths.mean()), "truncated": 1.0 - float(np.mean(ended))})
         return metrics
 
