@@ -19,7 +19,7 @@ def render_markdown(result: dict, rows, stamp: str) -> str:
         f"({stamp}{'' if tag == result['algo'] else ', ' + result['variant']})",
         "",
         f"`python benchmarks/bench_rl_step.py --algo {result['algo']} --steps {result['steps']} --warmup {warmup}"
-        f"{'' if tag == result['algo'] else ' --stride-kernel off'}`",
+        f"{'' if tag == result['algo'] else ' --stride-kernel on'}`",
         "",
         f"Shape: LLaMA hidden 256, intermediate 1024, 4 layers, 4 heads (kv 4), vocab 8000, fp32 "
         f"(policy {result['params']['policy'] / 1e6:.2f}M params); {result['samples_per_step']} rollouts per step "

@@ -295,7 +295,7 @@ def test_alpaca_and_generic_json(tmp_path):
 
 @pytest.mark.parametrize("name, relative, count", [
     ("alpaca", "sft/train.jsonl", 600), ("alpaca", "sft/eval.jsonl", 60),
-    ("prompt-only", "prompts/train.jsonl", 300), ("prompt-only", "prompts/eval.jsonl", 40),
+    ("prompt-only", "prompts/train.jsonl", 160), ("prompt-only", "prompts/eval.jsonl", 40),
     ("PKU-SafeRLHF/train", "preference", 400), ("PKU-SafeRLHF/test", "preference", 60),
     ("hh-rlhf", "hh_rlhf_sample", 50),
 ])

@@ -5,6 +5,7 @@ Loading is strict: a missing, unexpected or mis-shaped tensor is an error naming
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -54,6 +55,18 @@ def _weight_files(path: str) -> Iterable[str]:
     return [single]
 
 
+@contextlib.contextmanager
+def _strided_views():
+    """safetensors' paddle reader reinterprets raw bytes with view_dtype, which only has a strided kernel; the
+    CPU default in alignment/cpu_env.py turns FLAGS_use_stride_kernel off, so turn it on while reading."""
+    previous = paddle.get_flags(["FLAGS_use_stride_kernel"])
+    paddle.set_flags({"FLAGS_use_stride_kernel": True})
+    try:
+        yield
+    finally:
+        paddle.set_flags(previous)
+
+
 def load_hf_state_dict(path: str) -> Dict[str, tuple]:
     """{name: (tensor, file)} for every tensor in the checkpoint directory."""
     tensors = {}
@@ -61,7 +74,7 @@ def load_hf_state_dict(path: str) -> Dict[str, tuple]:
         if not os.path.exists(file):
             raise FileNotFoundError(f"{file}: listed in {WEIGHTS_INDEX_NAME} but missing")
         try:
-            with safe_open(file, framework="paddle") as f:
+            with _strided_views(), safe_open(file, framework="paddle") as f:
                 for key in f.keys():
                     tensors[key] = (f.get_tensor(key), file)
         except (SafetensorError, OSError, ValueError) as err:
