@@ -322,7 +322,10 @@ byte-identical files; `tests/test_raw_data.py` checks the committed files match)
 
 Tasks are kept simple for a ~135M-parameter model: arithmetic (`What is 7 + 5?`), one-sentence word
 problems, cheerful replies to good news, one-sentence tips, positive rewrites, and everyday-safety
-questions. Eval/test prompts never appear in the matching train file.
+questions. SFT data has them all; RL prompts (cheerful replies, tips, rewrites) and preference pairs (the same
+plus safety) hold only the open-ended tasks a learned reward model is for: on arithmetic pairs a 135M reward
+model stayed at chance, so verifiable tasks get rule rewards instead (`data/reasoning/`, GRPO).
+Eval/test prompts never appear in the matching train file.
 
 | file | rows | schema | dataset name |
 | --- | ---: | --- | --- |
@@ -341,8 +344,8 @@ split (`train`/`test`).
 
 **PKU-SafeRLHF schema:** `prompt`, `response_0`, `response_1`, `better_response_id` (0/1),
 `safer_response_id` (0/1), `is_response_0_safe`, `is_response_1_safe` (booleans). The better
-response is clearly better (correct vs wrong arithmetic, warm vs curt reply, real tip vs brush-off,
-positive vs still-negative rewrite, safe vs unsafe advice) and its side (0/1) is random. Only the
+response is clearly better (warm vs curt reply, real tip vs brush-off, positive vs still-negative
+rewrite, safe vs unsafe advice) and its side (0/1) is random. Only the
 everyday-safety pairs have an unsafe response; elsewhere both are safe and `safer_response_id`
 equals `better_response_id`. The two responses are never identical.
 

@@ -323,3 +323,14 @@ class GenericJson(JsonRowsDataset):
         if row.get("input") is not None:
             return _text(row, "input")
         raise RowError("missing key 'prompt'", "prompt")
+
+
+class Unpaired(JsonRowsDataset):
+    """Unpaired feedback for KTO (TRL's unpaired layout): ``prompt``, ``completion``, ``label`` (true: desirable)."""
+
+    NAME = "kto"
+    ALIASES = ("unpaired",)
+    REQUIREMENT = "kto rows need prompt, completion and a boolean label (true: desirable)"
+
+    def convert_row(self, row: dict[str, Any]) -> RawSample:
+        return RawSample(input=_text(row, "prompt"), answer=_text(row, "completion"), desirable=_flag(row, "label"))

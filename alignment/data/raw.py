@@ -57,6 +57,7 @@ class RawSample(TypedDict, total=False):
     is_other_safe: whether ``other_answer`` is safe.
     dialogue: a whole conversation for multi-turn SFT (``list[str]``, alternating
         user/assistant turns starting with the user and ending with the assistant).
+    desirable: unpaired feedback (KTO): ``True`` when ``answer`` is a desirable response.
     """
 
     input: Union[str, list[str]]
@@ -67,6 +68,7 @@ class RawSample(TypedDict, total=False):
     is_safe: bool
     is_other_safe: bool
     dialogue: list[str]
+    desirable: bool
 
 
 class DataFormatError(ValueError):

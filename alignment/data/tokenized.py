@@ -87,7 +87,8 @@ class SupervisedDataset(TokenizedDataset):
 
 
 class PreferenceDataset(TokenizedDataset):
-    """Each item: better_input_ids, worse_input_ids (prompt + answer + end-of-turn), sharing the prompt tokens."""
+    """Each item: better_input_ids, worse_input_ids (prompt + answer + end-of-turn), sharing the prompt tokens, and
+    better_prompt_len, worse_prompt_len (where each answer starts)."""
 
     def __init__(self, raw, tokenizer, max_length: int):
         self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0, "identical_after_truncation": 0}
@@ -110,7 +111,9 @@ class PreferenceDataset(TokenizedDataset):
                 continue
             if max(len(pair["better_input_ids"]), len(pair["worse_input_ids"])) > max_length:
                 self.stats["truncated"] += 1
-            self.items.append({"better_input_ids": better_ids, "worse_input_ids": worse_ids})
+            self.items.append({"better_input_ids": better_ids, "worse_input_ids": worse_ids,
+                               "better_prompt_len": pair["better_prompt_len"],
+                               "worse_prompt_len": pair["worse_prompt_len"]})
 
 
 class PromptOnlyDataset(TokenizedDataset):

@@ -1,0 +1,81 @@
+"""Offline preference optimisation (DPO, IPO, cDPO, hinge, SimPO, KTO) on preference pairs or unpaired feedback.
+
+    python alignment/dpo/run_dpo.py config/tiny/dpo_argument.json [--key value ...]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
+from alignment.dpo.arguments import DPOArguments  # noqa: E402
+from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, user_errors  # noqa: E402
+
+
+def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
+    """(train, eval or None, collate) for the loss type: preference pairs, or unpaired rows for kto."""
+    from alignment.data.tokenized import PreferenceDataset
+    from alignment.dpo.data import UnpairedDataset, collate_pairs, collate_unpaired
+
+    pad = tokenizer.pad_token_id
+    if dpo_args.loss_type == "kto":
+        make = lambda raw: UnpairedDataset(raw, tokenizer, data_args.max_length, seed)  # noqa: E731
+        return make(train_raw), make(eval_raw) if eval_raw is not None else None, lambda i: collate_unpaired(i, pad)
+    try:
+        train = PreferenceDataset(train_raw, tokenizer, data_args.max_length)
+        evaluation = PreferenceDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
+    except KeyError as err:
+        raise ValueError(f"loss_type {dpo_args.loss_type!r} needs preference pairs ('answer', 'other_answer', "
+                         f"'better'; missing {err}); unpaired data needs loss_type 'kto'") from None
+    return train, evaluation, lambda items: collate_pairs(items, pad)
+
+
+def main(argv=None) -> dict:
+    model_args, data_args, dpo_args, train_args, effective = parse_arguments(
+        argv, ModelArguments, DataArguments, DPOArguments, TrainingArguments)
+
+    from alignment.dpo.trainer import DPOTrainer, summarize
+    from alignment.models import LlamaForCausalLM, Tokenizer
+    from alignment.training.trainer import set_seed
+
+    set_seed(train_args.seed)
+    with user_errors():
+        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
+        train_raw, eval_raw = load_raw(data_args, train_args.seed)
+        train_set, eval_set, collate = build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw,
+                                                      train_args.seed)
+        print(f"train: {len(train_set)} rows {train_set.stats}" +
+              (f"; eval: {len(eval_set)} rows {eval_set.stats}" if eval_set is not None else ""))
+        policy = LlamaForCausalLM.from_pretrained(model_args.model_name_or_path, recompute=train_args.recompute)
+        reference = None
+        if dpo_args.needs_reference:
+            reference = LlamaForCausalLM.from_pretrained(dpo_args.ref_model_name_or_path or
+                                                         model_args.model_name_or_path)
+            reference.eval()
+            for param in reference.parameters():
+                param.stop_gradient = True
+        trainer = DPOTrainer(dpo_args, train_args, policy, reference, tokenizer, train_set, eval_set, collate,
+                             effective)
+    if dpo_args.precompute_ref_log_probs:
+        for dataset in (train_set, eval_set):
+            if dataset is not None:
+                trainer.precompute_reference(dataset, train_args.per_device_eval_batch_size)
+        trainer.reference = None  # every item now carries its reference log-probs
+        del reference
+    before = trainer.evaluate() if eval_set is not None and train_args.do_eval else {}
+    results = trainer.train()
+    final = os.path.join(train_args.output_dir, "model")
+    print(f"\n{dpo_args.loss_type} done")
+    summary = summarize(before, results)
+    if summary:
+        print(summary)
+    print(f"  policy: {final} (HF layout); judge it with: python tools/judge_policy.py --model {final}")
+    return {**results, **{f"start_{k}": v for k, v in before.items()}}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Offline preference optimisation: the shared training loop with a DPO-family or KTO loss.
+
+A batch's policy log-probs come from one forward over its rows; the reference log-probs from the frozen
+reference model, from a cache filled before training (precompute_ref_log_probs), or 0 (reference-free).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import paddle
+import paddle.nn.functional as F
+from tqdm import tqdm
+
+from alignment.dpo.arguments import DPOArguments
+from alignment.dpo.losses import kto_kl_estimate, kto_loss, preference_loss
+from alignment.training.trainer import Trainer, to_tensors
+
+
+def sequence_log_probs(model, input_ids, attention_mask, response_mask):
+    """Summed log-probs of the response tokens and their counts, both [b].
+
+    input_ids, attention_mask, response_mask: [b, s]; response_mask is 1 on answer tokens (any padding side).
+    The LM head runs only on the positions that predict a response token.
+    """
+    hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [b, s, h]
+    b, s = input_ids.shape
+    predicted = response_mask[:, 1:].reshape([-1])  # [b * (s-1)]: token t+1 is predicted at position t
+    counts = response_mask[:, 1:].astype("float32").sum(axis=1)  # [b]
+    keep = paddle.nonzero(predicted > 0).squeeze(-1)  # [n]
+    if keep.shape[0] == 0:
+        return paddle.zeros([b], dtype="float32") + hidden.sum() * 0, counts  # * 0 keeps backward() valid
+    states = paddle.gather(hidden[:, :-1].reshape([-1, hidden.shape[-1]]), keep)  # [n, h]
+    targets = paddle.gather(input_ids[:, 1:].reshape([-1]), keep)  # [n]
+    # cross_entropy instead of log_softmax + gather: log_softmax over a large vocabulary is very slow on CPU
+    token_logps = -F.cross_entropy(model.compute_logits(states), targets.unsqueeze(-1), reduction="none")  # [n, 1]
+    rows = F.one_hot(keep // (s - 1), b).astype(token_logps.dtype)  # [n, b]
+    return paddle.matmul(rows, token_logps, transpose_x=True).squeeze(-1), counts  # [b], [b]
+
+
+class DPOTrainer(Trainer):
+    def __init__(self, dpo_args: DPOArguments, args, model, reference, *rest, **kwargs):
+        super().__init__(args, model, *rest, **kwargs)
+        self.dpo, self.reference = dpo_args, reference
+
+    # --- reference log-probs ------------------------------------------------------------------------------------
+    @paddle.no_grad()
+    def _reference_logps(self, input_ids, attention_mask, response_mask):
+        if self.reference is None:  # reference-free (or simpo, which never reads them)
+            return paddle.zeros([input_ids.shape[0]], dtype="float32")
+        return sequence_log_probs(self.reference, input_ids, attention_mask, response_mask)[0]
+
+    @paddle.no_grad()
+    def precompute_reference(self, dataset, batch_size: int) -> None:
+        """Cache each item's reference log-probs (chosen, rejected) or (row, mismatched row) in the item."""
+        kto = self.dpo.loss_type == "kto"
+        for start in tqdm(range(0, len(dataset), batch_size), desc="reference log-probs", dynamic_ncols=True,
+                          disable=self.args.disable_tqdm):
+            items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+            batch = to_tensors(self.collate_fn(items))
+            first = self._reference_logps(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+            if kto:
+                second = self._reference_logps(batch["kl_input_ids"], batch["kl_attention_mask"],
+                                               batch["kl_response_mask"])
+            else:
+                first, second = first[: len(items)], first[len(items):]
+            for item, a, b in zip(items, first.numpy().tolist(), second.numpy().tolist()):
+                item["ref_logps"] = (a, b)
+
+    # --- the loss -------------------------------------------------------------------------------------------------
+    def compute_loss(self, batch):
+        if self.dpo.loss_type == "kto":
+            return self._kto_loss(batch)
+        dpo = self.dpo
+        logps, counts = sequence_log_probs(self.model, batch["input_ids"], batch["attention_mask"],
+                                           batch["response_mask"])  # [2b]
+        ref = batch["ref_logps"] if "ref_logps" in batch else self._reference_logps(
+            batch["input_ids"], batch["attention_mask"], batch["response_mask"])  # [2b]
+        b = logps.shape[0] // 2
+        losses, chosen_rewards, rejected_rewards = preference_loss(
+            logps[:b], logps[b:], ref[:b], ref[b:], counts[:b], counts[b:], dpo.loss_type, dpo.beta,
+            dpo.label_smoothing, dpo.simpo_gamma)  # [b] each
+        loss = losses.mean() + self._nll(logps[:b], counts[:b])
+        margins = chosen_rewards - rejected_rewards
+        metrics = {"rewards/chosen": float(chosen_rewards.mean()), "rewards/rejected": float(rejected_rewards.mean()),
+                   "rewards/margin": float(margins.mean()),
+                   "rewards/accuracy": float((margins > 0).astype("float32").mean()),
+                   "logps/chosen": float(logps[:b].mean()), "logps/rejected": float(logps[b:].mean())}
+        return loss, metrics, float(b)
+
+    def _kto_loss(self, batch):
+        dpo = self.dpo
+        logps, counts = sequence_log_probs(self.model, batch["input_ids"], batch["attention_mask"],
+                                           batch["response_mask"])  # [b]
+        with paddle.no_grad():
+            kl_logps, _ = sequence_log_probs(self.model, batch["kl_input_ids"], batch["kl_attention_mask"],
+                                             batch["kl_response_mask"])  # [b]
+        if "ref_logps" in batch:
+            ref, kl_ref = batch["ref_logps"], batch["kl_ref_logps"]
+        else:
+            ref = self._reference_logps(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+            kl_ref = self._reference_logps(batch["kl_input_ids"], batch["kl_attention_mask"],
+                                           batch["kl_response_mask"])
+        desirable = batch["desirable"]  # [b] bool
+        kl = kto_kl_estimate(kl_logps, kl_ref)
+        losses, chosen_rewards, rejected_rewards = kto_loss(logps, ref, desirable, kl, dpo.beta,
+                                                            dpo.desirable_weight, dpo.undesirable_weight)
+        want = desirable.astype("float32")
+        loss = losses.mean() + self._nll(logps * want, counts * want)
+        n_good, n_bad = float(want.sum()), float((1 - want).sum())
+        chosen = float(chosen_rewards.sum()) / max(n_good, 1.0)
+        rejected = float(rejected_rewards.sum()) / max(n_bad, 1.0)
+        metrics = {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margin": chosen - rejected,
+                   "logps/chosen": float((logps * want).sum()) / max(n_good, 1.0),
+                   "logps/rejected": float((logps * (1 - want)).sum()) / max(n_bad, 1.0), "kl": float(kl)}
+        return loss, metrics, float(logps.shape[0])
+
+    def _nll(self, chosen_logps, chosen_counts):
+        """nll_loss_coef * mean negative log-likelihood per chosen response token (0 when the coefficient is 0)."""
+        if self.dpo.nll_loss_coef == 0:
+            return paddle.zeros([], dtype="float32")
+        return self.dpo.nll_loss_coef * -chosen_logps.sum() / paddle.clip(chosen_counts.sum(), min=1.0)
+
+
+def summarize(before: Dict[str, float], after: Dict[str, float], keys=("eval/rewards/accuracy", "eval/rewards/margin",
+                                                                       "eval/loss")) -> Optional[str]:
+    lines = [f"  {k}: {before[k]:.4f} before -> {after[k]:.4f} after" for k in keys if k in before and k in after]
+    return "\n".join(lines) if lines else None
+
