@@ -11,3 +11,4 @@ python alignment/sft/run_sft.py config/smollm2/sft_argument.json
 python alignment/rm/run_reward.py config/smollm2/rm_argument.json
 python alignment/ppo/run_ppo.py config/smollm2/ppo_argument.json
 python tools/show_generations.py outputs/smollm2-ppo --samples 3
+python tools/plot_run.py outputs/smollm2-ppo

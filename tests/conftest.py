@@ -1,12 +1,11 @@
 import os
 import sys
 
-# thread settings must be in place before paddle is imported (see alignment/cpu_env.py)
-for _key, _value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2", "MKL_DEBUG_CPU_TYPE": "5"}.items():
-    os.environ.setdefault(_key, _value)
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import alignment  # noqa: E402,F401  (sets the CPU defaults of alignment/cpu_env.py before paddle is imported)
 
 import pytest  # noqa: E402
 
@@ -17,6 +16,20 @@ def tiny_model_dir(tmp_path_factory):
     from tools import make_tiny
 
     return make_tiny.main(["--output", str(tmp_path_factory.mktemp("tiny") / "model")])
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_dir(tiny_model_dir, tmp_path_factory):
+    """A score model on the tiny backbone with a seeded random head (a stand-in reward model / critic)."""
+    import paddle
+
+    from alignment.models.score_model import ScoreModel
+
+    paddle.seed(11)
+    model = ScoreModel.from_pretrained(tiny_model_dir)
+    path = str(tmp_path_factory.mktemp("rm") / "model")
+    model.save_pretrained(path, tokenizer_dir=tiny_model_dir)
+    return path
 
 
 @pytest.fixture

@@ -18,15 +18,6 @@ GRPO_CONFIG = os.path.join(REPO, "config", "tiny", "grpo_argument.json")
 PROMPTS = f"prompt-only:1.0:{REPO}/data/prompts/train.jsonl"
 
 
-@pytest.fixture(scope="module")
-def tiny_reward_dir(tiny_model_dir, tmp_path_factory):
-    paddle.seed(11)
-    model = ScoreModel.from_pretrained(tiny_model_dir)
-    path = str(tmp_path_factory.mktemp("rm") / "model")
-    model.save_pretrained(path, tokenizer_dir=tiny_model_dir)
-    return path
-
-
 def common(tmp_path, actor, *extra):
     return ["--actor_model_name_or_path", actor, "--output_dir", str(tmp_path / "out"), "--disable_tqdm",
             "--train_datasets", PROMPTS, "--eval_datasets", "", "--max_steps", "2", "--max_new_tokens", "8",

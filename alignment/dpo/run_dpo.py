@@ -13,7 +13,7 @@ import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is 
 from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
 from alignment.dpo.arguments import DPOArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import load_raw, parse_arguments, user_errors  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
 
 
 def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
@@ -66,8 +66,10 @@ def main(argv=None) -> dict:
                 trainer.precompute_reference(dataset, train_args.per_device_eval_batch_size)
         trainer.reference = None  # every item now carries its reference log-probs
         del reference
-    before = trainer.evaluate() if eval_set is not None and train_args.do_eval else {}
-    results = trainer.train()
+    fresh = trainer.resume_path is None
+    before = trainer.evaluate() if eval_set is not None and train_args.do_eval and fresh else {}
+    with training_stops():
+        results = trainer.train()
     final = os.path.join(train_args.output_dir, "model")
     print(f"\n{dpo_args.loss_type} done")
     summary = summarize(before, results)

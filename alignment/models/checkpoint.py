@@ -178,6 +178,14 @@ class PretrainedMixin:
     def save_extra_files(self, path: str) -> None:
         """Hook: write files beside the weights (inside the same atomic save)."""
 
+    def load_extra_files(self, path: str) -> None:
+        """Hook: read what save_extra_files wrote."""
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore this model in place from a directory its save_pretrained wrote (exact: every tensor required)."""
+        load_weights(self, path)
+        self.load_extra_files(path)
+
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None,
                         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
         """Write config + weights (+ tokenizer files copied from `tokenizer_dir`) atomically to `path`."""

@@ -80,7 +80,7 @@ class ScoreModel(PretrainedMixin, nn.Layer):
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "float32", **config_overrides) -> "ScoreModel":
         model = super().from_pretrained(path, dtype=dtype, **config_overrides)
-        model.normalizer = load_normalizer(path, model.config.normalizer_type, model.config.normalizer_momentum)
+        model.load_extra_files(path)
         return model
 
     @property
@@ -90,6 +90,9 @@ class ScoreModel(PretrainedMixin, nn.Layer):
 
     def save_extra_files(self, path: str) -> None:
         self.normalizer.save(path)
+
+    def load_extra_files(self, path: str) -> None:
+        self.normalizer = load_normalizer(path, self.config.normalizer_type, self.config.normalizer_momentum)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None) -> ScoreOutput:
         if attention_mask is None:

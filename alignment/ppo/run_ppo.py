@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
 from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, parse_arguments, user_errors  # noqa: E402
+from alignment.training.setup import fail, load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
 
 
 def build_models(model_args, ppo_args, train_args):
@@ -72,11 +72,13 @@ def main(argv=None) -> dict:
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
           f"reward = {' + '.join((['reward model'] if reward_model else []) + list(ppo_args.reward_funcs))}"
           + (" (re-tokenized for the reward model)" if reward.retokenize else ""))
-    trainer = PPOTrainer(ppo_args, train_args, data_args, actor, reference, critic, reward, tokenizer, prompts,
-                         eval_prompts, ptx, lambda items: collate_prompts(items, tokenizer.pad_token_id),
-                         lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
+    with user_errors():
+        trainer = PPOTrainer(ppo_args, train_args, data_args, actor, reference, critic, reward, tokenizer, prompts,
+                             eval_prompts, ptx, lambda items: collate_prompts(items, tokenizer.pad_token_id),
+                             lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
     try:
-        results = trainer.train()
+        with training_stops():
+            results = trainer.train()
     except RewardFunctionError as err:
         fail(err)
     print(f"\n{ppo_args.advantage_estimator} done: {trainer.global_step} steps; policy saved to "

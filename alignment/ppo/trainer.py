@@ -23,9 +23,10 @@ from alignment.ppo.rollout import critic_values, response_log_probs, sample_roll
 from alignment.sft.trainer import answer_token_loss
 from alignment.training.distributed import (average_gradients, barrier, gather_lists, init_distributed,
                                             is_main_process, mean_over_ranks, shard, world_size)
+from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint, skip_batches
 from alignment.training.logger import MetricsLogger
-from alignment.training.optim import build_optimizer
-from alignment.training.trainer import epoch_batches, eval_shards, to_tensors
+from alignment.training.optim import build_optimizer, global_grad_norm
+from alignment.training.trainer import NonFiniteGuard, epoch_batches, eval_shards, to_tensors
 
 
 class PPOTrainer:
@@ -58,6 +59,16 @@ class PPOTrainer:
             top_k=ppo_args.top_k, repetition_penalty=ppo_args.repetition_penalty,
             eos_token_id=actor.config.eos_token_ids or tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         self.global_step = 0
+        self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
+        self.guard = NonFiniteGuard(train_args.max_nonfinite_steps, train_args.output_dir)
+        self.resume_path = resolve_resume(train_args.output_dir, train_args.resume_from_checkpoint)
+        if self.resume_path is not None:
+            state = load_checkpoint(self.resume_path, *self._checkpointed())
+            self.global_step, self.drawn = state["global_step"], state["drawn"]
+            self.reward_stats.load_state_dict(state["reward_stats"])
+            self.guard.load_state_dict(state["nonfinite"])
+            self.logger.resume_at(self.global_step)
+            print(f"resumed from {self.resume_path} at step {self.global_step}")
 
     # --- one PPO step: rollout -> score -> advantages -> update ---------------------------------------------------
     def train(self) -> Dict[str, float]:
@@ -66,12 +77,17 @@ class PPOTrainer:
                                        self.args.seed, min_size=world)
         ptx_batches = epoch_batches(len(self.ptx_data), self.args.per_device_train_batch_size * world,
                                     self.args.seed + 1, min_size=world) if self.ptx_data is not None else None
-        progress = tqdm(total=self.total_steps, disable=self.args.disable_tqdm or not is_main_process(), desc="ppo",
-                        dynamic_ncols=True)
-        results = {"start": self.evaluate()} if self.eval_prompts is not None and self.args.do_eval else {}
+        skip_batches(prompt_batches, self.drawn["prompts"])
+        if ptx_batches is not None:
+            skip_batches(ptx_batches, self.drawn["ptx"])
+        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="ppo", dynamic_ncols=True,
+                        disable=self.args.disable_tqdm or not is_main_process())
+        fresh = self.global_step == 0
+        results = {"start": self.evaluate()} if self.eval_prompts is not None and self.args.do_eval and fresh else {}
         while self.global_step < self.total_steps:
             times = {}
             start = time.perf_counter()
+            self.drawn["prompts"] += 1
             rollout = self.make_rollout([self.prompts[int(i)] for i in shard(next(prompt_batches))])
             times["time/generate"] = time.perf_counter() - start
             start = time.perf_counter()
@@ -80,6 +96,7 @@ class PPOTrainer:
             times["time/score"] = time.perf_counter() - start
             start = time.perf_counter()
             metrics.update(self.update(rollout, ptx_batches))
+            metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
             times["time/train"] = time.perf_counter() - start
             metrics = mean_over_ranks({**metrics, **times})
             self.global_step += 1
@@ -90,7 +107,7 @@ class PPOTrainer:
             if self._due(self.args.eval_steps) and self.global_step < self.total_steps:
                 self.evaluate()
             if self._due(self.args.save_steps) and self.global_step < self.total_steps:
-                self.save(os.path.join(self.args.output_dir, f"checkpoint-{self.global_step}"))
+                self.save_step_checkpoint()
         progress.close()
         if self.eval_prompts is not None and self.args.do_eval:
             results["end"] = self.evaluate()
@@ -185,11 +202,16 @@ class PPOTrainer:
         pairs = [(self.actor, self.actor_opt, self.actor_sched)]
         if self.critic is not None:
             pairs.append((self.critic, self.critic_opt, self.critic_sched))
-        for model, opt, sched in pairs:
+        norms = []
+        for model, _, _ in pairs:
             average_gradients(model.parameters())
-            opt.step()
+            norms.append(global_grad_norm(model.parameters()))
+        finite = self.guard.check(self.global_step + 1, *norms)  # NaN/inf: skip this update of both models
+        for _, opt, sched in pairs:
+            if finite:
+                opt.step()
+                sched.step()
             opt.clear_grad()
-            sched.step()
 
     def actor_step(self, batch, ptx_batches, accum) -> Dict[str, float]:
         ppo, mask = self.ppo, batch.response_mask
@@ -203,6 +225,7 @@ class PPOTrainer:
             kl = rl.masked_mean(rl.kl_penalty(log_probs, batch.ref_log_probs, ppo.kl_estimator), mask)
             loss = loss + ppo.kl_coeff * kl
         if ptx_batches is not None:
+            self.drawn["ptx"] += 1
             ptx = to_tensors(self.collate_ptx([self.ptx_data[int(i)] for i in shard(next(ptx_batches))]))
             ptx_loss, _ = answer_token_loss(self.actor, ptx["input_ids"], ptx["attention_mask"], ptx["labels"])
             loss = loss + ppo.ptx_coeff * ptx_loss
@@ -241,6 +264,21 @@ class PPOTrainer:
         self.logger.log(self.global_step, results, echo=tqdm.write)
         self.logger.write_rows("eval_generations.jsonl", records)
         return results
+
+    def _checkpointed(self):
+        """(models, optimizers) of a resumable checkpoint, by the names they are saved under."""
+        models, optimizers = {"policy": self.actor}, {"policy": (self.actor_opt, self.actor_sched)}
+        if self.critic is not None:
+            models["value"], optimizers["value"] = self.critic, (self.critic_opt, self.critic_sched)
+        return models, optimizers
+
+    def save_step_checkpoint(self) -> None:
+        if is_main_process():
+            state = {"drawn": self.drawn, "reward_stats": self.reward_stats.state_dict(),
+                     "nonfinite": self.guard.state_dict()}
+            save_checkpoint(self.args.output_dir, self.global_step, *self._checkpointed(), state,
+                            self.tokenizer.name_or_path, self.args.save_total_limit)
+        barrier()
 
     def save(self, directory: str) -> None:
         if is_main_process():

@@ -13,7 +13,7 @@ import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is 
 from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
 from alignment.rm.trainer import RewardArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import load_raw, parse_arguments, user_errors  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -42,14 +42,16 @@ def main(argv=None) -> dict:
             model_args.model_name_or_path, recompute=train_args.recompute, score_type="reward",
             do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
             normalizer_momentum=reward_args.normalizer_momentum)
-    print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised else "restored"))
-    trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
-                            lambda items: collate_preference(items, tokenizer.pad_token_id), effective)
-    before = trainer.evaluate() if eval_set is not None and train_args.do_eval else {}
-    results = trainer.train()
+        print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised else "restored"))
+        trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
+                                lambda items: collate_preference(items, tokenizer.pad_token_id), effective)
+    fresh = trainer.resume_path is None
+    before = trainer.evaluate() if eval_set is not None and train_args.do_eval and fresh else {}
+    with training_stops():
+        results = trainer.train()
     final = os.path.join(train_args.output_dir, "model")
     print("\nreward model done")
-    if "eval/accuracy" in results:
+    if "eval/accuracy" in results and before:
         print(f"  held-out pairwise accuracy: {before['eval/accuracy']:.3f} before -> {results['eval/accuracy']:.3f} "
               f"after; chosen score {results['eval/chosen_score']:.3f}, rejected {results['eval/rejected_score']:.3f}")
     print(f"  checkpoint: {final} (HF LlamaForSequenceClassification layout + score_normalizer.json)")

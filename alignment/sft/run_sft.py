@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
 from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import load_raw, parse_arguments, user_errors  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -33,9 +33,10 @@ def main(argv=None) -> dict:
         print(f"train: {len(train_set)} samples {train_set.stats}" +
               (f"; eval: {len(eval_set)} samples {eval_set.stats}" if eval_set is not None else ""))
         model = LlamaForCausalLM.from_pretrained(model_args.model_name_or_path, recompute=train_args.recompute)
-    trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
-                                lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
-    results = trainer.train()
+        trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
+                                    lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
+    with training_stops():
+        results = trainer.train()
     final = os.path.join(train_args.output_dir, "model")
     print(f"\nSFT done: {trainer.global_step} steps; model saved to {final}" +
           (f"; eval loss {results['eval/loss']:.4f}" if "eval/loss" in results else ""))

@@ -36,7 +36,11 @@ class TrainingArguments:
     save_total_limit: int = field(0, help="Keep only the newest N step checkpoints; 0 = keep all.")
     recompute: bool = field(False, help="Activation checkpointing: recompute each decoder layer in backward (saves memory).")
     disable_tqdm: bool = field(False, help="Hide the progress bar (logs are still printed and written).")
-    resume_from_checkpoint: Optional[str] = field(None, help="Not supported yet: resuming lands with the reliability work; must stay null.")
+    resume_from_checkpoint: Optional[str] = field(None, help="Resume exactly from a checkpoint-N directory (written "
+                                                             "every save_steps), or \"auto\": the newest complete one "
+                                                             "in output_dir (a fresh start when there is none).")
+    max_nonfinite_steps: int = field(5, help="A step whose loss or gradients are NaN/inf is skipped and counted "
+                                             "(skipped_steps); after this many in a row the run stops.")
 
     def validate(self) -> None:
         positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
@@ -61,5 +65,7 @@ class TrainingArguments:
                 raise ValueError(f"key {key!r} must be >= 0, got {getattr(self, key)}")
         if self.max_grad_norm < 0:
             raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
-        if self.resume_from_checkpoint is not None:
-            raise ValueError("key 'resume_from_checkpoint' is not supported yet; remove it or set it to null")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"key 'max_nonfinite_steps' must be >= 1, got {self.max_nonfinite_steps}")
+        if self.resume_from_checkpoint == "":
+            raise ValueError("key 'resume_from_checkpoint' is empty; give a checkpoint-N directory, \"auto\" or null")

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Dict
 
-from alignment.fileio import write_json_atomic
+from alignment.fileio import write_json_atomic, write_text_atomic
 
 
 def _format(value) -> str:
@@ -26,12 +26,28 @@ class MetricsLogger:
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self._file = self._writer = None
         self._row_files = set()
+        self.resume_step = None
+
+    def resume_at(self, step: int) -> None:
+        """A resumed run: keep the rows of steps <= `step` in metrics.jsonl and the row files, append after them."""
+        self.resume_step = step
+
+    def _keep_rows_until(self, path: str, step: int) -> None:
+        if not os.path.exists(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        write_text_atomic(path, "".join(lines))
 
     def _open(self) -> None:
         os.makedirs(self.output_dir, exist_ok=True)
         for name, data in self.first_files.items():
             write_json_atomic(os.path.join(self.output_dir, name), data)
-        self._file = open(self.path, "w", encoding="utf-8")  # a new run starts a new log
+        if self.resume_step is None:
+            self._file = open(self.path, "w", encoding="utf-8")  # a new run starts a new log
+        else:
+            self._keep_rows_until(self.path, self.resume_step)
+            self._file = open(self.path, "a", encoding="utf-8")
         if self.use_visualdl:
             from visualdl import LogWriter
 
@@ -58,9 +74,12 @@ class MetricsLogger:
             return
         if self._file is None:
             self._open()
-        mode = "a" if name in self._row_files else "w"
+        path = os.path.join(self.output_dir, name)
+        if name not in self._row_files and self.resume_step is not None:
+            self._keep_rows_until(path, self.resume_step)
+        mode = "a" if name in self._row_files or self.resume_step is not None else "w"
         self._row_files.add(name)
-        with open(os.path.join(self.output_dir, name), mode, encoding="utf-8") as f:
+        with open(path, mode, encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
     def log_histogram(self, tag: str, values, step: int) -> None:

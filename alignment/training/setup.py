@@ -18,10 +18,21 @@ def user_errors():
         fail(err)
 
 
-def fail(error: Exception) -> None:
+@contextlib.contextmanager
+def training_stops():
+    """A run that stops itself on purpose (TrainingStopped: e.g. NaN/inf steps) exits 1 with its message."""
+    from alignment.training.trainer import TrainingStopped
+
+    try:
+        yield
+    except TrainingStopped as err:
+        fail(err, code=1)
+
+
+def fail(error: Exception, code: int = 2) -> None:
     """Exit non-zero with a one-line message (no traceback) for errors the user can fix."""
     print(f"error: {error}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def parse_arguments(argv, *dataclass_types):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import shutil
 import time
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -18,10 +17,44 @@ import paddle
 from tqdm import tqdm
 
 from alignment.training.arguments import TrainingArguments
+from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint, skip_batches
 from alignment.training.distributed import (average_gradients, barrier, init_distributed, is_main_process,
                                             mean_over_ranks, shard, world_size)
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer, global_grad_norm
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on (e.g. too many non-finite steps in a row); the message says why and what is intact."""
+
+
+class NonFiniteGuard:
+    """Counts steps whose loss or gradients are NaN/inf (the caller skips them) and stops the run after
+    `limit` in a row."""
+
+    def __init__(self, limit: int, output_dir: str):
+        self.limit, self.output_dir = limit, output_dir
+        self.skipped = self.in_a_row = 0
+
+    def check(self, step: int, *values: float) -> bool:
+        """True when every value is finite; otherwise count the step and raise after `limit` in a row."""
+        if all(math.isfinite(v) for v in values):
+            self.in_a_row = 0
+            return True
+        self.skipped += 1
+        self.in_a_row += 1
+        if self.in_a_row >= self.limit:
+            raise TrainingStopped(
+                f"step {step}: loss or gradients were NaN/inf in {self.in_a_row} steps in a row (key "
+                f"'max_nonfinite_steps' = {self.limit}); stopping without saving. Checkpoints already written "
+                f"under {self.output_dir} are intact: lower learning_rate and resume with resume_from_checkpoint.")
+        return False
+
+    def state_dict(self) -> dict:
+        return {"skipped": self.skipped, "in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped, self.in_a_row = state["skipped"], state["in_a_row"]
 
 
 def set_seed(seed: int) -> None:
@@ -64,6 +97,11 @@ class Trainer:
         self.total_steps = args.max_steps if args.max_steps > 0 else max(1, int(steps_per_epoch * args.num_train_epochs))
         self.optimizer, self.scheduler = build_optimizer(model, args, self.total_steps)
         self.global_step = 0
+        self.batches_drawn = 0
+        self.guard = NonFiniteGuard(args.max_nonfinite_steps, args.output_dir)
+        self.resume_path = resolve_resume(args.output_dir, args.resume_from_checkpoint)
+        if self.resume_path is not None:
+            self.resume(self.resume_path)
 
     # --- what a stage overrides -------------------------------------------------------------------------------
     def compute_loss(self, batch: Dict[str, paddle.Tensor]):
@@ -78,6 +116,7 @@ class Trainer:
         args = self.args
         batches = epoch_batches(len(self.train_dataset), args.per_device_train_batch_size * world_size(), args.seed,
                                 min_size=world_size())
+        skip_batches(batches, self.batches_drawn)  # a resumed run goes on where the checkpoint stopped
         self.model.train()
         window, window_tokens, window_start = [], 0, time.perf_counter()
         progress = tqdm(total=self.total_steps, disable=args.disable_tqdm or not is_main_process(), desc="train",
@@ -87,6 +126,7 @@ class Trainer:
             step_metrics = []
             for _ in range(args.gradient_accumulation_steps):
                 batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in shard(next(batches))]))
+                self.batches_drawn += 1
                 loss, metrics, _ = self.compute_loss(batch)
                 (loss / args.gradient_accumulation_steps).backward()
                 step_metrics.append({"loss": float(loss), **metrics})
@@ -94,12 +134,14 @@ class Trainer:
             average_gradients(self.model.parameters())
             grad_norm = global_grad_norm(self.model.parameters())
             lr = self.optimizer.get_lr()
-            self.optimizer.step()
-            self.optimizer.clear_grad()
-            self.scheduler.step()
+            if self.guard.check(self.global_step + 1, grad_norm, *(row["loss"] for row in step_metrics)):
+                self.optimizer.step()
+                self.scheduler.step()
+            self.optimizer.clear_grad()  # a skipped step's gradients are dropped too
             self.global_step += 1
             progress.update(1)
-            window.append({**_mean(step_metrics), "grad_norm": grad_norm, "lr": lr})
+            window.append({**_mean(step_metrics), "grad_norm": grad_norm, "lr": lr,
+                           "skipped_steps": float(self.guard.skipped)})
             if self.global_step % args.logging_steps == 0 or self.global_step == self.total_steps:
                 elapsed = time.perf_counter() - window_start
                 logged = mean_over_ranks({**_mean(window), "tokens_per_sec": window_tokens / max(elapsed, 1e-9)})
@@ -144,15 +186,27 @@ class Trainer:
             self.model.save_pretrained(path, tokenizer_dir=self.tokenizer.name_or_path)
         barrier()
 
+    # --- resumable checkpoints (alignment/training/checkpointing.py) ----------------------------------------------
+    def trainer_state(self) -> dict:
+        """Counters a resumed run needs besides models, optimizers and RNGs; a stage may add its own."""
+        return {"batches_drawn": self.batches_drawn, "nonfinite": self.guard.state_dict()}
+
+    def load_trainer_state(self, state: dict) -> None:
+        self.global_step, self.batches_drawn = state["global_step"], state["batches_drawn"]
+        self.guard.load_state_dict(state["nonfinite"])
+
     def save_step_checkpoint(self) -> None:
-        path = os.path.join(self.args.output_dir, f"checkpoint-{self.global_step}")
-        self.save_model(path)
-        limit = self.args.save_total_limit
-        if limit > 0 and is_main_process():
-            steps = sorted(int(d.split("-")[1]) for d in os.listdir(self.args.output_dir)
-                           if d.startswith("checkpoint-") and d.split("-")[1].isdigit())
-            for old in steps[:-limit]:
-                shutil.rmtree(os.path.join(self.args.output_dir, f"checkpoint-{old}"), ignore_errors=True)
+        if is_main_process():
+            save_checkpoint(self.args.output_dir, self.global_step, {"model": self.model},
+                            {"model": (self.optimizer, self.scheduler)}, self.trainer_state(),
+                            self.tokenizer.name_or_path, self.args.save_total_limit)
+        barrier()
+
+    def resume(self, path: str) -> None:
+        self.load_trainer_state(load_checkpoint(path, {"model": self.model}, {"model": (self.optimizer,
+                                                                                         self.scheduler)}))
+        self.logger.resume_at(self.global_step)
+        print(f"resumed from {path} at step {self.global_step}")
 
 
 def eval_shards(num_items: int, batch_size: int) -> Iterator[List[int]]:
