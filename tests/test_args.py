@@ -83,6 +83,7 @@ def test_every_shipped_argument_file_parses():
     import glob
     import os
 
+    from alignment.dpo.arguments import DPOArguments
     from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments
     from alignment.rm.trainer import RewardArguments
     from tests.helpers import REPO
@@ -92,6 +93,7 @@ def test_every_shipped_argument_file_parses():
         "rm_argument.json": ArgumentParser(ModelArguments, DataArguments, RewardArguments, TrainingArguments),
         "ppo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments),
         "grpo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments),
+        "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, TrainingArguments),
     }
     files = sorted(glob.glob(os.path.join(REPO, "config", "*", "*.json")))
     assert len(files) >= 6

@@ -1,5 +1,7 @@
 """Exact resume after a kill, crash-safe checkpoints and the NaN/inf step guard."""
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,3 +143,26 @@ def test_too_many_nan_steps_in_a_row_stop_the_run_keeping_the_last_checkpoint(tm
     assert info.value.code == 1 and "3 steps in a row" in err and "max_nonfinite_steps" in err, err
     assert (tmp_path / "out" / "latest").read_text().strip() == "checkpoint-2"
     assert not (tmp_path / "out" / "model").exists()
+
+
+def test_reward_model_resume_restores_weights_optimizer_and_normalizer(tmp_path, tiny_model_dir):
+    from alignment.rm import run_reward
+
+    def rm_args(out, *extra):
+        return [os.path.join(REPO, "config", "tiny", "rm_argument.json"), "--model_name_or_path", tiny_model_dir,
+                "--output_dir", str(out), "--disable_tqdm", "--eval_datasets", "", "--max_steps", "4",
+                "--logging_steps", "1", "--save_steps", "2", "--per_device_train_batch_size", "4",
+                "--normalize_score_during_training", "true", "--normalizer_type", "ExponentialMovingAverage", *extra]
+
+    straight = tmp_path / "straight"
+    run_reward.main(rm_args(straight))
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-2", resumed / "checkpoint-2")
+    (resumed / "metrics.jsonl").write_text("".join(line for line in open(straight / "metrics.jsonl")
+                                                   if json.loads(line)["step"] <= 2))
+    run_reward.main(rm_args(resumed, "--resume_from_checkpoint", "auto"))
+    assert without_times(read_metrics(resumed)) == without_times(read_metrics(straight))
+    assert_same_weights(straight / "model", resumed / "model")
+    normalizer = json.load(open(straight / "model" / "score_normalizer.json"))
+    assert normalizer["count"] > 0 and json.load(open(resumed / "model" / "score_normalizer.json")) == normalizer
