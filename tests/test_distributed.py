@@ -55,3 +55,24 @@ def test_two_process_grpo_runs_and_rank_zero_writes(tmp_path, tiny_model_dir):
                       "--max_new_tokens", "8", "--output_dir", str(out), "--disable_tqdm"])
     assert [r["step"] for r in read_metrics(out)] == [1, 2]
     assert (out / "policy" / "model.safetensors").exists()
+
+
+def test_two_process_dpo_equals_one_process_with_the_global_batch(tmp_path, tiny_model_dir):
+    """The DPO loss is a mean over pairs, so 2 x 4 pairs with averaged gradients == 8 pairs in one process."""
+    dpo = [os.path.join(REPO, "alignment", "dpo", "run_dpo.py"), os.path.join(REPO, "config", "tiny",
+                                                                               "dpo_argument.json")]
+    common = ["--model_name_or_path", tiny_model_dir, "--train_datasets",
+              f"PKU-SafeRLHF/train:1.0:{REPO}/data/preference", "--eval_datasets", "", "--max_steps", "2",
+              "--warmup_steps", "0", "--lr_scheduler_type", "constant", "--disable_tqdm", "--logging_steps", "1",
+              "--adam_epsilon", "1.0"]  # updates linear in the gradient: float noise is not blown up to lr size
+    launch(tmp_path, dpo + common + ["--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "two")])
+    subprocess.run([sys.executable, *dpo, *common, "--per_device_train_batch_size", "8", "--output_dir",
+                    str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
+    two, one = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
+    for key in ("loss", "rewards/margin", "rewards/accuracy"):
+        np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-5, atol=1e-7, err_msg=key)
+    assert two[1]["rewards/margin"] != 0.0  # the first step moved the policy away from the reference
+    a = LlamaForCausalLM.from_pretrained(str(tmp_path / "one" / "model"))
+    b = LlamaForCausalLM.from_pretrained(str(tmp_path / "two" / "model"))
+    for (name, x), y in zip(a.named_parameters(), b.parameters()):
+        np.testing.assert_allclose(x.numpy(), y.numpy(), atol=1e-7, err_msg=name)
