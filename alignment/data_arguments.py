@@ -29,3 +29,42 @@ class DataArguments:
     def validate(self) -> None:
         if self.max_length < 8:
             raise ValueError(f"key 'max_length' must be >= 8, got {self.max_length}")
+
+
+@dataclasses.dataclass
+class LoRAArguments:
+    lora: bool = field(False, help="Train LoRA adapters instead of all weights: base weights stay frozen, only the "
+                                   "adapters (and a score model's head) are trained and saved, in PEFT's layout "
+                                   "(merge with tools/merge_lora.py). In PPO this is the actor.")
+    lora_rank: int = field(8, help="LoRA rank r.")
+    lora_alpha: float = field(16.0, help="LoRA alpha; the adapter output is scaled by lora_alpha / lora_rank.")
+    lora_dropout: float = field(0.0, help="Dropout on the adapter input.")
+    lora_target_modules: List[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj"],
+                                           help="Linear layers to adapt: names matched against the end of the "
+                                                "module path, or regular expressions over the whole path.")
+    lora_path: Optional[str] = field(None, help="Start from these saved adapters (a directory with "
+                                                "adapter_config.json) instead of fresh ones; needs lora true.")
+
+    def validate(self) -> None:
+        if self.lora_rank < 1:
+            raise ValueError(f"key 'lora_rank' must be >= 1, got {self.lora_rank}")
+        if self.lora_alpha <= 0:
+            raise ValueError(f"key 'lora_alpha' must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"key 'lora_dropout' must be in [0, 1), got {self.lora_dropout}")
+        if not self.lora_target_modules:
+            raise ValueError("key 'lora_target_modules' is empty")
+        if self.lora_path and not self.lora:
+            raise ValueError("key 'lora_path' needs 'lora': true")
+
+    def apply(self, model, trainable=(), adapter_path: Optional[str] = None):
+        """Add adapters to `model` when `lora` is on (loading `adapter_path`, default lora_path); return model."""
+        if not self.lora:
+            return model
+        from alignment.models.lora import apply_lora, load_adapter
+
+        apply_lora(model, self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules, trainable)
+        if adapter_path or self.lora_path:
+            load_adapter(model, adapter_path or self.lora_path)
+        return model

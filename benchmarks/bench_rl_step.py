@@ -222,6 +222,7 @@ def run(args):
 
     from alignment.data.tokenized import collate_prompts
     from alignment.ppo.rewards import RewardComputer
+    from alignment.data_arguments import LoRAArguments
     from alignment.ppo.run_ppo import build_models
     from alignment.ppo.trainer import PPOTrainer
     from alignment.training.trainer import epoch_batches, set_seed
@@ -239,7 +240,7 @@ def run(args):
         paths = build_checkpoints(tokenizer, os.path.join(work, "models"), args.seed)
         model_args, data_args, ppo_args, train_args = make_arguments(args, paths, os.path.join(work, "run"))
         set_seed(args.seed)
-        actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, train_args)
+        actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, LoRAArguments(), train_args)
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score)
         assert not reward.retokenize, "reward model and policy share the tokenizer: no re-tokenization expected"

@@ -83,17 +83,22 @@ def test_every_shipped_argument_file_parses():
     import glob
     import os
 
+    from alignment.data_arguments import LoRAArguments
     from alignment.dpo.arguments import DPOArguments
     from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments
     from alignment.rm.trainer import RewardArguments
     from tests.helpers import REPO
 
     parsers = {
-        "sft_argument.json": ArgumentParser(ModelArguments, DataArguments, TrainingArguments),
-        "rm_argument.json": ArgumentParser(ModelArguments, DataArguments, RewardArguments, TrainingArguments),
-        "ppo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments),
-        "grpo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments),
-        "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, TrainingArguments),
+        "sft_argument.json": ArgumentParser(ModelArguments, DataArguments, LoRAArguments, TrainingArguments),
+        "rm_argument.json": ArgumentParser(ModelArguments, DataArguments, RewardArguments, LoRAArguments,
+                                           TrainingArguments),
+        "ppo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments,
+                                            TrainingArguments),
+        "grpo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments,
+                                             TrainingArguments),
+        "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, LoRAArguments,
+                                            TrainingArguments),
     }
     files = sorted(glob.glob(os.path.join(REPO, "config", "*", "*.json")))
     assert len(files) >= 6

@@ -10,7 +10,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
+from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.dpo.arguments import DPOArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
 from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
@@ -35,8 +35,8 @@ def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: in
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, dpo_args, train_args, effective = parse_arguments(
-        argv, ModelArguments, DataArguments, DPOArguments, TrainingArguments)
+    model_args, data_args, dpo_args, lora_args, train_args, effective = parse_arguments(
+        argv, ModelArguments, DataArguments, DPOArguments, LoRAArguments, TrainingArguments)
 
     from alignment.dpo.trainer import DPOTrainer, summarize
     from alignment.models import LlamaForCausalLM, Tokenizer
@@ -50,9 +50,12 @@ def main(argv=None) -> dict:
                                                       train_args.seed)
         print(f"train: {len(train_set)} rows {train_set.stats}" +
               (f"; eval: {len(eval_set)} rows {eval_set.stats}" if eval_set is not None else ""))
-        policy = LlamaForCausalLM.from_pretrained(model_args.model_name_or_path, recompute=train_args.recompute)
+        policy = lora_args.apply(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
+                                                                  recompute=train_args.recompute))
         reference = None
-        if dpo_args.needs_reference:
+        if lora_args.lora and dpo_args.needs_reference and not dpo_args.ref_model_name_or_path:
+            reference = policy  # the reference is the base model: the policy with its adapters off
+        elif dpo_args.needs_reference:
             reference = LlamaForCausalLM.from_pretrained(dpo_args.ref_model_name_or_path or
                                                          model_args.model_name_or_path)
             reference.eval()

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from alignment.dpo.arguments import DPOArguments
 from alignment.dpo.losses import kto_kl_estimate, kto_loss, preference_loss
+from alignment.models.lora import adapters_disabled
 from alignment.training.trainer import Trainer, to_tensors
 
 
@@ -47,7 +48,9 @@ class DPOTrainer(Trainer):
     def _reference_logps(self, input_ids, attention_mask, response_mask):
         if self.reference is None:  # reference-free (or simpo, which never reads them)
             return paddle.zeros([input_ids.shape[0]], dtype="float32")
-        return sequence_log_probs(self.reference, input_ids, attention_mask, response_mask)[0]
+        # with LoRA the reference may be the policy itself: its base weights, adapters off
+        with adapters_disabled(self.reference):
+            return sequence_log_probs(self.reference, input_ids, attention_mask, response_mask)[0]
 
     @paddle.no_grad()
     def precompute_reference(self, dataset, batch_size: int) -> None:

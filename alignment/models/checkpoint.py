@@ -157,6 +157,7 @@ class PretrainedMixin:
     config_class = None
     load_allow_missing = ()  # name prefixes a checkpoint may lack (initialised instead)
     load_ignore_unexpected = ()  # name prefixes of checkpoint tensors this model does not use
+    peft_task_type = "CAUSAL_LM"  # PEFT's task_type for LoRA adapters of this model
 
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "float32", **config_overrides):
@@ -172,6 +173,7 @@ class PretrainedMixin:
             model.to(dtype=dtype)
         model.initialised_on_load = load_weights(model, path, ignore_missing=cls.load_allow_missing,
                                                  ignore_unexpected=cls.load_ignore_unexpected)
+        model.name_or_path = path
         model.eval()
         return model
 
@@ -182,13 +184,26 @@ class PretrainedMixin:
         """Hook: read what save_extra_files wrote."""
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore this model in place from a directory its save_pretrained wrote (exact: every tensor required)."""
-        load_weights(self, path)
+        """Restore this model in place from a directory its save_pretrained wrote (exact: every tensor required;
+        a LoRA model reads its adapter)."""
+        from alignment.models.lora import has_lora, load_adapter
+
+        if has_lora(self):
+            load_adapter(self, path)
+        else:
+            load_weights(self, path)
         self.load_extra_files(path)
 
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None,
                         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
-        """Write config + weights (+ tokenizer files copied from `tokenizer_dir`) atomically to `path`."""
+        """Write config + weights (+ tokenizer files copied from `tokenizer_dir`) atomically to `path`. A model
+        with LoRA adapters writes only the adapters, in PEFT's layout (as peft's save_pretrained does)."""
+        from alignment.models.lora import has_lora, save_adapter
+
+        if has_lora(self):
+            save_adapter(self, path, getattr(self, "name_or_path", None), self.peft_task_type, tokenizer_dir,
+                         self.save_extra_files)
+            return
         with atomic_directory(path) as tmp:
             self.config.save_pretrained(tmp)
             save_weights(self, tmp, max_shard_bytes)

@@ -68,6 +68,7 @@ class ScoreModel(PretrainedMixin, nn.Layer):
     config_class = ScoreConfig
     load_allow_missing = ("score.",)
     load_ignore_unexpected = ("lm_head.",)
+    peft_task_type = "SEQ_CLS"
 
     def __init__(self, config: ScoreConfig):
         super().__init__()

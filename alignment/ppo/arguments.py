@@ -73,6 +73,10 @@ class PPOArguments:
     critic_lr_scheduler_type: str = field("cosine", help=f"Critic schedule, one of {LR_SCHEDULERS}.")
     critic_warmup_ratio: float = field(0.0, help="Critic warmup fraction.")
     critic_recompute: bool = field(False, help="Activation checkpointing for the critic.")
+    critic_lora: bool = field(False, help="LoRA adapters on the critic (its score head trains too), with the "
+                                          "lora_rank / lora_alpha / lora_dropout / lora_target_modules of the actor.")
+    critic_lora_path: Optional[str] = field(None, help="Start the critic's adapters from this saved adapter "
+                                                       "directory; needs critic_lora true.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
                                          "so only false is accepted.")
     eval_mode: Optional[str] = field(None, help="Rollout resharding (null or 'single'); tensor_parallel needs "
@@ -115,6 +119,10 @@ class PPOArguments:
             raise ValueError(f"key 'offload_level' {self.offload_level!r} is not available in this build; use ''")
 
     def validate_with(self, model_args, data_args, *_):
+        if self.critic_lora_path and not self.critic_lora:
+            raise ValueError("key 'critic_lora_path' needs 'critic_lora': true")
+        if self.critic_lora and not self.uses_critic:
+            raise ValueError(f"key 'critic_lora': advantage_estimator {self.advantage_estimator!r} builds no critic")
         if not self.reward_funcs and model_args.reward_model_name_or_path is None:
             raise ValueError("nothing gives a reward: set 'reward_model_name_or_path' or 'reward_funcs'")
         if self.ptx_coeff > 0 and not data_args.ptx_datasets:

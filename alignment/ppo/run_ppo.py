@@ -4,26 +4,33 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.data_arguments import LoRAArguments  # noqa: E402
 from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
 from alignment.training.setup import fail, load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
 
 
-def build_models(model_args, ppo_args, train_args):
-    """(actor, reference, critic or None, reward model or None, reward tokenizer or None)."""
+def build_models(model_args, ppo_args, lora_args, train_args):
+    """(actor, reference, critic or None, reward model or None, reward tokenizer or None). With LoRA on the actor
+    the reference is the actor itself (its base weights, adapters off): no second copy of the model."""
     from alignment.models import LlamaForCausalLM, Tokenizer
     from alignment.models.score_model import ScoreModel
 
-    actor = LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path, recompute=train_args.recompute)
-    reference = LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path)
-    for param in reference.parameters():
-        param.stop_gradient = True
+    actor = lora_args.apply(LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path,
+                                                             recompute=train_args.recompute))
+    if lora_args.lora:
+        reference = actor
+    else:
+        reference = LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path)
+        for param in reference.parameters():
+            param.stop_gradient = True
     reward_model = reward_tokenizer = None
     if model_args.reward_model_name_or_path:
         reward_model = ScoreModel.from_pretrained(model_args.reward_model_name_or_path)
@@ -36,12 +43,15 @@ def build_models(model_args, ppo_args, train_args):
                 or model_args.actor_model_name_or_path)
         critic = ScoreModel.from_pretrained(path, score_type="critic", do_normalize=False,
                                             recompute=ppo_args.critic_recompute)
+        if ppo_args.critic_lora:
+            dataclasses.replace(lora_args, lora=True, lora_path=None).apply(
+                critic, trainable=("score.",), adapter_path=ppo_args.critic_lora_path)
     return actor, reference, critic, reward_model, reward_tokenizer
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, ppo_args, train_args, effective = parse_arguments(
-        argv, PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments)
+    model_args, data_args, ppo_args, lora_args, train_args, effective = parse_arguments(
+        argv, PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments)
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
@@ -66,7 +76,8 @@ def main(argv=None) -> dict:
         print(f"prompts: {len(prompts)} train {prompts.stats}" +
               (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
               (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
-        actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, train_args)
+        actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, lora_args,
+                                                                                train_args)
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score)
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "

@@ -16,6 +16,7 @@ import paddle
 from tqdm import tqdm
 
 from alignment.models.generation import GenerationConfig
+from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.ppo import algorithms as rl
 from alignment.ppo.rewards import gold_scores
@@ -133,7 +134,8 @@ class PPOTrainer:
         ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
         self.actor.eval()
         rollout.old_log_probs, _ = response_log_probs(self.actor, ids, mask, p, self.ppo.temperature)
-        rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
+        with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
+            rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
         if self.critic is not None:
             self.critic.eval()
             rollout.old_values = critic_values(self.critic, ids, mask, p)

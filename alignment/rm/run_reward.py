@@ -10,15 +10,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
+from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.rm.trainer import RewardArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
 from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, reward_args, train_args, effective = parse_arguments(
-        argv, ModelArguments, DataArguments, RewardArguments, TrainingArguments)
+    model_args, data_args, reward_args, lora_args, train_args, effective = parse_arguments(
+        argv, ModelArguments, DataArguments, RewardArguments, LoRAArguments, TrainingArguments)
 
     from alignment.data.tokenized import PreferenceDataset, collate_preference
     from alignment.models import Tokenizer
@@ -42,6 +42,7 @@ def main(argv=None) -> dict:
             model_args.model_name_or_path, recompute=train_args.recompute, score_type="reward",
             do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
             normalizer_momentum=reward_args.normalizer_momentum)
+        lora_args.apply(model, trainable=("score.",))
         print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised else "restored"))
         trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
                                 lambda items: collate_preference(items, tokenizer.pad_token_id), effective)

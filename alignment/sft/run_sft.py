@@ -10,14 +10,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.data_arguments import DataArguments, ModelArguments  # noqa: E402
+from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
 from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, train_args, effective = parse_arguments(argv, ModelArguments, DataArguments,
-                                                                   TrainingArguments)
+    model_args, data_args, lora_args, train_args, effective = parse_arguments(
+        argv, ModelArguments, DataArguments, LoRAArguments, TrainingArguments)
 
     from alignment.data.tokenized import SupervisedDataset, collate_supervised
     from alignment.models import LlamaForCausalLM, Tokenizer
@@ -32,7 +32,8 @@ def main(argv=None) -> dict:
         eval_set = SupervisedDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
         print(f"train: {len(train_set)} samples {train_set.stats}" +
               (f"; eval: {len(eval_set)} samples {eval_set.stats}" if eval_set is not None else ""))
-        model = LlamaForCausalLM.from_pretrained(model_args.model_name_or_path, recompute=train_args.recompute)
+        model = lora_args.apply(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
+                                                                 recompute=train_args.recompute))
         trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
                                     lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
     with training_stops():

@@ -119,8 +119,8 @@ class Trainer:
         skip_batches(batches, self.batches_drawn)  # a resumed run goes on where the checkpoint stopped
         self.model.train()
         window, window_tokens, window_start = [], 0, time.perf_counter()
-        progress = tqdm(total=self.total_steps, disable=args.disable_tqdm or not is_main_process(), desc="train",
-                        dynamic_ncols=True)
+        progress = tqdm(total=self.total_steps, initial=self.global_step, desc="train", dynamic_ncols=True,
+                        disable=args.disable_tqdm or not is_main_process())
         last_eval = {}
         while self.global_step < self.total_steps:
             step_metrics = []
