@@ -43,6 +43,11 @@ def _convert(value: Any, tp, key: str) -> Any:
                 continue
         raise TypeError(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
     if origin in (list, List):
+        if isinstance(value, str) and value.strip().startswith("["):  # a JSON list on the command line
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise TypeError(f"expected a JSON list, got {value!r}") from None
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
         if not isinstance(value, list):

@@ -65,6 +65,12 @@ def test_flags_parsing_and_integer_float_coercion():
     assert parse_flags(["--a", "1", "--b=x", "--flag", "--c", "2"]) == {"a": "1", "b": "x", "flag": "true", "c": "2"}
     _, data, _ = parser().parse_args(["--model_name_or_path", "m", "--train_datasets", '["a:0.5", "b"]'])
     assert data.train_datasets == ["a:0.5", "b"]
+    _, data, _ = parser().parse_args(["--model_name_or_path", "m", "--train_datasets", "x",
+                                      "--user_dataset_modules", '["a.py", "b.py"]'])
+    assert data.user_dataset_modules == ["a.py", "b.py"]  # a plain List[str] field takes JSON too
+    _, data, _ = parser().parse_args(["--model_name_or_path", "m", "--train_datasets", "x",
+                                      "--user_dataset_modules", "a.py,b.py"])
+    assert data.user_dataset_modules == ["a.py", "b.py"]
     _, _, train = parser().parse_dict({**BASE, "num_train_epochs": 2, "max_steps": 3.0})
     assert train.num_train_epochs == 2.0 and train.max_steps == 3
     with pytest.raises(ArgumentError, match="expected an integer, got 3.5"):

@@ -55,7 +55,12 @@ def main(argv=None) -> dict:
     if "eval/accuracy" in results and before:
         print(f"  held-out pairwise accuracy: {before['eval/accuracy']:.3f} before -> {results['eval/accuracy']:.3f} "
               f"after; chosen score {results['eval/chosen_score']:.3f}, rejected {results['eval/rejected_score']:.3f}")
-    print(f"  checkpoint: {final} (HF LlamaForSequenceClassification layout + score_normalizer.json)")
+    if lora_args.lora:
+        print(f"  adapter: {final} (PEFT layout + score_normalizer.json); merge it for PPO with: "
+              f"python tools/merge_lora.py --is_rm --adapter {final} --output {final}-merged")
+        final += "-merged"
+    else:
+        print(f"  checkpoint: {final} (HF LlamaForSequenceClassification layout + score_normalizer.json)")
     print(f"  use it in PPO: \"reward_model_name_or_path\": \"{final}\" in ppo_argument.json")
     return {**results, **{f"start_{k}": v for k, v in before.items()}}
 

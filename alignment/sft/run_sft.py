@@ -41,6 +41,10 @@ def main(argv=None) -> dict:
     final = os.path.join(train_args.output_dir, "model")
     print(f"\nSFT done: {trainer.global_step} steps; model saved to {final}" +
           (f"; eval loss {results['eval/loss']:.4f}" if "eval/loss" in results else ""))
+    if lora_args.lora:
+        print(f"LoRA adapter (PEFT layout); merge it into a full checkpoint with: python tools/merge_lora.py "
+              f"--adapter {final} --output {final}-merged")
+        final += "-merged"
     print(f"next: use it as model_name_or_path of the reward model, or actor_model_name_or_path of PPO ({final})")
     return results
 
