@@ -47,7 +47,7 @@ def test_lora_sft_keeps_the_base_bitwise_and_merges_to_the_same_logits(tmp_path,
     model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
     wrapped = apply_lora(model, 4, 8.0, 0.0)
     load_adapter(model, adapter)
-    # the base weights inside the trained model are the checkpoint's, bitwise
+    # loading the adapter leaves the checkpoint's base weights as they were
     base_params = dict(base.named_parameters())
     for name, param in model.named_parameters():
         if ".lora_" not in name:
@@ -63,6 +63,30 @@ def test_lora_sft_keeps_the_base_bitwise_and_merges_to_the_same_logits(tmp_path,
     merged_model = LlamaForCausalLM.from_pretrained(merged)
     assert not has_lora(merged_model)
     np.testing.assert_allclose(logits(merged_model, IDS), with_adapter, atol=1e-5)
+
+
+def test_training_steps_leave_the_base_weights_bitwise_unchanged(tiny_model_dir):
+    from alignment.sft.trainer import answer_token_loss
+    from alignment.training.arguments import TrainingArguments
+    from alignment.training.optim import build_optimizer
+
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    apply_lora(model, 4, 8.0, 0.1)
+    before = {n: p.numpy().copy() for n, p in model.named_parameters()}
+    optimizer, _ = build_optimizer(model, TrainingArguments(learning_rate=1e-2, weight_decay=0.1), 10)
+    model.train()
+    ids = paddle.to_tensor(IDS)
+    for _ in range(3):
+        loss, _ = answer_token_loss(model, ids, paddle.ones_like(ids), ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            if name.endswith("lora_B"):
+                assert np.abs(param.numpy()).max() > 0, name  # the adapters trained
+        else:
+            np.testing.assert_array_equal(param.numpy(), before[name], err_msg=name)  # bitwise
 
 
 def test_only_adapters_are_trainable_and_in_the_optimizer(tmp_path, tiny_model_dir):
