@@ -1,11 +1,13 @@
-"""Rollout speed: new tokens per second with the KV cache vs recomputing the whole sequence every step.
+"""Rollout speed: new tokens per second with the KV cache (eager, and the static-graph decode step) vs recomputing
+the whole sequence every step.
 
     python benchmarks/bench_rollout.py [--batches 1,8,32] [--new-tokens 64] [--prompt-len 16] [--repeats 2]
 
 A random-init LLaMA of the peer benchmark's shape (hidden 256, intermediate 1024, 4 layers, 4 heads, vocab 8000)
 built from config; greedy decoding of exactly --new-tokens tokens (no eos) from random prompts. For each batch
-size it times `generate(..., use_cache=True)` and `use_cache=False` (best of --repeats), checks both produce the
-same tokens, and prints a Markdown table with tokens/s and the speed-up. Writes nothing.
+size it times `generate(..., use_cache=True)`, the same with `static=StaticDecoder(model)` (compiled once per shape
+before timing) and `use_cache=False` (best of --repeats), checks all three produce the same tokens, and prints a
+Markdown table with tokens/s and the speed-ups. Writes nothing.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ def main(argv=None) -> list:
     import paddle
 
     from alignment.models import GenerationConfig, LlamaConfig, LlamaForCausalLM, generate
+    from alignment.models.static_decode import StaticDecoder
 
     paddle.seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=8000, hidden_size=256, intermediate_size=1024,
@@ -41,24 +44,29 @@ def main(argv=None) -> list:
     for batch in [int(b) for b in args.batches.split(",")]:
         ids = paddle.randint(3, 8000, [batch, args.prompt_len])
         mask = paddle.ones_like(ids)
+        static = StaticDecoder(model)
+        generate(model, ids, mask, config, static=static)  # compile outside the timing
+        variants = {"kv": dict(use_cache=True), "static": dict(static=static), "none": dict(use_cache=False)}
         timings, outputs = {}, {}
-        for use_cache in (True, False):
+        for name, kwargs in variants.items():
             best = float("inf")
             for _ in range(args.repeats):
                 start = time.perf_counter()
-                out = generate(model, ids, mask, config, use_cache=use_cache)
+                out = generate(model, ids, mask, config, **kwargs)
                 best = min(best, time.perf_counter() - start)
-            timings[use_cache], outputs[use_cache] = best, out.sequences.numpy()
-        same = bool((outputs[True] == outputs[False]).all())
+            timings[name], outputs[name] = best, out.sequences.numpy()
+        same = all(bool((outputs[n] == outputs["kv"]).all()) for n in variants)
         tokens = batch * args.new_tokens
-        rows.append({"batch": batch, "kv_tokens_per_s": tokens / timings[True],
-                     "no_cache_tokens_per_s": tokens / timings[False], "speedup": timings[False] / timings[True],
+        rows.append({"batch": batch, **{f"{n}_tokens_per_s": tokens / t for n, t in timings.items()},
+                     "kv_over_none": timings["none"] / timings["kv"], "static_over_kv": timings["kv"] / timings["static"],
                      "same_tokens": same})
-    print(f"| batch | KV cache (new tokens/s) | no cache (new tokens/s) | speed-up | same tokens |")
-    print("| ---: | ---: | ---: | ---: | --- |")
+    print("| batch | KV cache, eager | KV cache, static step | no cache | KV / no cache | static / eager | same tokens |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
-        print(f"| {r['batch']} | {r['kv_tokens_per_s']:.0f} | {r['no_cache_tokens_per_s']:.0f} | "
-              f"{r['speedup']:.1f}x | {r['same_tokens']} |")
+        print(f"| {r['batch']} | {r['kv_tokens_per_s']:.0f} | {r['static_tokens_per_s']:.0f} | "
+              f"{r['none_tokens_per_s']:.0f} | {r['kv_over_none']:.1f}x | {r['static_over_kv']:.2f}x | "
+              f"{r['same_tokens']} |")
+    print("(new tokens per second, greedy, best of --repeats)")
     return rows
 
 

@@ -88,11 +88,13 @@ def mark_seen(seen, ids, mask):
 
 
 @paddle.no_grad()
-def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True) -> GenerationOutput:
+def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True,
+             static=None) -> GenerationOutput:
     """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens.
 
     use_cache=False recomputes the whole sequence every step: the reference path, with the same tokens under
-    greedy decoding.
+    greedy decoding. static: a StaticDecoder (static_decode.py) running the decode steps as a compiled program
+    over a preallocated cache (the prompt is still prefilled eagerly).
     """
     b = input_ids.shape[0]
     attention_mask = attention_mask.astype("int64")
@@ -101,10 +103,13 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
         seen = mark_seen(seen, input_ids, attention_mask)
     eos = paddle.to_tensor(config.eos_ids or [-1], dtype="int64")
     finished = paddle.zeros([b], dtype="bool")
-    out = model(input_ids, attention_mask=attention_mask, use_cache=use_cache, last_only=True)
+    out = model(input_ids, attention_mask=attention_mask, use_cache=use_cache or static is not None, last_only=True)
+    logits, stepper = out.logits[:, -1], None
+    if static is not None:
+        stepper = _StaticSteps(static, out.past_key_values, attention_mask, config.max_new_tokens)
     sequences, tokens, alive = input_ids, [], []
     for _ in range(config.max_new_tokens):
-        token = next_token(out.logits[:, -1], config, seen)  # [b]
+        token = next_token(logits, config, seen)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
         alive.append(paddle.logical_not(finished))
         tokens.append(token)
@@ -113,6 +118,9 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
             break
         if config.repetition_penalty != 1.0:
             seen = mark_seen(seen, token.unsqueeze(-1), paddle.ones([b, 1], "int64"))
+        if stepper is not None:
+            logits = stepper.step(token)
+            continue
         attention_mask = paddle.concat([attention_mask, paddle.ones([b, 1], "int64")], axis=1)
         if use_cache:
             out = model(token.unsqueeze(-1), attention_mask=attention_mask, past_key_values=out.past_key_values,
@@ -120,6 +128,7 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
         else:
             sequences = paddle.concat([sequences, token.unsqueeze(-1)], axis=1)
             out = model(sequences, attention_mask=attention_mask, last_only=True)
+        logits = out.logits[:, -1]
     response = paddle.stack(tokens, axis=1)  # [b, new_len]
     response_mask = paddle.stack(alive, axis=1).astype("int64")
     return GenerationOutput(paddle.concat([input_ids, response], axis=1), response_mask)
@@ -128,3 +137,26 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
 def generate_without_cache(model, input_ids, attention_mask, config: GenerationConfig) -> GenerationOutput:
     """The reference path of `generate`: recompute the whole sequence each step."""
     return generate(model, input_ids, attention_mask, config, use_cache=False)
+
+
+class _StaticSteps:
+    """The decode loop's state for a StaticDecoder: preallocated cache, its mask, the next column and position."""
+
+    def __init__(self, static, presents, prompt_mask, max_new_tokens: int):
+        b, prompt_width = prompt_mask.shape
+        self.width = static.cache_width(prompt_width, max_new_tokens)
+        self.program = static.compiled(b, self.width)
+        self.caches = static.preallocate(presents, self.width)
+        self.mask = paddle.concat([prompt_mask, paddle.zeros([b, self.width - prompt_width], "int64")], axis=1)
+        self.column = prompt_width
+        self.position = prompt_mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
+
+    def step(self, token):
+        """Feed `token` [b] at the next column; return the logits [b, vocab] for the token after it."""
+        onehot = F.one_hot(paddle.to_tensor([self.column]), self.width)  # [1, L] float32
+        self.mask = self.mask + onehot.astype("int64")
+        logits, self.caches = self.program(token.unsqueeze(-1), self.position, self.mask,
+                                           onehot.reshape([1, self.width, 1, 1]), self.caches)
+        self.column += 1
+        self.position = self.position + 1
+        return logits

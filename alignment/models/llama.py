@@ -82,13 +82,18 @@ class Attention(nn.Layer):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias_attr=None if qkv_bias else False)
         self.o_proj = nn.Linear(self.num_heads * d, hidden, bias_attr=None if config.attention_bias else False)
 
-    def forward(self, x, cos, sin, bias, past: Optional[Tuple] = None):
+    def forward(self, x, cos, sin, bias, past: Optional[Tuple] = None, cache_slot=None):
+        """cache_slot [1, L, 1, 1]: `past` is a preallocated [b, L, kv_heads, d] cache and this single token's k/v
+        go to the column where cache_slot is 1 (static decode); otherwise they are appended to `past`."""
         b, s, _ = x.shape
         q = self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim])
         k = self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if past is not None:
+        if past is not None and cache_slot is not None:
+            k = past[0] * (1 - cache_slot) + k * cache_slot  # [b, L, kv_heads, d]: exact, the slot is 0/1
+            v = past[1] * (1 - cache_slot) + v * cache_slot
+        elif past is not None:
             k = paddle.concat([past[0], k], axis=1)  # [b, t, kv_heads, d]
             v = paddle.concat([past[1], v], axis=1)
         present = (k, v)
@@ -125,8 +130,8 @@ class DecoderLayer(nn.Layer):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, bias, past=None):
-        attn, present = self.self_attn(self.input_layernorm(x), cos, sin, bias, past)
+    def forward(self, x, cos, sin, bias, past=None, cache_slot=None):
+        attn, present = self.self_attn(self.input_layernorm(x), cos, sin, bias, past, cache_slot)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
@@ -143,10 +148,11 @@ class LlamaModel(nn.Layer):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: Optional[KVCache] = None,
-                use_cache: bool = False):
-        """input_ids [b, s]; attention_mask [b, t] over cache + new tokens; position_ids [b, s]."""
+                use_cache: bool = False, cache_slot=None):
+        """input_ids [b, s]; attention_mask [b, t] over cache + new tokens; position_ids [b, s]. With cache_slot
+        (static decode, see static_decode.py) the cache is preallocated and attention_mask covers its width."""
         b, s = input_ids.shape
-        past_len = 0 if past_key_values is None else past_key_values[0][0].shape[1]
+        past_len = 0 if past_key_values is None or cache_slot is not None else past_key_values[0][0].shape[1]
         if attention_mask is None:
             attention_mask = paddle.ones([b, past_len + s], dtype="int64")
         if position_ids is None:
@@ -163,7 +169,7 @@ class LlamaModel(nn.Layer):
                 x = recompute(lambda h, layer=layer: layer(h, cos, sin, bias)[0], x, use_reentrant=False)
                 present = None
             else:
-                x, present = layer(x, cos, sin, bias, past)
+                x, present = layer(x, cos, sin, bias, past, cache_slot)
             presents.append(present)
         return self.norm(x), (presents if use_cache else None)
 
@@ -188,9 +194,10 @@ class LlamaForCausalLM(PretrainedMixin, nn.Layer):
         return logits.astype("float32")
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
-                last_only: bool = False) -> CausalLMOutput:
+                last_only: bool = False, cache_slot=None) -> CausalLMOutput:
         """last_only: compute logits for the final position only (generation), saving a [b, s, vocab] matmul."""
-        hidden, presents = self.model(input_ids, attention_mask, position_ids, past_key_values, use_cache)
+        hidden, presents = self.model(input_ids, attention_mask, position_ids, past_key_values, use_cache,
+                                      cache_slot)
         logits = self.compute_logits(hidden[:, -1:] if last_only else hidden)
         return CausalLMOutput(logits, hidden, presents)
 
