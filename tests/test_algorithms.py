@@ -80,6 +80,8 @@ def test_entropy_from_logits():
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     close(alg.entropy_from_logits(t(z)), -(p * np.log(p)).sum(-1))
+    # large logits stay finite: one certain token -> 0; two tied far above the rest -> ln 2
+    close(alg.entropy_from_logits(t([[[1000.0, 0.0, -1000.0], [500.0, 500.0, -500.0]]])), [[0.0, math.log(2)]])
 
 
 # ---------------------------------------------------------------- KL estimators

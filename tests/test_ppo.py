@@ -125,3 +125,33 @@ def test_broken_reward_functions_are_named_and_nothing_is_written(tmp_path, tiny
     expect_exit(capsys, [GRPO_CONFIG, *common(tmp_path, tiny_model_dir, "--reward_funcs", spec)],
                 fragment.format(spec=spec))
     assert not (tmp_path / "out").exists()
+
+
+def test_grpo_reusing_the_update_log_probs_matches_a_separate_old_log_prob_pass(tmp_path, tiny_model_dir,
+                                                                               monkeypatch):
+    """One pass, one optimizer step: the update's own detached log-probs are the old ones (no extra forward)."""
+    from alignment.ppo.trainer import PPOTrainer
+
+    args = [GRPO_CONFIG, *common(tmp_path / "reuse", tiny_model_dir, "--reward_funcs", "sentiment",
+                                 "--per_device_train_batch_size", "16", "--update_iters", "1")]
+    calls = []
+    run_ppo.main(args)
+    reuse = read_metrics(tmp_path / "reuse" / "out")
+    init = PPOTrainer.__init__
+
+    def recompute(self, *a, **k):
+        init(self, *a, **k)
+        calls.append(self.reuse_update_log_probs)
+        self.reuse_update_log_probs = False
+
+    monkeypatch.setattr(PPOTrainer, "__init__", recompute)
+    run_ppo.main([*args[:1], *common(tmp_path / "separate", tiny_model_dir, "--reward_funcs", "sentiment",
+                                     "--per_device_train_batch_size", "16", "--update_iters", "1")])
+    separate = read_metrics(tmp_path / "separate" / "out")
+    assert calls == [True]  # the default took the reuse path
+    for key in ("actor_loss", "kl", "reward/mean", "entropy"):
+        np.testing.assert_allclose([r[key] for r in reuse], [r[key] for r in separate], rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+    assert [r["clip_frac"] for r in reuse] == [0.0, 0.0]
+    np.testing.assert_allclose(weights(str(tmp_path / "reuse" / "out" / "policy")),
+                               weights(str(tmp_path / "separate" / "out" / "policy")), atol=1e-6)

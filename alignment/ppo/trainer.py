@@ -48,6 +48,12 @@ class PPOTrainer:
         optimizer_steps = self.total_steps * ppo_args.update_iters * max(
             1, micro_batches // train_args.gradient_accumulation_steps)
         self.actor_opt, self.actor_sched = build_optimizer(actor, train_args, optimizer_steps)
+        # one pass and one optimizer step over a rollout whose advantages do not use the old log-probs: the policy
+        # that sampled it is the one being updated, so old log-probs = the update's own (detached); score() skips
+        # that forward pass (as TRL's GRPO does with num_iterations 1)
+        self.reuse_update_log_probs = (ppo_args.advantage_estimator in rl.GROUP_ESTIMATORS
+                                       and ppo_args.update_iters == 1
+                                       and micro_batches <= train_args.gradient_accumulation_steps)
         if critic is not None:
             critic_args = dataclasses.replace(
                 train_args, learning_rate=ppo_args.critic_learning_rate, min_learning_rate=0.0,
@@ -133,7 +139,8 @@ class PPOTrainer:
         """Old and reference log-probs, old values and end rewards of the rollout (in place)."""
         ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
         self.actor.eval()
-        rollout.old_log_probs, _ = response_log_probs(self.actor, ids, mask, p, self.ppo.temperature)
+        if not self.reuse_update_log_probs:
+            rollout.old_log_probs, _ = response_log_probs(self.actor, ids, mask, p, self.ppo.temperature)
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
         if self.critic is not None:
@@ -157,7 +164,6 @@ class PPOTrainer:
     @paddle.no_grad()
     def compute_advantages(self, rollout) -> Dict[str, float]:
         mask, ppo = rollout.response_mask, self.ppo
-        kl = rl.kl_penalty(rollout.old_log_probs, rollout.ref_log_probs, ppo.kl_estimator)  # [N, R]
         kl_in_reward = 0.0 if ppo.kl_in_loss else ppo.kl_coeff
         if ppo.advantage_estimator == "gae":
             rewards, _ = rl.reward_with_kl(rollout.end_rewards, rollout.old_log_probs, rollout.ref_log_probs, mask,
@@ -173,8 +179,10 @@ class PPOTrainer:
             per_sequence = rl.group_advantages(rollout.end_rewards, ppo.num_return_sequences, ppo.advantage_estimator)
             advantages = rl.broadcast_sequence_advantages(per_sequence, mask)  # [N, R]
         rollout.advantages = advantages
-        return {"kl": float(rl.masked_sum(kl, mask, axis=1).mean()), "advantage/mean": float(
-            rl.masked_mean(advantages, mask))}
+        out = {"advantage/mean": float(rl.masked_mean(advantages, mask))}
+        if rollout.old_log_probs is not None:  # else actor_step reports it (reuse_update_log_probs)
+            out["kl"] = sequence_kl(rollout.old_log_probs, rollout.ref_log_probs, mask, ppo.kl_estimator)
+        return out
 
     def update(self, rollout, ptx_batches) -> Dict[str, float]:
         """`update_iters` passes over the rollout in micro-batches: actor step, then critic step."""
@@ -219,10 +227,14 @@ class PPOTrainer:
         ppo, mask = self.ppo, batch.response_mask
         log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask, batch.prompt_len,
                                                 ppo.temperature, with_entropy=True)
-        loss, stats = rl.policy_loss_and_stats(log_probs, batch.old_log_probs, batch.advantages, mask,
+        old_log_probs, out = batch.old_log_probs, {}
+        if old_log_probs is None:  # reuse_update_log_probs: this policy sampled the rollout
+            old_log_probs = log_probs.detach()
+            out["kl"] = sequence_kl(old_log_probs, batch.ref_log_probs, mask, ppo.kl_estimator)
+        loss, stats = rl.policy_loss_and_stats(log_probs, old_log_probs, batch.advantages, mask,
                                                ppo.clip_range_ratio)
-        out = {"actor_loss": float(loss), "entropy": float(rl.masked_mean(entropy, mask)),
-               **{k: float(v) for k, v in stats.items()}, "lr": self.actor_opt.get_lr()}
+        out.update({"actor_loss": float(loss), "entropy": float(rl.masked_mean(entropy, mask)),
+                    **{k: float(v) for k, v in stats.items()}, "lr": self.actor_opt.get_lr()})
         if ppo.kl_in_loss:
             kl = rl.masked_mean(rl.kl_penalty(log_probs, batch.ref_log_probs, ppo.kl_estimator), mask)
             loss = loss + ppo.kl_coeff * kl
@@ -288,3 +300,8 @@ class PPOTrainer:
             if self.critic is not None:
                 self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)
         barrier()
+
+
+def sequence_kl(log_probs, ref_log_probs, mask, estimator: str) -> float:
+    """The logged `kl`: per-token KL estimate summed over each response, averaged over the rows."""
+    return float(rl.masked_sum(rl.kl_penalty(log_probs, ref_log_probs, estimator), mask, axis=1).mean())
