@@ -7,7 +7,8 @@ A random-init LLaMA of the peer benchmark's shape (hidden 256, intermediate 1024
 built from config; greedy decoding of exactly --new-tokens tokens (no eos) from random prompts. For each batch
 size it times `generate(..., use_cache=True)`, the same with `static=StaticDecoder(model)` (compiled once per shape
 before timing) and `use_cache=False` (best of --repeats), checks all three produce the same tokens, and prints a
-Markdown table with tokens/s and the speed-ups. Writes nothing.
+Markdown table with tokens/s and the speed-ups. Writes benchmarks/results/rollout_<timestamp>.{md,png} (the
+table, and a bar chart of tokens/s per batch size) unless --no-save.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def main(argv=None) -> list:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    p.add_argument("--no-save", action="store_true", help="write no result files")
     args = p.parse_args(argv)
 
     import paddle
@@ -60,14 +63,43 @@ def main(argv=None) -> list:
         rows.append({"batch": batch, **{f"{n}_tokens_per_s": tokens / t for n, t in timings.items()},
                      "kv_over_none": timings["none"] / timings["kv"], "static_over_kv": timings["kv"] / timings["static"],
                      "same_tokens": same})
-    print("| batch | KV cache, eager | KV cache, static step | no cache | KV / no cache | static / eager | same tokens |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    for r in rows:
-        print(f"| {r['batch']} | {r['kv_tokens_per_s']:.0f} | {r['static_tokens_per_s']:.0f} | "
+    lines = ["| batch | KV cache, eager | KV cache, static step | no cache | KV / no cache | static / eager | "
+             "same tokens |", "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['batch']} | {r['kv_tokens_per_s']:.0f} | {r['static_tokens_per_s']:.0f} | "
               f"{r['none_tokens_per_s']:.0f} | {r['kv_over_none']:.1f}x | {r['static_over_kv']:.2f}x | "
-              f"{r['same_tokens']} |")
-    print("(new tokens per second, greedy, best of --repeats)")
+              f"{r['same_tokens']} |" for r in rows]
+    table = "\n".join(lines) + f"\n\n(new tokens per second; greedy, {args.new_tokens} new tokens after " \
+        f"{args.prompt_len}-token prompts, best of {args.repeats})\n"
+    print(table)
+    if not args.no_save:
+        for path in save(rows, table, args.results_dir):
+            print(f"wrote {path}")
     return rows
+
+
+def save(rows, table: str, results_dir: str) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(results_dir, exist_ok=True)
+    base = os.path.join(results_dir, "rollout_" + time.strftime("%Y%m%d-%H%M%S"))
+    with open(base + ".md", "w", encoding="utf-8") as f:
+        f.write("# Rollout decoding speed (`python benchmarks/bench_rollout.py`)\n\n" + table)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.27
+    for k, (key, label) in enumerate([("kv_tokens_per_s", "KV cache, eager"),
+                                      ("static_tokens_per_s", "KV cache, static step"),
+                                      ("none_tokens_per_s", "no cache")]):
+        ax.bar([i + (k - 1) * width for i in range(len(rows))], [r[key] for r in rows], width, label=label)
+    ax.set_xticks(range(len(rows)), [f"batch {r['batch']}" for r in rows])
+    ax.set_ylabel("new tokens / s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(base + ".png", dpi=90)
+    plt.close(fig)
+    return [base + ".md", base + ".png"]
 
 
 if __name__ == "__main__":
