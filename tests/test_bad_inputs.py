@@ -99,6 +99,10 @@ CASES = [
      ["data.jsonl line 2", "identical"]),
     ("response id out of range", lambda t, m: rm_data(t, m, {**GOOD_PAIR, "better_response_id": 2}),
      ["data.jsonl line 2", "'better_response_id' must be 0 or 1"]),
+    ("SFT data given to the reward model", lambda t, m: run_reward.main([
+        RM_CONFIG, "--model_name_or_path", m, "--output_dir", str(t / "out"), "--eval_datasets", "",
+        "--train_datasets", f"alpaca:1.0:{jsonl(t, [GOOD_SFT, GOOD_SFT])}"]),
+     ["preference datasets need samples with 'answer', 'other_answer' and 'better'", "train_datasets"]),
     ("missing data file", lambda t, m: sft(t, m, "--train_datasets", f"alpaca:1.0:{t}/nope.jsonl"),
      ["nope.jsonl"]),
     ("unknown dataset name", lambda t, m: sft(t, m, "--train_datasets", "alpacca:1.0:data/sft/train.jsonl"),

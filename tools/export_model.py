@@ -84,11 +84,10 @@ def main(argv=None) -> str:
     p.add_argument("--max-length", type=int, default=256, help="fixed sequence width of the static graph")
     p.add_argument("--batch-size", type=int, default=1, help="fixed batch of the static graph")
     args = p.parse_args(argv)
-    try:
+    from alignment.training.setup import user_errors
+
+    with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
         path = export(args.model, args.output, args.base, args.max_length, args.batch_size)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
     print(f"exported {args.model} -> {path}/hf (HF layout) and {path}/inference (paddle.inference)")
     return path
 

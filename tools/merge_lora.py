@@ -49,11 +49,10 @@ def main(argv=None) -> str:
     p.add_argument("--base", default=None, help="base checkpoint (default: the adapter's base_model_name_or_path)")
     p.add_argument("--is_rm", action="store_true", help="the adapter belongs to a score model (reward / critic)")
     args = p.parse_args(argv)
-    try:
+    from alignment.training.setup import user_errors
+
+    with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
         path = merge(args.adapter, args.output, args.base, args.is_rm)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
     print(f"merged {args.adapter} into {path}")
     return path
 

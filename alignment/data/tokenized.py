@@ -116,6 +116,17 @@ class PreferenceDataset(TokenizedDataset):
                                "worse_prompt_len": pair["worse_prompt_len"]})
 
 
+def preference_datasets(train_raw, eval_raw, tokenizer, max_length: int, hint: str = ""):
+    """(train, eval or None) PreferenceDatasets; samples that are not pairs raise a ValueError naming the keys."""
+    try:
+        train = PreferenceDataset(train_raw, tokenizer, max_length)
+        evaluation = PreferenceDataset(eval_raw, tokenizer, max_length) if eval_raw is not None else None
+    except KeyError as err:
+        raise ValueError(f"preference datasets need samples with 'answer', 'other_answer' and 'better' (missing "
+                         f"{err}); check the dataset names in train_datasets / eval_datasets{hint}") from None
+    return train, evaluation
+
+
 class PromptOnlyDataset(TokenizedDataset):
     """Items: input_ids (chat-formatted prompt), prompt (the raw input), answer (label or None).
 

@@ -18,19 +18,15 @@ from alignment.training.setup import load_raw, parse_arguments, training_stops, 
 
 def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
     """(train, eval or None, collate) for the loss type: preference pairs, or unpaired rows for kto."""
-    from alignment.data.tokenized import PreferenceDataset
+    from alignment.data.tokenized import preference_datasets
     from alignment.dpo.data import UnpairedDataset, collate_pairs, collate_unpaired
 
     pad = tokenizer.pad_token_id
     if dpo_args.loss_type == "kto":
         make = lambda raw: UnpairedDataset(raw, tokenizer, data_args.max_length, seed)  # noqa: E731
         return make(train_raw), make(eval_raw) if eval_raw is not None else None, lambda i: collate_unpaired(i, pad)
-    try:
-        train = PreferenceDataset(train_raw, tokenizer, data_args.max_length)
-        evaluation = PreferenceDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
-    except KeyError as err:
-        raise ValueError(f"loss_type {dpo_args.loss_type!r} needs preference pairs ('answer', 'other_answer', "
-                         f"'better'; missing {err}); unpaired data needs loss_type 'kto'") from None
+    train, evaluation = preference_datasets(train_raw, eval_raw, tokenizer, data_args.max_length,
+                                            hint=f" (loss_type {dpo_args.loss_type!r}; unpaired data needs 'kto')")
     return train, evaluation, lambda items: collate_pairs(items, pad)
 
 

@@ -20,7 +20,7 @@ def main(argv=None) -> dict:
     model_args, data_args, reward_args, lora_args, train_args, effective = parse_arguments(
         argv, ModelArguments, DataArguments, RewardArguments, LoRAArguments, TrainingArguments)
 
-    from alignment.data.tokenized import PreferenceDataset, collate_preference
+    from alignment.data.tokenized import collate_preference, preference_datasets
     from alignment.models import Tokenizer
     from alignment.models.score_model import ScoreModel
     from alignment.rm.trainer import RewardTrainer
@@ -30,12 +30,7 @@ def main(argv=None) -> dict:
     with user_errors():
         tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
         train_raw, eval_raw = load_raw(data_args, train_args.seed)
-        try:
-            train_set = PreferenceDataset(train_raw, tokenizer, data_args.max_length)
-            eval_set = PreferenceDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
-        except KeyError as err:
-            raise ValueError(f"preference datasets need samples with 'answer', 'other_answer' and 'better' "
-                             f"(missing {err}); check the dataset names in train_datasets / eval_datasets") from None
+        train_set, eval_set = preference_datasets(train_raw, eval_raw, tokenizer, data_args.max_length)
         print(f"train: {len(train_set)} pairs {train_set.stats}" +
               (f"; eval: {len(eval_set)} pairs {eval_set.stats}" if eval_set is not None else ""))
         model = ScoreModel.from_pretrained(
