@@ -16,7 +16,6 @@ Then `python tools/predict.py --model <output> --prompt "..."` generates with pa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

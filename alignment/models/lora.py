@@ -183,7 +183,7 @@ def load_adapter(model: nn.Layer, path: str) -> None:
         if tuple(value.shape) != tuple(expected[key].shape):
             raise ValueError(f"{path}: {key} has shape {list(value.shape)}, the model needs "
                              f"{list(expected[key].shape)}")
-        name, _, kind = key[len(PEFT_PREFIX):].rpartition(".")
+        name = key[len(PEFT_PREFIX):].rpartition(".")[0]  # drop the trailing ".weight"
         if name.endswith((".lora_A", ".lora_B")):
             layer_name, part = name.rsplit(".", 1)
             getattr(layers[layer_name], part).set_value(paddle.to_tensor(value.T))
