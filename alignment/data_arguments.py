@@ -58,13 +58,15 @@ class LoRAArguments:
         if self.lora_path and not self.lora:
             raise ValueError("key 'lora_path' needs 'lora': true")
 
-    def apply(self, model, trainable=(), adapter_path: Optional[str] = None):
-        """Add adapters to `model` when `lora` is on (loading `adapter_path`, default lora_path); return model."""
-        if not self.lora:
-            return model
+    def apply(self, model, trainable=()):
+        """Add adapters to `model` when `lora` is on (loading lora_path when given); return model."""
+        return self.add_adapters(model, trainable, self.lora_path) if self.lora else model
+
+    def add_adapters(self, model, trainable=(), adapter_path: Optional[str] = None):
+        """Add adapters of this rank/alpha/dropout/targets to `model` (loading `adapter_path` when given)."""
         from alignment.models.lora import apply_lora, load_adapter
 
         apply_lora(model, self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules, trainable)
-        if adapter_path or self.lora_path:
-            load_adapter(model, adapter_path or self.lora_path)
+        if adapter_path:
+            load_adapter(model, adapter_path)
         return model

@@ -38,7 +38,7 @@ def logits(model, ids):
 IDS = np.array([[3, 17, 45, 9, 200, 31], [5, 6, 7, 8, 9, 10]])
 
 
-def test_lora_sft_keeps_the_base_bitwise_and_merges_to_the_same_logits(tmp_path, tiny_model_dir):
+def test_lora_sft_trains_adapters_and_merges_to_the_same_logits(tmp_path, tiny_model_dir):
     sft(tmp_path, tiny_model_dir)
     adapter = str(tmp_path / "out" / "model")
     assert sorted(f for f in os.listdir(adapter) if f.startswith("adapter")) == ["adapter_config.json",

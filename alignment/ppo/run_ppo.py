@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -44,8 +43,7 @@ def build_models(model_args, ppo_args, lora_args, train_args):
         critic = ScoreModel.from_pretrained(path, score_type="critic", do_normalize=False,
                                             recompute=ppo_args.critic_recompute)
         if ppo_args.critic_lora:
-            dataclasses.replace(lora_args, lora=True, lora_path=None).apply(
-                critic, trainable=("score.",), adapter_path=ppo_args.critic_lora_path)
+            lora_args.add_adapters(critic, trainable=("score.",), adapter_path=ppo_args.critic_lora_path)
     return actor, reference, critic, reward_model, reward_tokenizer
 
 
