@@ -13,7 +13,7 @@ import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is 
 from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.dpo.arguments import DPOArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, start_processes, training_stops, user_errors  # noqa: E402
 
 
 def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
@@ -38,6 +38,7 @@ def main(argv=None) -> dict:
     from alignment.models import LlamaForCausalLM, Tokenizer
     from alignment.training.trainer import set_seed
 
+    start_processes(train_args)
     set_seed(train_args.seed)
     with user_errors():
         tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)

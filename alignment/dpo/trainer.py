@@ -32,8 +32,7 @@ def sequence_log_probs(model, input_ids, attention_mask, response_mask):
         return paddle.zeros([b], dtype="float32") + hidden.sum() * 0, counts  # * 0 keeps backward() valid
     states = paddle.gather(hidden[:, :-1].reshape([-1, hidden.shape[-1]]), keep)  # [n, h]
     targets = paddle.gather(input_ids[:, 1:].reshape([-1]), keep)  # [n]
-    # cross_entropy instead of log_softmax + gather: log_softmax over a large vocabulary is very slow on CPU
-    token_logps = -F.cross_entropy(model.compute_logits(states), targets.unsqueeze(-1), reduction="none")  # [n, 1]
+    token_logps = model.token_log_probs(states, targets)[0].unsqueeze(-1)  # [n, 1]
     rows = F.one_hot(keep // (s - 1), b).astype(token_logps.dtype)  # [n, b]
     return paddle.matmul(rows, token_logps, transpose_x=True).squeeze(-1), counts  # [b], [b]
 

@@ -17,6 +17,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.paddle import save_file
 
 from alignment.fileio import atomic_directory
+from alignment.parallel import tensor_parallel as tp
+from alignment.parallel.topology import check_model
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -28,14 +30,17 @@ IGNORED_ON_LOAD = ("rotary_emb.inv_freq",)  # buffers some HF versions store; we
 
 def linear_weight_names(model: nn.Layer) -> set:
     return {f"{name}.weight" if name else "weight" for name, sub in model.named_sublayers(include_self=True)
-            if isinstance(sub, nn.Linear)}
+            if isinstance(sub, tp.linear_layer_types())}
 
 
 def hf_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
-    """Model parameters under HF names and orientation, contiguous, ready for safetensors."""
+    """Model parameters under HF names and orientation, whole (tensor-parallel slices gathered: a collective that
+    every rank of the group must call), contiguous, ready for safetensors."""
     linear = linear_weight_names(model)
     out = {}
     for name, tensor in model.state_dict().items():
+        if tp.is_split(tensor):
+            tensor = tp.full_tensor(tensor)
         out[name] = tensor.T.contiguous() if name in linear else tensor.contiguous()
     return out
 
@@ -111,17 +116,21 @@ def load_weights(model: nn.Layer, path: str, strict: bool = True, ignore_missing
         tensor, file = loaded[name]
         if name in linear:
             tensor = tensor.T
-        if list(tensor.shape) != list(param.shape):
+        whole = tp.whole_shape(param)
+        if list(tensor.shape) != whole:
             hf_shape = list(loaded[name][0].shape)
             raise ValueError(f"{file}: tensor {name} has shape {hf_shape}, the model config expects "
-                             f"{list(param.shape)[::-1] if name in linear else list(param.shape)}")
+                             f"{whole[::-1] if name in linear else whole}")
+        if tp.is_split(param):
+            tensor = tp.local_slice(tensor, param)  # this rank's slice of the whole tensor
         param.set_value(tensor.astype(param.dtype))
     return missing
 
 
-def save_weights(model: nn.Layer, path: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+def save_weights(model: nn.Layer, path: str, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                 state: Optional[Dict[str, paddle.Tensor]] = None) -> None:
     """Write safetensors weights into the existing directory `path`, sharded with an index when large."""
-    state = hf_state_dict(model)
+    state = hf_state_dict(model) if state is None else state
     shards, current, size = [], {}, 0
     for name in sorted(state):
         nbytes = int(state[name].numel()) * state[name].element_size()
@@ -163,11 +172,15 @@ class PretrainedMixin:
     def from_pretrained(cls, path: str, dtype: str = "float32", **config_overrides):
         if not os.path.isdir(path):
             raise FileNotFoundError(f"{path}: model directory not found")
+        from alignment.training.distributed import model_parallel_degree
+
         config = cls.config_class.from_pretrained(path)
+        config_overrides.setdefault("tensor_parallel_degree", model_parallel_degree())  # split under tp > 1
         for key, value in config_overrides.items():
             if not hasattr(config, key):
                 raise ValueError(f"{path}: unknown config override {key!r}")
             setattr(config, key, value)
+        check_model(getattr(config, "tensor_parallel_degree", 1), config, os.path.join(path, "config.json"))
         model = cls(config)
         if dtype != "float32":
             model.to(dtype=dtype)
@@ -197,16 +210,25 @@ class PretrainedMixin:
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None,
                         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
         """Write config + weights (+ tokenizer files copied from `tokenizer_dir`) atomically to `path`. A model
-        with LoRA adapters writes only the adapters, in PEFT's layout (as peft's save_pretrained does)."""
+        with LoRA adapters writes only the adapters, in PEFT's layout (as peft's save_pretrained does).
+        Under several processes every rank calls it and rank 0 writes; a tensor-parallel model's slices are
+        gathered first, so the files are whole whatever the degree."""
         from alignment.models.lora import has_lora, save_adapter
+        from alignment.training.distributed import is_main_process
 
+        split = any(tp.is_split(p) for p in self.parameters())
+        if not is_main_process() and not split:
+            return
+        state = hf_state_dict(self) if split else None  # a collective: every rank of the group takes part
+        if not is_main_process():
+            return
         if has_lora(self):
             save_adapter(self, path, getattr(self, "name_or_path", None), self.peft_task_type, tokenizer_dir,
                          self.save_extra_files)
             return
         with atomic_directory(path) as tmp:
             self.config.save_pretrained(tmp)
-            save_weights(self, tmp, max_shard_bytes)
+            save_weights(self, tmp, max_shard_bytes, state)
             self.save_extra_files(tmp)
             if tokenizer_dir:
                 copy_tokenizer_files(tokenizer_dir, tmp)

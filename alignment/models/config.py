@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 CONFIG_NAME = "config.json"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
 
 
 @dataclasses.dataclass
@@ -37,6 +38,7 @@ class LlamaConfig:
     model_type: str = "llama"
     architectures: Optional[list] = None
     recompute: bool = False  # activation checkpointing per decoder layer; a run-time switch, not saved
+    tensor_parallel_degree: int = 1  # ranks one model is split over (run time, not saved: checkpoints are whole)
     extra: dict = dataclasses.field(default_factory=dict)  # unknown keys from config.json, written back unchanged
 
     def __post_init__(self):
@@ -75,7 +77,7 @@ class LlamaConfig:
             raise ValueError(f"rope scaling type {rope_type!r} is not supported yet (only default RoPE)")
         if data.pop("use_sliding_window", False):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "recompute"}
+        names = {f.name for f in dataclasses.fields(cls)} - set(RUNTIME_FIELDS)
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names}
         return cls(**known, extra=extra)
@@ -83,7 +85,7 @@ class LlamaConfig:
     def to_dict(self) -> dict:
         out = dict(self.extra)
         for field in dataclasses.fields(self):
-            if field.name not in ("extra", "recompute"):
+            if field.name not in RUNTIME_FIELDS:
                 out[field.name] = getattr(self, field.name)
         out["architectures"] = self.architectures or [_ARCHITECTURE[self.model_type]]
         out.setdefault("torch_dtype", "float32")

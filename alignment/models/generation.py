@@ -70,14 +70,27 @@ def apply_top_p(logits, p: float):
     return paddle.put_along_axis(paddle.zeros_like(logits), order, sorted_logits, axis=-1)
 
 
-def next_token(logits, config: GenerationConfig, seen):
+class SampleRows(NamedTuple):
+    """This process's rows of a batch sampled on several processes: `ids` [b] are their positions in the whole
+    batch of `total` rows. Random numbers are drawn for all `total` rows and each process keeps its own, so a
+    row's sample does not depend on how the batch was split (one process or many give the same tokens)."""
+    ids: paddle.Tensor
+    total: int
+
+
+def next_token(logits, config: GenerationConfig, seen, rows: Optional[SampleRows] = None):
     """logits [b, vocab] float32 -> token ids [b]."""
     if config.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if not config.do_sample:
         return paddle.argmax(logits, axis=-1)
     logits = apply_top_p(apply_top_k(logits / config.temperature, config.top_k), config.top_p)
-    return paddle.multinomial(F.softmax(logits, axis=-1), num_samples=1).squeeze(-1)
+    if rows is None:
+        return paddle.multinomial(F.softmax(logits, axis=-1), num_samples=1).squeeze(-1)
+    # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits); filtered tokens stay at -inf
+    uniform = paddle.gather(paddle.rand([rows.total, logits.shape[-1]]), rows.ids)  # [b, vocab]
+    gumbel = -paddle.log(-paddle.log(paddle.clip(uniform, 1e-20, 1.0 - 1e-7)))
+    return paddle.argmax(logits + gumbel, axis=-1)
 
 
 def mark_seen(seen, ids, mask):
@@ -89,12 +102,13 @@ def mark_seen(seen, ids, mask):
 
 @paddle.no_grad()
 def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True,
-             static=None) -> GenerationOutput:
+             static=None, rows: Optional[SampleRows] = None) -> GenerationOutput:
     """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens.
 
     use_cache=False recomputes the whole sequence every step: the reference path, with the same tokens under
     greedy decoding. static: a StaticDecoder (static_decode.py) running the decode steps as a compiled program
-    over a preallocated cache (the prompt is still prefilled eagerly).
+    over a preallocated cache (the prompt is still prefilled eagerly). rows: sample by row position in a batch
+    split over processes (SampleRows), else with paddle.multinomial.
     """
     b = input_ids.shape[0]
     attention_mask = attention_mask.astype("int64")
@@ -109,7 +123,7 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
         stepper = _StaticSteps(static, out.past_key_values, attention_mask, config.max_new_tokens)
     sequences, tokens, alive = input_ids, [], []
     for _ in range(config.max_new_tokens):
-        token = next_token(logits, config, seen)  # [b]
+        token = next_token(logits, config, seen, rows)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
         alive.append(paddle.logical_not(finished))
         tokens.append(token)

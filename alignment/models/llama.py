@@ -16,6 +16,8 @@ from paddle.distributed.fleet.utils import recompute
 
 from alignment.models.checkpoint import PretrainedMixin
 from alignment.models.config import LlamaConfig
+from alignment.parallel import tensor_parallel as tp
+from alignment.ppo.algorithms import entropy_from_logits, gather_log_probs
 
 KVCache = List[Tuple[paddle.Tensor, paddle.Tensor]]  # per layer (k, v), each [b, t, kv_heads, d]
 MASK_VALUE = -1e9  # finite, so a query whose keys are all padding gets uniform attention instead of NaN
@@ -72,15 +74,16 @@ def positions_from_mask(attention_mask):
 class Attention(nn.Layer):
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        degree = config.tensor_parallel_degree  # each rank holds num_heads / degree whole heads
+        self.num_heads = config.num_attention_heads // degree
+        self.num_kv_heads = config.num_key_value_heads // degree
         self.head_dim = config.head_dim
         qkv_bias = config.attention_bias or config.qkv_bias
         hidden, d = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias_attr=None if qkv_bias else False)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias_attr=None if qkv_bias else False)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias_attr=None if qkv_bias else False)
-        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias_attr=None if config.attention_bias else False)
+        self.q_proj = tp.column_linear(hidden, config.num_attention_heads * d, qkv_bias, degree)
+        self.k_proj = tp.column_linear(hidden, config.num_key_value_heads * d, qkv_bias, degree)
+        self.v_proj = tp.column_linear(hidden, config.num_key_value_heads * d, qkv_bias, degree)
+        self.o_proj = tp.row_linear(config.num_attention_heads * d, hidden, config.attention_bias, degree)
 
     def forward(self, x, cos, sin, bias, past: Optional[Tuple] = None, cache_slot=None):
         """cache_slot [1, L, 1, 1]: `past` is a preallocated [b, L, kv_heads, d] cache and this single token's k/v
@@ -113,10 +116,10 @@ class Attention(nn.Layer):
 class MLP(nn.Layer):
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        bias = None if config.mlp_bias else False
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias_attr=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias_attr=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias_attr=bias)
+        bias, degree = config.mlp_bias, config.tensor_parallel_degree
+        self.gate_proj = tp.column_linear(config.hidden_size, config.intermediate_size, bias, degree)
+        self.up_proj = tp.column_linear(config.hidden_size, config.intermediate_size, bias, degree)
+        self.down_proj = tp.row_linear(config.intermediate_size, config.hidden_size, bias, degree)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
@@ -143,7 +146,7 @@ class LlamaModel(nn.Layer):
         super().__init__()
         self.config = config
         # no padding_idx: pad may be a real token (SmolLM2 pads with <|im_end|>), whose embedding must not be zero
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = tp.embedding(config.vocab_size, config.hidden_size, config.tensor_parallel_degree)
         self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -182,16 +185,44 @@ class LlamaForCausalLM(PretrainedMixin, nn.Layer):
         self.config = config
         self.model = LlamaModel(config)
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias_attr=False)
+            self.lm_head = tp.column_linear(config.hidden_size, config.vocab_size, False,
+                                            config.tensor_parallel_degree)
         init_weights(self, config.initializer_range)
 
     def compute_logits(self, hidden):
-        """hidden [b, s, hidden] -> logits [b, s, vocab] in float32."""
+        """hidden [b, s, hidden] -> logits [b, s, vocab] in float32 (whole vocabulary on every rank)."""
+        if self.config.tensor_parallel_degree > 1:
+            return tp.gather_vocab(self._vocab_slice_logits(hidden)).astype("float32")
         if self.config.tie_word_embeddings:
             logits = paddle.matmul(hidden, self.model.embed_tokens.weight, transpose_y=True)
         else:
             logits = self.lm_head(hidden)
         return logits.astype("float32")
+
+    def _vocab_slice_logits(self, hidden):
+        """Tensor parallel: logits over this rank's vocabulary slice [b, s, vocab / degree]."""
+        if self.config.tie_word_embeddings:
+            return tp.vocab_logits(hidden, weight_t=self.model.embed_tokens.weight)
+        return tp.vocab_logits(hidden, lm_head=self.lm_head)
+
+    def token_log_probs(self, hidden, labels, temperature: float = 1.0, with_entropy: bool = False):
+        """hidden [..., hidden] at the positions predicting labels [...] -> (log p(label) [...], entropy [...]
+        or None), logits divided by temperature. Under tensor parallelism the log-probs come from the
+        vocab-parallel cross-entropy (logits stay split); the entropy, a logged statistic, from gathered logits."""
+        if self.config.tensor_parallel_degree > 1:
+            log_probs = tp.parallel_token_log_probs(self._vocab_slice_logits(hidden) / temperature, labels)
+            if not with_entropy:
+                return log_probs, None
+            with paddle.no_grad():
+                return log_probs, entropy_from_logits(self.compute_logits(hidden.detach()) / temperature)
+        logits = self.compute_logits(hidden)
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_probs = gather_log_probs(logits, labels)
+        if not with_entropy:
+            return log_probs, None
+        with paddle.no_grad():  # a logged statistic: keep it out of the autograd graph
+            return log_probs, entropy_from_logits(logits.detach())
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
                 last_only: bool = False, cache_slot=None) -> CausalLMOutput:
@@ -206,9 +237,14 @@ class LlamaForCausalLM(PretrainedMixin, nn.Layer):
 
 
 def init_weights(layer: nn.Layer, std: float) -> None:
-    """HF's initialisation: normal(0, std) for Linear and Embedding weights, zero biases, unit norms."""
+    """HF's initialisation: normal(0, std) for Linear and Embedding weights, zero biases, unit norms. A
+    tensor-parallel weight draws the whole tensor and keeps its slice, so every degree starts from the same model."""
     for sub in layer.sublayers(include_self=True):
-        if isinstance(sub, (nn.Linear, nn.Embedding)):
-            sub.weight.set_value(paddle.normal(0.0, std, sub.weight.shape).astype(sub.weight.dtype))
-        if isinstance(sub, nn.Linear) and sub.bias is not None:
-            sub.bias.set_value(paddle.zeros(sub.bias.shape, dtype=sub.bias.dtype))
+        weight = getattr(sub, "weight", None)
+        if isinstance(sub, tp.linear_layer_types()) or isinstance(sub, nn.Embedding) or (
+                weight is not None and tp.is_split(weight) and weight.ndim == 2):
+            full = paddle.normal(0.0, std, tp.whole_shape(weight)).astype(weight.dtype)
+            weight.set_value(tp.local_slice(full, weight) if tp.is_split(weight) else full)
+        bias = getattr(sub, "bias", None)
+        if isinstance(sub, tp.linear_layer_types()) and bias is not None:
+            bias.set_value(paddle.zeros(bias.shape, dtype=bias.dtype))

@@ -78,6 +78,8 @@ def apply_lora(model: nn.Layer, rank: int = 8, alpha: float = 16.0, dropout: flo
                target_modules: Sequence[str] = DEFAULT_TARGETS, trainable: Iterable[str] = ()) -> List[str]:
     """Wrap the targeted Linear layers in place, freeze the rest except `trainable` prefixes; return the wrapped
     layer names. Raises when nothing matches."""
+    if getattr(getattr(model, "config", None), "tensor_parallel_degree", 1) > 1:
+        raise ValueError("LoRA with tensor_parallel_degree > 1 is not supported: set 'lora' false or the degree to 1")
     wrapped = []
     for name, layer in list(model.named_sublayers()):
         if isinstance(layer, nn.Linear) and _matches(name, target_modules):

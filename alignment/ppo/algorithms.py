@@ -92,13 +92,20 @@ def masked_var(x, mask, unbiased=True):
     return sq / paddle.clip(n - 1.0, min=1.0) if unbiased else _safe_div(sq, n)
 
 
-def masked_whiten(x, mask, shift_mean=True, eps=1e-8):
+def masked_whiten(x, mask, shift_mean=True, eps=1e-8, reduce_sum=None):
     """(x - mean) / sqrt(var + eps) with mean / unbiased var over the masked elements (TRL's whiten);
     with shift_mean=False the mean is added back. Result is 0 outside the mask, so an all-masked input gives
     all zeros (no NaN). A single masked element has var 0 and whitens to 0 (or to itself with shift_mean=False).
+    reduce_sum: sums a tensor over the data-parallel processes, so mean and variance are the whole batch's.
     """
     x = _f32(x)
-    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    if reduce_sum is None:
+        mean, var = masked_mean(x, mask), masked_var(x, mask)
+    else:
+        mask = _f32(mask) * paddle.ones_like(x)
+        totals = reduce_sum(paddle.stack([masked_sum(x, mask), mask.sum()]))  # [2]
+        mean = _safe_div(totals[0], totals[1])
+        var = reduce_sum(masked_sum((x - mean).square(), mask)) / paddle.clip(totals[1] - 1.0, min=1.0)
     whitened = (x - mean) * paddle.rsqrt(var + eps)  # same shape as x
     if not shift_mean:
         whitened = whitened + mean
@@ -225,14 +232,15 @@ def group_advantages(rewards, group_size, estimator, eps=1e-6):
     return adv.reshape([-1])  # [N]
 
 
-def reinforce_plus_plus_advantages(end_scores, log_probs, ref_log_probs, mask, kl_coeff, gamma=1.0, estimator="k1"):
+def reinforce_plus_plus_advantages(end_scores, log_probs, ref_log_probs, mask, kl_coeff, gamma=1.0, estimator="k1",
+                                   reduce_sum=None):
     """REINFORCE++ (Hu 2025; OpenRLHF). r_t = -kl_coeff * KL_t + [t == last valid] * score (no score clipping),
     G_t = sum_{s >= t, masked} gamma^(s-t) r_s  (returns-to-go), A = masked_whiten(G, mask) over all masked
-    tokens of the batch (0 outside the mask). -> [B,T], detached.
+    tokens of the batch (0 outside the mask; reduce_sum as in masked_whiten). -> [B,T], detached.
     """
     rewards, _ = reward_with_kl(end_scores, log_probs, ref_log_probs, mask, kl_coeff, float("inf"), estimator)
     returns, _ = compute_gae(paddle.zeros_like(rewards), rewards, mask, gamma, 1.0)  # [B, T]  (V=0, lam=1)
-    return masked_whiten(returns, mask)  # [B, T]
+    return masked_whiten(returns, mask, reduce_sum=reduce_sum)  # [B, T]
 
 
 def broadcast_sequence_advantages(adv, mask):

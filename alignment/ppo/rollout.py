@@ -14,8 +14,7 @@ from typing import Dict, List, Optional
 
 import paddle
 
-from alignment.models.generation import GenerationConfig, generate
-from alignment.ppo.algorithms import entropy_from_logits, gather_log_probs
+from alignment.models.generation import GenerationConfig, SampleRows, generate
 
 
 @dataclasses.dataclass
@@ -52,14 +51,22 @@ class Rollout:
 
 @paddle.no_grad()
 def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig, num_return_sequences: int,
-                   collate) -> Rollout:
-    """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous."""
+                   collate, positions: Optional[List[int]] = None, total: Optional[int] = None) -> Rollout:
+    """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous.
+
+    positions / total: the items' positions in a global batch of `total` prompts shared by several processes;
+    each response is then sampled with that row's random numbers, the same as in a one-process run.
+    """
     items = [item for item in prompt_items for _ in range(num_return_sequences)]
+    positions = list(range(len(prompt_items))) if positions is None else positions
+    n = num_return_sequences
+    rows = SampleRows(paddle.to_tensor([p * n + s for p in positions for s in range(n)], dtype="int64"),
+                      (len(prompt_items) if total is None else total) * n)
     batch = collate(items)
     prompt_ids = paddle.to_tensor(batch["input_ids"])  # [N, P]
     prompt_mask = paddle.to_tensor(batch["attention_mask"])  # [N, P]
     actor.eval()
-    out = generate(actor, prompt_ids, prompt_mask, gen_config)
+    out = generate(actor, prompt_ids, prompt_mask, gen_config, rows=rows)
     response_mask = out.response_mask  # [N, R]
     responses = out.sequences[:, prompt_ids.shape[1]:].numpy()
     completions = [tokenizer.decode(row[: int(n)]) for row, n in zip(responses, response_mask.sum(axis=1).numpy())]
@@ -82,14 +89,8 @@ def response_log_probs(model, input_ids, attention_mask, prompt_len: int, temper
     ratio and the KL compare the distributions the responses were actually drawn from (as TRL does).
     """
     hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [N, P + R, h]
-    logits = model.compute_logits(hidden[:, prompt_len - 1: -1])  # [N, R, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = gather_log_probs(logits, input_ids[:, prompt_len:])  # [N, R]
-    if not with_entropy:
-        return log_probs, None
-    with paddle.no_grad():  # a logged statistic: keep it out of the autograd graph
-        return log_probs, entropy_from_logits(logits.detach())
+    return model.token_log_probs(hidden[:, prompt_len - 1: -1], input_ids[:, prompt_len:], temperature,
+                                 with_entropy)  # [N, R] each
 
 
 def critic_values(critic, input_ids, attention_mask, prompt_len: int):

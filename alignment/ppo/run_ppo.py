@@ -13,7 +13,7 @@ import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is 
 from alignment.data_arguments import LoRAArguments  # noqa: E402
 from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
+from alignment.training.setup import fail, load_raw, parse_arguments, start_processes, training_stops, user_errors  # noqa: E402
 
 
 def build_models(model_args, ppo_args, lora_args, train_args):
@@ -58,6 +58,7 @@ def main(argv=None) -> dict:
     from alignment.ppo.trainer import PPOTrainer
     from alignment.training.trainer import set_seed
 
+    start_processes(train_args)
     set_seed(train_args.seed)
     with user_errors():
         for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):

@@ -22,11 +22,12 @@ from alignment.ppo import algorithms as rl
 from alignment.ppo.rewards import gold_scores
 from alignment.ppo.rollout import critic_values, response_log_probs, sample_rollout
 from alignment.sft.trainer import answer_token_loss
-from alignment.training.distributed import (average_gradients, barrier, gather_lists, init_distributed,
-                                            is_main_process, mean_over_ranks, shard, world_size)
+from alignment.training.distributed import (average_gradients, barrier, data_world_size, gather_lists,
+                                            init_distributed, is_main_process, mean_over_ranks, shard,
+                                            sum_over_data_ranks)
 from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint, skip_batches
 from alignment.training.logger import MetricsLogger
-from alignment.training.optim import build_optimizer, global_grad_norm
+from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
 from alignment.training.trainer import NonFiniteGuard, epoch_batches, eval_shards, to_tensors
 
 
@@ -40,7 +41,7 @@ class PPOTrainer:
         init_distributed()
         self.logger = MetricsLogger(train_args.output_dir, enabled=is_main_process(),
                                     first_files={"args.json": effective_args} if effective_args else None)
-        steps_per_epoch = math.ceil(len(prompts) / (ppo_args.per_device_prompt_batch_size * world_size()))
+        steps_per_epoch = math.ceil(len(prompts) / (ppo_args.per_device_prompt_batch_size * data_world_size()))
         self.total_steps = train_args.max_steps if train_args.max_steps > 0 else \
             max(1, int(steps_per_epoch * train_args.num_train_epochs))
         rollouts = ppo_args.per_device_prompt_batch_size * ppo_args.num_return_sequences
@@ -79,7 +80,7 @@ class PPOTrainer:
 
     # --- one PPO step: rollout -> score -> advantages -> update ---------------------------------------------------
     def train(self) -> Dict[str, float]:
-        world = world_size()
+        world = data_world_size()
         prompt_batches = epoch_batches(len(self.prompts), self.ppo.per_device_prompt_batch_size * world,
                                        self.args.seed, min_size=world)
         ptx_batches = epoch_batches(len(self.ptx_data), self.args.per_device_train_batch_size * world,
@@ -95,7 +96,13 @@ class PPOTrainer:
             times = {}
             start = time.perf_counter()
             self.drawn["prompts"] += 1
-            rollout = self.make_rollout([self.prompts[int(i)] for i in shard(next(prompt_batches))])
+            # sampling noise is seeded per step and drawn per row of the global batch: the same rollout whether
+            # one process or several (any data / tensor-parallel split) generate it, and after a resume
+            paddle.seed(self.args.seed + 1_000_003 * (self.global_step + 1))
+            batch = next(prompt_batches)
+            positions = shard(list(range(len(batch))))
+            rollout = self.make_rollout([self.prompts[int(batch[p])] for p in positions], positions=positions,
+                                        total=len(batch))
             times["time/generate"] = time.perf_counter() - start
             start = time.perf_counter()
             metrics = self.score(rollout)
@@ -125,14 +132,15 @@ class PPOTrainer:
     def _due(self, every: int) -> bool:
         return every > 0 and self.global_step % every == 0
 
-    def make_rollout(self, items, greedy: bool = False):
-        """Responses to the prompt items (num_return_sequences each when sampling, one each when greedy)."""
+    def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
+        """Responses to the prompt items (num_return_sequences each when sampling, one each when greedy);
+        positions / total: the items' places in the step's global batch (see sample_rollout)."""
         budget = self.data_args.max_length - max(len(item["input_ids"]) for item in items)
         config = dataclasses.replace(self.gen_config, max_new_tokens=min(budget, self.ppo.max_new_tokens or budget))
         if greedy:
             config = dataclasses.replace(config, do_sample=False, repetition_penalty=1.0)
         return sample_rollout(self.actor, self.tokenizer, items, config, 1 if greedy else self.ppo.num_return_sequences,
-                              self.collate_prompts)
+                              self.collate_prompts, positions, total)
 
     @paddle.no_grad()
     def score(self, rollout) -> Dict[str, float]:
@@ -147,9 +155,10 @@ class PPOTrainer:
             self.critic.eval()
             rollout.old_values = critic_values(self.critic, ids, mask, p)
         end_rewards, parts = self.reward(rollout)
-        metrics = {"reward/mean": float(end_rewards.mean()), "reward/std": float(end_rewards.std(unbiased=False)), **parts}
-        if self.ppo.normalize_reward:
-            self.reward_stats.update(end_rewards)
+        every = paddle.to_tensor(gather_lists(end_rewards.numpy().tolist()), dtype="float32")  # the global batch's
+        metrics = {"reward/mean": float(every.mean()), "reward/std": float(every.std(unbiased=False)), **parts}
+        if self.ppo.normalize_reward:  # statistics of the whole batch, identical on every rank
+            self.reward_stats.update(every)
             end_rewards = self.reward_stats.normalize(end_rewards)
         rollout.end_rewards = end_rewards
         gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
@@ -170,11 +179,11 @@ class PPOTrainer:
                                            kl_in_reward, math.inf, ppo.kl_estimator)  # [N, R]
             advantages, rollout.returns = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, ppo.gae_lambda)
             if ppo.normalize_advantage:
-                advantages = rl.masked_whiten(advantages, mask)
+                advantages = rl.masked_whiten(advantages, mask, reduce_sum=sum_over_data_ranks)
         elif ppo.advantage_estimator == "reinforce_plus_plus":
             advantages = rl.reinforce_plus_plus_advantages(rollout.end_rewards, rollout.old_log_probs,
                                                            rollout.ref_log_probs, mask, kl_in_reward, ppo.gamma,
-                                                           ppo.kl_estimator)
+                                                           ppo.kl_estimator, sum_over_data_ranks)
         else:
             per_sequence = rl.group_advantages(rollout.end_rewards, ppo.num_return_sequences, ppo.advantage_estimator)
             advantages = rl.broadcast_sequence_advantages(per_sequence, mask)  # [N, R]
@@ -217,8 +226,9 @@ class PPOTrainer:
             average_gradients(model.parameters())
             norms.append(global_grad_norm(model.parameters()))
         finite = self.guard.check(self.global_step + 1, *norms)  # NaN/inf: skip this update of both models
-        for _, opt, sched in pairs:
+        for (model, opt, sched), norm in zip(pairs, norms):
             if finite:
+                clip_gradients(model.parameters(), self.args.max_grad_norm, norm)
                 opt.step()
                 sched.step()
             opt.clear_grad()
@@ -233,11 +243,13 @@ class PPOTrainer:
             out["kl"] = sequence_kl(old_log_probs, batch.ref_log_probs, mask, ppo.kl_estimator)
         loss, stats = rl.policy_loss_and_stats(log_probs, old_log_probs, batch.advantages, mask,
                                                ppo.clip_range_ratio)
-        out.update({"actor_loss": float(loss), "entropy": float(rl.masked_mean(entropy, mask)),
-                    **{k: float(v) for k, v in stats.items()}, "lr": self.actor_opt.get_lr()})
         if ppo.kl_in_loss:
             kl = rl.masked_mean(rl.kl_penalty(log_probs, batch.ref_log_probs, ppo.kl_estimator), mask)
             loss = loss + ppo.kl_coeff * kl
+        share = token_share(mask)  # token means over the whole batch, not per process
+        loss = loss * share
+        out.update({"actor_loss": float(loss), "entropy": share * float(rl.masked_mean(entropy, mask)),
+                    **{k: share * float(v) for k, v in stats.items()}, "lr": self.actor_opt.get_lr()})
         if ptx_batches is not None:
             self.drawn["ptx"] += 1
             ptx = to_tensors(self.collate_ptx([self.ptx_data[int(i)] for i in shard(next(ptx_batches))]))
@@ -250,6 +262,7 @@ class PPOTrainer:
     def critic_step(self, batch, accum) -> Dict[str, float]:
         values = critic_values(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_len)  # [n, R]
         loss = rl.critic_loss(values, batch.old_values, batch.returns, batch.response_mask, self.ppo.clip_range_value)
+        loss = loss * token_share(batch.response_mask)
         (loss / accum).backward()
         return {"critic_loss": float(loss), "explained_variance": float(
             rl.explained_variance(values.detach(), batch.returns, batch.response_mask))}
@@ -295,11 +308,20 @@ class PPOTrainer:
         barrier()
 
     def save(self, directory: str) -> None:
-        if is_main_process():
-            self.actor.save_pretrained(os.path.join(directory, "policy"), tokenizer_dir=self.tokenizer.name_or_path)
-            if self.critic is not None:
-                self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)
+        self.actor.save_pretrained(os.path.join(directory, "policy"), tokenizer_dir=self.tokenizer.name_or_path)
+        if self.critic is not None:  # every rank calls save_pretrained; rank 0 writes
+            self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)
         barrier()
+
+
+def token_share(mask) -> float:
+    """Factor that turns this process's token mean into its share of the whole batch's token mean, once the
+    gradients are averaged over data ranks: n_local * ranks / n_all (1 for one process)."""
+    ranks = data_world_size()
+    if ranks == 1:
+        return 1.0
+    local = mask.astype("float32").sum()
+    return float(local) * ranks / max(float(sum_over_data_ranks(local)), 1.0)
 
 
 def sequence_kl(log_probs, ref_log_probs, mask, estimator: str) -> float:

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
 from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import load_raw, parse_arguments, training_stops, user_errors  # noqa: E402
+from alignment.training.setup import load_raw, parse_arguments, start_processes, training_stops, user_errors  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -24,6 +24,7 @@ def main(argv=None) -> dict:
     from alignment.sft.trainer import SupervisedTrainer
     from alignment.training.trainer import set_seed
 
+    start_processes(train_args)
     set_seed(train_args.seed)
     with user_errors():
         tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)

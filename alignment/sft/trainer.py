@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import paddle
-import paddle.nn.functional as F
 
 from alignment.data.tokenized import IGNORE_INDEX
 from alignment.training.trainer import Trainer
@@ -18,10 +17,8 @@ def answer_token_loss(model, input_ids, attention_mask, labels):
     targets = labels[:, 1:].reshape([-1])  # [b * (s-1)]: token t+1 is predicted at position t
     keep = paddle.nonzero(targets != IGNORE_INDEX).squeeze(-1)  # [n]
     states = paddle.gather(hidden[:, :-1].reshape([-1, hidden.shape[-1]]), keep)  # [n, h]
-    logits = model.compute_logits(states)  # [n, vocab]
-    # cross_entropy instead of log_softmax + gather: log_softmax over a large vocabulary is very slow on CPU
-    token_loss = F.cross_entropy(logits, paddle.gather(targets, keep).unsqueeze(-1), reduction="none")  # [n, 1]
-    return token_loss.mean(), int(keep.shape[0])
+    log_probs, _ = model.token_log_probs(states, paddle.gather(targets, keep))  # [n]
+    return -log_probs.mean(), int(keep.shape[0])
 
 
 class SupervisedTrainer(Trainer):

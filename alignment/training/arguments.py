@@ -39,6 +39,14 @@ class TrainingArguments:
     resume_from_checkpoint: Optional[str] = field(None, help="Resume exactly from a checkpoint-N directory (written "
                                                              "every save_steps), or \"auto\": the newest complete one "
                                                              "in output_dir (a fresh start when there is none).")
+    tensor_parallel_degree: int = field(1, help="Split every model's layers over this many processes (Megatron-"
+                                                "style tensor parallelism on fleet's parallel layers); 1 = off.")
+    pipeline_parallel_degree: int = field(1, help="Split the decoder layers into this many pipeline stages; only 1 "
+                                                  "in this build (a clear error otherwise).")
+    sharding: str = field("", help="Optimizer-state sharding over data-parallel processes: 'stage1' (fleet's "
+                                   "sharding optimizer); 'stage2'/'stage3' need a GPU; '' = off.")
+    sharding_parallel_degree: int = field(-1, help="Processes in one sharding group; -1 = all processes left after "
+                                                   "tensor and pipeline parallelism. Data parallelism fills the rest.")
     max_nonfinite_steps: int = field(5, help="A step whose loss or gradients are NaN/inf is skipped and counted "
                                              "(skipped_steps); after this many in a row the run stops.")
 
@@ -67,5 +75,11 @@ class TrainingArguments:
             raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"key 'max_nonfinite_steps' must be >= 1, got {self.max_nonfinite_steps}")
+        from alignment.parallel.topology import plan
+
+        layout = plan(self)  # degrees against the launched world size, before any model loads
+        if layout.hybrid and (self.save_steps > 0 or self.resume_from_checkpoint):
+            raise ValueError("keys 'save_steps' / 'resume_from_checkpoint': step checkpoints are not supported yet "
+                             "under tensor parallelism or sharding (final models are saved whole); set save_steps 0")
         if self.resume_from_checkpoint == "":
             raise ValueError("key 'resume_from_checkpoint' is empty; give a checkpoint-N directory, \"auto\" or null")

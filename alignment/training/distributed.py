@@ -1,8 +1,10 @@
-"""Data parallelism under `python -m paddle.distributed.launch --nproc_per_node N ...` (gloo on CPU, NCCL on GPU).
+"""Processes under `python -m paddle.distributed.launch --nproc_per_node N ...` (gloo on CPU, NCCL on GPU).
 
-Each rank trains on its own slice of every global batch; gradients are averaged with all_reduce after backward
-(explicitly, so models can be called through any method, not only DataParallel's forward); rank 0 writes logs
-and checkpoints. A plain `python ...` run is world size 1 and none of this does anything.
+Each data rank trains on its own slice of every global batch; gradients are averaged with all_reduce after
+backward (explicitly, so models can be called through any method, not only DataParallel's forward); rank 0 writes
+logs and checkpoints. With tensor parallelism or sharding (alignment/parallel/topology.py) the processes form
+fleet's hybrid groups: the ranks of one tensor-parallel group are one data rank. A plain `python ...` run is world
+size 1 and none of this does anything.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from typing import Dict, List
 
 import paddle
 import paddle.distributed as dist
+
+_hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up tensor parallelism or sharding
 
 
 def world_size() -> int:
@@ -25,28 +29,109 @@ def is_main_process() -> bool:
     return rank() == 0
 
 
-def init_distributed() -> None:
-    if world_size() > 1 and not dist.is_initialized():
+def init_distributed(layout=None) -> None:
+    """Start the process groups once: fleet's hybrid groups when `layout` (topology.Layout) splits models or
+    optimizer states, else plain data parallelism. Called by the entry points before any model is built."""
+    global _hybrid
+    if world_size() == 1 or dist.is_initialized():
+        return
+    if layout is None or not layout.hybrid:
         dist.init_parallel_env()
+        return
+    from paddle.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": layout.data, "mp_degree": layout.tensor, "pp_degree": layout.pipeline,
+                               "sharding_degree": layout.sharding}
+    fleet.init(is_collective=True, strategy=strategy)
+    if not paddle.is_compiled_with_cuda():
+        from alignment.parallel import cpu_standins
+
+        cpu_standins.install()
+    _hybrid = fleet.get_hybrid_communicate_group()
+
+
+def data_world_size() -> int:
+    """Processes that see different data: the world size divided by the tensor-parallel degree."""
+    if _hybrid is None:
+        return world_size()
+    return _hybrid.get_data_parallel_world_size() * _hybrid.get_sharding_parallel_world_size()
+
+
+def data_rank() -> int:
+    if _hybrid is None:
+        return rank()
+    return _hybrid.get_data_parallel_rank() * _hybrid.get_sharding_parallel_world_size() + \
+        _hybrid.get_sharding_parallel_rank()
+
+
+def model_parallel_degree() -> int:
+    """The tensor-parallel degree models built now are split by (1 without hybrid groups)."""
+    return 1 if _hybrid is None else _hybrid.get_model_parallel_world_size()
+
+
+def sharding_world_size() -> int:
+    return 1 if _hybrid is None else _hybrid.get_sharding_parallel_world_size()
+
+
+def is_data_leader() -> bool:
+    """True on one rank per data rank (tensor-parallel rank 0): the one whose outputs count in gathered lists."""
+    return _hybrid is None or _hybrid.get_model_parallel_rank() == 0
+
+
+def _data_groups() -> list:
+    if _hybrid is None:
+        return [None]  # the default group: every process
+    groups = [_hybrid.get_data_parallel_group(), _hybrid.get_sharding_parallel_group()]
+    return [g for g in groups if g.nranks > 1]
 
 
 def shard(indices, num_shards: int = None, index: int = None):
-    """This rank's part of a global batch of indices (strided, so shards differ by at most one item)."""
-    num_shards = world_size() if num_shards is None else num_shards
-    index = rank() if index is None else index
+    """This data rank's part of a global batch of indices (strided, so shards differ by at most one item)."""
+    num_shards = data_world_size() if num_shards is None else num_shards
+    index = data_rank() if index is None else index
     return indices[index::num_shards]
 
 
 def average_gradients(parameters) -> None:
-    """All-reduce every gradient and divide by the world size (no-op for one process)."""
-    world = world_size()
+    """All-reduce every gradient over the data ranks and divide by their number (no-op for one data rank)."""
+    world = data_world_size()
     if world == 1:
         return
     with paddle.no_grad():
         for param in parameters:
             if param.grad is not None:
-                dist.all_reduce(param.grad)
+                for group in _data_groups():
+                    dist.all_reduce(param.grad, group=group)
                 param.grad.scale_(1.0 / world)
+
+
+def sum_over_data_ranks(tensor):
+    """The element-wise sum of `tensor` over the data ranks (a new tensor; the tensor itself for one)."""
+    if data_world_size() == 1:
+        return tensor
+    total = tensor.clone()
+    for group in _data_groups():
+        dist.all_reduce(total, group=group)
+    return total
+
+
+def grad_norm_squares(parameters) -> float:
+    """Sum of squared gradients of the whole model: slices of tensor-parallel parameters are summed over their
+    group, replicated parameters counted once. Call after average_gradients."""
+    split, whole = [], []
+    for param in parameters:
+        if param.grad is not None:
+            square = paddle.sum(paddle.square(param.grad.astype("float32")))
+            (split if getattr(param, "is_distributed", False) else whole).append(square)
+    total = paddle.add_n(whole) if whole else paddle.zeros([], "float32")
+    if _hybrid is not None and _hybrid.get_model_parallel_world_size() > 1:
+        part = paddle.add_n(split) if split else paddle.zeros([], "float32")
+        dist.all_reduce(part, group=_hybrid.get_model_parallel_group())
+        total = total + part
+    elif split:
+        total = total + paddle.add_n(split)
+    return float(total)
 
 
 def mean_over_ranks(metrics: Dict[str, float]) -> Dict[str, float]:
@@ -60,11 +145,11 @@ def mean_over_ranks(metrics: Dict[str, float]) -> Dict[str, float]:
 
 
 def gather_lists(values: List) -> List:
-    """Concatenate a Python list from every rank, in rank order."""
+    """Concatenate a Python list from every data rank, in rank order (tensor-parallel copies count once)."""
     if world_size() == 1:
         return list(values)
     gathered: List = []
-    dist.all_gather_object(gathered, list(values))
+    dist.all_gather_object(gathered, list(values) if is_data_leader() else [])
     return [v for part in gathered for v in part]
 
 

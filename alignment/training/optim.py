@@ -1,4 +1,9 @@
-"""AdamW with warmup + linear / cosine / constant learning-rate schedules and global-norm clipping."""
+"""AdamW with warmup + linear / cosine / constant learning-rate schedules and global-norm clipping.
+
+Clipping is done by the trainers (`clip_gradients`, after gradients are averaged over data ranks) rather than by
+the optimizer, so the norm is the whole model's under tensor parallelism and sharding too, and it is the same
+number the NaN/inf guard checks and the logs show.
+"""
 from __future__ import annotations
 
 import math
@@ -6,6 +11,7 @@ import math
 import paddle
 
 from alignment.training.arguments import TrainingArguments
+from alignment.training.distributed import grad_norm_squares, sharding_world_size
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:
@@ -46,12 +52,33 @@ def build_optimizer(model: paddle.nn.Layer, args: TrainingArguments, total_steps
         epsilon=args.adam_epsilon,
         weight_decay=decay,
         apply_decay_param_fun=lambda name: name not in no_decay,
-        grad_clip=paddle.nn.ClipGradByGlobalNorm(args.max_grad_norm) if args.max_grad_norm > 0 else None,
     )
+    if sharding_world_size() > 1:
+        optimizer = shard_optimizer_states(optimizer)
     return optimizer, scheduler
 
 
+def shard_optimizer_states(optimizer):
+    """Sharding stage 1 with fleet's DygraphShardingOptimizer: each rank of the sharding group keeps the AdamW
+    states of its share of the parameters, updates only those and broadcasts them to the group."""
+    from paddle.distributed import fleet
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import \
+        DygraphShardingOptimizer
+
+    return DygraphShardingOptimizer(optimizer, fleet.get_hybrid_communicate_group())
+
+
 def global_grad_norm(parameters) -> float:
-    """L2 norm over all gradients (before clipping), for logging."""
-    squares = [paddle.sum(paddle.square(p.grad.astype("float32"))) for p in parameters if p.grad is not None]
-    return float(paddle.sqrt(paddle.add_n(squares))) if squares else 0.0
+    """L2 norm of the whole model's gradient (before clipping): checked by the NaN/inf guard, logged, clipped to."""
+    return math.sqrt(grad_norm_squares(parameters))
+
+
+def clip_gradients(parameters, max_norm: float, norm: float) -> None:
+    """Scale the gradients by max_norm / max(norm, max_norm), as paddle.nn.ClipGradByGlobalNorm does."""
+    if max_norm <= 0:
+        return
+    scale = max_norm / max(norm, max_norm)
+    with paddle.no_grad():
+        for param in parameters:
+            if param.grad is not None:
+                param.grad.scale_(scale)

@@ -49,6 +49,22 @@ def parse_arguments(argv, *dataclass_types):
     return (*instances, effective)
 
 
+def start_processes(train_args):
+    """Start the process groups the launch and the parallel degrees ask for (fleet's hybrid groups for tensor
+    parallelism or sharding), before any model is built: models built afterwards are split accordingly."""
+    from alignment.parallel.topology import plan
+    from alignment.training.distributed import init_distributed
+
+    try:
+        layout = plan(train_args)
+    except ValueError as err:
+        fail(err)
+    init_distributed(layout)
+    if layout.world > 1:
+        print(f"processes: {layout.describe()}")
+    return layout
+
+
 def load_raw(data_args, seed: int):
     """(train, eval or None) raw datasets from the argument specs; user modules are imported first.
 

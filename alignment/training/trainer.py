@@ -18,10 +18,10 @@ from tqdm import tqdm
 
 from alignment.training.arguments import TrainingArguments
 from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint, skip_batches
-from alignment.training.distributed import (average_gradients, barrier, init_distributed, is_main_process,
-                                            mean_over_ranks, shard, world_size)
+from alignment.training.distributed import (average_gradients, barrier, data_world_size, init_distributed,
+                                            is_main_process, mean_over_ranks, shard)
 from alignment.training.logger import MetricsLogger
-from alignment.training.optim import build_optimizer, global_grad_norm
+from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
 
 
 class TrainingStopped(RuntimeError):
@@ -92,7 +92,7 @@ class Trainer:
         init_distributed()
         self.logger = MetricsLogger(args.output_dir, enabled=is_main_process(),
                                     first_files={"args.json": effective_args} if effective_args else None)
-        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size()
+        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * data_world_size()
         steps_per_epoch = math.ceil(len(train_dataset) / samples_per_step)
         self.total_steps = args.max_steps if args.max_steps > 0 else max(1, int(steps_per_epoch * args.num_train_epochs))
         self.optimizer, self.scheduler = build_optimizer(model, args, self.total_steps)
@@ -114,8 +114,9 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------------------------------------
     def train(self) -> Dict[str, float]:
         args = self.args
-        batches = epoch_batches(len(self.train_dataset), args.per_device_train_batch_size * world_size(), args.seed,
-                                min_size=world_size())
+        world = data_world_size()
+        batches = epoch_batches(len(self.train_dataset), args.per_device_train_batch_size * world, args.seed,
+                                min_size=world)
         skip_batches(batches, self.batches_drawn)  # a resumed run goes on where the checkpoint stopped
         self.model.train()
         window, window_tokens, window_start = [], 0, time.perf_counter()
@@ -135,6 +136,7 @@ class Trainer:
             grad_norm = global_grad_norm(self.model.parameters())
             lr = self.optimizer.get_lr()
             if self.guard.check(self.global_step + 1, grad_norm, *(row["loss"] for row in step_metrics)):
+                clip_gradients(self.model.parameters(), args.max_grad_norm, grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
             self.optimizer.clear_grad()  # a skipped step's gradients are dropped too
@@ -145,7 +147,7 @@ class Trainer:
             if self.global_step % args.logging_steps == 0 or self.global_step == self.total_steps:
                 elapsed = time.perf_counter() - window_start
                 logged = mean_over_ranks({**_mean(window), "tokens_per_sec": window_tokens / max(elapsed, 1e-9)})
-                logged["tokens_per_sec"] *= world_size()  # throughput of all processes together
+                logged["tokens_per_sec"] *= data_world_size()  # throughput of all processes together
                 self.logger.log(self.global_step, logged, echo=progress.write)
                 progress.set_postfix(loss=f"{logged['loss']:.4f}")
                 window, window_tokens, window_start = [], 0, time.perf_counter()
@@ -182,8 +184,7 @@ class Trainer:
         return results
 
     def save_model(self, path: str) -> None:
-        if is_main_process():
-            self.model.save_pretrained(path, tokenizer_dir=self.tokenizer.name_or_path)
+        self.model.save_pretrained(path, tokenizer_dir=self.tokenizer.name_or_path)  # rank 0 writes
         barrier()
 
     # --- resumable checkpoints (alignment/training/checkpointing.py) ----------------------------------------------

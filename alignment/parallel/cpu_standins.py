@@ -1,0 +1,157 @@
+"""Stand-ins for the collective kernels Paddle 3.3.1's CPU build lacks, so tensor- and pipeline-parallel runs work
+on CPU with the gloo backend (tests, laptops). Loaded only on CPU (`install()` is called by topology.py when
+Paddle has no CUDA); GPU runs use Paddle's own kernels.
+
+Each piece replaces one function of `paddle.distributed.fleet.layers.mpu.mp_ops` (fleet's tensor-parallel
+layers call them through that module) or of the pipeline's p2p helper, and is written with Paddle-level
+collectives (`paddle.distributed.all_reduce` / `all_gather` / `send` / `recv`) that gloo has:
+
+    _c_identity                    c_identity kernel + all_reduce_on_calc_stream (gloo: no calc-stream collectives)
+    _mp_allreduce                  mp_allreduce_sum / all_reduce_on_calc_stream
+    _c_concat                      c_concat kernel (all-gather along the last axis)
+    _c_split                       c_split kernel (this rank's slice of the last axis)
+    _c_softmax_with_cross_entropy  c_softmax_with_cross_entropy kernel (vocab-parallel cross-entropy)
+"""
+from __future__ import annotations
+
+import paddle
+import paddle.distributed as dist
+from paddle.autograd import PyLayer
+from paddle.distributed.fleet.layers.mpu import mp_ops
+
+_installed = False
+
+
+def _all_reduce_sum(tensor, group):
+    out = tensor.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+def _gather_last_axis(tensor, group):
+    parts = []
+    dist.all_gather(parts, tensor.contiguous(), group=group)
+    return paddle.concat(parts, axis=-1)
+
+
+def _slice_last_axis(tensor, group):
+    width = tensor.shape[-1] // group.nranks
+    return tensor[..., group.rank * width:(group.rank + 1) * width].contiguous()
+
+
+class _Identity(PyLayer):
+    """Forward: identity. Backward: sum the gradient over the model-parallel group (c_identity)."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        ctx.group = group
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce_sum(grad, ctx.group)
+
+
+class _AllReduce(PyLayer):
+    """Forward: sum over the group. Backward: identity (mp_allreduce_sum)."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        return _all_reduce_sum(tensor, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Concat(PyLayer):
+    """Forward: all-gather along the last axis. Backward: this rank's slice (c_concat)."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        ctx.group = group
+        return _gather_last_axis(tensor, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _slice_last_axis(grad, ctx.group)
+
+
+class _Split(PyLayer):
+    """Forward: this rank's slice of the last axis. Backward: all-gather (c_split)."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        ctx.group = group
+        return _slice_last_axis(tensor, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_last_axis(grad, ctx.group)
+
+
+class _ParallelCrossEntropy(PyLayer):
+    """Cross-entropy over vocab-parallel logits (c_softmax_with_cross_entropy): logits [..., V/n] on each rank,
+    label [..., 1] global ids; loss [..., 1]. Rows whose label is ignore_index get loss 0 and no gradient."""
+
+    @staticmethod
+    def forward(ctx, logits, label, group, ignore_index):
+        logits = logits.astype("float32")
+        width = logits.shape[-1]
+        start = group.rank * width
+        row_max = logits.max(axis=-1, keepdim=True)
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - row_max
+        exp = paddle.exp(shifted)
+        total = exp.sum(axis=-1, keepdim=True)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        local = label - start
+        mine = (local >= 0) & (local < width)
+        onehot = paddle.nn.functional.one_hot(paddle.where(mine, local, paddle.zeros_like(local)).squeeze(-1),
+                                              width) * mine.astype("float32")
+        target = (shifted * onehot).sum(axis=-1, keepdim=True)
+        dist.all_reduce(target, op=dist.ReduceOp.SUM, group=group)
+        keep = (label != ignore_index).astype("float32")
+        ctx.save_for_backward(exp / total, onehot, keep)
+        return (paddle.log(total) - target) * keep
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, onehot, keep = ctx.saved_tensor()
+        return (softmax - onehot) * (grad * keep)
+
+
+def _c_identity(tensor, group=None, skip_c_identity_dynamic=False):
+    return tensor if skip_c_identity_dynamic else _Identity.apply(tensor, group)
+
+
+def _mp_allreduce(tensor, op=None, group=None, use_calc_stream=True, use_model_parallel=True,
+                  skip_c_identity_dynamic=False):
+    return _AllReduce.apply(tensor, group)
+
+
+def _c_concat(tensor, group=None):
+    return _Concat.apply(tensor, group)
+
+
+def _c_split(tensor, group=None):
+    return _Split.apply(tensor, group)
+
+
+def _c_softmax_with_cross_entropy(logits, label, group=None, return_softmax=False, ignore_index=-100):
+    if label.ndim == logits.ndim - 1:
+        label = label.unsqueeze(-1)
+    return _ParallelCrossEntropy.apply(logits, label, group, ignore_index)
+
+
+def install() -> None:
+    """Put the stand-ins in place of the missing kernels (idempotent). CPU only: never call it on a GPU build."""
+    global _installed
+    if _installed:
+        return
+    mp_ops._c_identity = _c_identity
+    mp_ops._mp_allreduce = _mp_allreduce
+    mp_ops._c_concat = _c_concat
+    mp_ops._c_split = _c_split
+    mp_ops._c_softmax_with_cross_entropy = _c_softmax_with_cross_entropy
+    _installed = True

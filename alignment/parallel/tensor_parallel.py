@@ -1,0 +1,108 @@
+"""Tensor-parallel building blocks (Megatron layout) on fleet's layers, and the slicing/merging of checkpoints.
+
+    q/k/v, gate/up   ColumnParallelLinear  (output features split: each rank holds whole attention heads)
+    o, down          RowParallelLinear     (input features split; outputs summed over the group)
+    embed_tokens     VocabParallelEmbedding (vocabulary split)
+    lm_head          ColumnParallelLinear over the vocabulary; logits stay split for the parallel cross-entropy
+
+With degree 1 every builder returns the plain Paddle layer, so a one-process model has no fleet code in it.
+Split parameters carry fleet's `is_distributed` / `split_axis` attributes; checkpoints are always whole (HF
+layout): loading takes this rank's slice, saving gathers the slices (every rank of the group must call it).
+"""
+from __future__ import annotations
+
+import paddle
+import paddle.distributed as dist
+import paddle.nn as nn
+
+
+def _hcg():
+    from paddle.distributed import fleet
+
+    return fleet.get_hybrid_communicate_group()
+
+
+def model_parallel_group():
+    return _hcg().get_model_parallel_group()
+
+
+def column_linear(in_features: int, out_features: int, bias: bool, degree: int) -> nn.Layer:
+    if degree == 1:
+        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
+    from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear
+
+    return ColumnParallelLinear(in_features, out_features, has_bias=bias, gather_output=False)
+
+
+def row_linear(in_features: int, out_features: int, bias: bool, degree: int) -> nn.Layer:
+    if degree == 1:
+        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
+    from paddle.distributed.fleet.meta_parallel import RowParallelLinear
+
+    return RowParallelLinear(in_features, out_features, has_bias=bias, input_is_parallel=True)
+
+
+def embedding(vocab_size: int, hidden_size: int, degree: int) -> nn.Layer:
+    if degree == 1:
+        return nn.Embedding(vocab_size, hidden_size)
+    from paddle.distributed.fleet.meta_parallel import VocabParallelEmbedding
+
+    return VocabParallelEmbedding(vocab_size, hidden_size)
+
+
+def is_split(param) -> bool:
+    return bool(getattr(param, "is_distributed", False)) and hasattr(param, "split_axis")
+
+
+def linear_layer_types() -> tuple:
+    """Layers whose weight is stored [in, out] in Paddle and [out, in] in HF checkpoints."""
+    from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear, RowParallelLinear
+
+    return nn.Linear, ColumnParallelLinear, RowParallelLinear
+
+
+def local_slice(full: paddle.Tensor, param) -> paddle.Tensor:
+    """This rank's part of a whole tensor (Paddle orientation) for a split parameter."""
+    group = model_parallel_group()
+    axis, width = param.split_axis, full.shape[param.split_axis] // group.nranks
+    return paddle.slice(full, [axis], [group.rank * width], [(group.rank + 1) * width])
+
+
+def full_tensor(param) -> paddle.Tensor:
+    """The whole tensor of a split parameter, gathered from the tensor-parallel group (a collective)."""
+    parts = []
+    dist.all_gather(parts, param.detach().contiguous(), group=model_parallel_group())
+    return paddle.concat(parts, axis=param.split_axis)
+
+
+def whole_shape(param) -> list:
+    shape = list(param.shape)
+    if is_split(param):
+        shape[param.split_axis] *= model_parallel_group().nranks
+    return shape
+
+
+def vocab_logits(hidden, weight_t: paddle.Tensor = None, lm_head: nn.Layer = None):
+    """Logits over this rank's vocabulary slice [..., V/n]: from the tied embedding table [V/n, h] or the
+    column-parallel head. The identity-forward / all-reduce-backward keeps the hidden state's gradient whole."""
+    if lm_head is not None:
+        return lm_head(hidden)
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    hidden = mp_ops._c_identity(hidden, group=model_parallel_group())
+    return paddle.matmul(hidden, weight_t, transpose_y=True)
+
+
+def gather_vocab(local_logits):
+    """[..., V/n] on each rank -> [..., V] on every rank."""
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    return mp_ops._c_concat(local_logits, group=model_parallel_group())
+
+
+def parallel_token_log_probs(local_logits, labels):
+    """log p(label) [...] from vocab-split logits [..., V/n] and whole-vocabulary labels [...] (fleet's
+    ParallelCrossEntropy: only maxima, sums and the target logit cross ranks, never the whole vocabulary)."""
+    from paddle.distributed.fleet.meta_parallel import ParallelCrossEntropy
+
+    return -ParallelCrossEntropy()(local_logits.astype("float32"), labels.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,84 @@
+"""The process layout of a run: tensor x pipeline x sharding x data parallel, on fleet's hybrid communicate groups.
+
+    world size = tensor_parallel_degree x pipeline_parallel_degree x sharding_parallel_degree x data-parallel degree
+
+Ranks in one tensor-parallel group hold slices of the same model and see the same data; sharding and data-parallel
+ranks see different data (sharding stage 1 also splits the optimizer states among its ranks). Everything is checked
+by `plan()` before any model is loaded, so a wrong layout fails in a second with the keys to change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    world: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    sharding: int = 1
+    stage: str = ""  # "" | stage1 | stage2 | stage3
+
+    @property
+    def data(self) -> int:
+        """Data-parallel degree (ranks of one sharding group count once)."""
+        return self.world // (self.tensor * self.pipeline * self.sharding)
+
+    @property
+    def hybrid(self) -> bool:
+        """True when fleet's hybrid groups are needed (anything beyond plain data parallelism)."""
+        return self.tensor > 1 or self.pipeline > 1 or self.sharding > 1
+
+    def describe(self) -> str:
+        return (f"world {self.world} = tensor {self.tensor} x pipeline {self.pipeline} x sharding {self.sharding}"
+                f"{' (' + self.stage + ')' if self.stage else ''} x data {self.data}")
+
+
+def plan(args, world: int = None) -> Layout:
+    """The layout the training arguments ask for under this launch, or a ValueError naming the keys."""
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) if world is None else world
+    tp, pp = args.tensor_parallel_degree, args.pipeline_parallel_degree
+    for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp)):
+        if value < 1:
+            raise ValueError(f"key {key!r} must be >= 1, got {value}")
+    stage = args.sharding.strip()
+    if stage not in SHARDING_STAGES:
+        raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")
+    if world % (tp * pp):
+        raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} does not divide the world "
+                         f"size {world} (processes started by paddle.distributed.launch)")
+    sharding = args.sharding_parallel_degree
+    if stage and sharding == -1:
+        sharding = world // (tp * pp)  # PaddleNLP's default: every rank left over joins the sharding group
+    elif not stage:
+        if sharding not in (-1, 1):
+            raise ValueError(f"key 'sharding_parallel_degree' is {sharding} but key 'sharding' is empty; set sharding "
+                             "to stage1/stage2/stage3 or the degree to 1")
+        sharding = 1
+    if sharding < 1 or world % (tp * pp * sharding):
+        raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} x sharding_parallel_degree "
+                         f"{sharding} does not divide the world size {world}")
+    if stage in ("stage2", "stage3"):
+        import paddle
+
+        if not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()):
+            raise ValueError(f"key 'sharding' {stage!r} needs a GPU: Paddle's group_sharded_parallel (stage 2/3) "
+                             "asserts a GPU/XPU device; use stage1 on CPU")
+    if pp > 1:
+        raise ValueError("key 'pipeline_parallel_degree' > 1: the pipeline-parallel model variant is not built yet "
+                         "(tensor parallel and sharding are); use tensor_parallel_degree to split a large model")
+    return Layout(world, tp, pp, sharding, stage)
+
+
+def check_model(tp: int, config, path: str) -> None:
+    """Tensor parallelism splits attention heads, key/value heads, the MLP and the vocabulary evenly."""
+    if tp == 1:
+        return
+    sizes = {"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
+             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
+    for name, size in sizes.items():
+        if size % tp:
+            raise ValueError(f"{path}: {name} {size} is not divisible by tensor_parallel_degree {tp} (key 'tensor_parallel_degree')")
