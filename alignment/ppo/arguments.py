@@ -5,10 +5,12 @@ import dataclasses
 from typing import List, Optional
 
 from alignment.args import field
+from alignment.parallel.offload import parse_levels
 from alignment.ppo.algorithms import GROUP_ESTIMATORS, KL_ESTIMATORS
 from alignment.training.arguments import LR_SCHEDULERS, DatasetSpecs
 
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce_plus_plus") + tuple(GROUP_ESTIMATORS)
+EVAL_MODES = (None, "single", "tensor_parallel")
 
 
 @dataclasses.dataclass
@@ -79,9 +81,13 @@ class PPOArguments:
                                                        "directory; needs critic_lora true.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
                                          "so only false is accepted.")
-    eval_mode: Optional[str] = field(None, help="Rollout resharding (null or 'single'); tensor_parallel needs "
-                                                "the 3D-parallel build.")
-    offload_level: str = field("", help="Host offload of models/optimizer states; '' only in this build.")
+    eval_mode: Optional[str] = field(None, help="Which actor layout generates rollouts: null or 'tensor_parallel' = "
+                                                "the training layout itself; 'single' = a whole copy of the actor "
+                                                "on every rank, refreshed from the training slices before each "
+                                                "rollout (no per-token collectives, one more actor in memory).")
+    offload_level: str = field("", help="Space-separated host-offload levels: 'freeze_model' (reference and reward "
+                                        "models), 'optimizer' (actor/critic AdamW states), 'train_model' (actor and "
+                                        "critic weights); each moves to host memory outside the phases that use it.")
 
     def validate(self) -> None:
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
@@ -113,12 +119,14 @@ class PPOArguments:
             raise ValueError(f"key 'critic_lr_scheduler_type' must be one of {LR_SCHEDULERS}")
         if self.use_fusemt:
             raise ValueError("key 'use_fusemt': fused rollout kernels are not available in this build; set it to false")
-        if self.eval_mode not in (None, "single"):
-            raise ValueError(f"key 'eval_mode' {self.eval_mode!r} needs the 3D-parallel build; use null or 'single'")
-        if self.offload_level:
-            raise ValueError(f"key 'offload_level' {self.offload_level!r} is not available in this build; use ''")
+        if self.eval_mode not in EVAL_MODES:
+            raise ValueError(f"key 'eval_mode' must be one of {EVAL_MODES}, got {self.eval_mode!r}")
+        parse_levels(self.offload_level)
 
-    def validate_with(self, model_args, data_args, *_):
+    def validate_with(self, model_args, data_args, *others):
+        degree = max([getattr(o, "tensor_parallel_degree", 1) for o in others] + [1])
+        if self.eval_mode == "tensor_parallel" and degree == 1:
+            raise ValueError("key 'eval_mode' 'tensor_parallel' needs tensor_parallel_degree > 1")
         if self.critic_lora_path and not self.critic_lora:
             raise ValueError("key 'critic_lora_path' needs 'critic_lora': true")
         if self.critic_lora and not self.uses_critic:

@@ -18,6 +18,8 @@ from tqdm import tqdm
 from alignment.models.generation import GenerationConfig
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
+from alignment.parallel.offload import Offloader, parse_levels
+from alignment.parallel.reshard import WholeCopy
 from alignment.ppo import algorithms as rl
 from alignment.ppo.rewards import gold_scores
 from alignment.ppo.rollout import critic_values, response_log_probs, sample_rollout
@@ -61,6 +63,11 @@ class PPOTrainer:
                 weight_decay=ppo_args.critic_weight_decay, lr_scheduler_type=ppo_args.critic_lr_scheduler_type,
                 warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
             self.critic_opt, self.critic_sched = build_optimizer(critic, critic_args, optimizer_steps)
+        self.offload = Offloader(parse_levels(ppo_args.offload_level), [reference, reward.model], [actor, critic],
+                                 [self.actor_opt, getattr(self, "critic_opt", None)])
+        self.offload.offload_all()
+        split = actor.config.tensor_parallel_degree > 1
+        self.generation_copy = WholeCopy(actor) if split and ppo_args.eval_mode == "single" else None
         self.reward_stats = RunningMeanStd()
         self.gen_config = GenerationConfig(  # max_new_tokens is set per batch from max_length
             max_new_tokens=1, do_sample=True, temperature=ppo_args.temperature, top_p=ppo_args.top_p,
@@ -101,15 +108,20 @@ class PPOTrainer:
             paddle.seed(self.args.seed + 1_000_003 * (self.global_step + 1))
             batch = next(prompt_batches)
             positions = shard(list(range(len(batch))))
-            rollout = self.make_rollout([self.prompts[int(batch[p])] for p in positions], positions=positions,
-                                        total=len(batch))
+            with self.offload.phase("generate", [self.actor]):
+                rollout = self.make_rollout([self.prompts[int(batch[p])] for p in positions], positions=positions,
+                                            total=len(batch))
             times["time/generate"] = time.perf_counter() - start
             start = time.perf_counter()
-            metrics = self.score(rollout)
+            with self.offload.phase("score", [self.actor, self.reference, self.critic, self.reward.model]):
+                metrics = self.score(rollout)
             metrics.update(self.compute_advantages(rollout))
             times["time/score"] = time.perf_counter() - start
             start = time.perf_counter()
-            metrics.update(self.update(rollout, ptx_batches))
+            with self.offload.phase("train", [self.actor, self.critic], [self.actor_opt,
+                                                                         getattr(self, "critic_opt", None)]):
+                metrics.update(self.update(rollout, ptx_batches))
+            metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
             metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
             times["time/train"] = time.perf_counter() - start
             metrics = mean_over_ranks({**metrics, **times})
@@ -139,7 +151,9 @@ class PPOTrainer:
         config = dataclasses.replace(self.gen_config, max_new_tokens=min(budget, self.ppo.max_new_tokens or budget))
         if greedy:
             config = dataclasses.replace(config, do_sample=False, repetition_penalty=1.0)
-        return sample_rollout(self.actor, self.tokenizer, items, config, 1 if greedy else self.ppo.num_return_sequences,
+        actor = self.actor if self.generation_copy is None else \
+            self.generation_copy.refreshed(self.actor, version=self.global_step)
+        return sample_rollout(actor, self.tokenizer, items, config, 1 if greedy else self.ppo.num_return_sequences,
                               self.collate_prompts, positions, total)
 
     @paddle.no_grad()
@@ -268,8 +282,12 @@ class PPOTrainer:
             rl.explained_variance(values.detach(), batch.returns, batch.response_mask))}
 
     # --- evaluation and checkpoints -------------------------------------------------------------------------------
-    @paddle.no_grad()
     def evaluate(self) -> Dict[str, float]:
+        with self.offload.phase("evaluate", [self.actor, self.reward.model]):
+            return self._evaluate()
+
+    @paddle.no_grad()
+    def _evaluate(self) -> Dict[str, float]:
         """Greedy responses to the eval prompts: reward, gold reward, length; generations go to a JSONL file."""
         rewards, golds, lengths, records = [], [], [], []
         for indices in eval_shards(len(self.eval_prompts), self.args.per_device_eval_batch_size):
@@ -300,6 +318,11 @@ class PPOTrainer:
         return models, optimizers
 
     def save_step_checkpoint(self) -> None:
+        with self.offload.phase("checkpoint", [self.actor, self.critic], [self.actor_opt,
+                                                                          getattr(self, "critic_opt", None)]):
+            self._save_step_checkpoint()
+
+    def _save_step_checkpoint(self) -> None:
         if is_main_process():
             state = {"drawn": self.drawn, "reward_stats": self.reward_stats.state_dict(),
                      "nonfinite": self.guard.state_dict()}
@@ -308,6 +331,10 @@ class PPOTrainer:
         barrier()
 
     def save(self, directory: str) -> None:
+        with self.offload.phase("save", [self.actor, self.critic]):
+            self._save(directory)
+
+    def _save(self, directory: str) -> None:
         self.actor.save_pretrained(os.path.join(directory, "policy"), tokenizer_dir=self.tokenizer.name_or_path)
         if self.critic is not None:  # every rank calls save_pretrained; rank 0 writes
             self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)

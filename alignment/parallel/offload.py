@@ -1,0 +1,110 @@
+"""Host offload of models and optimizer states between the phases of a PPO step (PaddleNLP's offload_level).
+
+    freeze_model  the reference and reward models live in host memory except while scoring
+    optimizer     AdamW moments of actor and critic live in host memory except during the update
+    train_model   actor and critic weights live in host memory except while they generate, score or train
+
+A tensor is moved by copying it to the other place and re-pointing the same tensor object at the copy, so
+models and optimizers keep their parameter objects (and names) and nothing else has to know. On GPU the host
+place is pinned memory; on a CPU-only build both places are host memory, the moves still happen (the test
+checks the storage really changes and the values do not), they just free nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable, List
+
+import paddle
+
+OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
+
+
+def parse_levels(value: str) -> frozenset:
+    """'freeze_model optimizer' -> {'freeze_model', 'optimizer'}; an unknown word is an error naming the key."""
+    words = frozenset(value.replace(",", " ").split())
+    unknown = sorted(words - set(OFFLOAD_LEVELS))
+    if unknown:
+        raise ValueError(f"key 'offload_level': unknown level(s) {unknown}; use any of {list(OFFLOAD_LEVELS)}, "
+                         "space-separated, or ''")
+    return words
+
+
+def host_place():
+    return paddle.CUDAPinnedPlace() if paddle.is_compiled_with_cuda() else paddle.CPUPlace()
+
+
+def device_place():
+    device = paddle.get_device()  # "cpu" or "gpu:N"
+    return paddle.CUDAPlace(int(device.split(":")[1])) if device.startswith("gpu") else paddle.CPUPlace()
+
+
+def _move(tensors: Iterable[paddle.Tensor], place) -> None:
+    with paddle.no_grad():
+        for tensor in tensors:
+            if tensor is None or not tensor._is_initialized():
+                continue
+            moved = tensor._copy_to(place, False)
+            tensor.value().get_tensor()._share_data_with(moved.value().get_tensor())
+
+
+def model_tensors(model) -> List[paddle.Tensor]:
+    return list(model.parameters()) + list(model.buffers())
+
+
+def optimizer_tensors(optimizer) -> List[paddle.Tensor]:
+    """AdamW's moments and beta powers (and master weights), also behind fleet's sharding optimizer."""
+    inner = getattr(optimizer, "_inner_opt", optimizer)
+    tensors = [t for per_param in inner._accumulators.values() for t in per_param.values()]
+    return tensors + list(getattr(inner, "_master_weights", {}).values())
+
+
+class Offloader:
+    """Moves the tensors of the enabled levels to host memory and back, phase by phase."""
+
+    def __init__(self, levels: frozenset, frozen_models=(), trained_models=(), optimizers=()):
+        self.levels = levels
+        trained_ids = {id(m) for m in trained_models if m is not None}
+        self.frozen = [m for m in _unique(frozen_models) if id(m) not in trained_ids]  # LoRA: reference = actor
+        self.trained = _unique(trained_models)
+        self.optimizers = [o for o in optimizers if o is not None]
+        self.memory_log = {}
+
+    def _eligible(self, models=(), optimizers=()) -> List[paddle.Tensor]:
+        tensors = []
+        for model in _unique(models):
+            if ("freeze_model" in self.levels and any(model is m for m in self.frozen)) or \
+                    ("train_model" in self.levels and any(model is m for m in self.trained)):
+                tensors += model_tensors(model)
+        if "optimizer" in self.levels:
+            for optimizer in optimizers:
+                tensors += optimizer_tensors(optimizer)
+        return tensors
+
+    def offload_all(self) -> None:
+        _move(self._eligible(self.frozen + self.trained, self.optimizers), host_place())
+
+    @contextlib.contextmanager
+    def phase(self, name: str, models=(), optimizers=()):
+        """Bring `models` / `optimizers` to the device for the phase, back to host after it (enabled levels only);
+        on GPU, record allocated device memory before and after (memory/<phase>_before|after, in GiB)."""
+        tensors = self._eligible(models, optimizers) if self.levels else []
+        _move(tensors, device_place())
+        self._record(f"{name}_before")
+        try:
+            yield
+        finally:
+            self._record(f"{name}_after")
+            _move(tensors, host_place())
+
+    def _record(self, key: str) -> None:
+        if paddle.is_compiled_with_cuda() and self.levels:
+            self.memory_log[f"memory/{key}"] = paddle.device.cuda.memory_allocated() / 2**30
+
+
+def _unique(items) -> list:
+    seen, out = set(), []
+    for item in items:
+        if item is not None and id(item) not in seen:
+            seen.add(id(item))
+            out.append(item)
+    return out

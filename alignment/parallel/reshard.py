@@ -1,0 +1,33 @@
+"""eval_mode 'single': generate with a whole copy of a tensor-parallel actor (PaddleNLP's export_evaluate_model).
+
+Token-by-token decoding under tensor parallelism pays collectives at every layer of every token; a whole copy on
+each rank generates with none. The copy is refreshed from the training slices (one all-gather per parameter)
+once per policy version, i.e. once per PPO step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import paddle
+
+from alignment.parallel import tensor_parallel as tp
+
+
+class WholeCopy:
+    def __init__(self, model):
+        config = dataclasses.replace(model.config, tensor_parallel_degree=1)
+        self.model = type(model)(config)
+        for param in self.model.parameters():
+            param.stop_gradient = True
+        self.model.eval()
+        self.version = None
+
+    @paddle.no_grad()
+    def refreshed(self, source, version):
+        """The copy with `source`'s current weights (gathered when split); cheap when `version` is unchanged."""
+        if version != self.version:
+            own = dict(self.model.named_parameters())
+            for name, param in source.named_parameters():
+                own[name].set_value(tp.full_tensor(param) if tp.is_split(param) else param)
+            self.version = version
+        return self.model
