@@ -144,3 +144,34 @@ def test_a_model_whose_heads_do_not_split_fails_before_loading(tiny_model_dir, t
     assert code != 0
     assert "config.json: num_key_value_heads 1 is not divisible by tensor_parallel_degree 2" in logs
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layout", [["--tensor_parallel_degree", "2"],
+                                    ["--sharding", "stage1", "--per_device_prompt_batch_size", "4",
+                                     "--per_device_train_batch_size", "4"]], ids=["tp2", "sharding-stage1"])
+def test_step_checkpoints_resume_exactly_under_the_same_layout(tiny_model_dir, tiny_reward_dir, tmp_path, layout):
+    """A run resumed from its checkpoint-2 (whole weights, one optimizer file per rank) ends like the run that
+    never stopped; one process refuses the per-rank optimizer files with a clear message."""
+    import shutil
+
+    common = ppo_args(tiny_model_dir, tiny_reward_dir, tmp_path / "unused")[:-2] + ["--save_steps", "2", *layout]
+    launch(tmp_path / "logs-a", common + ["--output_dir", str(tmp_path / "a")])
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    assert (checkpoint / "policy.optimizer.rank-1").exists() and (checkpoint / "policy" / "model.safetensors").exists()
+    (tmp_path / "b").mkdir()
+    shutil.copytree(checkpoint, tmp_path / "b" / "checkpoint-2")
+    _, logs = launch(tmp_path / "logs-b", common + ["--output_dir", str(tmp_path / "b"), "--resume_from_checkpoint",
+                                                    "auto"])
+    assert "resumed from" in logs and "at step 2" in logs
+    a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["step"] for r in b] == [3, 4]
+    for key in LOSSES:
+        assert [r[key] for r in a[2:]] == [r[key] for r in b], key
+    for sub, cls in (("policy", LlamaForCausalLM), ("value", ScoreModel)):
+        x_model, y_model = cls.from_pretrained(str(tmp_path / "a" / sub)), cls.from_pretrained(str(tmp_path / "b" / sub))
+        for (name, x), y in zip(x_model.named_parameters(), y_model.parameters()):
+            np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=f"{sub} {name}")
+    one = subprocess.run([sys.executable, *common[:-len(layout)], "--output_dir", str(tmp_path / "b"),
+                          "--resume_from_checkpoint", str(tmp_path / "b" / "checkpoint-2")], cwd=REPO,
+                         capture_output=True, text=True)
+    assert one.returncode == 2 and "holds optimizer states of the layout" in one.stderr.strip().splitlines()[-1]

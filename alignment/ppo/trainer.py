@@ -25,8 +25,8 @@ from alignment.ppo.rewards import gold_scores
 from alignment.ppo.rollout import critic_values, response_log_probs, sample_rollout
 from alignment.sft.trainer import answer_token_loss
 from alignment.training.distributed import (average_gradients, barrier, data_world_size, gather_lists,
-                                            init_distributed, is_main_process, mean_over_ranks, shard,
-                                            sum_over_data_ranks)
+                                            init_distributed, is_main_process, layout_name, mean_over_ranks,
+                                            shard, sum_over_data_ranks)
 from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint, skip_batches
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
@@ -78,7 +78,7 @@ class PPOTrainer:
         self.guard = NonFiniteGuard(train_args.max_nonfinite_steps, train_args.output_dir)
         self.resume_path = resolve_resume(train_args.output_dir, train_args.resume_from_checkpoint)
         if self.resume_path is not None:
-            state = load_checkpoint(self.resume_path, *self._checkpointed())
+            state = load_checkpoint(self.resume_path, *self._checkpointed(), layout=layout_name())
             self.global_step, self.drawn = state["global_step"], state["drawn"]
             self.reward_stats.load_state_dict(state["reward_stats"])
             self.guard.load_state_dict(state["nonfinite"])
@@ -323,11 +323,10 @@ class PPOTrainer:
             self._save_step_checkpoint()
 
     def _save_step_checkpoint(self) -> None:
-        if is_main_process():
-            state = {"drawn": self.drawn, "reward_stats": self.reward_stats.state_dict(),
-                     "nonfinite": self.guard.state_dict()}
-            save_checkpoint(self.args.output_dir, self.global_step, *self._checkpointed(), state,
-                            self.tokenizer.name_or_path, self.args.save_total_limit)
+        state = {"drawn": self.drawn, "reward_stats": self.reward_stats.state_dict(),
+                 "nonfinite": self.guard.state_dict()}
+        save_checkpoint(self.args.output_dir, self.global_step, *self._checkpointed(), state,
+                        self.tokenizer.name_or_path, self.args.save_total_limit, layout_name())  # every rank
         barrier()
 
     def save(self, directory: str) -> None:

@@ -2,18 +2,22 @@
 
     <output_dir>/checkpoint-N/
         <model>/               each trained model in HF layout (e.g. model/, or policy/ and value/)
-        <model>.optimizer      AdamW state of that model (paddle.save; parameters under their structured names)
+        <model>.optimizer      AdamW state of that model (paddle.save; parameters under their structured names);
+                               under tensor parallelism or sharding one file per rank, <model>.optimizer.rank-R
         <model>.scheduler      learning-rate scheduler state
         rng_state.pkl          Python, numpy and Paddle RNG states
-        trainer_state.json     global_step, batches drawn from each data stream, normaliser statistics, ...
+        trainer_state.json     global_step, batches drawn from each data stream, normaliser statistics, the
+                               process layout the optimizer files belong to, ...
     <output_dir>/latest        "checkpoint-N", rewritten only after checkpoint-N is complete
 
 A checkpoint directory is built under a temporary name, fsynced and renamed (alignment/fileio.py), and `latest`
 is replaced atomically afterwards, so a process killed at any point leaves the previous checkpoint loadable and
-`resume_from_checkpoint: "auto"` finds it.
+`resume_from_checkpoint: "auto"` finds it. Every rank calls save_checkpoint (tensor-parallel weights are gathered,
+per-rank optimizer states sent to rank 0); rank 0 writes.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -26,6 +30,7 @@ import numpy as np
 import paddle
 
 from alignment.fileio import atomic_directory, write_json_atomic, write_text_atomic
+from alignment.training.distributed import gather_objects, is_main_process, rank, split_optimizer_states
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pkl"
@@ -71,25 +76,39 @@ def load_portable_optimizer_state(model, optimizer, state: dict) -> None:
 
 
 def save_checkpoint(output_dir: str, step: int, models: Dict[str, object], optimizers: Dict[str, Tuple],
-                    state: dict, tokenizer_dir: Optional[str] = None, keep: int = 0) -> str:
+                    state: dict, tokenizer_dir: Optional[str] = None, keep: int = 0, layout: str = "") -> str:
     """Write checkpoint-`step` atomically, point `latest` at it, then keep only the newest `keep` (0 = all).
-    `optimizers` maps a model name to that model's (optimizer, scheduler)."""
+    `optimizers` maps a model name to that model's (optimizer, scheduler). Called by every rank."""
     name = f"checkpoint-{step}"
     path = os.path.join(output_dir, name)
-    with atomic_directory(path) as tmp:
-        for model_name, model in models.items():
+    per_rank = split_optimizer_states()
+    with (atomic_directory(path) if is_main_process() else contextlib.nullcontext("")) as tmp:
+        for model_name, model in models.items():  # a collective for tensor-parallel models; rank 0 writes
             model.save_pretrained(os.path.join(tmp, model_name), tokenizer_dir=tokenizer_dir)
         for opt_name, (optimizer, scheduler) in optimizers.items():
             state_dict = portable_optimizer_state(models[opt_name], optimizer)
-            paddle.save(state_dict, os.path.join(tmp, f"{opt_name}.optimizer"))
-            paddle.save(scheduler.state_dict(), os.path.join(tmp, f"{opt_name}.scheduler"))
-        write_rng_state(tmp)
-        write_json_atomic(os.path.join(tmp, STATE_FILE), {"global_step": step, **state})
+            if per_rank:
+                for r, part in enumerate(gather_objects({k: _host(v) for k, v in state_dict.items()})):
+                    if tmp:
+                        paddle.save(part, os.path.join(tmp, f"{opt_name}.optimizer.rank-{r}"))
+            elif tmp:
+                paddle.save(state_dict, os.path.join(tmp, f"{opt_name}.optimizer"))
+            if tmp:
+                paddle.save(scheduler.state_dict(), os.path.join(tmp, f"{opt_name}.scheduler"))
+        if tmp:
+            write_rng_state(tmp)
+            write_json_atomic(os.path.join(tmp, STATE_FILE), {"global_step": step, "layout": layout, **state})
+    if not is_main_process():
+        return path
     write_text_atomic(os.path.join(output_dir, LATEST), name + "\n")
     if keep > 0:
         for old in sorted(checkpoint_steps(output_dir))[:-keep]:
             shutil.rmtree(os.path.join(output_dir, f"checkpoint-{old}"), ignore_errors=True)
     return path
+
+
+def _host(value):
+    return value.numpy() if isinstance(value, paddle.Tensor) else value
 
 
 def checkpoint_steps(output_dir: str) -> list:
@@ -123,18 +142,26 @@ def resolve_resume(output_dir: str, spec: Optional[str]) -> Optional[str]:
     return spec
 
 
-def load_checkpoint(path: str, models: Dict[str, object], optimizers: Dict[str, Tuple]) -> dict:
-    """Restore models, optimizers, schedulers and RNG states in place; return the trainer state."""
+def load_checkpoint(path: str, models: Dict[str, object], optimizers: Dict[str, Tuple], layout: str = "") -> dict:
+    """Restore models, optimizers, schedulers and RNG states in place; return the trainer state. Weights load
+    under any layout; per-rank optimizer states need the layout they were saved under."""
+    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
+        saved = json.load(f)
+    if split_optimizer_states() or saved.get("layout"):
+        if saved.get("layout", "") != layout:
+            raise ValueError(f"key 'resume_from_checkpoint': {path} holds optimizer states of the layout "
+                             f"'{saved.get('layout', '')}'; resume it with that layout, not '{layout}'")
     for model_name, model in models.items():
         model.load_checkpoint(os.path.join(path, model_name))
     for opt_name, (optimizer, scheduler) in optimizers.items():
-        load_portable_optimizer_state(models[opt_name], optimizer,
-                                      paddle.load(os.path.join(path, f"{opt_name}.optimizer")))
+        file = os.path.join(path, f"{opt_name}.optimizer")
+        if split_optimizer_states():
+            file += f".rank-{rank()}"
+        load_portable_optimizer_state(models[opt_name], optimizer, paddle.load(file))
         scheduler.set_state_dict(paddle.load(os.path.join(path, f"{opt_name}.scheduler")))
     with open(os.path.join(path, RNG_FILE), "rb") as f:
         set_rng_state(pickle.load(f))
-    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
-        return json.load(f)
+    return saved
 
 
 def skip_batches(batches, count: int):

@@ -153,6 +153,29 @@ def gather_lists(values: List) -> List:
     return [v for part in gathered for v in part]
 
 
+def split_optimizer_states() -> bool:
+    """True when ranks hold different optimizer states (tensor-parallel slices or sharding): one file per rank."""
+    return _hybrid is not None and (_hybrid.get_model_parallel_world_size() > 1 or
+                                    _hybrid.get_sharding_parallel_world_size() > 1)
+
+
+def layout_name() -> str:
+    """The process layout optimizer files belong to ('' for one process or plain data parallelism)."""
+    if _hybrid is None:
+        return ""
+    return (f"tp{_hybrid.get_model_parallel_world_size()}-pp{_hybrid.get_pipe_parallel_world_size()}-"
+            f"sharding{_hybrid.get_sharding_parallel_world_size()}-dp{_hybrid.get_data_parallel_world_size()}")
+
+
+def gather_objects(value) -> list:
+    """[value of rank 0, value of rank 1, ...] on every rank."""
+    if world_size() == 1:
+        return [value]
+    gathered: List = []
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from alignment.training.arguments import TrainingArguments
 from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint, skip_batches
 from alignment.training.distributed import (average_gradients, barrier, data_world_size, init_distributed,
-                                            is_main_process, mean_over_ranks, shard)
+                                            is_main_process, layout_name, mean_over_ranks, shard)
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
 
@@ -197,15 +197,14 @@ class Trainer:
         self.guard.load_state_dict(state["nonfinite"])
 
     def save_step_checkpoint(self) -> None:
-        if is_main_process():
-            save_checkpoint(self.args.output_dir, self.global_step, {"model": self.model},
-                            {"model": (self.optimizer, self.scheduler)}, self.trainer_state(),
-                            self.tokenizer.name_or_path, self.args.save_total_limit)
+        save_checkpoint(self.args.output_dir, self.global_step, {"model": self.model},
+                        {"model": (self.optimizer, self.scheduler)}, self.trainer_state(),
+                        self.tokenizer.name_or_path, self.args.save_total_limit, layout_name())  # every rank
         barrier()
 
     def resume(self, path: str) -> None:
-        self.load_trainer_state(load_checkpoint(path, {"model": self.model}, {"model": (self.optimizer,
-                                                                                         self.scheduler)}))
+        self.load_trainer_state(load_checkpoint(path, {"model": self.model},
+                                                {"model": (self.optimizer, self.scheduler)}, layout_name()))
         self.logger.resume_at(self.global_step)
         print(f"resumed from {path} at step {self.global_step}")
 
