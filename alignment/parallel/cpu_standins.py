@@ -11,6 +11,11 @@ collectives (`paddle.distributed.all_reduce` / `all_gather` / `send` / `recv`) t
     _c_concat                      c_concat kernel (all-gather along the last axis)
     _c_split                       c_split kernel (this rank's slice of the last axis)
     _c_softmax_with_cross_entropy  c_softmax_with_cross_entropy kernel (vocab-parallel cross-entropy)
+    ParallelEnv.device_id          set only from FLAGS_selected_gpus/xpus; a CPU build has none, and
+                                   PipelineLayer reads it (0 here)
+
+Pipeline stages exchange activations with isend/irecv on CPU (`use_batch_p2p_comm` false in
+training/distributed.py, a fleet setting), since gloo has no batched calc-stream p2p.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed.fleet.layers.mpu import mp_ops
+from paddle.distributed.parallel import ParallelEnv
 
 _installed = False
 
@@ -154,4 +160,5 @@ def install() -> None:
     mp_ops._c_concat = _c_concat
     mp_ops._c_split = _c_split
     mp_ops._c_softmax_with_cross_entropy = _c_softmax_with_cross_entropy
+    ParallelEnv.device_id = property(lambda self: getattr(self, "_device_id", 0))
     _installed = True

@@ -1,4 +1,5 @@
-"""eval_mode 'single': generate with a whole copy of a tensor-parallel actor (PaddleNLP's export_evaluate_model).
+"""eval_mode 'single': generate with a whole copy of a tensor- or pipeline-parallel actor (PaddleNLP's
+export_evaluate_model). Under pipeline parallelism the critic's old values come from a whole copy too.
 
 Token-by-token decoding under tensor parallelism pays collectives at every layer of every token; a whole copy on
 each rank generates with none. The copy is refreshed from the training slices (one all-gather per parameter)
@@ -14,9 +15,12 @@ from alignment.parallel import tensor_parallel as tp
 
 
 class WholeCopy:
-    def __init__(self, model):
+    """model: a tensor-parallel model, or a pipeline model (alignment/parallel/pipeline.py) whose whole
+    counterpart is `cls` (LlamaForCausalLM / ScoreModel)."""
+
+    def __init__(self, model, cls=None):
         config = dataclasses.replace(model.config, tensor_parallel_degree=1)
-        self.model = type(model)(config)
+        self.model = (cls or type(model))(config)
         for param in self.model.parameters():
             param.stop_gradient = True
         self.model.eval()
@@ -27,7 +31,11 @@ class WholeCopy:
         """The copy with `source`'s current weights (gathered when split); cheap when `version` is unchanged."""
         if version != self.version:
             own = dict(self.model.named_parameters())
-            for name, param in source.named_parameters():
-                own[name].set_value(tp.full_tensor(param) if tp.is_split(param) else param)
+            if hasattr(source, "whole_state"):  # pipeline stages exchange their layers
+                for name, tensor in source.whole_state().items():
+                    own[name].set_value(tensor)
+            else:
+                for name, param in source.named_parameters():
+                    own[name].set_value(tp.full_tensor(param) if tp.is_split(param) else param)
             self.version = version
         return self.model

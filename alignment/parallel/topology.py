@@ -21,6 +21,8 @@ class Layout:
     pipeline: int = 1
     sharding: int = 1
     stage: str = ""  # "" | stage1 | stage2 | stage3
+    micro_batch_size: int = 1  # pipeline: rows per micro-batch (per_device_train_batch_size)
+    accumulate_steps: int = 1  # pipeline: micro-batches per optimizer step (gradient_accumulation_steps)
 
     @property
     def data(self) -> int:
@@ -67,10 +69,7 @@ def plan(args, world: int = None) -> Layout:
         if not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()):
             raise ValueError(f"key 'sharding' {stage!r} needs a GPU: Paddle's group_sharded_parallel (stage 2/3) "
                              "asserts a GPU/XPU device; use stage1 on CPU")
-    if pp > 1:
-        raise ValueError("key 'pipeline_parallel_degree' > 1: the pipeline-parallel model variant is not built yet "
-                         "(tensor parallel and sharding are); use tensor_parallel_degree to split a large model")
-    return Layout(world, tp, pp, sharding, stage)
+    return Layout(world, tp, pp, sharding, stage, args.per_device_train_batch_size, args.gradient_accumulation_steps)
 
 
 def check_model(tp: int, config, path: str) -> None:

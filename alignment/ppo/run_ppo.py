@@ -16,12 +16,16 @@ from alignment.training.arguments import TrainingArguments  # noqa: E402
 from alignment.training.setup import fail, load_raw, parse_arguments, start_processes, training_stops, user_errors  # noqa: E402
 
 
-def build_models(model_args, ppo_args, lora_args, train_args):
+def build_models(model_args, ppo_args, lora_args, train_args, pipeline_stages: int = 1):
     """(actor, reference, critic or None, reward model or None, reward tokenizer or None). With LoRA on the actor
-    the reference is the actor itself (its base weights, adapters off): no second copy of the model."""
+    the reference is the actor itself (its base weights, adapters off): no second copy of the model. With
+    pipeline stages, actor and critic are pipeline models (alignment/parallel/pipeline.py); the frozen
+    reference and reward models stay whole (or tensor-parallel)."""
     from alignment.models import LlamaForCausalLM, Tokenizer
     from alignment.models.score_model import ScoreModel
 
+    if pipeline_stages > 1:
+        return build_pipeline_models(model_args, ppo_args, lora_args, pipeline_stages)
     actor = lora_args.apply(LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path,
                                                              recompute=train_args.recompute))
     if lora_args.lora:
@@ -47,6 +51,38 @@ def build_models(model_args, ppo_args, lora_args, train_args):
     return actor, reference, critic, reward_model, reward_tokenizer
 
 
+def build_pipeline_models(model_args, ppo_args, lora_args, stages: int):
+    from alignment.models import LlamaConfig, LlamaForCausalLM, Tokenizer
+    from alignment.models.score_model import ScoreConfig, ScoreModel
+    from alignment.parallel.pipeline import PolicyPipeLoss, ValuePipeLoss, build_pipeline_model
+    from alignment.training.distributed import model_parallel_degree
+
+    if lora_args.lora or ppo_args.critic_lora:
+        raise ValueError("LoRA with pipeline_parallel_degree > 1 is not supported: set 'lora' / 'critic_lora' false")
+    degree = model_parallel_degree()
+    path = model_args.actor_model_name_or_path
+    config = LlamaConfig.from_pretrained(path)
+    config.tensor_parallel_degree = degree
+    actor = build_pipeline_model(config, path, "causal", stages, PolicyPipeLoss(ppo_args))
+    reference = LlamaForCausalLM.from_pretrained(path)
+    for param in reference.parameters():
+        param.stop_gradient = True
+    reward_model = reward_tokenizer = critic = None
+    if model_args.reward_model_name_or_path:
+        reward_model = ScoreModel.from_pretrained(model_args.reward_model_name_or_path)
+        for param in reward_model.parameters():
+            param.stop_gradient = True
+        reward_tokenizer = Tokenizer.from_pretrained(model_args.reward_model_name_or_path)
+    if ppo_args.uses_critic:
+        critic_path = (model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
+                       or path)
+        critic_config = ScoreConfig.from_pretrained(critic_path)
+        critic_config.score_type, critic_config.do_normalize = "critic", False
+        critic_config.tensor_parallel_degree = degree
+        critic = build_pipeline_model(critic_config, critic_path, "score", stages, ValuePipeLoss(ppo_args))
+    return actor, reference, critic, reward_model, reward_tokenizer
+
+
 def main(argv=None) -> dict:
     model_args, data_args, ppo_args, lora_args, train_args, effective = parse_arguments(
         argv, PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments)
@@ -58,7 +94,7 @@ def main(argv=None) -> dict:
     from alignment.ppo.trainer import PPOTrainer
     from alignment.training.trainer import set_seed
 
-    start_processes(train_args)
+    layout = start_processes(train_args, pipeline=True)
     set_seed(train_args.seed)
     with user_errors():
         for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
@@ -76,7 +112,7 @@ def main(argv=None) -> dict:
               (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
               (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
         actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, lora_args,
-                                                                                train_args)
+                                                                                train_args, layout.pipeline)
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score)
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "

@@ -13,12 +13,16 @@ from typing import Dict, List
 
 import numpy as np
 import paddle
+from paddle.distributed import fleet
 from tqdm import tqdm
 
+from alignment.models import LlamaForCausalLM
 from alignment.models.generation import GenerationConfig
+from alignment.models.score_model import ScoreModel
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.parallel.offload import Offloader, parse_levels
+from alignment.parallel.pipeline import PipelineModel, pipeline_step
 from alignment.parallel.reshard import WholeCopy
 from alignment.ppo import algorithms as rl
 from alignment.ppo.rewards import gold_scores
@@ -54,8 +58,9 @@ class PPOTrainer:
         # one pass and one optimizer step over a rollout whose advantages do not use the old log-probs: the policy
         # that sampled it is the one being updated, so old log-probs = the update's own (detached); score() skips
         # that forward pass (as TRL's GRPO does with num_iterations 1)
+        self.pipelined = isinstance(actor, PipelineModel)
         self.reuse_update_log_probs = (ppo_args.advantage_estimator in rl.GROUP_ESTIMATORS
-                                       and ppo_args.update_iters == 1
+                                       and ppo_args.update_iters == 1 and not self.pipelined
                                        and micro_batches <= train_args.gradient_accumulation_steps)
         if critic is not None:
             critic_args = dataclasses.replace(
@@ -67,7 +72,14 @@ class PPOTrainer:
                                  [self.actor_opt, getattr(self, "critic_opt", None)])
         self.offload.offload_all()
         split = actor.config.tensor_parallel_degree > 1
-        self.generation_copy = WholeCopy(actor) if split and ppo_args.eval_mode == "single" else None
+        self.generation_copy = WholeCopy(actor, LlamaForCausalLM) if self.pipelined or (
+            split and ppo_args.eval_mode == "single") else None
+        self.critic_copy = None
+        if self.pipelined:
+            check_pipeline_run(ppo_args, train_args, rollouts, ptx_data)
+            self.actor_pipe = fleet.distributed_model(actor)
+            self.critic_pipe = fleet.distributed_model(critic) if critic is not None else None
+            self.critic_copy = WholeCopy(critic, ScoreModel) if critic is not None else None
         self.reward_stats = RunningMeanStd()
         self.gen_config = GenerationConfig(  # max_new_tokens is set per batch from max_length
             max_new_tokens=1, do_sample=True, temperature=ppo_args.temperature, top_p=ppo_args.top_p,
@@ -161,13 +173,17 @@ class PPOTrainer:
         """Old and reference log-probs, old values and end rewards of the rollout (in place)."""
         ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
         self.actor.eval()
+        actor = self.actor if self.generation_copy is None else \
+            self.generation_copy.refreshed(self.actor, version=self.global_step)
         if not self.reuse_update_log_probs:
-            rollout.old_log_probs, _ = response_log_probs(self.actor, ids, mask, p, self.ppo.temperature)
+            rollout.old_log_probs, _ = response_log_probs(actor, ids, mask, p, self.ppo.temperature)
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
         if self.critic is not None:
-            self.critic.eval()
-            rollout.old_values = critic_values(self.critic, ids, mask, p)
+            critic = self.critic if self.critic_copy is None else \
+                self.critic_copy.refreshed(self.critic, version=self.global_step)
+            critic.eval()
+            rollout.old_values = critic_values(critic, ids, mask, p)
         end_rewards, parts = self.reward(rollout)
         every = paddle.to_tensor(gather_lists(end_rewards.numpy().tolist()), dtype="float32")  # the global batch's
         metrics = {"reward/mean": float(every.mean()), "reward/std": float(every.std(unbiased=False)), **parts}
@@ -215,6 +231,8 @@ class PPOTrainer:
             self.critic.train()
         rows: List[Dict[str, float]] = []
         rng = np.random.default_rng(args.seed + 7919 * self.global_step)
+        if self.pipelined:
+            return self.pipeline_update(rollout, rng)
         size, accum, micro = args.per_device_train_batch_size, args.gradient_accumulation_steps, 0
         for _ in range(ppo.update_iters):
             order = rng.permutation(len(rollout))
@@ -229,6 +247,31 @@ class PPOTrainer:
                 rows.append(stats)
         if micro % accum:
             self._optimizer_step()
+        return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+
+    def pipeline_update(self, rollout, rng) -> Dict[str, float]:
+        """update() under pipeline parallelism: the same micro-batches (per_device_train_batch_size rows), run
+        gradient_accumulation_steps at a time through 1F1B with the losses on the last stage."""
+        size, accum, ranks = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, \
+            data_world_size()
+        rows = []
+        for _ in range(self.ppo.update_iters):
+            order = rng.permutation(len(rollout))
+            for start in range(0, len(rollout), size * accum):
+                batch = rollout.select(paddle.to_tensor(order[start: start + size * accum]))
+                tokens = batch.response_mask.reshape([accum, -1]).sum(axis=1)  # [accum] per micro-batch
+                weight = (ranks / paddle.clip(sum_over_data_ranks(tokens), min=1.0)).repeat_interleave(size)
+                weight = weight.unsqueeze(-1)  # [n, 1]: fleet slices every label along a second axis
+                inputs = (batch.input_ids, batch.attention_mask)
+                stats = pipeline_step(self.actor_pipe, inputs, (
+                    batch.input_ids[:, batch.prompt_len:], batch.old_log_probs, batch.advantages,
+                    batch.response_mask, batch.ref_log_probs, weight), self.actor._loss_fn[0], accum)
+                stats["lr"] = self.actor_opt.get_lr()
+                if self.critic is not None:
+                    stats.update(pipeline_step(self.critic_pipe, inputs, (
+                        batch.old_values, batch.returns, batch.response_mask, weight), self.critic._loss_fn[0], accum))
+                self._optimizer_step()
+                rows.append(stats)
         return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
 
     def _optimizer_step(self):
@@ -338,6 +381,19 @@ class PPOTrainer:
         if self.critic is not None:  # every rank calls save_pretrained; rank 0 writes
             self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)
         barrier()
+
+
+def check_pipeline_run(ppo_args, train_args, rollouts: int, ptx_data) -> None:
+    """What pipeline parallelism needs of a PPO run, checked before the first step."""
+    chunk = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
+    if rollouts % chunk:
+        raise ValueError(f"pipeline_parallel_degree > 1: the {rollouts} rollouts per process (per_device_prompt_"
+                         f"batch_size x num_return_sequences) must split into micro-batches of "
+                         f"per_device_train_batch_size x gradient_accumulation_steps = {chunk}")
+    if ptx_data is not None:
+        raise ValueError("key 'ptx_datasets' is not supported with pipeline_parallel_degree > 1 yet")
+    if ppo_args.eval_mode == "tensor_parallel":
+        raise ValueError("key 'eval_mode': pipeline_parallel_degree > 1 generates with a whole copy ('single')")
 
 
 def token_share(mask) -> float:

@@ -42,7 +42,12 @@ def init_distributed(layout=None) -> None:
 
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": layout.data, "mp_degree": layout.tensor, "pp_degree": layout.pipeline,
-                               "sharding_degree": layout.sharding}
+                               "sharding_degree": layout.sharding,
+                               # isend/irecv between stages: gloo has no batched calc-stream p2p
+                               "pp_configs": {"use_batch_p2p_comm": paddle.is_compiled_with_cuda()}}
+    strategy.pipeline_configs = {"micro_batch_size": layout.micro_batch_size,
+                                 "accumulate_steps": layout.accumulate_steps,
+                                 "p2p_cache_shape": False}  # rollout lengths change from step to step
     fleet.init(is_collective=True, strategy=strategy)
     if not paddle.is_compiled_with_cuda():
         from alignment.parallel import cpu_standins
@@ -70,13 +75,18 @@ def model_parallel_degree() -> int:
     return 1 if _hybrid is None else _hybrid.get_model_parallel_world_size()
 
 
+def pipeline_degree() -> int:
+    return 1 if _hybrid is None else _hybrid.get_pipe_parallel_world_size()
+
+
 def sharding_world_size() -> int:
     return 1 if _hybrid is None else _hybrid.get_sharding_parallel_world_size()
 
 
 def is_data_leader() -> bool:
-    """True on one rank per data rank (tensor-parallel rank 0): the one whose outputs count in gathered lists."""
-    return _hybrid is None or _hybrid.get_model_parallel_rank() == 0
+    """True on one rank per data rank (tensor-parallel rank 0 of the first pipeline stage): the one whose outputs
+    count in gathered lists."""
+    return _hybrid is None or (_hybrid.get_model_parallel_rank() == 0 and _hybrid.get_stage_id() == 0)
 
 
 def _data_groups() -> list:
@@ -118,7 +128,7 @@ def sum_over_data_ranks(tensor):
 
 def grad_norm_squares(parameters) -> float:
     """Sum of squared gradients of the whole model: slices of tensor-parallel parameters are summed over their
-    group, replicated parameters counted once. Call after average_gradients."""
+    group, replicated parameters counted once, pipeline stages added up. Call after average_gradients."""
     split, whole = [], []
     for param in parameters:
         if param.grad is not None:
@@ -131,6 +141,8 @@ def grad_norm_squares(parameters) -> float:
         total = total + part
     elif split:
         total = total + paddle.add_n(split)
+    if _hybrid is not None and _hybrid.get_pipe_parallel_world_size() > 1:  # each stage holds its own layers
+        dist.all_reduce(total, group=_hybrid.get_pipe_parallel_group())
     return float(total)
 
 
@@ -156,6 +168,7 @@ def gather_lists(values: List) -> List:
 def split_optimizer_states() -> bool:
     """True when ranks hold different optimizer states (tensor-parallel slices or sharding): one file per rank."""
     return _hybrid is not None and (_hybrid.get_model_parallel_world_size() > 1 or
+                                    _hybrid.get_pipe_parallel_world_size() > 1 or
                                     _hybrid.get_sharding_parallel_world_size() > 1)
 
 

@@ -49,14 +49,18 @@ def parse_arguments(argv, *dataclass_types):
     return (*instances, effective)
 
 
-def start_processes(train_args):
-    """Start the process groups the launch and the parallel degrees ask for (fleet's hybrid groups for tensor
-    parallelism or sharding), before any model is built: models built afterwards are split accordingly."""
+def start_processes(train_args, pipeline: bool = False):
+    """Start the process groups the launch and the parallel degrees ask for (fleet's hybrid groups for tensor /
+    pipeline parallelism or sharding), before any model is built: models built afterwards are split accordingly.
+    pipeline: whether this stage has pipeline-parallel models (PPO's policy and critic)."""
     from alignment.parallel.topology import plan
     from alignment.training.distributed import init_distributed
 
     try:
         layout = plan(train_args)
+        if layout.pipeline > 1 and not pipeline:
+            raise ValueError("key 'pipeline_parallel_degree' > 1: pipeline-parallel models exist for PPO's policy "
+                             "and critic only; use tensor_parallel_degree / sharding for this stage")
     except ValueError as err:
         fail(err)
     init_distributed(layout)

@@ -1,0 +1,247 @@
+"""Pipeline-parallel variants of the trained PPO models (policy and critic) on fleet's PipelineLayer.
+
+    stage layers:  0 = embedding, 1..L = decoder layers, L+1 = final norm + head (LM head or score head)
+    between stages: (hidden [b, s, h], attention_mask [b, s])
+
+fleet splits the decoder layers evenly over the stages (the embedding joins the first, the head the last), cuts
+each update batch into micro-batches and runs them 1F1B; the PPO / value losses (`PolicyPipeLoss`,
+`ValuePipeLoss`) run on the last stage. Generation and scoring do not go through the pipeline: they use a whole
+copy of each model (eval_mode 'single', alignment/parallel/reshard.py), refreshed from the stages once per step.
+Checkpoints are whole HF-layout directories: a stage's parameter `3.self_attn.q_proj.weight` is
+`model.layers.2.self_attn.q_proj.weight` there (see `hf_name`).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import paddle
+import paddle.distributed as dist
+import paddle.nn as nn
+
+from alignment.fileio import atomic_directory
+from alignment.models import checkpoint as ckpt
+from alignment.models.llama import (DecoderLayer, RMSNorm, attention_bias, init_weights, positions_from_mask,
+                                    rope_cos_sin)
+from alignment.models.normalizer import load_normalizer, make_normalizer
+from alignment.parallel import tensor_parallel as tp
+from alignment.ppo import algorithms as rl
+
+
+class EmbeddingStage(nn.Layer):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = tp.embedding(config.vocab_size, config.hidden_size, config.tensor_parallel_degree)
+
+    def forward(self, args):
+        input_ids, attention_mask = args
+        return self.embed_tokens(input_ids), attention_mask
+
+
+class DecoderStage(DecoderLayer):
+    """One decoder layer; RoPE tables and the causal bias are rebuilt from the mask on every stage."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.config = config
+
+    def forward(self, args):
+        x, attention_mask = args
+        cos, sin = rope_cos_sin(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope_theta,
+                                x.dtype)
+        x, _ = super().forward(x, cos, sin, attention_bias(attention_mask, x.shape[1], x.dtype))
+        return x, attention_mask
+
+
+class CausalHeadStage(nn.Layer):
+    """Final norm + LM head: logits [b, s, vocab] (this rank's vocabulary slice under tensor parallelism)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = tp.column_linear(config.hidden_size, config.vocab_size, False, config.tensor_parallel_degree)
+
+    def forward(self, args):
+        hidden, _ = args
+        return self.lm_head(self.norm(hidden)).astype("float32")
+
+
+class ScoreHeadStage(nn.Layer):
+    """Final norm + score head: per-token scores [b, s]."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias_attr=False)
+
+    def forward(self, args):
+        hidden, _ = args
+        return self.score(self.norm(hidden)).astype("float32").squeeze(-1)
+
+
+def hf_name(name: str, num_layers: int) -> str:
+    """Stage parameter name -> HF checkpoint name ('0.embed_tokens.weight' -> 'model.embed_tokens.weight')."""
+    index, rest = name.split(".", 1)
+    index = int(index)
+    if index == 0 or rest.startswith("norm."):
+        return f"model.{rest}"
+    if index <= num_layers:
+        return f"model.layers.{index - 1}.{rest}"
+    return rest  # lm_head.weight / score.weight
+
+
+def is_linear_weight(name: str, tensor) -> bool:
+    """Linear weights are stored transposed in HF checkpoints; in these models every 2-D weight but the
+    embedding table is one (whatever stage holds it)."""
+    return tensor.ndim == 2 and "embed_tokens" not in name
+
+
+class PipelineModel:
+    """What the trainer and checkpoints need from a pipeline model: config, whole-checkpoint load and save.
+    Mixed into fleet's PipelineLayer (see build_pipeline_model)."""
+
+    config = None
+    head_type = None
+
+    def hf_names(self) -> Dict[str, paddle.Tensor]:
+        return {hf_name(n, self.config.num_hidden_layers): p for n, p in self.named_parameters()}
+
+    def load_checkpoint(self, path: str) -> None:
+        """This stage's parameters (this rank's slices) from a whole HF checkpoint."""
+        loaded = ckpt.load_hf_state_dict(path)
+        for name, param in self.hf_names().items():
+            if name not in loaded and self.head_type == "score" and name.startswith("score."):
+                continue  # a critic started from a causal LM: the score head keeps its initialisation
+            if name not in loaded:
+                raise ValueError(f"{path}: checkpoint has no tensor {name}")
+            tensor, file = loaded[name]
+            tensor = tensor.T if is_linear_weight(name, tensor) else tensor
+            if list(tensor.shape) != tp.whole_shape(param):
+                raise ValueError(f"{file}: tensor {name} has shape {list(loaded[name][0].shape)}, the model config "
+                                 f"expects {tp.whole_shape(param)}")
+            param.set_value((tp.local_slice(tensor, param) if tp.is_split(param) else tensor).astype(param.dtype))
+        self.load_extra_files(path)
+
+    def whole_state(self) -> Dict[str, paddle.Tensor]:
+        """Every parameter of the whole model under HF names and Paddle orientation, on every rank (collectives:
+        tensor-parallel slices are gathered, then the stages exchange theirs)."""
+        own = {name: (tp.full_tensor(p) if tp.is_split(p) else p).numpy() for name, p in self.hf_names().items()}
+        parts = []
+        dist.all_gather_object(parts, own, group=self._topo_group())
+        return {name: paddle.to_tensor(value) for part in parts for name, value in part.items()}
+
+    def _topo_group(self):
+        from paddle.distributed import fleet
+
+        return fleet.get_hybrid_communicate_group().get_pipe_parallel_group()
+
+    def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None) -> None:
+        """Every rank calls it; rank 0 writes the whole model in HF layout."""
+        from alignment.training.distributed import is_main_process
+
+        state = self.whole_state()
+        if not is_main_process():
+            return
+        with atomic_directory(path) as tmp:
+            self.config.save_pretrained(tmp)
+            ckpt.save_weights(None, tmp, state={k: (v.T if is_linear_weight(k, v) else v).contiguous()
+                                                for k, v in state.items()})
+            self.save_extra_files(tmp)
+            if tokenizer_dir:
+                ckpt.copy_tokenizer_files(tokenizer_dir, tmp)
+
+    def save_extra_files(self, path: str) -> None:
+        if self.head_type == "score":
+            self.normalizer.save(path)
+
+    def load_extra_files(self, path: str) -> None:
+        if self.head_type == "score":
+            self.normalizer = load_normalizer(path, self.config.normalizer_type, self.config.normalizer_momentum)
+
+
+def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn):
+    """A PipelineLayer holding this rank's stage of the model at `path` (head 'causal' or 'score')."""
+    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+
+    if config.tie_word_embeddings and head == "causal":
+        raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline_parallel_degree > 1 "
+                         "yet (the LM head and the embedding live on different stages)")
+    if config.num_hidden_layers < num_stages:
+        raise ValueError(f"{path}: {config.num_hidden_layers} layers cannot fill {num_stages} pipeline stages")
+
+    class Pipe(PipelineModel, PipelineLayer):
+        pass
+
+    layers = [LayerDesc(EmbeddingStage, config)] + [LayerDesc(DecoderStage, config)
+                                                     for _ in range(config.num_hidden_layers)]
+    layers.append(LayerDesc(CausalHeadStage if head == "causal" else ScoreHeadStage, config))
+    model = Pipe(layers=layers, num_stages=num_stages, loss_fn=loss_fn, seg_method="layer:DecoderStage")
+    model.config, model.head_type, model.name_or_path = config, head, path
+    if head == "score":
+        model.normalizer = make_normalizer(config.normalizer_type, config.normalizer_momentum)
+    init_weights(model, config.initializer_range)
+    model.load_checkpoint(path)
+    return model
+
+
+class PolicyPipeLoss:
+    """PPO's actor loss on the last stage. labels: response ids, old log-probs, advantages, response mask,
+    reference log-probs, all [b, R], and token_weight [b, 1]: data ranks / tokens of this micro-batch over all data
+    ranks (the same in each row of a micro-batch), so loss x tokens x weight is this rank's share of the token
+    mean, exactly as token_share() scales the loss without a pipeline."""
+
+    def __init__(self, ppo_args):
+        self.ppo = ppo_args
+        self.stats = {}
+
+    def __call__(self, logits, labels):
+        ids, old_log_probs, advantages, mask, ref_log_probs, token_weight = labels
+        response = logits[:, logits.shape[1] - ids.shape[1] - 1: -1] / self.ppo.temperature  # [b, R, V(/n)]
+        if self._split():
+            log_probs = tp.parallel_token_log_probs(response, ids)
+        else:
+            log_probs = rl.gather_log_probs(response, ids)  # [b, R]
+        loss, stats = rl.policy_loss_and_stats(log_probs, old_log_probs, advantages, mask, self.ppo.clip_range_ratio)
+        if self.ppo.kl_in_loss:
+            loss = loss + self.ppo.kl_coeff * rl.masked_mean(rl.kl_penalty(log_probs, ref_log_probs,
+                                                                           self.ppo.kl_estimator), mask)
+        share = mask.astype("float32").sum() * token_weight[0, 0]  # this micro-batch's share of the batch mean
+        with paddle.no_grad():
+            entropy = rl.masked_mean(rl.entropy_from_logits(
+                tp.gather_vocab(response.detach()) if self._split() else response.detach()), mask)
+            for key, value in {"actor_loss": loss.detach(), "entropy": entropy, **stats}.items():
+                self.stats[key] = self.stats.get(key, 0.0) + float(value) * float(share)
+        return loss * share
+
+    @staticmethod
+    def _split() -> bool:
+        from alignment.training.distributed import model_parallel_degree
+
+        return model_parallel_degree() > 1
+
+
+class ValuePipeLoss:
+    """The clipped value loss on the last stage. labels: old values, returns, response mask [b, R], token_weight [b, 1]."""
+
+    def __init__(self, ppo_args):
+        self.ppo = ppo_args
+        self.stats = {}
+
+    def __call__(self, scores, labels):
+        old_values, returns, mask, token_weight = labels
+        values = scores[:, scores.shape[1] - old_values.shape[1] - 1: -1]  # [b, R]
+        loss = rl.critic_loss(values, old_values, returns, mask, self.ppo.clip_range_value)
+        share = mask.astype("float32").sum() * token_weight[0, 0]
+        self.stats["critic_loss"] = self.stats.get("critic_loss", 0.0) + float(loss) * float(share)
+        return loss * share
+
+
+def pipeline_step(wrapped, inputs, labels, loss_fn, micro_batches: int) -> Dict[str, float]:
+    """One 1F1B forward/backward over the micro-batches of (inputs, labels). Returns the loss function's
+    statistics averaged over the micro-batches, broadcast from the last stage to every stage."""
+    loss_fn.stats = {}
+    wrapped.forward_backward_pipeline([inputs, labels])
+    holder = [{k: v / micro_batches for k, v in loss_fn.stats.items()}]
+    hcg = wrapped._hcg
+    dist.broadcast_object_list(holder, src=hcg.get_rank_from_stage(wrapped.num_stages - 1),
+                               group=hcg.get_pipe_parallel_group())
+    return holder[0]
