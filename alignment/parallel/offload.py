@@ -97,7 +97,7 @@ class Offloader:
             _move(tensors, host_place())
 
     def _record(self, key: str) -> None:
-        if paddle.is_compiled_with_cuda() and self.levels:
+        if paddle.is_compiled_with_cuda():
             self.memory_log[f"memory/{key}"] = paddle.device.cuda.memory_allocated() / 2**30
 
 

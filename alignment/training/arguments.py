@@ -41,8 +41,9 @@ class TrainingArguments:
                                                              "in output_dir (a fresh start when there is none).")
     tensor_parallel_degree: int = field(1, help="Split every model's layers over this many processes (Megatron-"
                                                 "style tensor parallelism on fleet's parallel layers); 1 = off.")
-    pipeline_parallel_degree: int = field(1, help="Split the decoder layers into this many pipeline stages; only 1 "
-                                                  "in this build (a clear error otherwise).")
+    pipeline_parallel_degree: int = field(1, help="Split PPO's policy and critic into this many pipeline stages "
+                                                  "(fleet PipelineLayer, 1F1B over micro-batches of "
+                                                  "per_device_train_batch_size); PPO only.")
     sharding: str = field("", help="Optimizer-state sharding over data-parallel processes: 'stage1' (fleet's "
                                    "sharding optimizer); 'stage2'/'stage3' need a GPU; '' = off.")
     sharding_parallel_degree: int = field(-1, help="Processes in one sharding group; -1 = all processes left after "
