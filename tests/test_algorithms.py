@@ -134,6 +134,21 @@ def test_masked_whiten_hand_values_reference_and_edges():
     close(alg.masked_whiten(t([[5.0, 5, 5]]), t([[1.0, 1, 1]])), [[0, 0, 0]])  # constant -> 0
 
 
+
+def test_masked_whiten_over_data_ranks_uses_the_whole_batch():
+    """reduce_sum doubling every partial sum = a second rank holding the same rows: the statistics must be
+    those of the 2B-row batch (unbiased variance over 2n - 1), with left/right padding and an all-masked row."""
+    x = t([[1.0, 2, 3, 100], [9, 4, 5, 6], [7, 7, 7, 7]])
+    mask = t([[1.0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 0, 0]])  # right-padded, left-padded, all-masked
+    doubled = alg.masked_whiten(x, mask, reduce_sum=lambda v: v * 2)
+    whole = alg.masked_whiten(paddle.concat([x, x]), paddle.concat([mask, mask]))[:3]
+    close(doubled, whole.numpy())
+    # by hand: values [1, 2, 3, 4, 5, 6] twice -> mean 3.5, sum of squares 2 * 17.5 = 35, var 35 / 11
+    s = math.sqrt(35 / 11 + 1e-8)
+    close(doubled, [[-2.5 / s, -1.5 / s, -0.5 / s, 0], [0, 0.5 / s, 1.5 / s, 2.5 / s], [0, 0, 0, 0]])
+    close(alg.masked_whiten(x, mask, reduce_sum=lambda v: v), alg.masked_whiten(x, mask).numpy())  # one rank
+
+
 # ---------------------------------------------------------------- GAE
 def test_gae_hand_worked():
     # gamma = lam = 1, V = [1, 2, 3], r = [0, 0, 1]:

@@ -133,6 +133,24 @@ def test_sampling_is_reproducible_with_seed_and_respects_top_k_1():
     np.testing.assert_array_equal(top1.numpy(), greedy)
 
 
+def test_sampling_by_row_position_gives_each_row_the_same_tokens_however_the_batch_is_split():
+    """SampleRows: rows 0 and 2 sampled alone (as one data rank would) equal the same rows of the whole batch."""
+    from alignment.models.generation import SampleRows
+
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    config = GenerationConfig(max_new_tokens=6, do_sample=True, temperature=1.5, top_p=0.95)
+    paddle.seed(5)
+    whole = generate(model, ids, mask, config, rows=SampleRows(paddle.to_tensor([0, 1, 2]), 3)).sequences.numpy()
+    paddle.seed(5)
+    part = generate(model, paddle.gather(ids, paddle.to_tensor([0, 2])), paddle.gather(mask, paddle.to_tensor([0, 2])),
+                    config, rows=SampleRows(paddle.to_tensor([0, 2]), 3)).sequences.numpy()
+    np.testing.assert_array_equal(part, whole[[0, 2]])
+    paddle.seed(6)
+    other = generate(model, ids, mask, config, rows=SampleRows(paddle.to_tensor([0, 1, 2]), 3)).sequences.numpy()
+    assert (other != whole).any()  # the noise really depends on the seed
+
+
 def test_logit_processors_against_hand_computed_values():
     logits = paddle.to_tensor([[2.0, -1.0, 0.5, 1.0]])
     seen = paddle.to_tensor([[True, True, False, False]])

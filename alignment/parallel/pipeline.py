@@ -183,6 +183,19 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
     return model
 
 
+def check_pipeline_run(ppo_args, train_args, rollouts: int, ptx_data) -> None:
+    """What pipeline parallelism needs of a PPO run, checked before the first step."""
+    chunk = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
+    if rollouts % chunk:
+        raise ValueError(f"pipeline_parallel_degree > 1: the {rollouts} rollouts per process (per_device_prompt_"
+                         f"batch_size x num_return_sequences) must split into micro-batches of "
+                         f"per_device_train_batch_size x gradient_accumulation_steps = {chunk}")
+    if ptx_data is not None:
+        raise ValueError("key 'ptx_datasets' is not supported with pipeline_parallel_degree > 1 yet")
+    if ppo_args.eval_mode == "tensor_parallel":
+        raise ValueError("key 'eval_mode': pipeline_parallel_degree > 1 generates with a whole copy ('single')")
+
+
 class PolicyPipeLoss:
     """PPO's actor loss on the last stage. labels: response ids, old log-probs, advantages, response mask,
     reference log-probs, all [b, R], and token_weight [b, 1]: data ranks / tokens of this micro-batch over all data

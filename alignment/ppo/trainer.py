@@ -22,7 +22,7 @@ from alignment.models.score_model import ScoreModel
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.parallel.offload import Offloader, parse_levels
-from alignment.parallel.pipeline import PipelineModel, pipeline_step
+from alignment.parallel.pipeline import PipelineModel, check_pipeline_run, pipeline_step
 from alignment.parallel.reshard import WholeCopy
 from alignment.ppo import algorithms as rl
 from alignment.ppo.rewards import gold_scores
@@ -381,19 +381,6 @@ class PPOTrainer:
         if self.critic is not None:  # every rank calls save_pretrained; rank 0 writes
             self.critic.save_pretrained(os.path.join(directory, "value"), tokenizer_dir=self.tokenizer.name_or_path)
         barrier()
-
-
-def check_pipeline_run(ppo_args, train_args, rollouts: int, ptx_data) -> None:
-    """What pipeline parallelism needs of a PPO run, checked before the first step."""
-    chunk = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
-    if rollouts % chunk:
-        raise ValueError(f"pipeline_parallel_degree > 1: the {rollouts} rollouts per process (per_device_prompt_"
-                         f"batch_size x num_return_sequences) must split into micro-batches of "
-                         f"per_device_train_batch_size x gradient_accumulation_steps = {chunk}")
-    if ptx_data is not None:
-        raise ValueError("key 'ptx_datasets' is not supported with pipeline_parallel_degree > 1 yet")
-    if ppo_args.eval_mode == "tensor_parallel":
-        raise ValueError("key 'eval_mode': pipeline_parallel_degree > 1 generates with a whole copy ('single')")
 
 
 def token_share(mask) -> float:
