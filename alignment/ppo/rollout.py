@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional
 
+import numpy as np
 import paddle
 
 from alignment.models.generation import GenerationConfig, SampleRows, generate
@@ -47,6 +48,37 @@ class Rollout:
                 value = type(value)()
             picked[f.name] = value
         return Rollout(**picked)
+
+    def trimmed(self) -> "Rollout":
+        """The same rows without the columns that are padding in every row: the left padding all prompts share
+        and the response columns after the longest response. Results are unchanged (padding is masked out of
+        attention, losses and positions); the update phase just stops computing on it."""
+        real = self.attention_mask[:, : self.prompt_len].astype("int32").max(axis=0).numpy()  # [P]
+        skip = int(real.argmax()) if real.any() else 0  # leading columns that are padding in every row
+        keep = max(1, int(self.response_mask.sum(axis=1).max()))  # responses are contiguous from column 0
+        width = self.prompt_len + keep
+        picked = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("input_ids", "attention_mask"):
+                value = value[:, skip: width]
+            elif isinstance(value, paddle.Tensor) and value.ndim == 2:
+                value = value[:, :keep]  # [n, R] per-token fields
+            picked[f.name] = value
+        picked["prompt_len"] = self.prompt_len - skip
+        return Rollout(**picked)
+
+
+def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool) -> np.ndarray:
+    """Row order for one pass over a rollout that is consumed `unit` rows at a time: a shuffle; with
+    group_by_length the shuffled rows are sorted by length, cut into units and the units shuffled, so each
+    micro-batch holds rows of similar length and Rollout.trimmed() removes most of its padding."""
+    order = rng.permutation(len(lengths))
+    if not group_by_length or len(lengths) <= unit:
+        return order
+    order = order[np.argsort(lengths[order], kind="stable")]
+    units = [order[start: start + unit] for start in range(0, len(order), unit)]
+    return np.concatenate([units[i] for i in rng.permutation(len(units))])
 
 
 @paddle.no_grad()

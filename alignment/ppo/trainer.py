@@ -26,7 +26,7 @@ from alignment.parallel.pipeline import PipelineModel, check_pipeline_run, pipel
 from alignment.parallel.reshard import WholeCopy
 from alignment.ppo import algorithms as rl
 from alignment.ppo.rewards import gold_scores
-from alignment.ppo.rollout import critic_values, response_log_probs, sample_rollout
+from alignment.ppo.rollout import critic_values, response_log_probs, sample_rollout, update_order
 from alignment.sft.trainer import answer_token_loss
 from alignment.training.distributed import (average_gradients, barrier, data_world_size, gather_lists,
                                             init_distributed, is_main_process, layout_name, mean_over_ranks,
@@ -234,10 +234,11 @@ class PPOTrainer:
         if self.pipelined:
             return self.pipeline_update(rollout, rng)
         size, accum, micro = args.per_device_train_batch_size, args.gradient_accumulation_steps, 0
+        lengths = rollout.response_mask.sum(axis=1).numpy()
         for _ in range(ppo.update_iters):
-            order = rng.permutation(len(rollout))
+            order = update_order(rng, lengths, size, ppo.group_by_length)
             for start in range(0, len(rollout), size):
-                batch = rollout.select(paddle.to_tensor(order[start: start + size]))
+                batch = rollout.select(paddle.to_tensor(order[start: start + size])).trimmed()
                 stats = self.actor_step(batch, ptx_batches, accum)
                 if self.critic is not None:
                     stats.update(self.critic_step(batch, accum))
@@ -254,11 +255,11 @@ class PPOTrainer:
         gradient_accumulation_steps at a time through 1F1B with the losses on the last stage."""
         size, accum, ranks = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, \
             data_world_size()
-        rows = []
+        rows, lengths = [], rollout.response_mask.sum(axis=1).numpy()
         for _ in range(self.ppo.update_iters):
-            order = rng.permutation(len(rollout))
+            order = update_order(rng, lengths, size * accum, self.ppo.group_by_length)
             for start in range(0, len(rollout), size * accum):
-                batch = rollout.select(paddle.to_tensor(order[start: start + size * accum]))
+                batch = rollout.select(paddle.to_tensor(order[start: start + size * accum])).trimmed()
                 tokens = batch.response_mask.reshape([accum, -1]).sum(axis=1)  # [accum] per micro-batch
                 weight = (ranks / paddle.clip(sum_over_data_ranks(tokens), min=1.0)).repeat_interleave(size)
                 weight = weight.unsqueeze(-1)  # [n, 1]: fleet slices every label along a second axis

@@ -1,0 +1,65 @@
+"""Update micro-batches without shared padding (Rollout.trimmed) and grouped by length (update_order)."""
+import numpy as np
+import paddle
+
+from alignment.models import LlamaForCausalLM
+from alignment.models.score_model import ScoreModel
+from alignment.ppo.rollout import Rollout, critic_values, response_log_probs, update_order
+
+PAD = 3
+
+
+def rollout():
+    """3 rows, prompt width 4 (left-padded, shared padding in column 0), response width 5 (right-padded):
+    row 0 truncated (all 5 tokens), row 1 ends with eos == pad after 2 tokens, row 2 an empty response."""
+    ids = paddle.to_tensor([[PAD, PAD, 11, 12, 21, 22, 23, 24, 25],
+                            [PAD, 13, 14, 15, 26, PAD, PAD, PAD, PAD],
+                            [PAD, PAD, PAD, 16, PAD, PAD, PAD, PAD, PAD]])
+    attention = paddle.to_tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1],
+                                  [0, 1, 1, 1, 1, 1, 0, 0, 0],
+                                  [0, 0, 0, 1, 0, 0, 0, 0, 0]])
+    response = paddle.to_tensor([[1.0, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]])
+    per_token = paddle.arange(15, dtype="float32").reshape([3, 5])
+    return Rollout(ids, attention, response, 4, ["a", "b", "c"], ["x", "y", ""], {}, old_log_probs=per_token,
+                   advantages=per_token * 2, end_rewards=paddle.to_tensor([1.0, 2.0, 3.0]))
+
+
+def test_trimming_drops_only_columns_that_are_padding_in_every_row():
+    full = rollout()
+    trimmed = full.trimmed()  # all rows: column 0 is padding; truncated row 0 keeps all 5 response columns
+    assert trimmed.prompt_len == 3 and trimmed.input_ids.shape == [3, 8]
+    np.testing.assert_array_equal(trimmed.input_ids.numpy(), full.input_ids.numpy()[:, 1:])
+    short = full.select(paddle.to_tensor([1, 2])).trimmed()  # eos == pad row and empty row: 2 response columns
+    assert short.prompt_len == 3 and short.response_mask.shape == [2, 2]
+    np.testing.assert_array_equal(short.input_ids.numpy(), full.input_ids.numpy()[1:, 1:6])
+    np.testing.assert_array_equal(short.old_log_probs.numpy(), [[5, 6], [10, 11]])
+    np.testing.assert_array_equal(short.advantages.numpy(), [[10, 12], [20, 22]])
+    np.testing.assert_array_equal(short.end_rewards.numpy(), [2, 3])  # per-row fields untouched
+    empty = full.select(paddle.to_tensor([2])).trimmed()  # all-masked response: one column stays
+    assert empty.prompt_len == 1 and empty.response_mask.shape == [1, 1] and empty.input_ids.shape == [1, 2]
+
+
+def test_trimmed_rows_give_the_same_log_probs_and_values(tiny_model_dir, tiny_reward_dir):
+    actor = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    critic = ScoreModel.from_pretrained(tiny_reward_dir)
+    full = rollout().select(paddle.to_tensor([1, 2]))
+    short = full.trimmed()
+    a, _ = response_log_probs(actor, full.input_ids, full.attention_mask, full.prompt_len)
+    b, _ = response_log_probs(actor, short.input_ids, short.attention_mask, short.prompt_len)
+    mask = short.response_mask.numpy() > 0
+    np.testing.assert_allclose(b.numpy()[mask], a.numpy()[:, :2][mask], atol=1e-5)
+    v = critic_values(critic, full.input_ids, full.attention_mask, full.prompt_len)
+    w = critic_values(critic, short.input_ids, short.attention_mask, short.prompt_len)
+    np.testing.assert_allclose(w.numpy()[mask], v.numpy()[:, :2][mask], atol=1e-5)
+
+
+def test_length_grouped_order_is_a_permutation_of_similar_length_units():
+    lengths = np.array([1, 30, 2, 31, 3, 32, 4, 33])
+    order = update_order(np.random.default_rng(0), lengths, 2, group_by_length=True)
+    assert sorted(order.tolist()) == list(range(8))
+    units = [sorted(lengths[order[i:i + 2]].tolist()) for i in range(0, 8, 2)]
+    assert sorted(units) == [[1, 2], [3, 4], [30, 31], [32, 33]]  # neighbours in length share a micro-batch
+    plain = update_order(np.random.default_rng(0), lengths, 2, group_by_length=False)
+    np.testing.assert_array_equal(plain, np.random.default_rng(0).permutation(8))
+    one_unit = update_order(np.random.default_rng(0), lengths, 8, group_by_length=True)
+    np.testing.assert_array_equal(one_unit, plain)  # one micro-batch: nothing to group
