@@ -5,10 +5,11 @@ rollout batch in micro-batches, where responses have different lengths (as with 
 
 A random-init LLaMA of the peer benchmark's shape (hidden 256, intermediate 1024, 4 layers, vocab 8000) as actor
 and critic; prompts of 8-48 tokens (left-padded), responses of 4-96 tokens (right-padded), drawn from a seeded RNG.
-Three ways to cut the rollout into micro-batches of --micro-batch rows: shuffled and padded to the whole rollout's
-width (before), shuffled and trimmed (Rollout.trimmed: no column that is padding in every row), and grouped by
-length then trimmed (update_order with group_by_length, the default). Prints seconds per update, the share of
-computed token positions that are padding, and the speed-ups against "before" measured in the same run.
+Ways to cut the rollout into micro-batches of --micro-batch rows: shuffled and padded to the whole rollout's width
+(before), trimmed (Rollout.trimmed: no column that is padding in every row; what pipeline stages get), grouped by
+length then trimmed, and grouped by length then packed (Rollout.packed: every row starts at column 0; the
+default). Prints seconds per update, the share of computed token positions that are padding, and the speed-ups
+against "before" measured in the same run.
 """
 from __future__ import annotations
 
@@ -56,16 +57,18 @@ def main(argv=None) -> dict:
                     old_log_probs=per_token * 0 - 9.0, advantages=per_token, old_values=per_token,
                     returns=per_token)
 
-    def update(order, trim: bool):
+    def update(order, layout: str):
         positions = 0
         for start in range(0, n, args.micro_batch):
             micro = batch.select(paddle.to_tensor(order[start: start + args.micro_batch]))
-            micro = micro.trimmed() if trim else micro
+            micro = {"padded": micro, "trimmed": micro.trimmed(), "packed": micro.packed()}[layout]
             positions += int(np.prod(micro.input_ids.shape))
-            log_probs, _ = response_log_probs(actor, micro.input_ids, micro.attention_mask, micro.prompt_len)
+            log_probs, _ = response_log_probs(actor, micro.input_ids, micro.attention_mask, micro.prompt_len,
+                                              response_index=micro.response_index)
             loss, _ = rl.policy_loss_and_stats(log_probs, micro.old_log_probs, micro.advantages,
                                                micro.response_mask, 0.2)
-            values = critic_values(critic, micro.input_ids, micro.attention_mask, micro.prompt_len)
+            values = critic_values(critic, micro.input_ids, micro.attention_mask, micro.prompt_len,
+                                   micro.response_index)
             loss = loss + rl.critic_loss(values, micro.old_values, micro.returns, micro.response_mask, 5.0)
             loss.backward()
             opt.step()
@@ -73,15 +76,17 @@ def main(argv=None) -> dict:
         return positions
 
     real = int(attention.sum())
-    ways = {"padded to the rollout (before)": (False, False), "trimmed": (False, True),
-            "grouped by length + trimmed (default)": (True, True)}
+    ways = {"padded to the rollout (before)": (False, "padded"), "trimmed": (False, "trimmed"),
+            "grouped by length + trimmed (pipeline stages)": (True, "trimmed"),
+            "grouped by length + packed (default)": (True, "packed")}
+    lengths = prompt_lens + response_lens
     results = {}
-    for name, (grouped, trim) in ways.items():
+    for name, (grouped, layout) in ways.items():
         best, positions = float("inf"), 0
         for repeat in range(args.repeats + 1):  # the first pass warms up
-            order = update_order(np.random.default_rng(repeat), response_lens, args.micro_batch, grouped)
+            order = update_order(np.random.default_rng(repeat), lengths, args.micro_batch, grouped)
             start = time.perf_counter()
-            positions = update(order, trim)
+            positions = update(order, layout)
             if repeat:
                 best = min(best, time.perf_counter() - start)
         results[name] = {"sec": best, "padding": 1 - real / positions}

@@ -1,4 +1,5 @@
-"""Update micro-batches without shared padding (Rollout.trimmed) and grouped by length (update_order)."""
+"""Update micro-batches without padding (Rollout.packed; Rollout.trimmed for the pipeline) and grouped by length
+(update_order)."""
 import numpy as np
 import paddle
 
@@ -63,3 +64,32 @@ def test_length_grouped_order_is_a_permutation_of_similar_length_units():
     np.testing.assert_array_equal(plain, np.random.default_rng(0).permutation(8))
     one_unit = update_order(np.random.default_rng(0), lengths, 8, group_by_length=True)
     np.testing.assert_array_equal(one_unit, plain)  # one micro-batch: nothing to group
+
+
+def test_packing_moves_each_row_to_column_zero_and_points_at_its_response():
+    packed = rollout().packed()
+    # row 0: prompt 11 12 + 5 response tokens (truncated) = 7; row 1: 13 14 15 + 26, eos == pad = 5; row 2: 16
+    assert packed.input_ids.shape == [3, 7] and packed.response_mask.shape == [3, 5]
+    np.testing.assert_array_equal(packed.attention_mask.numpy(), [[1] * 7, [1] * 5 + [0] * 2, [1] + [0] * 6])
+    np.testing.assert_array_equal(packed.input_ids.numpy()[0], [11, 12, 21, 22, 23, 24, 25])
+    np.testing.assert_array_equal(packed.input_ids.numpy()[1, :5], [13, 14, 15, 26, PAD])
+    assert packed.input_ids.numpy()[2, 0] == 16
+    np.testing.assert_array_equal(packed.response_index.numpy(), [[2, 3, 4, 5, 6], [3, 4, 5, 6, 6], [1, 2, 3, 4, 5]])
+    np.testing.assert_array_equal(packed.old_log_probs.numpy(), rollout().old_log_probs.numpy())
+    short = rollout().select(paddle.to_tensor([1, 2])).packed()  # eos == pad row and the empty response
+    assert short.input_ids.shape == [2, 5] and short.response_mask.shape == [2, 2]
+
+
+def test_packed_rows_give_the_same_log_probs_and_values(tiny_model_dir, tiny_reward_dir):
+    actor = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    critic = ScoreModel.from_pretrained(tiny_reward_dir)
+    full = rollout()
+    packed = full.packed()
+    a, _ = response_log_probs(actor, full.input_ids, full.attention_mask, full.prompt_len)
+    b, _ = response_log_probs(actor, packed.input_ids, packed.attention_mask, packed.prompt_len,
+                              response_index=packed.response_index)
+    mask = full.response_mask.numpy() > 0
+    np.testing.assert_allclose(b.numpy()[mask], a.numpy()[mask], atol=1e-5)
+    v = critic_values(critic, full.input_ids, full.attention_mask, full.prompt_len)
+    w = critic_values(critic, packed.input_ids, packed.attention_mask, packed.prompt_len, packed.response_index)
+    np.testing.assert_allclose(w.numpy()[mask], v.numpy()[mask], atol=1e-5)

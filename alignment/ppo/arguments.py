@@ -52,10 +52,10 @@ class PPOArguments:
     top_k: int = field(0, help="Top-k sampling for rollouts (0 = off).")
     repetition_penalty: float = field(1.0, help="Repetition penalty for rollouts (1.0 = off).")
     update_iters: int = field(1, help="Passes (PPO epochs) over each rollout batch.")
-    group_by_length: bool = field(True, help="Put rollouts of similar response length in the same update "
-                                             "micro-batch (shuffled sorted groups, as HF's group_by_length), so "
-                                             "trimming each micro-batch's padding saves most of it. Matters only "
-                                             "when a rollout batch spans several micro-batches.")
+    group_by_length: bool = field(True, help="Put rollouts of similar length in the same update micro-batch "
+                                             "(shuffled sorted groups, as HF's group_by_length), so packed micro-"
+                                             "batches carry little padding. Matters only when a rollout batch "
+                                             "spans several micro-batches.")
     kl_coeff: float = field(0.02, help="Weight of the KL(actor || reference) penalty.")
     kl_estimator: str = field("k1", help=f"KL estimator, one of {KL_ESTIMATORS}.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "

@@ -6,6 +6,9 @@ Layout of one rollout batch (N = prompts x num_return_sequences, P = padded prom
     response_mask  [N, R]      1 on generated tokens up to and including eos (from generation, never from
                                `ids != pad`: SmolLM2's pad token is its eos)
 Logits at column P - 1 + t predict response token t, so every per-token tensor below is [N, R].
+
+For the update, micro-batches are `packed()`: each row's tokens start at column 0 (prompt, response, padding), so
+rows share no left padding; `response_index` [N, R] then gives the column of each response token.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ class Rollout:
     end_rewards: Optional[paddle.Tensor] = None  # [N]
     advantages: Optional[paddle.Tensor] = None  # [N, R]
     returns: Optional[paddle.Tensor] = None  # [N, R] (critic only)
+    response_index: Optional[paddle.Tensor] = None  # [N, R] int64 column of response token t (None: P + t)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -66,6 +70,28 @@ class Rollout:
                 value = value[:, :keep]  # [n, R] per-token fields
             picked[f.name] = value
         picked["prompt_len"] = self.prompt_len - skip
+        return Rollout(**picked)
+
+    def packed(self) -> "Rollout":
+        """The same rows with each row's real tokens moved to column 0 (its prompt, then its response, then
+        padding) and the width cut to the longest row: no left padding and no shared right padding. Positions come
+        from the attention mask, so logits, log-probs and values are those of the padded rows."""
+        mask = self.attention_mask.numpy()
+        prompt_lens = mask[:, : self.prompt_len].sum(axis=1)  # [n]
+        lengths = mask.sum(axis=1)  # [n] prompt + response tokens (responses end at eos)
+        width = max(1, int(lengths.max()))
+        keep = max(1, int(self.response_mask.sum(axis=1).max()))
+        total = mask.shape[1]
+        columns = np.minimum((self.prompt_len - prompt_lens)[:, None] + np.arange(width)[None], total - 1)  # [n, W]
+        picked = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        picked["input_ids"] = paddle.take_along_axis(self.input_ids, paddle.to_tensor(columns), axis=1)
+        picked["attention_mask"] = paddle.to_tensor((np.arange(width)[None] < lengths[:, None]).astype("int64"))
+        for name, value in picked.items():
+            if name not in ("input_ids", "attention_mask") and isinstance(value, paddle.Tensor) and value.ndim == 2:
+                picked[name] = value[:, :keep]  # [n, R] per-token fields
+        index = np.minimum(prompt_lens[:, None] + np.arange(keep)[None], width - 1)  # [n, R]: masked ones clipped
+        picked["response_index"] = paddle.to_tensor(index.astype("int64"))
+        picked["prompt_len"] = 0  # rows no longer share a prompt width: response_index says where responses are
         return Rollout(**picked)
 
 
@@ -114,17 +140,26 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
 
 
 def response_log_probs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                       with_entropy: bool = False):
+                       with_entropy: bool = False, response_index=None):
     """Log-probs [N, R] of the response tokens under `model` (and their entropies [N, R] when asked).
 
     The LM head runs on the response positions only. Logits are divided by the sampling temperature so the
     ratio and the KL compare the distributions the responses were actually drawn from (as TRL does).
+    response_index [N, R]: the response tokens' columns in packed rows (default: prompt_len + t).
     """
-    hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [N, P + R, h]
-    return model.token_log_probs(hidden[:, prompt_len - 1: -1], input_ids[:, prompt_len:], temperature,
-                                 with_entropy)  # [N, R] each
+    hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [N, W, h]
+    if response_index is None:
+        states, labels = hidden[:, prompt_len - 1: -1], input_ids[:, prompt_len:]  # [N, R, h], [N, R]
+    else:
+        states = paddle.take_along_axis(hidden, (response_index - 1).unsqueeze(-1).expand(
+            [*response_index.shape, hidden.shape[-1]]), axis=1)  # [N, R, h]
+        labels = paddle.take_along_axis(input_ids, response_index, axis=1)  # [N, R]
+    return model.token_log_probs(states, labels, temperature, with_entropy)  # [N, R] each
 
 
-def critic_values(critic, input_ids, attention_mask, prompt_len: int):
+def critic_values(critic, input_ids, attention_mask, prompt_len: int, response_index=None):
     """Values [N, R]: the critic's score at the state before each response token."""
-    return critic(input_ids, attention_mask).scores[:, prompt_len - 1: -1]
+    scores = critic(input_ids, attention_mask).scores  # [N, W]
+    if response_index is None:
+        return scores[:, prompt_len - 1: -1]
+    return paddle.take_along_axis(scores, response_index - 1, axis=1)

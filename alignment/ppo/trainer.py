@@ -234,11 +234,11 @@ class PPOTrainer:
         if self.pipelined:
             return self.pipeline_update(rollout, rng)
         size, accum, micro = args.per_device_train_batch_size, args.gradient_accumulation_steps, 0
-        lengths = rollout.response_mask.sum(axis=1).numpy()
+        lengths = rollout.attention_mask.sum(axis=1).numpy()  # prompt + response tokens of each row
         for _ in range(ppo.update_iters):
             order = update_order(rng, lengths, size, ppo.group_by_length)
             for start in range(0, len(rollout), size):
-                batch = rollout.select(paddle.to_tensor(order[start: start + size])).trimmed()
+                batch = rollout.select(paddle.to_tensor(order[start: start + size])).packed()
                 stats = self.actor_step(batch, ptx_batches, accum)
                 if self.critic is not None:
                     stats.update(self.critic_step(batch, accum))
@@ -294,7 +294,8 @@ class PPOTrainer:
     def actor_step(self, batch, ptx_batches, accum) -> Dict[str, float]:
         ppo, mask = self.ppo, batch.response_mask
         log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask, batch.prompt_len,
-                                                ppo.temperature, with_entropy=True)
+                                                ppo.temperature, with_entropy=True,
+                                                response_index=batch.response_index)
         old_log_probs, out = batch.old_log_probs, {}
         if old_log_probs is None:  # reuse_update_log_probs: this policy sampled the rollout
             old_log_probs = log_probs.detach()
@@ -318,7 +319,8 @@ class PPOTrainer:
         return out
 
     def critic_step(self, batch, accum) -> Dict[str, float]:
-        values = critic_values(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_len)  # [n, R]
+        values = critic_values(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                               batch.response_index)  # [n, R]
         loss = rl.critic_loss(values, batch.old_values, batch.returns, batch.response_mask, self.ppo.clip_range_value)
         loss = loss * token_share(batch.response_mask)
         (loss / accum).backward()
