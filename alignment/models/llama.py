@@ -58,7 +58,9 @@ def apply_rope(x, cos, sin):
 
 def attention_bias(attention_mask, query_len: int, dtype):
     """attention_mask [b, t] (1 = real token, covering cache + new) -> additive bias [b, 1, s, t], causal."""
-    total = attention_mask.shape[1]
+    b, total = attention_mask.shape
+    if query_len == 1:  # a decode step: the one query is the newest position, so causality masks nothing
+        return ((1 - attention_mask.astype(dtype)) * MASK_VALUE).reshape([b, 1, 1, total])
     key_pos = paddle.arange(total).unsqueeze(0)  # [1, t]
     query_pos = paddle.arange(total - query_len, total).unsqueeze(1)  # [s, 1]
     allowed = (key_pos <= query_pos).unsqueeze(0) & (attention_mask.unsqueeze(1) > 0)  # [b, s, t]

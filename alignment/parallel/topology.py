@@ -69,6 +69,8 @@ def plan(args, world: int = None) -> Layout:
         if not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()):
             raise ValueError(f"key 'sharding' {stage!r} needs a GPU: Paddle's group_sharded_parallel (stage 2/3) "
                              "asserts a GPU/XPU device; use stage1 on CPU")
+        raise ValueError(f"key 'sharding' {stage!r} is not built yet (it needs a GPU to be checked on); use stage1, "
+                         "which shards the optimizer states")
     return Layout(world, tp, pp, sharding, stage, args.per_device_train_batch_size, args.gradient_accumulation_steps)
 
 

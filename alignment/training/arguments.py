@@ -45,7 +45,8 @@ class TrainingArguments:
                                                   "(fleet PipelineLayer, 1F1B over micro-batches of "
                                                   "per_device_train_batch_size); PPO only.")
     sharding: str = field("", help="Optimizer-state sharding over data-parallel processes: 'stage1' (fleet's "
-                                   "sharding optimizer); 'stage2'/'stage3' need a GPU; '' = off.")
+                                   "sharding optimizer); '' = off. 'stage2'/'stage3' (GPU-only in Paddle) are "
+                                   "refused with a clear error: not built yet.")
     sharding_parallel_degree: int = field(-1, help="Processes in one sharding group; -1 = all processes left after "
                                                    "tensor and pipeline parallelism. Data parallelism fills the rest.")
     max_nonfinite_steps: int = field(5, help="A step whose loss or gradients are NaN/inf is skipped and counted "
