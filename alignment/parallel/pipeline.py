@@ -17,6 +17,8 @@ from typing import Dict, Optional
 import paddle
 import paddle.distributed as dist
 import paddle.nn as nn
+from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
 
 from alignment.fileio import atomic_directory
 from alignment.models import checkpoint as ckpt
@@ -126,13 +128,8 @@ class PipelineModel:
         tensor-parallel slices are gathered, then the stages exchange theirs)."""
         own = {name: (tp.full_tensor(p) if tp.is_split(p) else p).numpy() for name, p in self.hf_names().items()}
         parts = []
-        dist.all_gather_object(parts, own, group=self._topo_group())
+        dist.all_gather_object(parts, own, group=fleet.get_hybrid_communicate_group().get_pipe_parallel_group())
         return {name: paddle.to_tensor(value) for part in parts for name, value in part.items()}
-
-    def _topo_group(self):
-        from paddle.distributed import fleet
-
-        return fleet.get_hybrid_communicate_group().get_pipe_parallel_group()
 
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None) -> None:
         """Every rank calls it; rank 0 writes the whole model in HF layout."""
@@ -158,23 +155,22 @@ class PipelineModel:
             self.normalizer = load_normalizer(path, self.config.normalizer_type, self.config.normalizer_momentum)
 
 
+class PipelineStages(PipelineModel, PipelineLayer):
+    """fleet's PipelineLayer with this project's config, checkpoint and normaliser handling."""
+
+
 def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn):
     """A PipelineLayer holding this rank's stage of the model at `path` (head 'causal' or 'score')."""
-    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
-
     if config.tie_word_embeddings and head == "causal":
         raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline_parallel_degree > 1 "
                          "yet (the LM head and the embedding live on different stages)")
     if config.num_hidden_layers < num_stages:
         raise ValueError(f"{path}: {config.num_hidden_layers} layers cannot fill {num_stages} pipeline stages")
 
-    class Pipe(PipelineModel, PipelineLayer):
-        pass
-
     layers = [LayerDesc(EmbeddingStage, config)] + [LayerDesc(DecoderStage, config)
                                                      for _ in range(config.num_hidden_layers)]
     layers.append(LayerDesc(CausalHeadStage if head == "causal" else ScoreHeadStage, config))
-    model = Pipe(layers=layers, num_stages=num_stages, loss_fn=loss_fn, seg_method="layer:DecoderStage")
+    model = PipelineStages(layers=layers, num_stages=num_stages, loss_fn=loss_fn, seg_method="layer:DecoderStage")
     model.config, model.head_type, model.name_or_path = config, head, path
     if head == "score":
         model.normalizer = make_normalizer(config.normalizer_type, config.normalizer_momentum)

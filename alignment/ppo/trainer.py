@@ -255,7 +255,7 @@ class PPOTrainer:
         gradient_accumulation_steps at a time through 1F1B with the losses on the last stage."""
         size, accum, ranks = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, \
             data_world_size()
-        rows, lengths = [], rollout.response_mask.sum(axis=1).numpy()
+        rows, lengths = [], rollout.response_mask.sum(axis=1).numpy()  # trimming cuts trailing response padding
         for _ in range(self.ppo.update_iters):
             order = update_order(rng, lengths, size * accum, self.ppo.group_by_length)
             for start in range(0, len(rollout), size * accum):

@@ -2,8 +2,9 @@
 
 Each data rank trains on its own slice of every global batch; gradients are averaged with all_reduce after
 backward (explicitly, so models can be called through any method, not only DataParallel's forward); rank 0 writes
-logs and checkpoints. With tensor parallelism or sharding (alignment/parallel/topology.py) the processes form
-fleet's hybrid groups: the ranks of one tensor-parallel group are one data rank. A plain `python ...` run is world
+logs and checkpoints. With tensor / pipeline parallelism or sharding (alignment/parallel/topology.py) the processes
+form fleet's hybrid groups: the ranks that hold parts of one model (its tensor slices and pipeline stages) are one
+data rank. A plain `python ...` run is world
 size 1 and none of this does anything.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Dict, List
 import paddle
 import paddle.distributed as dist
 
-_hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up tensor parallelism or sharding
+_hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up a hybrid layout
 
 
 def world_size() -> int:
@@ -57,7 +58,7 @@ def init_distributed(layout=None) -> None:
 
 
 def data_world_size() -> int:
-    """Processes that see different data: the world size divided by the tensor-parallel degree."""
+    """Processes that see different data: the world size divided by the tensor and pipeline degrees."""
     if _hybrid is None:
         return world_size()
     return _hybrid.get_data_parallel_world_size() * _hybrid.get_sharding_parallel_world_size()
@@ -73,10 +74,6 @@ def data_rank() -> int:
 def model_parallel_degree() -> int:
     """The tensor-parallel degree models built now are split by (1 without hybrid groups)."""
     return 1 if _hybrid is None else _hybrid.get_model_parallel_world_size()
-
-
-def pipeline_degree() -> int:
-    return 1 if _hybrid is None else _hybrid.get_pipe_parallel_world_size()
 
 
 def sharding_world_size() -> int:
