@@ -125,11 +125,21 @@ class PipelineModel:
 
     def whole_state(self) -> Dict[str, paddle.Tensor]:
         """Every parameter of the whole model under HF names and Paddle orientation, on every rank (collectives:
-        tensor-parallel slices are gathered, then the stages exchange theirs)."""
-        own = {name: (tp.full_tensor(p) if tp.is_split(p) else p).numpy() for name, p in self.hf_names().items()}
-        parts = []
-        dist.all_gather_object(parts, own, group=fleet.get_hybrid_communicate_group().get_pipe_parallel_group())
-        return {name: paddle.to_tensor(value) for part in parts for name, value in part.items()}
+        tensor-parallel slices are gathered, then each stage broadcasts its layers to the other stages)."""
+        hcg = fleet.get_hybrid_communicate_group()
+        group = hcg.get_pipe_parallel_group()
+        own = {name: (tp.full_tensor(p) if tp.is_split(p) else p.detach()) for name, p in self.hf_names().items()}
+        if getattr(self, "_stage_shapes", None) is None:  # which stage holds what: exchanged once
+            self._stage_shapes = []
+            shapes = {name: (list(t.shape), str(t.dtype).replace("paddle.", "")) for name, t in own.items()}
+            dist.all_gather_object(self._stage_shapes, shapes, group=group)
+        whole = {}
+        for stage, shapes in enumerate(self._stage_shapes):
+            for name, (shape, dtype) in shapes.items():
+                tensor = own[name].clone() if stage == hcg.get_stage_id() else paddle.empty(shape, dtype=dtype)
+                dist.broadcast(tensor, src=hcg.get_rank_from_stage(stage), group=group)
+                whole[name] = tensor
+        return whole
 
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None) -> None:
         """Every rank calls it; rank 0 writes the whole model in HF layout."""
