@@ -194,7 +194,8 @@ def test_step_checkpoints_resume_exactly_under_the_same_layout(tiny_model_dir, t
     for key in LOSSES:
         assert [r[key] for r in a[2:]] == [r[key] for r in b], key
     for sub, cls in (("policy", LlamaForCausalLM), ("value", ScoreModel)):
-        x_model, y_model = cls.from_pretrained(str(tmp_path / "a" / sub)), cls.from_pretrained(str(tmp_path / "b" / sub))
+        x_model = cls.from_pretrained(str(tmp_path / "a" / sub))
+        y_model = cls.from_pretrained(str(tmp_path / "b" / sub))
         for (name, x), y in zip(x_model.named_parameters(), y_model.parameters()):
             np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=f"{sub} {name}")
     one = subprocess.run([sys.executable, *common[:-len(layout)], "--output_dir", str(tmp_path / "b"),

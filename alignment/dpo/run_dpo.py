@@ -13,7 +13,8 @@ import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is 
 from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.dpo.arguments import DPOArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import load_raw, parse_arguments, start_processes, training_stops, user_errors  # noqa: E402
+from alignment.training.setup import (  # noqa: E402
+    load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
 
 def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):

@@ -26,6 +26,7 @@ from alignment.models.llama import (DecoderLayer, RMSNorm, attention_bias, init_
                                     rope_cos_sin)
 from alignment.models.normalizer import load_normalizer, make_normalizer
 from alignment.parallel import tensor_parallel as tp
+from alignment.parallel.topology import check_model
 from alignment.ppo import algorithms as rl
 
 
@@ -174,6 +175,7 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
     if config.tie_word_embeddings and head == "causal":
         raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline_parallel_degree > 1 "
                          "yet (the LM head and the embedding live on different stages)")
+    check_model(config.tensor_parallel_degree, config, f"{path}/config.json")
     if config.num_hidden_layers < num_stages:
         raise ValueError(f"{path}: {config.num_hidden_layers} layers cannot fill {num_stages} pipeline stages")
 
@@ -239,7 +241,8 @@ class PolicyPipeLoss:
 
 
 class ValuePipeLoss:
-    """The clipped value loss on the last stage. labels: old values, returns, response mask [b, R], token_weight [b, 1]."""
+    """The clipped value loss on the last stage. labels: old values, returns, response mask [b, R], and
+    token_weight [b, 1] as in PolicyPipeLoss."""
 
     def __init__(self, ppo_args):
         self.ppo = ppo_args

@@ -71,7 +71,8 @@ def plan(args, world: int = None) -> Layout:
                              "asserts a GPU/XPU device; use stage1 on CPU")
         raise ValueError(f"key 'sharding' {stage!r} is not built yet (it needs a GPU to be checked on); use stage1, "
                          "which shards the optimizer states")
-    return Layout(world, tp, pp, sharding, stage, args.per_device_train_batch_size, args.gradient_accumulation_steps)
+    return Layout(world, tp, pp, sharding, stage, micro_batch_size=args.per_device_train_batch_size,
+                  accumulate_steps=args.gradient_accumulation_steps)
 
 
 def check_model(tp: int, config, path: str) -> None:
@@ -82,4 +83,5 @@ def check_model(tp: int, config, path: str) -> None:
              "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
     for name, size in sizes.items():
         if size % tp:
-            raise ValueError(f"{path}: {name} {size} is not divisible by tensor_parallel_degree {tp} (key 'tensor_parallel_degree')")
+            raise ValueError(f"{path}: {name} {size} is not divisible by tensor_parallel_degree {tp} "
+                             "(key 'tensor_parallel_degree')")

@@ -13,7 +13,8 @@ import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is 
 from alignment.data_arguments import LoRAArguments  # noqa: E402
 from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.training.arguments import TrainingArguments  # noqa: E402
-from alignment.training.setup import fail, load_raw, parse_arguments, start_processes, training_stops, user_errors  # noqa: E402
+from alignment.training.setup import (  # noqa: E402
+    fail, load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
 
 def build_models(model_args, ppo_args, lora_args, train_args, pipeline_stages: int = 1):
