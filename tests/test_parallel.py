@@ -105,6 +105,27 @@ def test_pipeline_parallel_ppo_equals_one_process(one_process_micro_batches, tin
     assert_same_run(one_process_micro_batches, out, tiny_model_dir)
 
 
+def test_pipeline_parallel_ppo_with_tied_embeddings_equals_one_process(tiny_model_dir, tiny_reward_dir, tmp_path):
+    """A tied-embedding actor (SmolLM2-style): the first stage's embedding table is also the last stage's LM head,
+    shared through fleet's SharedLayerDesc; the run and the table it trains equal one process."""
+    import paddle
+
+    from alignment.models import LlamaConfig
+
+    config = LlamaConfig.from_pretrained(tiny_model_dir)
+    config.tie_word_embeddings = True
+    paddle.seed(3)
+    tied = str(tmp_path / "tied")
+    LlamaForCausalLM(config).save_pretrained(tied, tokenizer_dir=tiny_model_dir)
+    one = tmp_path / "one"
+    subprocess.run([sys.executable, *ppo_args(tied, tiny_reward_dir, one), *MICRO_BATCHES], cwd=REPO, check=True,
+                   capture_output=True)
+    out = tmp_path / "pp2"
+    launch(tmp_path / "logs", ppo_args(tied, tiny_reward_dir, out) + MICRO_BATCHES + ["--pipeline_parallel_degree", "2"])
+    assert_same_run(one, out, tied)
+    assert LlamaForCausalLM.from_pretrained(str(out / "policy")).config.tie_word_embeddings
+
+
 def test_sharding_stage1_over_two_data_ranks_equals_one_process(one_process, tiny_model_dir, tiny_reward_dir,
                                                                 tmp_path):
     """Each rank samples, scores and trains 4 of the 8 prompts; whitening, token means and sampling noise are

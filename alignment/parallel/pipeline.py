@@ -17,8 +17,9 @@ from typing import Dict, Optional
 import paddle
 import paddle.distributed as dist
 import paddle.nn as nn
+import paddle.nn.functional as F
 from paddle.distributed import fleet
-from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 
 from alignment.fileio import atomic_directory
 from alignment.models import checkpoint as ckpt
@@ -68,6 +69,34 @@ class CausalHeadStage(nn.Layer):
         return self.lm_head(self.norm(hidden)).astype("float32")
 
 
+class TiedEmbedding(nn.Layer):
+    """A token embedding whose table the last stage reuses as the LM head (tie_word_embeddings). Both stages hold
+    a copy; fleet's SharedLayerDesc broadcasts it at start and sums its gradients over the two after each backward."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.weight = self.create_parameter([config.vocab_size, config.hidden_size])
+
+    def forward(self, args):
+        input_ids, attention_mask = args
+        return F.embedding(input_ids, self.weight), attention_mask
+
+
+def tied_lm_head(embedding: TiedEmbedding, hidden):
+    """The last stage's use of the shared table: normed hidden [b, s, h] -> logits [b, s, vocab]."""
+    return paddle.matmul(hidden, embedding.weight, transpose_y=True).astype("float32")
+
+
+class NormStage(nn.Layer):
+    def __init__(self, config):
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, args):
+        hidden, _ = args
+        return self.norm(hidden)
+
+
 class ScoreHeadStage(nn.Layer):
     """Final norm + score head: per-token scores [b, s]."""
 
@@ -83,6 +112,8 @@ class ScoreHeadStage(nn.Layer):
 
 def hf_name(name: str, num_layers: int) -> str:
     """Stage parameter name -> HF checkpoint name ('0.embed_tokens.weight' -> 'model.embed_tokens.weight')."""
+    if name.startswith("shared_layers.embed."):  # the tied embedding, on the first and the last stage
+        return "model.embed_tokens.weight"
     index, rest = name.split(".", 1)
     index = int(index)
     if index == 0 or rest.startswith("norm."):
@@ -172,17 +203,25 @@ class PipelineStages(PipelineModel, PipelineLayer):
 
 def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn):
     """A PipelineLayer holding this rank's stage of the model at `path` (head 'causal' or 'score')."""
-    if config.tie_word_embeddings and head == "causal":
-        raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline_parallel_degree > 1 "
-                         "yet (the LM head and the embedding live on different stages)")
+    tied = config.tie_word_embeddings and head == "causal"
+    if tied and config.tensor_parallel_degree > 1:
+        raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline and tensor "
+                         "parallelism together yet; use one of them")
     check_model(config.tensor_parallel_degree, config, f"{path}/config.json")
     if config.num_hidden_layers < num_stages:
         raise ValueError(f"{path}: {config.num_hidden_layers} layers cannot fill {num_stages} pipeline stages")
 
-    layers = [LayerDesc(EmbeddingStage, config)] + [LayerDesc(DecoderStage, config)
-                                                     for _ in range(config.num_hidden_layers)]
-    layers.append(LayerDesc(CausalHeadStage if head == "causal" else ScoreHeadStage, config))
+    decoders = [LayerDesc(DecoderStage, config) for _ in range(config.num_hidden_layers)]
+    if tied:
+        layers = [SharedLayerDesc("embed", TiedEmbedding, None, "weight", config), *decoders,
+                  LayerDesc(NormStage, config), SharedLayerDesc("embed", TiedEmbedding, tied_lm_head, "weight", config)]
+    else:
+        layers = [LayerDesc(EmbeddingStage, config), *decoders,
+                  LayerDesc(CausalHeadStage if head == "causal" else ScoreHeadStage, config)]
     model = PipelineStages(layers=layers, num_stages=num_stages, loss_fn=loss_fn, seg_method="layer:DecoderStage")
+    if tied and fleet.get_hybrid_communicate_group().get_stage_id() > 0:
+        for param in model.shared_layers["embed"].parameters():
+            param.tied_copy = True  # the first stage's copy is the one counted in the gradient norm
     model.config, model.head_type, model.name_or_path = config, head, path
     if head == "score":
         model.normalizer = make_normalizer(config.normalizer_type, config.normalizer_momentum)

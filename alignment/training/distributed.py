@@ -128,7 +128,7 @@ def grad_norm_squares(parameters) -> float:
     group, replicated parameters counted once, pipeline stages added up. Call after average_gradients."""
     split, whole = [], []
     for param in parameters:
-        if param.grad is not None:
+        if param.grad is not None and not getattr(param, "tied_copy", False):  # a stage's copy of a tied table
             square = paddle.sum(paddle.square(param.grad.astype("float32")))
             (split if getattr(param, "is_distributed", False) else whole).append(square)
     total = paddle.add_n(whole) if whole else paddle.zeros([], "float32")
