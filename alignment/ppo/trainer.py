@@ -255,9 +255,9 @@ class PPOTrainer:
         gradient_accumulation_steps at a time through 1F1B with the losses on the last stage."""
         size, accum, ranks = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, \
             data_world_size()
-        rows, lengths = [], rollout.response_mask.sum(axis=1).numpy()  # trimming cuts trailing response padding
+        rows, lengths = [], rollout.attention_mask.sum(axis=1).numpy()
         for _ in range(self.ppo.update_iters):
-            order = update_order(rng, lengths, size * accum, self.ppo.group_by_length)
+            order = update_order(rng, lengths, size, self.ppo.group_by_length)  # the micro-batches update() forms
             for start in range(0, len(rollout), size * accum):
                 batch = rollout.select(paddle.to_tensor(order[start: start + size * accum])).trimmed()
                 tokens = batch.response_mask.reshape([accum, -1]).sum(axis=1)  # [accum] per micro-batch
