@@ -53,6 +53,17 @@ class Rollout:
             picked[f.name] = value
         return Rollout(**picked)
 
+    def _per_token_fields_cut(self, keep: int) -> dict:
+        """Every field, with the [n, R] per-token tensors cut to their first `keep` response columns (the caller
+        replaces input_ids and attention_mask)."""
+        picked = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("input_ids", "attention_mask") and isinstance(value, paddle.Tensor) and value.ndim == 2:
+                value = value[:, :keep]
+            picked[f.name] = value
+        return picked
+
     def trimmed(self) -> "Rollout":
         """The same rows without the columns that are padding in every row: the left padding all prompts share
         and the response columns after the longest response. Results are unchanged (padding is masked out of
@@ -61,14 +72,9 @@ class Rollout:
         skip = int(real.argmax()) if real.any() else 0  # leading columns that are padding in every row
         keep = max(1, int(self.response_mask.sum(axis=1).max()))  # responses are contiguous from column 0
         width = self.prompt_len + keep
-        picked = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("input_ids", "attention_mask"):
-                value = value[:, skip: width]
-            elif isinstance(value, paddle.Tensor) and value.ndim == 2:
-                value = value[:, :keep]  # [n, R] per-token fields
-            picked[f.name] = value
+        picked = self._per_token_fields_cut(keep)
+        picked["input_ids"] = self.input_ids[:, skip: width]
+        picked["attention_mask"] = self.attention_mask[:, skip: width]
         picked["prompt_len"] = self.prompt_len - skip
         return Rollout(**picked)
 
@@ -83,12 +89,9 @@ class Rollout:
         keep = max(1, int(self.response_mask.sum(axis=1).max()))
         total = mask.shape[1]
         columns = np.minimum((self.prompt_len - prompt_lens)[:, None] + np.arange(width)[None], total - 1)  # [n, W]
-        picked = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        picked = self._per_token_fields_cut(keep)
         picked["input_ids"] = paddle.take_along_axis(self.input_ids, paddle.to_tensor(columns), axis=1)
         picked["attention_mask"] = paddle.to_tensor((np.arange(width)[None] < lengths[:, None]).astype("int64"))
-        for name, value in picked.items():
-            if name not in ("input_ids", "attention_mask") and isinstance(value, paddle.Tensor) and value.ndim == 2:
-                picked[name] = value[:, :keep]  # [n, R] per-token fields
         index = np.minimum(prompt_lens[:, None] + np.arange(keep)[None], width - 1)  # [n, R]: masked ones clipped
         picked["response_index"] = paddle.to_tensor(index.astype("int64"))
         picked["prompt_len"] = 0  # rows no longer share a prompt width: response_index says where responses are

@@ -62,6 +62,7 @@ class PPOTrainer:
         self.reuse_update_log_probs = (ppo_args.advantage_estimator in rl.GROUP_ESTIMATORS
                                        and ppo_args.update_iters == 1 and not self.pipelined
                                        and micro_batches <= train_args.gradient_accumulation_steps)
+        self.critic_opt = self.critic_sched = None
         if critic is not None:
             critic_args = dataclasses.replace(
                 train_args, learning_rate=ppo_args.critic_learning_rate, min_learning_rate=0.0,
@@ -69,7 +70,7 @@ class PPOTrainer:
                 warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
             self.critic_opt, self.critic_sched = build_optimizer(critic, critic_args, optimizer_steps)
         self.offload = Offloader(parse_levels(ppo_args.offload_level), [reference, reward.model], [actor, critic],
-                                 [self.actor_opt, getattr(self, "critic_opt", None)])
+                                 [self.actor_opt, self.critic_opt])
         self.offload.offload_all()
         split = actor.config.tensor_parallel_degree > 1
         self.generation_copy = WholeCopy(actor, LlamaForCausalLM) if self.pipelined or (
@@ -131,7 +132,7 @@ class PPOTrainer:
             times["time/score"] = time.perf_counter() - start
             start = time.perf_counter()
             with self.offload.phase("train", [self.actor, self.critic], [self.actor_opt,
-                                                                         getattr(self, "critic_opt", None)]):
+                                                                         self.critic_opt]):
                 metrics.update(self.update(rollout, ptx_batches))
             metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
             metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
@@ -163,20 +164,23 @@ class PPOTrainer:
         config = dataclasses.replace(self.gen_config, max_new_tokens=min(budget, self.ppo.max_new_tokens or budget))
         if greedy:
             config = dataclasses.replace(config, do_sample=False, repetition_penalty=1.0)
-        actor = self.actor if self.generation_copy is None else \
-            self.generation_copy.refreshed(self.actor, version=self.global_step)
-        return sample_rollout(actor, self.tokenizer, items, config, 1 if greedy else self.ppo.num_return_sequences,
-                              self.collate_prompts, positions, total)
+        samples = 1 if greedy else self.ppo.num_return_sequences
+        return sample_rollout(self.rollout_actor(), self.tokenizer, items, config, samples, self.collate_prompts,
+                              positions, total)
+
+    def rollout_actor(self):
+        """The actor that generates and scores: the trained one, or its whole copy (eval_mode single, pipeline)."""
+        if self.generation_copy is None:
+            return self.actor
+        return self.generation_copy.refreshed(self.actor, version=self.global_step)
 
     @paddle.no_grad()
     def score(self, rollout) -> Dict[str, float]:
         """Old and reference log-probs, old values and end rewards of the rollout (in place)."""
         ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
         self.actor.eval()
-        actor = self.actor if self.generation_copy is None else \
-            self.generation_copy.refreshed(self.actor, version=self.global_step)
         if not self.reuse_update_log_probs:
-            rollout.old_log_probs, _ = response_log_probs(actor, ids, mask, p, self.ppo.temperature)
+            rollout.old_log_probs, _ = response_log_probs(self.rollout_actor(), ids, mask, p, self.ppo.temperature)
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
         if self.critic is not None:
@@ -365,7 +369,7 @@ class PPOTrainer:
 
     def save_step_checkpoint(self) -> None:
         with self.offload.phase("checkpoint", [self.actor, self.critic], [self.actor_opt,
-                                                                          getattr(self, "critic_opt", None)]):
+                                                                          self.critic_opt]):
             self._save_step_checkpoint()
 
     def _save_step_checkpoint(self) -> None:
