@@ -167,10 +167,9 @@ class _StaticSteps:
 
     def step(self, token):
         """Feed `token` [b] at the next column; return the logits [b, vocab] for the token after it."""
-        onehot = F.one_hot(paddle.to_tensor([self.column]), self.width)  # [1, L] float32
-        self.mask = self.mask + onehot.astype("int64")
-        logits, self.caches = self.program(token.unsqueeze(-1), self.position, self.mask,
-                                           onehot.reshape([1, self.width, 1, 1]), self.caches)
+        column = paddle.to_tensor([self.column], dtype="int64")
+        self.mask = self.mask + F.one_hot(column, self.width).astype("int64")  # [b, L] + [1, L]
+        logits, self.caches = self.program(token.unsqueeze(-1), self.position, self.mask, column, self.caches)
         self.column += 1
         self.position = self.position + 1
         return logits

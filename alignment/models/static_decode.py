@@ -3,7 +3,7 @@
 Eager decoding pays Python dispatch for every op of every step (~235 calls per step for a LLaMA); compiled once per
 (batch, cache width), the step runs as one program. The cache is preallocated at a width L (the prompt width plus
 the new tokens, rounded up to a multiple of CACHE_BUCKET so nearby prompt widths share a compiled step): the
-prompt's keys/values fill columns [0, P) after an eager prefill, step n writes column P + n (a one-hot blend, exact),
+prompt's keys/values fill columns [0, P) after an eager prefill, step n writes column P + n (`put_along_axis`),
 and a [b, L] mask hides the columns not written yet. Same model, same weights, same RoPE positions as
 `generate(..., use_cache=True)`; `tests/test_static_decode.py` checks the tokens are the same under greedy decoding.
 """
@@ -18,17 +18,17 @@ CACHE_BUCKET = 32
 
 
 class DecodeStep(nn.Layer):
-    """token [b, 1], position_ids [b, 1], attention_mask [b, L], slot [1, L, 1, 1] (one-hot of the column this
-    step writes), caches: a list of 2 x layers tensors [b, L, kv_heads, d] -> (logits [b, vocab], updated list)."""
+    """token [b, 1], position_ids [b, 1], attention_mask [b, L], column [1] int64 (the cache column this step
+    writes), caches: a list of 2 x layers tensors [b, L, kv_heads, d] -> (logits [b, vocab], updated list)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, token, position_ids, attention_mask, slot, caches):
+    def forward(self, token, position_ids, attention_mask, column, caches):
         past = [(caches[2 * i], caches[2 * i + 1]) for i in range(len(caches) // 2)]
         out = self.model(token, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past,
-                         use_cache=True, last_only=True, cache_slot=slot)
+                         use_cache=True, last_only=True, cache_column=column)
         return out.logits[:, -1], [t for kv in out.past_key_values for t in kv]
 
 
@@ -51,7 +51,7 @@ class StaticDecoder:
             cache_spec = paddle.static.InputSpec([batch, width, cfg.num_key_value_heads, cfg.head_dim], "float32")
             spec = [paddle.static.InputSpec([batch, 1], "int64"), paddle.static.InputSpec([batch, 1], "int64"),
                     paddle.static.InputSpec([batch, width], "int64"),
-                    paddle.static.InputSpec([1, width, 1, 1], "float32")]
+                    paddle.static.InputSpec([1], "int64")]
             spec.append([cache_spec] * (2 * cfg.num_hidden_layers))
             self._compiled[key] = paddle.jit.to_static(self.step_layer.forward, input_spec=spec, full_graph=True)
         return self._compiled[key]

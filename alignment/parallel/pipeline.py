@@ -52,7 +52,7 @@ class DecoderStage(DecoderLayer):
         x, attention_mask = args
         cos, sin = rope_cos_sin(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope_theta,
                                 x.dtype)
-        x, _ = super().forward(x, cos, sin, attention_bias(attention_mask, x.shape[1], x.dtype))
+        x, _ = super().forward(x, cos, sin, attention_bias(attention_mask, x.shape[1], x.dtype, self.self_attn.num_heads))
         return x, attention_mask
 
 
