@@ -122,6 +122,7 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
     if static is not None:
         stepper = _StaticSteps(static, out.past_key_values, attention_mask, config.max_new_tokens)
     sequences, tokens, alive = input_ids, [], []
+    position = attention_mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
     for _ in range(config.max_new_tokens):
         token = next_token(logits, config, seen, rows)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
@@ -137,8 +138,9 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
             continue
         attention_mask = paddle.concat([attention_mask, paddle.ones([b, 1], "int64")], axis=1)
         if use_cache:
-            out = model(token.unsqueeze(-1), attention_mask=attention_mask, past_key_values=out.past_key_values,
-                        use_cache=True, last_only=True)
+            out = model(token.unsqueeze(-1), attention_mask=attention_mask, position_ids=position,
+                        past_key_values=out.past_key_values, use_cache=True, last_only=True)
+            position = position + 1
         else:
             sequences = paddle.concat([sequences, token.unsqueeze(-1)], axis=1)
             out = model(sequences, attention_mask=attention_mask, last_only=True)

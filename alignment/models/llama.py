@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import List, NamedTuple, Optional, Tuple
 
+import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
@@ -19,7 +20,7 @@ from alignment.models.config import LlamaConfig
 from alignment.parallel import tensor_parallel as tp
 from alignment.ppo.algorithms import entropy_from_logits, gather_log_probs
 
-KVCache = List[Tuple[paddle.Tensor, paddle.Tensor]]  # per layer (k, v), each [b, t, kv_heads, d]
+KVCache = List[Tuple[paddle.Tensor, paddle.Tensor]]  # per layer (k, v), each [b, kv_heads, t, d] (HF's layout)
 MASK_VALUE = -1e9  # finite, so a query whose keys are all padding gets uniform attention instead of NaN
 
 
@@ -37,8 +38,10 @@ class RMSNorm(nn.Layer):
 
     def forward(self, x):
         # paddle.square is ~3x faster than x.pow(2) on CPU (measured)
-        variance = paddle.square(x.astype("float32")).mean(axis=-1, keepdim=True)
-        normed = (x.astype("float32") * paddle.rsqrt(variance + self.eps)).astype(x.dtype)
+        x32 = x if x.dtype == paddle.float32 else x.astype("float32")
+        variance = paddle.square(x32).mean(axis=-1, keepdim=True)
+        normed = x32 * paddle.rsqrt(variance + self.eps)
+        normed = normed if normed.dtype == x.dtype else normed.astype(x.dtype)
         # expanded first: a broadcasting multiply's forward and backward are several times slower on CPU (measured)
         return normed * paddle.expand(self.weight, normed.shape)
 
@@ -48,15 +51,34 @@ def rope_cos_sin(position_ids, head_dim: int, theta: float, dtype):
     inv_freq = 1.0 / (theta ** (paddle.arange(0, head_dim, 2, dtype="float32") / head_dim))  # [d/2]
     freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freq  # [b, s, d/2]
     emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)  # [b, s, 1, d]
-    return emb.cos().astype(dtype), emb.sin().astype(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    return (cos, sin) if dtype == paddle.float32 else (cos.astype(dtype), sin.astype(dtype))
 
 
-def apply_rope(x, cos, sin):
-    """x [b, s, heads, d]; cos, sin [b, s, 1, d], expanded over the heads before multiplying (same-shape multiplies
-    are ~5x faster than broadcasting ones on CPU, forward and backward; measured)."""
-    x1, x2 = x.chunk(2, axis=-1)
-    cos, sin = paddle.expand(cos, x.shape), paddle.expand(sin, x.shape)
-    return x * cos + paddle.concat([-x2, x1], axis=-1) * sin
+class Rotary(NamedTuple):
+    """RoPE tables for q and k concatenated along the heads, built once per forward: cos, sin [b, s, heads, d]
+    already expanded over the heads (same-shape multiplies are ~5x faster than broadcasting ones on CPU, forward
+    and backward; measured) and `rotate` [d, d], HF's rotate-half as a signed permutation matrix, so
+    rotate_half(x) = x @ rotate is one exact matmul instead of a split, a negation and a concat."""
+    cos: paddle.Tensor
+    sin: paddle.Tensor
+    rotate: paddle.Tensor
+
+
+def rotary_tables(position_ids, head_dim: int, theta: float, dtype, heads: int) -> Rotary:
+    """position_ids [b, s] -> Rotary for `heads` (q heads + kv heads) heads."""
+    cos, sin = rope_cos_sin(position_ids, head_dim, theta, dtype)  # [b, s, 1, d]
+    shape = [*position_ids.shape, heads, head_dim]
+    half = head_dim // 2
+    rotate = np.zeros([head_dim, head_dim], dtype="float32")
+    rotate[np.arange(half), np.arange(half) + half] = 1.0  # out[half + i] = x[i]
+    rotate[np.arange(half) + half, np.arange(half)] = -1.0  # out[i] = -x[half + i]
+    return Rotary(paddle.expand(cos, shape), paddle.expand(sin, shape), paddle.to_tensor(rotate).astype(dtype))
+
+
+def apply_rope(x, rope: Rotary):
+    """x [b, s, heads, d] (q and k concatenated along the heads)."""
+    return x * rope.cos + paddle.matmul(x, rope.rotate) * rope.sin
 
 
 def attention_bias(attention_mask, query_len: int, dtype, heads: int = 1):
@@ -94,25 +116,27 @@ class Attention(nn.Layer):
         self.v_proj = tp.column_linear(hidden, config.num_key_value_heads * d, qkv_bias, degree)
         self.o_proj = tp.row_linear(config.num_attention_heads * d, hidden, config.attention_bias, degree)
 
-    def forward(self, x, cos, sin, bias, past: Optional[Tuple] = None, cache_column=None):
-        """cache_column [1] int64: `past` is a preallocated [b, L, kv_heads, d] cache and this single token's k/v
+    def forward(self, x, rope: Rotary, bias, past: Optional[Tuple] = None, cache_column=None):
+        """cache_column [1] int64: `past` is a preallocated [b, kv_heads, L, d] cache and this single token's k/v
         are written at that column (static decode); otherwise they are appended to `past`."""
         b, s, _ = x.shape
         q = self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim])
         k = self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qk = apply_rope(paddle.concat([q, k], axis=2), rope)  # [b, s, h + kv_heads, d]: one rotation for both
+        q, k = paddle.split(qk, [self.num_heads, self.num_kv_heads], axis=2)
+        q = q.transpose([0, 2, 1, 3])  # [b, h, s, d]
+        # the cache is kept head-major, so a decode step transposes its one new position, not the whole cache
+        k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])  # [b, kv_heads, s, d]
         if past is not None and cache_column is not None:
             # a scatter, not a one-hot blend: broadcasting multiplies are ~40x slower than same-shape ones on CPU
-            index = paddle.expand(cache_column.reshape([1, 1, 1, 1]), k.shape)  # [b, 1, kv_heads, d]
-            k = paddle.put_along_axis(past[0], index, k, axis=1)  # [b, L, kv_heads, d]
-            v = paddle.put_along_axis(past[1], index, v, axis=1)
+            index = paddle.expand(cache_column.reshape([1, 1, 1, 1]), k.shape)  # [b, kv_heads, 1, d]
+            k = paddle.put_along_axis(past[0], index, k, axis=2)  # [b, kv_heads, L, d]
+            v = paddle.put_along_axis(past[1], index, v, axis=2)
         elif past is not None:
-            k = paddle.concat([past[0], k], axis=1)  # [b, t, kv_heads, d]
-            v = paddle.concat([past[1], v], axis=1)
+            k = paddle.concat([past[0], k], axis=2)  # [b, kv_heads, t, d]
+            v = paddle.concat([past[1], v], axis=2)
         present = (k, v)
-        q = q.transpose([0, 2, 1, 3])  # [b, h, s, d]
-        k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])  # [b, kv_heads, t, d]
         groups = self.num_heads // self.num_kv_heads
         if groups > 1:
             k = k.repeat_interleave(groups, axis=1)  # [b, h, t, d]
@@ -144,8 +168,8 @@ class DecoderLayer(nn.Layer):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, bias, past=None, cache_column=None):
-        attn, present = self.self_attn(self.input_layernorm(x), cos, sin, bias, past, cache_column)
+    def forward(self, x, rope: Rotary, bias, past=None, cache_column=None):
+        attn, present = self.self_attn(self.input_layernorm(x), rope, bias, past, cache_column)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
@@ -166,24 +190,26 @@ class LlamaModel(nn.Layer):
         """input_ids [b, s]; attention_mask [b, t] over cache + new tokens; position_ids [b, s]. With cache_column
         (static decode, see static_decode.py) the cache is preallocated and attention_mask covers its width."""
         b, s = input_ids.shape
-        past_len = 0 if past_key_values is None or cache_column is not None else past_key_values[0][0].shape[1]
+        past_len = 0 if past_key_values is None or cache_column is not None else past_key_values[0][0].shape[2]
         if attention_mask is None:
             attention_mask = paddle.ones([b, past_len + s], dtype="int64")
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask)[:, past_len:]
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
-        bias = attention_bias(attention_mask, s, x.dtype, self.layers[0].self_attn.num_heads)
+        attn = self.layers[0].self_attn
+        rope = rotary_tables(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype,
+                             attn.num_heads + attn.num_kv_heads)
+        bias = attention_bias(attention_mask, s, x.dtype, attn.num_heads)
         presents = []
         for i, layer in enumerate(self.layers):
             past = None if past_key_values is None else past_key_values[i]
             if self.config.recompute and self.training and not use_cache:
                 # non-reentrant recompute of the hidden state only: the reentrant PyLayer path crashed on the
                 # (k, v) outputs that training does not need
-                x = recompute(lambda h, layer=layer: layer(h, cos, sin, bias)[0], x, use_reentrant=False)
+                x = recompute(lambda h, layer=layer: layer(h, rope, bias)[0], x, use_reentrant=False)
                 present = None
             else:
-                x, present = layer(x, cos, sin, bias, past, cache_column)
+                x, present = layer(x, rope, bias, past, cache_column)
             presents.append(present)
         return self.norm(x), (presents if use_cache else None)
 

@@ -19,7 +19,7 @@ CACHE_BUCKET = 32
 
 class DecodeStep(nn.Layer):
     """token [b, 1], position_ids [b, 1], attention_mask [b, L], column [1] int64 (the cache column this step
-    writes), caches: a list of 2 x layers tensors [b, L, kv_heads, d] -> (logits [b, vocab], updated list)."""
+    writes), caches: a list of 2 x layers tensors [b, kv_heads, L, d] -> (logits [b, vocab], updated list)."""
 
     def __init__(self, model):
         super().__init__()
@@ -48,7 +48,7 @@ class StaticDecoder:
         key = (batch, width)
         if key not in self._compiled:
             cfg = self.model.config
-            cache_spec = paddle.static.InputSpec([batch, width, cfg.num_key_value_heads, cfg.head_dim], "float32")
+            cache_spec = paddle.static.InputSpec([batch, cfg.num_key_value_heads, width, cfg.head_dim], "float32")
             spec = [paddle.static.InputSpec([batch, 1], "int64"), paddle.static.InputSpec([batch, 1], "int64"),
                     paddle.static.InputSpec([batch, width], "int64"),
                     paddle.static.InputSpec([1], "int64")]
@@ -58,10 +58,10 @@ class StaticDecoder:
 
     @staticmethod
     def preallocate(presents: List[Tuple[paddle.Tensor, paddle.Tensor]], width: int) -> List[paddle.Tensor]:
-        """The prefill's (k, v) [b, P, kv_heads, d] per layer, zero-padded to [b, width, kv_heads, d], flat."""
+        """The prefill's (k, v) [b, kv_heads, P, d] per layer, zero-padded to [b, kv_heads, width, d], flat."""
         out = []
         for k, v in presents:
-            pad = width - k.shape[1]
+            b, heads, prompt_width, d = k.shape
             for t in (k, v):
-                out.append(paddle.concat([t, paddle.zeros([t.shape[0], pad, *t.shape[2:]], t.dtype)], axis=1))
+                out.append(paddle.concat([t, paddle.zeros([b, heads, width - prompt_width, d], t.dtype)], axis=2))
         return out

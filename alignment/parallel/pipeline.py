@@ -24,7 +24,7 @@ from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, Sha
 from alignment.fileio import atomic_directory
 from alignment.models import checkpoint as ckpt
 from alignment.models.llama import (DecoderLayer, RMSNorm, attention_bias, init_weights, positions_from_mask,
-                                    rope_cos_sin)
+                                    rotary_tables)
 from alignment.models.normalizer import load_normalizer, make_normalizer
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.topology import check_model
@@ -50,9 +50,10 @@ class DecoderStage(DecoderLayer):
 
     def forward(self, args):
         x, attention_mask = args
-        cos, sin = rope_cos_sin(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope_theta,
-                                x.dtype)
-        x, _ = super().forward(x, cos, sin, attention_bias(attention_mask, x.shape[1], x.dtype, self.self_attn.num_heads))
+        attn = self.self_attn
+        rope = rotary_tables(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope_theta,
+                             x.dtype, attn.num_heads + attn.num_kv_heads)
+        x, _ = super().forward(x, rope, attention_bias(attention_mask, x.shape[1], x.dtype, attn.num_heads))
         return x, attention_mask
 
 

@@ -26,9 +26,19 @@ def model_parallel_group():
     return _hcg().get_model_parallel_group()
 
 
+class Linear(nn.Linear):
+    """nn.Linear that calls paddle.matmul directly: the functional linear's per-call flag lookups cost ~4 us of
+    a 13 us call at decode shapes on CPU (measured), 29 times per decode step for a 4-layer LLaMA. Same
+    parameters (`weight` [in, out], `bias`), same results."""
+
+    def forward(self, x):
+        out = paddle.matmul(x, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
 def column_linear(in_features: int, out_features: int, bias: bool, degree: int) -> nn.Layer:
     if degree == 1:
-        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
+        return Linear(in_features, out_features, bias_attr=None if bias else False)
     from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear
 
     return ColumnParallelLinear(in_features, out_features, has_bias=bias, gather_output=False)
@@ -36,7 +46,7 @@ def column_linear(in_features: int, out_features: int, bias: bool, degree: int) 
 
 def row_linear(in_features: int, out_features: int, bias: bool, degree: int) -> nn.Layer:
     if degree == 1:
-        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
+        return Linear(in_features, out_features, bias_attr=None if bias else False)
     from paddle.distributed.fleet.meta_parallel import RowParallelLinear
 
     return RowParallelLinear(in_features, out_features, has_bias=bias, input_is_parallel=True)
