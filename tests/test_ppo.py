@@ -109,6 +109,7 @@ def test_bad_arguments_fail_before_anything_is_written(tmp_path, tiny_model_dir,
                 "num_return_sequences")
     expect_exit(capsys, base + ["--max_length", "12"], "prompt 0", "max_length")
     expect_exit(capsys, base + ["--reward_funcs", "no_such_judge"], "reward_funcs", "no_such_judge")
+    expect_exit(capsys, base + ["--rollout_decode", "compiled"], "rollout_decode", "'compiled'")
     expect_exit(capsys, base + ["--reward_model_name_or_path", str(tmp_path / "missing")], "missing",
                 "model directory not found")
     assert not (tmp_path / "out").exists()
@@ -155,3 +156,25 @@ def test_grpo_reusing_the_update_log_probs_matches_a_separate_old_log_prob_pass(
     assert [r["clip_frac"] for r in reuse] == [0.0, 0.0]
     np.testing.assert_allclose(weights(str(tmp_path / "reuse" / "out" / "policy")),
                                weights(str(tmp_path / "separate" / "out" / "policy")), atol=1e-6)
+
+
+def test_static_rollout_decode_gives_the_eager_run(tmp_path, tiny_model_dir, monkeypatch):
+    """rollout_decode static: the compiled decode step sees the weights each update changed (step 2 samples from
+    the updated actor), so two steps give the eager run's rollouts, losses and weights."""
+    from alignment.models.static_decode import StaticDecoder
+
+    compiled, original = [], StaticDecoder.compiled
+    monkeypatch.setattr(StaticDecoder, "compiled", lambda self, *a: compiled.append(a) or original(self, *a))
+    runs = {}
+    for mode in ("eager", "static"):
+        run_ppo.main([GRPO_CONFIG, *common(tmp_path / mode, tiny_model_dir, "--reward_funcs", "sentiment",
+                                           "--rollout_decode", mode)])
+        runs[mode] = read_metrics(tmp_path / mode / "out")
+    assert [r["response_length"] for r in runs["static"]] == [r["response_length"] for r in runs["eager"]]
+    for key in ("reward/mean", "kl", "actor_loss"):
+        np.testing.assert_allclose([r[key] for r in runs["static"]], [r[key] for r in runs["eager"]], rtol=1e-4,
+                                   atol=1e-6, err_msg=key)
+    assert len(compiled) == 2 and compiled[0] == compiled[1]  # the static run's two rollouts, one program
+    assert runs["eager"][1]["kl"] != 0.0  # step 2 sampled from an actor the first update changed
+    np.testing.assert_allclose(weights(str(tmp_path / "static" / "out" / "policy")),
+                               weights(str(tmp_path / "eager" / "out" / "policy")), atol=1e-6)

@@ -11,6 +11,7 @@ from alignment.training.arguments import LR_SCHEDULERS, DatasetSpecs
 
 ADVANTAGE_ESTIMATORS = ("gae", "reinforce_plus_plus") + tuple(GROUP_ESTIMATORS)
 EVAL_MODES = (None, "single", "tensor_parallel")
+ROLLOUT_DECODES = ("eager", "static")
 
 
 @dataclasses.dataclass
@@ -83,6 +84,11 @@ class PPOArguments:
                                           "lora_rank / lora_alpha / lora_dropout / lora_target_modules of the actor.")
     critic_lora_path: Optional[str] = field(None, help="Start the critic's adapters from this saved adapter "
                                                        "directory; needs critic_lora true.")
+    rollout_decode: str = field("eager", help="How rollouts run their decode steps: 'eager' (KV cache, dynamic "
+                                              "graph) or 'static' (a paddle.jit.to_static program per batch size and "
+                                              "cache width over a preallocated KV cache; the same tokens). On a 2-core "
+                                              "CPU static ran at 0.5-0.65x of eager (benchmarks/bench_rollout.py), "
+                                              "hence the default.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
                                          "so only false is accepted.")
     eval_mode: Optional[str] = field(None, help="Which actor layout generates rollouts: null or 'tensor_parallel' = "
@@ -123,6 +129,8 @@ class PPOArguments:
             raise ValueError(f"key 'critic_lr_scheduler_type' must be one of {LR_SCHEDULERS}")
         if self.use_fusemt:
             raise ValueError("key 'use_fusemt': fused rollout kernels are not available in this build; set it to false")
+        if self.rollout_decode not in ROLLOUT_DECODES:
+            raise ValueError(f"key 'rollout_decode' must be one of {ROLLOUT_DECODES}, got {self.rollout_decode!r}")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"key 'eval_mode' must be one of {EVAL_MODES}, got {self.eval_mode!r}")
         parse_levels(self.offload_level)
@@ -131,6 +139,9 @@ class PPOArguments:
         degree = max([getattr(o, "tensor_parallel_degree", 1) for o in others] + [1])
         if self.eval_mode == "tensor_parallel" and degree == 1:
             raise ValueError("key 'eval_mode' 'tensor_parallel' needs tensor_parallel_degree > 1")
+        if self.rollout_decode == "static" and degree > 1 and self.eval_mode != "single":
+            raise ValueError("key 'rollout_decode' 'static' compiles a whole model: with tensor_parallel_degree > 1 "
+                             "set 'eval_mode': 'single'")
         if self.critic_lora_path and not self.critic_lora:
             raise ValueError("key 'critic_lora_path' needs 'critic_lora': true")
         if self.critic_lora and not self.uses_critic:

@@ -21,6 +21,7 @@ from alignment.models.generation import GenerationConfig
 from alignment.models.score_model import ScoreModel
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
+from alignment.models.static_decode import StaticDecoder
 from alignment.parallel.offload import Offloader, parse_levels
 from alignment.parallel.pipeline import PipelineModel, check_pipeline_run, pipeline_step
 from alignment.parallel.reshard import WholeCopy
@@ -76,6 +77,7 @@ class PPOTrainer:
         self.generation_copy = WholeCopy(actor, LlamaForCausalLM) if self.pipelined or (
             split and ppo_args.eval_mode == "single") else None
         self.critic_copy = None
+        self.static_decoders = {}  # rollout_decode static: compiled decode steps per generating model
         if self.pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, ptx_data)
             self.actor_pipe = fleet.distributed_model(actor)
@@ -165,8 +167,12 @@ class PPOTrainer:
         if greedy:
             config = dataclasses.replace(config, do_sample=False, repetition_penalty=1.0)
         samples = 1 if greedy else self.ppo.num_return_sequences
-        return sample_rollout(self.rollout_actor(), self.tokenizer, items, config, samples, self.collate_prompts,
-                              positions, total)
+        actor = self.rollout_actor()
+        static = None
+        if self.ppo.rollout_decode == "static":  # one decoder per model object (the actor, or its whole copy)
+            static = self.static_decoders.setdefault(id(actor), StaticDecoder(actor))
+        return sample_rollout(actor, self.tokenizer, items, config, samples, self.collate_prompts, positions, total,
+                              static)
 
     def rollout_actor(self):
         """The actor that generates and scores: the trained one, or its whole copy (eval_mode single, pipeline)."""
