@@ -1,11 +1,11 @@
 """Rollout speed: new tokens per second with the KV cache (eager, and the static-graph decode step) vs recomputing
 the whole sequence every step.
 
-    python benchmarks/bench_rollout.py [--batches 1,8,32] [--new-tokens 64] [--prompt-len 16] [--repeats 2]
+    python benchmarks/bench_rollout.py [--batches 1,8,32] [--new-tokens 64] [--prompt-lens 16,64] [--repeats 2]
 
 A random-init LLaMA of the peer benchmark's shape (hidden 256, intermediate 1024, 4 layers, 4 heads, vocab 8000)
-built from config; greedy decoding of exactly --new-tokens tokens (no eos) from random prompts. For each batch
-size it times `generate(..., use_cache=True)`, the same with `static=StaticDecoder(model)` (compiled once per shape
+built from config; greedy decoding of exactly --new-tokens tokens (no eos) from random prompts. For each prompt
+length and batch size it times `generate(..., use_cache=True)`, the same with `static=StaticDecoder(model)` (compiled once per shape
 before timing) and `use_cache=False` (best of --repeats), checks all three produce the same tokens, and prints a
 Markdown table with tokens/s and the speed-ups. Writes benchmarks/results/rollout_<timestamp>.{md,png} (the
 table, and a bar chart of tokens/s per batch size) unless --no-save.
@@ -26,7 +26,7 @@ def main(argv=None) -> list:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--prompt-lens", default="16,64", help="prompt lengths (the no-cache path's cost grows with them)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     p.add_argument("--no-save", action="store_true", help="write no result files")
@@ -44,8 +44,9 @@ def main(argv=None) -> list:
     model.eval()
     config = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None)
     rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
-        ids = paddle.randint(3, 8000, [batch, args.prompt_len])
+    shapes = [(int(p), int(b)) for p in args.prompt_lens.split(",") for b in args.batches.split(",")]
+    for prompt_len, batch in shapes:
+        ids = paddle.randint(3, 8000, [batch, prompt_len])
         mask = paddle.ones_like(ids)
         static = StaticDecoder(model)
         generate(model, ids, mask, config, static=static)  # compile outside the timing
@@ -60,16 +61,17 @@ def main(argv=None) -> list:
             timings[name], outputs[name] = best, out.sequences.numpy()
         same = all(bool((outputs[n] == outputs["kv"]).all()) for n in variants)
         tokens = batch * args.new_tokens
-        rows.append({"batch": batch, **{f"{n}_tokens_per_s": tokens / t for n, t in timings.items()},
+        rows.append({"prompt": prompt_len, "batch": batch,
+                     **{f"{n}_tokens_per_s": tokens / t for n, t in timings.items()},
                      "kv_over_none": timings["none"] / timings["kv"], "static_over_kv": timings["kv"] / timings["static"],
                      "same_tokens": same})
-    lines = ["| batch | KV cache, eager | KV cache, static step | no cache | KV / no cache | static / eager | "
-             "same tokens |", "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    lines += [f"| {r['batch']} | {r['kv_tokens_per_s']:.0f} | {r['static_tokens_per_s']:.0f} | "
+    lines = ["| prompt | batch | KV cache, eager | KV cache, static step | no cache | KV / no cache | static / eager | "
+             "same tokens |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += [f"| {r['prompt']} | {r['batch']} | {r['kv_tokens_per_s']:.0f} | {r['static_tokens_per_s']:.0f} | "
               f"{r['none_tokens_per_s']:.0f} | {r['kv_over_none']:.1f}x | {r['static_over_kv']:.2f}x | "
               f"{r['same_tokens']} |" for r in rows]
     table = "\n".join(lines) + f"\n\n(new tokens per second; greedy, {args.new_tokens} new tokens after " \
-        f"{args.prompt_len}-token prompts, best of {args.repeats})\n"
+        f"prompts of the given length, best of {args.repeats})\n"
     print(table)
     if not args.no_save:
         for path in save(rows, table, args.results_dir):
@@ -87,13 +89,13 @@ def save(rows, table: str, results_dir: str) -> list:
     base = os.path.join(results_dir, "rollout_" + time.strftime("%Y%m%d-%H%M%S"))
     with open(base + ".md", "w", encoding="utf-8") as f:
         f.write("# Rollout decoding speed (`python benchmarks/bench_rollout.py`)\n\n" + table)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(rows)), 3.5))
     width = 0.27
     for k, (key, label) in enumerate([("kv_tokens_per_s", "KV cache, eager"),
                                       ("static_tokens_per_s", "KV cache, static step"),
                                       ("none_tokens_per_s", "no cache")]):
         ax.bar([i + (k - 1) * width for i in range(len(rows))], [r[key] for r in rows], width, label=label)
-    ax.set_xticks(range(len(rows)), [f"batch {r['batch']}" for r in rows])
+    ax.set_xticks(range(len(rows)), [f"p{r['prompt']} b{r['batch']}" for r in rows])
     ax.set_ylabel("new tokens / s")
     ax.legend(fontsize=8)
     fig.tight_layout()

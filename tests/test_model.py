@@ -151,6 +151,20 @@ def test_sampling_by_row_position_gives_each_row_the_same_tokens_however_the_bat
     assert (other != whole).any()  # the noise really depends on the seed
 
 
+def test_inverse_cdf_sampling_against_hand_computed_draws_and_frequencies():
+    from alignment.models.generation import inverse_cdf_sample
+
+    # row 0: probs [.25, .75] (cdf .25, 1); row 1: [.5, 0 (filtered), .5] (cdf .5, .5, 1)
+    logits = paddle.to_tensor([[0.0, np.log(3.0), -np.inf], [0.0, -np.inf, 0.0]], dtype="float32")
+    draws = {u: inverse_cdf_sample(logits, paddle.to_tensor([u, u], dtype="float32")).numpy().tolist()
+             for u in (0.0, 0.2, 0.25, 0.49, 0.5, 0.999999)}
+    assert draws == {0.0: [0, 0], 0.2: [0, 0], 0.25: [1, 0], 0.49: [1, 0], 0.5: [1, 2], 0.999999: [1, 2]}
+    many = paddle.to_tensor([[1.0, 0.0, 2.0, -np.inf, 0.5]] * 40000, dtype="float32")
+    tokens = inverse_cdf_sample(many, paddle.rand([40000])).numpy()
+    expected = np.exp([1.0, 0.0, 2.0, -np.inf, 0.5]) / np.exp([1.0, 0.0, 2.0, 0.5]).sum()
+    np.testing.assert_allclose(np.bincount(tokens, minlength=5) / 40000, expected, atol=0.01)
+
+
 def test_logit_processors_against_hand_computed_values():
     logits = paddle.to_tensor([[2.0, -1.0, 0.5, 1.0]])
     seen = paddle.to_tensor([[True, True, False, False]])
