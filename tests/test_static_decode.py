@@ -39,3 +39,21 @@ def test_static_sampling_draws_from_the_same_distribution(tiny_model_dir):
     paddle.seed(3)
     static = generate(model, ids, mask, config, static=StaticDecoder(model))
     np.testing.assert_array_equal(static.sequences.numpy(), eager.sequences.numpy())
+
+
+def test_static_greedy_equals_eager_and_no_cache_with_grouped_query_attention_and_tied_embeddings():
+    """kv_heads < heads (the cache holds 2 heads, attention repeats them) and a tied LM head, in one program."""
+    from alignment.models import LlamaConfig, generate_without_cache
+
+    paddle.seed(11)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                         initializer_range=0.3))
+    model.eval()
+    ids, mask = left_padded([[5, 6, 7, 8], [9, 10], [11, 12, 13]])
+    config = GenerationConfig(max_new_tokens=10, do_sample=False, eos_token_id=None)
+    eager = generate(model, ids, mask, config).sequences.numpy()
+    np.testing.assert_array_equal(generate(model, ids, mask, config, static=StaticDecoder(model)).sequences.numpy(),
+                                  eager)
+    np.testing.assert_array_equal(generate_without_cache(model, ids, mask, config).sequences.numpy(), eager)
+    assert len(set(eager[:, 4:].ravel().tolist())) > 3  # a real continuation, not one repeated token
