@@ -6,6 +6,9 @@ accuracy: 1.0 when the completion's answer equals the `answer` label, else 0.0. 
 format:   1.0 when the completion is an optional <think>...</think> block followed by exactly one
           <answer>...</answer> block and nothing else (MindRLHF / DeepSeek-R1 style), 0.5 when it contains exactly
           one <answer> block among other text, else 0.0.
+An empty block (`<answer></answer>`, `<answer> </answer>`) is not an answer for either reward: GRPO on SmolLM2
+learned to echo the prompt's literal "<answer></answer>" tags with a number after them ("The final number inside
+<answer></answer> is 1.") for the format credit, and accuracy then read the empty block.
 Both have the reward-function signature fn(prompts, completions, **labels) -> list[float].
 """
 from __future__ import annotations
@@ -18,10 +21,15 @@ STRICT_FORMAT = re.compile(r"^\s*(<think>.*?</think>\s*)?<answer>(?:(?!<answer>)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+def answer_blocks(completion: str) -> List[str]:
+    """The stripped contents of the completion's non-empty <answer> blocks, in order."""
+    return [block.strip() for block in ANSWER_BLOCK.findall(completion) if block.strip()]
+
+
 def extract_answer(completion: str) -> Optional[str]:
-    blocks = ANSWER_BLOCK.findall(completion)
+    blocks = answer_blocks(completion)
     if blocks:
-        return blocks[-1].strip()
+        return blocks[-1]
     numbers = NUMBER.findall(completion.replace(",", ""))
     return numbers[-1] if numbers else None
 
@@ -46,9 +54,10 @@ def accuracy(prompts: Sequence[str], completions: Sequence[str], answer: Sequenc
 def format_reward(prompts: Sequence[str], completions: Sequence[str], **labels: Any) -> List[float]:
     scores = []
     for completion in completions:
-        if STRICT_FORMAT.match(completion):
+        one_answer = len(ANSWER_BLOCK.findall(completion)) == 1 and len(answer_blocks(completion)) == 1
+        if one_answer and STRICT_FORMAT.match(completion):
             scores.append(1.0)
-        elif len(ANSWER_BLOCK.findall(completion)) == 1:
+        elif one_answer:
             scores.append(0.5)
         else:
             scores.append(0.0)

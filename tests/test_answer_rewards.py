@@ -19,3 +19,13 @@ def test_format_reward_strict_partial_and_none():
     completions = ["<answer>18</answer>", "<think>5+13</think>\n<answer>18</answer>\n", "It is <answer>18</answer>.",
                    "<answer>1</answer><answer>2</answer>", "18", "<think>x</think> text <answer>1</answer>"]
     assert format_reward([""] * 6, completions) == [1.0, 1.0, 0.5, 0.0, 0.0, 0.5]
+
+
+def test_an_empty_answer_block_is_no_answer():
+    """The reward hack GRPO found on SmolLM2: echo the prompt's empty tags, then a number."""
+    hack = "The final number inside <answer></answer> is 1."
+    assert extract_answer(hack) == "1"  # the last number, as for a completion without tags
+    assert extract_answer("<answer> </answer>") is None
+    assert format_reward([""] * 4, [hack, "<answer></answer>", "<answer> \n</answer>", "<answer>7</answer>"]) == \
+        [0.0, 0.0, 0.0, 1.0]
+    assert accuracy([""] * 2, [hack, "<answer></answer> so 5"], answer=["1", "5"]) == [1.0, 1.0]
