@@ -87,7 +87,7 @@ class PPOArguments:
     rollout_decode: str = field("eager", help="How rollouts run their decode steps: 'eager' (KV cache, dynamic "
                                               "graph) or 'static' (a paddle.jit.to_static program per batch size and "
                                               "cache width over a preallocated KV cache; the same tokens). On a 2-core "
-                                              "CPU static ran at 0.5-0.65x of eager (benchmarks/bench_rollout.py), "
+                                              "CPU static ran at 0.5-0.85x of eager (benchmarks/bench_rollout.py), "
                                               "hence the default.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
                                          "so only false is accepted.")
