@@ -170,7 +170,9 @@ class PPOTrainer:
         actor = self.rollout_actor()
         static = None
         if self.ppo.rollout_decode == "static":  # one decoder per model object (the actor, or its whole copy)
-            static = self.static_decoders.setdefault(id(actor), StaticDecoder(actor))
+            if id(actor) not in self.static_decoders:
+                self.static_decoders[id(actor)] = StaticDecoder(actor)
+            static = self.static_decoders[id(actor)]
         return sample_rollout(actor, self.tokenizer, items, config, samples, self.collate_prompts, positions, total,
                               static)
 
