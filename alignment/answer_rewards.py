@@ -54,7 +54,8 @@ def accuracy(prompts: Sequence[str], completions: Sequence[str], answer: Sequenc
 def format_reward(prompts: Sequence[str], completions: Sequence[str], **labels: Any) -> List[float]:
     scores = []
     for completion in completions:
-        one_answer = len(ANSWER_BLOCK.findall(completion)) == 1 and len(answer_blocks(completion)) == 1
+        blocks = ANSWER_BLOCK.findall(completion)
+        one_answer = len(blocks) == 1 and bool(blocks[0].strip())
         if one_answer and STRICT_FORMAT.match(completion):
             scores.append(1.0)
         elif one_answer:

@@ -57,7 +57,7 @@ def rope_cos_sin(position_ids, head_dim: int, theta: float, dtype):
 
 class Rotary(NamedTuple):
     """RoPE tables for q and k concatenated along the heads, built once per forward: cos, sin [b, s, heads, d]
-    already expanded over the heads (same-shape multiplies are ~5x faster than broadcasting ones on CPU, forward
+    already expanded over the heads (same-shape multiplies were ~7x faster than broadcasting ones on CPU, forward
     and backward; measured) and `rotate` [d, d], HF's rotate-half as a signed permutation matrix, so
     rotate_half(x) = x @ rotate is one exact matmul instead of a split, a negation and a concat."""
     cos: paddle.Tensor
