@@ -7,9 +7,9 @@
 Everything is built locally from config: a byte-level BPE tokenizer (vocab 8000) trained with `tokenizers` on
 generated template text, a random-init LLaMA policy (hidden 256, intermediate 1024, 4 layers, 4 heads, 4 kv heads,
 vocab 8000: 8.29M parameters, fp32) and random-init reward and value ScoreModels of the same config (1-output head).
-They are saved to a temp dir and loaded the way alignment/ppo/run_ppo.py does; PPOTrainer is constructed directly
-and its per-step methods (make_rollout -> score + compute_advantages -> update) are called in a loop, each phase
-timed (the same split as the trainer's time/generate, time/score, time/train metrics).
+(benchmarks/peer_shape.py). They are saved to a temp dir and loaded the way alignment/ppo/run_ppo.py does; PPOTrainer
+is constructed directly and its own training_step() (rollout -> score -> advantages -> update) runs in a loop; the
+phase times are the trainer's time/generate, time/score, time/train metrics.
 
 `--steps N` is the total number of steps; the first `--warmup` steps (default 1) are excluded from the medians, so
 `--steps 12` is directly comparable with the peer's `median_step_s_excl_first` (the median of steps 2-12).
@@ -25,7 +25,6 @@ import math
 import os
 import platform
 import pstats
-import random
 import shutil
 import statistics
 import sys
@@ -39,111 +38,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import alignment  # noqa: E402,F401  (sets OMP/MKL thread defaults before paddle is imported)
-
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-VOCAB_SIZE = 8000
-MODEL_SHAPE = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=4, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
-                   tie_word_embeddings=False, initializer_range=0.02)
-NUM_PROMPTS = 64  # the peer's dataset size
-
-# Words of the generated tokenizer corpus and the prompts (the same kinds of text as the peer's).
-SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "a small robot", "the old man", "our team", "the bird",
-            "a child", "the farmer"]
-VERBS = ["likes", "sees", "finds", "loves", "hates", "builds", "paints", "reads", "writes", "opens", "eats",
-         "carries"]
-ADJECTIVES = ["happy", "sad", "good", "bad", "great", "terrible", "bright", "dark", "quiet", "loud", "warm", "cold",
-              "lovely", "awful", "nice", "boring"]
-TOPICS = ["apple", "book", "river", "house", "garden", "song", "letter", "window", "cake", "mountain", "story",
-          "picture", "road", "boat"]
-LINKS = ["and", "but", "because", "so", "while", "when"]
-
-
-# --- data: corpus, tokenizer, prompts -----------------------------------------------------------------------------
-def corpus_lines(seed: int = 0):
-    """Template sentences, arithmetic Q/A and reviews, then random letter 'words' so BPE fills 8000 merges."""
-    rng = random.Random(seed)
-    for _ in range(20000):
-        kind = rng.random()
-        if kind < 0.6:
-            text = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} a {rng.choice(ADJECTIVES)} {rng.choice(TOPICS)}"
-            if rng.random() < 0.5:
-                text += f" {rng.choice(LINKS)} {rng.choice(SUBJECTS)} {rng.choice(VERBS)} the {rng.choice(TOPICS)}"
-            yield text[0].upper() + text[1:] + "."
-        elif kind < 0.85:
-            a, b, op = rng.randint(0, 99), rng.randint(0, 99), rng.choice("+-*")
-            value = {"+": a + b, "-": a - b, "*": a * b}[op]
-            yield f"Question: what is {a} {op} {b}? Answer: {value}."
-        else:
-            yield f"Review: this {rng.choice(TOPICS)} is {rng.choice(ADJECTIVES)}. Rating: {rng.randint(1, 5)} stars."
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    for _ in range(20000):
-        yield " ".join("".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(12))
-
-
-def build_tokenizer(directory: str):
-    """Byte-level BPE, vocab 8000, saved in the HF layout our Tokenizer reads. No eos token is declared: responses
-    are always exactly max_new_tokens long (the peer: PPO stop_token=None; GRPO on an untrained model)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from alignment.models import Tokenizer as OurTokenizer
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, min_frequency=1, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus_lines(), trainer=trainer)
-    os.makedirs(directory, exist_ok=True)
-    tok.save(os.path.join(directory, "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "pad_token": "<pad>",
-              "unk_token": "<unk>", "add_bos_token": False, "model_max_length": MODEL_SHAPE["max_position_embeddings"]}
-    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
-    return OurTokenizer.from_pretrained(directory)
-
-
-def prompt_texts(n: int = NUM_PROMPTS, seed: int = 0):
-    """Plain-text prompts (no chat template), alternating the peer's two kinds: about 9-12 tokens each."""
-    rng = random.Random(seed)
-    texts = []
-    for i in range(n):
-        if i % 2 == 0:
-            texts.append(f"Write a happy sentence about the {rng.choice(TOPICS)}:")
-        else:
-            texts.append(f"Question: what is {rng.randint(0, 50)} + {rng.randint(0, 50)}? Answer:")
-    return texts
-
-
-# --- models -------------------------------------------------------------------------------------------------------
-def model_config(tokenizer, cls, **extra):
-    return cls(vocab_size=VOCAB_SIZE, bos_token_id=tokenizer.bos_token_id, eos_token_id=None,
-               pad_token_id=tokenizer.pad_token_id, **MODEL_SHAPE, **extra)
-
-
-def build_checkpoints(tokenizer, directory: str, seed: int) -> dict:
-    """Random-init policy (seed), reward model (seed + 1) and value model (seed + 2), saved in the HF layout."""
-    import paddle
-
-    from alignment.models import LlamaConfig, LlamaForCausalLM
-    from alignment.models.score_model import ScoreConfig, ScoreModel
-
-    paths = {name: os.path.join(directory, name) for name in ("policy", "reward", "value")}
-    paddle.seed(seed)
-    policy = LlamaForCausalLM(model_config(tokenizer, LlamaConfig))
-    policy.save_pretrained(paths["policy"], tokenizer_dir=tokenizer.name_or_path)
-    for offset, name in ((1, "reward"), (2, "value")):
-        paddle.seed(seed + offset)
-        ScoreModel(model_config(tokenizer, ScoreConfig, num_labels=1)).save_pretrained(
-            paths[name], tokenizer_dir=tokenizer.name_or_path)
-    return paths
+from peer_shape import MODEL_SHAPE, VOCAB_SIZE, build_checkpoints, build_tokenizer, prompt_texts  # noqa: E402
 
 
 # --- arguments ----------------------------------------------------------------------------------------------------
 def make_arguments(args, paths: dict, output_dir: str):
     """(model, data, ppo, training) argument dataclasses for the peer's settings (see README for differences)."""
-    from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments
-    from alignment.training.arguments import TrainingArguments
+    from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
+    from alignment.config.training import TrainingArguments
 
     ppo = args.algo == "ppo"
     model_args = PPOModelArguments(actor_model_name_or_path=paths["policy"],
@@ -215,17 +117,29 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
+def record_rollouts(trainer) -> list:
+    """The rollouts the trainer makes, in order (the rows report their shapes)."""
+    made, make = [], trainer.make_rollout
+
+    def recording(*args, **kwargs):
+        made.append(make(*args, **kwargs))
+        return made[-1]
+
+    trainer.make_rollout = recording
+    return made
+
+
 def run(args):
     """(result dict, per-step rows)."""
     import numpy as np
     import paddle
 
+    from alignment.config.data import LoRAArguments
     from alignment.data.tokenized import collate_prompts
-    from alignment.ppo.rewards import RewardComputer
-    from alignment.data_arguments import LoRAArguments
     from alignment.ppo.run_ppo import build_models
-    from alignment.ppo.trainer import PPOTrainer
-    from alignment.training.trainer import epoch_batches, set_seed
+    from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
+    from alignment.rewards.scoring import RewardComputer
+    from alignment.training.batches import set_seed
 
     load_before = machine_load()
     peak = matmul_peak_gflops(args.peak_sizes)
@@ -254,33 +168,29 @@ def run(args):
         items = [{"input_ids": tokenizer.encode(text), "prompt": text, "answer": None} for text in prompt_texts()]
         lengths = [len(item["input_ids"]) for item in items]
         print(f"prompts: {len(items)}, {min(lengths)}-{max(lengths)} tokens (mean {np.mean(lengths):.1f})", flush=True)
-        trainer = PPOTrainer(ppo_args, train_args, data_args, actor, reference, critic, reward, tokenizer, items,
-                             None, None, lambda rows: collate_prompts(rows, tokenizer.pad_token_id), None)
+        trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward),
+                             PromptData(items, None, lambda rows: collate_prompts(rows, tokenizer.pad_token_id)),
+                             tokenizer)
 
         stride_flag = paddle.get_flags(["FLAGS_use_stride_kernel"])
         if args.stride_kernel == "on":
             paddle.set_flags({"FLAGS_use_stride_kernel": True})
-        batches = epoch_batches(len(items), ppo_args.per_device_prompt_batch_size, args.seed)
-        rows, profiler = [], None
+        trainer.start_data_streams()
+        rows, profiler, rollouts = [], None, record_rollouts(trainer)
         for step in range(args.steps):
             if args.profile and step == args.warmup:
                 profiler = cProfile.Profile()
                 profiler.enable()
-            batch = [items[int(i)] for i in next(batches)]
             t0 = time.perf_counter()
-            rollout = trainer.make_rollout(batch)
-            t1 = time.perf_counter()
-            metrics = trainer.score(rollout)
-            metrics.update(trainer.compute_advantages(rollout))
-            t2 = time.perf_counter()
-            metrics.update(trainer.update(rollout, None))
-            t3 = time.perf_counter()
+            metrics = trainer.training_step()  # the trainer's own step: rollout -> score -> advantages -> update
+            total = time.perf_counter() - t0
             trainer.global_step += 1
+            rollout = rollouts.pop()
             n, width = rollout.input_ids.shape
-            row = {"step": step + 1, "total_s": t3 - t0, "generate_s": t1 - t0, "score_s": t2 - t1,
-                   "train_s": t3 - t2, "rollouts": int(n), "prompt_width": int(rollout.prompt_len),
-                   "response_len": float(metrics["response_length"]), "seq_width": int(width),
-                   "reward": float(metrics["reward/mean"]), "kl": float(metrics["kl"])}
+            row = {"step": step + 1, "total_s": total, "generate_s": metrics["time/generate"],
+                   "score_s": metrics["time/score"], "train_s": metrics["time/train"], "rollouts": int(n),
+                   "prompt_width": int(rollout.prompt_len), "response_len": float(metrics["response_length"]),
+                   "seq_width": int(width), "reward": float(metrics["reward/mean"]), "kl": float(metrics["kl"])}
             rows.append(row)
             print(f"step {row['step']:>3}{' (warmup)' if step < args.warmup else '':9}: {row['total_s']:.3f}s  "
                   f"generate {row['generate_s']:.3f}  score {row['score_s']:.3f}  train {row['train_s']:.3f}  "

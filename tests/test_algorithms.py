@@ -8,6 +8,7 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
+from alignment.models import logprobs as lp
 from alignment.ppo import algorithms as alg
 
 INF = float("inf")
@@ -53,11 +54,11 @@ def ref_whiten(x, mask):
 def test_gather_log_probs_hand_case_and_log_softmax_reference():
     # logits = log [1, 2, 3] -> softmax = [1/6, 2/6, 3/6]
     logits = t(np.log([[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]]))  # [1, 2, 3]
-    close(alg.gather_log_probs(logits, t([[2, 0]], "int64")), [[math.log(0.5), math.log(1 / 6)]])
+    close(lp.gather_log_probs(logits, t([[2, 0]], "int64")), [[math.log(0.5), math.log(1 / 6)]])
     rng = np.random.default_rng(0)
     logits = t(rng.normal(size=(3, 5, 11)) * 3)
     labels = t(rng.integers(0, 11, size=(3, 5)), "int64")
-    out = alg.gather_log_probs(logits, labels)
+    out = lp.gather_log_probs(logits, labels)
     ref = paddle.take_along_axis(F.log_softmax(logits, axis=-1), labels.unsqueeze(-1), axis=-1).squeeze(-1)
     assert out.shape == [3, 5] and out.dtype == paddle.float32
     np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-6)
@@ -66,22 +67,22 @@ def test_gather_log_probs_hand_case_and_log_softmax_reference():
 def test_gather_log_probs_gradient_is_onehot_minus_softmax():
     logits = t(np.log([[[1.0, 2.0, 3.0]]]))
     logits.stop_gradient = False
-    alg.gather_log_probs(logits, t([[2]], "int64")).sum().backward()
+    lp.gather_log_probs(logits, t([[2]], "int64")).sum().backward()
     close(logits.grad, [[[-1 / 6, -2 / 6, 1 - 3 / 6]]])
 
 
 def test_entropy_from_logits():
     # uniform over 4 -> ln 4; probs [1/6, 1/3, 1/2] -> -(1/6 ln 1/6 + 1/3 ln 1/3 + 1/2 ln 1/2)
     h = -(1 / 6 * math.log(1 / 6) + 1 / 3 * math.log(1 / 3) + 1 / 2 * math.log(1 / 2))
-    close(alg.entropy_from_logits(t([[[0.0, 0, 0, 0]]])), [[math.log(4)]])
-    close(alg.entropy_from_logits(t(np.log([[[1.0, 2.0, 3.0]]]))), [[h]])
+    close(lp.entropy_from_logits(t([[[0.0, 0, 0, 0]]])), [[math.log(4)]])
+    close(lp.entropy_from_logits(t(np.log([[[1.0, 2.0, 3.0]]]))), [[h]])
     rng = np.random.default_rng(1)
     z = rng.normal(size=(2, 3, 7)) * 2
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    close(alg.entropy_from_logits(t(z)), -(p * np.log(p)).sum(-1))
+    close(lp.entropy_from_logits(t(z)), -(p * np.log(p)).sum(-1))
     # large logits stay finite: one certain token -> 0; two tied far above the rest -> ln 2
-    close(alg.entropy_from_logits(t([[[1000.0, 0.0, -1000.0], [500.0, 500.0, -500.0]]])), [[0.0, math.log(2)]])
+    close(lp.entropy_from_logits(t([[[1000.0, 0.0, -1000.0], [500.0, 500.0, -500.0]]])), [[0.0, math.log(2)]])
 
 
 # ---------------------------------------------------------------- KL estimators

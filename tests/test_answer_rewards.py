@@ -1,4 +1,4 @@
-from alignment.answer_rewards import accuracy, extract_answer, format_reward
+from alignment.rewards.rules import accuracy, extract_answer, format_reward
 
 
 def test_extract_answer_prefers_the_last_tag_then_the_last_number():

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from alignment.args import ArgumentError, ArgumentParser, parse_flags, to_dict
-from alignment.data_arguments import DataArguments, ModelArguments
-from alignment.training.arguments import TrainingArguments
+from alignment.config.parser import ArgumentError, ArgumentParser, parse_flags, to_dict
+from alignment.config.data import DataArguments, ModelArguments
+from alignment.config.training import TrainingArguments
 
 
 def parser():
@@ -89,10 +89,10 @@ def test_every_shipped_argument_file_parses():
     import glob
     import os
 
-    from alignment.data_arguments import LoRAArguments
-    from alignment.dpo.arguments import DPOArguments
-    from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments
-    from alignment.rm.trainer import RewardArguments
+    from alignment.config.data import LoRAArguments
+    from alignment.config.dpo import DPOArguments
+    from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
+    from alignment.config.reward import RewardArguments
     from tests.helpers import REPO
 
     parsers = {

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from alignment import judges as J
+from alignment.rewards import judges as J
 from alignment.data import RawDataset
 from tools import make_preference_data as mpd
 

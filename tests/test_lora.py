@@ -66,8 +66,8 @@ def test_lora_sft_trains_adapters_and_merges_to_the_same_logits(tmp_path, tiny_m
 
 
 def test_training_steps_leave_the_base_weights_bitwise_unchanged(tiny_model_dir):
-    from alignment.sft.trainer import answer_token_loss
-    from alignment.training.arguments import TrainingArguments
+    from alignment.models.logprobs import answer_token_loss
+    from alignment.config.training import TrainingArguments
     from alignment.training.optim import build_optimizer
 
     model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
@@ -90,7 +90,7 @@ def test_training_steps_leave_the_base_weights_bitwise_unchanged(tiny_model_dir)
 
 
 def test_only_adapters_are_trainable_and_in_the_optimizer(tmp_path, tiny_model_dir):
-    from alignment.training.arguments import TrainingArguments
+    from alignment.config.training import TrainingArguments
     from alignment.training.optim import build_optimizer
 
     model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
@@ -138,9 +138,9 @@ def test_peft_layout_names_and_config_keys(tmp_path, tiny_model_dir):
 
 
 def test_ppo_reference_with_adapters_off_equals_a_separate_base_model(tmp_path, tiny_model_dir, tiny_reward_dir):
-    from alignment.data_arguments import LoRAArguments
-    from alignment.ppo.arguments import PPOArguments, PPOModelArguments
-    from alignment.training.arguments import TrainingArguments
+    from alignment.config.data import LoRAArguments
+    from alignment.config.ppo import PPOArguments, PPOModelArguments
+    from alignment.config.training import TrainingArguments
 
     model_args = PPOModelArguments(actor_model_name_or_path=tiny_model_dir, reward_model_name_or_path=tiny_reward_dir)
     lora = LoRAArguments(lora=True, lora_rank=4)

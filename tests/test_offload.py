@@ -9,7 +9,8 @@ import paddle
 import pytest
 
 from alignment.models import LlamaForCausalLM
-from alignment.parallel.offload import Offloader, host_place, optimizer_tensors, parse_levels
+from alignment.config.choices import parse_offload_levels as parse_levels
+from alignment.wrappers.offload import Offloader, host_place, optimizer_tensors
 from tests.helpers import REPO, read_metrics
 
 

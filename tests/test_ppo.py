@@ -9,7 +9,7 @@ import pytest
 from alignment.models import LlamaForCausalLM, Tokenizer
 from alignment.models.score_model import ScoreModel
 from alignment.ppo import run_ppo
-from alignment.ppo.rewards import RewardComputer
+from alignment.rewards.scoring import RewardComputer
 from alignment.ppo.rollout import Rollout, critic_values, response_log_probs
 from tests.helpers import REPO, read_metrics
 

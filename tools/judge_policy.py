@@ -29,7 +29,7 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, collate_prompts
     from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
-    from alignment.ppo.rewards import gold_scores
+    from alignment.rewards.functions import gold_scores
     from alignment.ppo.rollout import sample_rollout
 
     tokenizer = Tokenizer.from_pretrained(model_dir)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
-PAIRED_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo")
-LOSS_TYPES = PAIRED_LOSS_TYPES + ("kto",)
+from alignment.config.choices import PAIRED_LOSS_TYPES
 
 
 def preference_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, chosen_tokens, rejected_tokens,

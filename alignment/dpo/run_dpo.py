@@ -10,9 +10,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
-from alignment.dpo.arguments import DPOArguments  # noqa: E402
-from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
+from alignment.config.dpo import DPOArguments  # noqa: E402
+from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
     load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
@@ -37,7 +37,8 @@ def main(argv=None) -> dict:
 
     from alignment.dpo.trainer import DPOTrainer, summarize
     from alignment.models import LlamaForCausalLM, Tokenizer
-    from alignment.training.trainer import set_seed
+    from alignment.models.lora import with_lora
+    from alignment.training.batches import set_seed
 
     start_processes(train_args)
     set_seed(train_args.seed)
@@ -48,8 +49,8 @@ def main(argv=None) -> dict:
                                                       train_args.seed)
         print(f"train: {len(train_set)} rows {train_set.stats}" +
               (f"; eval: {len(eval_set)} rows {eval_set.stats}" if eval_set is not None else ""))
-        policy = lora_args.apply(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
-                                                                  recompute=train_args.recompute))
+        policy = with_lora(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
+                                                                recompute=train_args.recompute), lora_args)
         reference = None
         if lora_args.lora and dpo_args.needs_reference and not dpo_args.ref_model_name_or_path:
             reference = policy  # the reference is the base model: the policy with its adapters off
@@ -67,10 +68,9 @@ def main(argv=None) -> dict:
                 trainer.precompute_reference(dataset, train_args.per_device_eval_batch_size)
         trainer.reference = None  # every item now carries its reference log-probs
         del reference
-    fresh = trainer.resume_path is None
-    before = trainer.evaluate() if eval_set is not None and train_args.do_eval and fresh else {}
     with training_stops():
         results = trainer.train()
+    before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
     print(f"\n{dpo_args.loss_type} done")
     summary = summarize(before, results)

@@ -11,10 +11,11 @@ import paddle
 import paddle.nn.functional as F
 from tqdm import tqdm
 
-from alignment.dpo.arguments import DPOArguments
+from alignment.config.dpo import DPOArguments
 from alignment.dpo.losses import kto_kl_estimate, kto_loss, preference_loss
 from alignment.models.lora import adapters_disabled
-from alignment.training.trainer import Trainer, to_tensors
+from alignment.training.batches import to_tensors
+from alignment.training.dataset_trainer import DatasetTrainer
 
 
 def sequence_log_probs(model, input_ids, attention_mask, response_mask):
@@ -37,7 +38,9 @@ def sequence_log_probs(model, input_ids, attention_mask, response_mask):
     return paddle.matmul(rows, token_logps, transpose_x=True).squeeze(-1), counts  # [b], [b]
 
 
-class DPOTrainer(Trainer):
+class DPOTrainer(DatasetTrainer):
+    evaluate_at_start = True  # implicit-reward accuracy and margin before -> after
+
     def __init__(self, dpo_args: DPOArguments, args, model, reference, *rest, **kwargs):
         super().__init__(args, model, *rest, **kwargs)
         self.dpo, self.reference = dpo_args, reference

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 from typing import Dict, Iterable, Optional
 
 import paddle
@@ -16,14 +15,15 @@ import paddle.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.paddle import save_file
 
+from alignment.config.layout import check_model
 from alignment.fileio import atomic_directory
+from alignment.models.lora import has_lora, load_adapter, save_adapter
+from alignment.models.tokenizer import copy_tokenizer_files
 from alignment.parallel import tensor_parallel as tp
-from alignment.parallel.topology import check_model
+from alignment.parallel.distributed import is_main_process, model_parallel_degree
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "chat_template.jinja", "tokenizer.model")
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 IGNORED_ON_LOAD = ("rotary_emb.inv_freq",)  # buffers some HF versions store; we recompute them
 
@@ -154,12 +154,6 @@ def save_weights(model: nn.Layer, path: str, max_shard_bytes: int = DEFAULT_MAX_
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
 
 
-def copy_tokenizer_files(src: str, dst: str) -> None:
-    for name in TOKENIZER_FILES:
-        if os.path.exists(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
-
-
 class PretrainedMixin:
     """`from_pretrained(dir)` / `save_pretrained(dir)` for layers with a `config` having the same methods."""
 
@@ -172,8 +166,6 @@ class PretrainedMixin:
     def from_pretrained(cls, path: str, dtype: str = "float32", **config_overrides):
         if not os.path.isdir(path):
             raise FileNotFoundError(f"{path}: model directory not found")
-        from alignment.training.distributed import model_parallel_degree
-
         config = cls.config_class.from_pretrained(path)
         config_overrides.setdefault("tensor_parallel_degree", model_parallel_degree())  # split under tp > 1
         for key, value in config_overrides.items():
@@ -199,8 +191,6 @@ class PretrainedMixin:
     def load_checkpoint(self, path: str) -> None:
         """Restore this model in place from a directory its save_pretrained wrote (exact: every tensor required;
         a LoRA model reads its adapter)."""
-        from alignment.models.lora import has_lora, load_adapter
-
         if has_lora(self):
             load_adapter(self, path)
         else:
@@ -213,9 +203,6 @@ class PretrainedMixin:
         with LoRA adapters writes only the adapters, in PEFT's layout (as peft's save_pretrained does).
         Under several processes every rank calls it and rank 0 writes; a tensor-parallel model's slices are
         gathered first, so the files are whole whatever the degree."""
-        from alignment.models.lora import has_lora, save_adapter
-        from alignment.training.distributed import is_main_process
-
         split = any(tp.is_split(p) for p in self.parameters())
         if not is_main_process() and not split:
             return

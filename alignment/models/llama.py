@@ -18,7 +18,7 @@ from paddle.distributed.fleet.utils import recompute
 from alignment.models.checkpoint import PretrainedMixin
 from alignment.models.config import LlamaConfig
 from alignment.parallel import tensor_parallel as tp
-from alignment.ppo.algorithms import entropy_from_logits, gather_log_probs
+from alignment.models.logprobs import entropy_from_logits, gather_log_probs
 
 KVCache = List[Tuple[paddle.Tensor, paddle.Tensor]]  # per layer (k, v), each [b, kv_heads, t, d] (HF's layout)
 MASK_VALUE = -1e9  # finite, so a query whose keys are all padding gets uniform attention instead of NaN

@@ -25,8 +25,11 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from safetensors.numpy import load_file
+from safetensors.paddle import save_file
 
 from alignment.fileio import atomic_directory
+from alignment.models.tokenizer import copy_tokenizer_files
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -138,10 +141,6 @@ def save_adapter(model: nn.Layer, path: str, base_model_name_or_path: Optional[s
                  tokenizer_dir: Optional[str] = None, extra_files=None) -> None:
     """Write adapter_config.json + adapter_model.safetensors (+ tokenizer files, + what `extra_files(dir)` writes)
     atomically to `path`."""
-    from safetensors.paddle import save_file
-
-    from alignment.models.checkpoint import copy_tokenizer_files
-
     config = {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_model_name_or_path,
               "inference_mode": True, "bias": "none", "fan_in_fan_out": False, "init_lora_weights": True,
               "use_rslora": False, "use_dora": False, "layers_to_transform": None, "layers_pattern": None,
@@ -171,8 +170,6 @@ def read_adapter_config(path: str) -> dict:
 
 def load_adapter(model: nn.Layer, path: str) -> None:
     """Copy saved adapter (and modules_to_save) weights into a model that `apply_lora` prepared the same way."""
-    from safetensors.numpy import load_file
-
     read_adapter_config(path)
     tensors = load_file(os.path.join(path, ADAPTER_WEIGHTS))
     expected = peft_state_dict(model)
@@ -209,3 +206,18 @@ def merge_lora(model: nn.Layer) -> None:
             parent = getattr(parent, part)
         setattr(parent, leaf, plain)
     model.lora_config = None
+
+
+def add_lora(model: nn.Layer, lora_args, trainable: Iterable[str] = (), adapter_path: Optional[str] = None):
+    """Adapters with the rank / alpha / dropout / targets of `lora_args` (config.LoRAArguments) on `model`, loaded
+    from `adapter_path` when given; returns the model."""
+    apply_lora(model, lora_args.lora_rank, lora_args.lora_alpha, lora_args.lora_dropout,
+               lora_args.lora_target_modules, trainable)
+    if adapter_path:
+        load_adapter(model, adapter_path)
+    return model
+
+
+def with_lora(model: nn.Layer, lora_args, trainable: Iterable[str] = ()):
+    """`model` with adapters when `lora_args.lora` is on (from `lora_path` when given), else unchanged."""
+    return add_lora(model, lora_args, trainable, lora_args.lora_path) if lora_args.lora else model

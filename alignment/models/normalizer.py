@@ -12,7 +12,7 @@ import os
 import paddle
 
 NORMALIZER_FILE = "score_normalizer.json"
-NORMALIZER_TYPES = ("RunningMeanStd", "ExponentialMovingAverage", "Identity")
+from alignment.config.choices import NORMALIZER_TYPES
 
 
 class Normalizer:

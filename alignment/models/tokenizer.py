@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Dict, List, Optional
 
 import jinja2
@@ -117,3 +118,13 @@ class Tokenizer:
         if isinstance(turns, str):
             turns = [turns]
         return [{"role": "user" if i % 2 == 0 else "assistant", "content": text} for i, text in enumerate(turns)]
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "tokenizer.model")
+
+
+def copy_tokenizer_files(src: str, dst: str) -> None:
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))

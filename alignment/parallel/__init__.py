@@ -1,1 +1,2 @@
-"""Hybrid (3D) parallelism on paddle.distributed.fleet: topology, tensor-parallel layers, CPU stand-ins, offload."""
+"""Parallel primitives on paddle.distributed: process groups and rank helpers, tensor-parallel layers, and the
+stand-ins for collectives Paddle's CPU build lacks. The layout itself is chosen in alignment/config/layout.py."""

@@ -6,12 +6,13 @@ response block may sit anywhere in the row (left or right padding, or the respon
 Values outside the mask never leak into results: they are selected away with `paddle.where`, so even inf/NaN
 garbage at padded positions gives finite outputs. Everything is computed in float32.
 Conventions: p = current policy (actor), q = reference policy, rho = exp(log p_new - log p_old).
+Token log-probs and entropies from logits are the models' (alignment/models/logprobs.py); this module starts from
+log-probs. It imports nothing of the package but the names of the choices (alignment/config/choices.py).
 """
 import paddle
-import paddle.nn.functional as F
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_baseline")
+
+from alignment.config.choices import GROUP_ESTIMATORS, KL_ESTIMATORS
 
 
 def _f32(x):
@@ -30,32 +31,6 @@ def _safe_div(num, den):
     """num / den, and 0 where den == 0 (num is 0 there for masked sums)."""
     ok = den > 0
     return paddle.where(ok, num / paddle.where(ok, den, paddle.ones_like(den)), paddle.zeros_like(num))
-
-
-def gather_log_probs(logits, labels):
-    """log softmax(logits)[label]  = logits[label] - logsumexp(logits), per token. [B,T,V], [B,T] -> [B,T].
-
-    Computed as -cross_entropy (fast on CPU, unlike F.log_softmax over a big vocabulary); differentiable.
-    Labels equal to -100 (paddle's ignore_index) give 0.
-    """
-    logits = _f32(logits)
-    vocab = logits.shape[-1]
-    flat = logits.reshape([-1, vocab])  # [B*T, V]
-    flat_labels = labels.astype("int64").reshape([-1, 1])  # [B*T, 1]
-    nll = F.cross_entropy(flat, flat_labels, reduction="none")  # [B*T, 1]
-    return -nll.reshape(labels.shape)  # [B, T]
-
-
-def entropy_from_logits(logits):
-    """H = -sum_v p_v log p_v = logsumexp(z) - sum_v softmax(z)_v * z_v.  [B,T,V] -> [B,T].
-
-    One exp over the vocabulary, shared by both terms (paddle.logsumexp + softmax took ~1.9x as long on CPU).
-    """
-    logits = _f32(logits)
-    peak = logits.max(axis=-1, keepdim=True)  # [B, T, 1]
-    exp = paddle.exp(logits - peak)  # [B, T, V]
-    total = exp.sum(axis=-1)  # [B, T]
-    return peak.squeeze(-1) + paddle.log(total) - (exp * logits).sum(axis=-1) / total  # [B, T]
 
 
 def kl_penalty(log_probs, ref_log_probs, estimator="k1"):
@@ -178,6 +153,22 @@ def policy_loss_and_stats(log_probs, old_log_probs, advantages, mask, clip_range
             "ratio": masked_mean(ratio, mask),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def policy_objective(log_probs, old_log_probs, advantages, mask, ref_log_probs, clip_range_ratio,
+                     kl_coeff_in_loss=None, kl_estimator="k1"):
+    """The actor's loss and stats: the clipped surrogate of `policy_loss_and_stats`, plus
+    kl_coeff_in_loss * masked_mean(kl_penalty(log_probs, ref_log_probs)) when the KL is a loss term (GRPO style;
+    None = the KL is in the reward instead). All [B, T] -> scalar loss, {stat: scalar}."""
+    loss, stats = policy_loss_and_stats(log_probs, old_log_probs, advantages, mask, clip_range_ratio)
+    if kl_coeff_in_loss is not None:
+        loss = loss + kl_coeff_in_loss * masked_mean(kl_penalty(log_probs, ref_log_probs, kl_estimator), mask)
+    return loss, stats
+
+
+def sequence_kl(log_probs, ref_log_probs, mask, estimator="k1"):
+    """The logged KL: per-token estimate summed over each response, averaged over rows. [B, T] -> scalar."""
+    return masked_sum(kl_penalty(log_probs, ref_log_probs, estimator), mask, axis=1).mean()
 
 
 def actor_loss(log_probs, old_log_probs, advantages, mask, clip_range_ratio):

@@ -10,9 +10,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.data_arguments import LoRAArguments  # noqa: E402
-from alignment.ppo.arguments import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
-from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.config.data import LoRAArguments  # noqa: E402
+from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
+from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
     fail, load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
@@ -20,15 +20,16 @@ from alignment.training.setup import (  # noqa: E402
 def build_models(model_args, ppo_args, lora_args, train_args, pipeline_stages: int = 1):
     """(actor, reference, critic or None, reward model or None, reward tokenizer or None). With LoRA on the actor
     the reference is the actor itself (its base weights, adapters off): no second copy of the model. With
-    pipeline stages, actor and critic are pipeline models (alignment/parallel/pipeline.py); the frozen
+    pipeline stages, actor and critic are pipeline models (alignment/wrappers/pipeline.py); the frozen
     reference and reward models stay whole (or tensor-parallel)."""
     from alignment.models import LlamaForCausalLM, Tokenizer
+    from alignment.models.lora import add_lora, with_lora
     from alignment.models.score_model import ScoreModel
 
     if pipeline_stages > 1:
         return build_pipeline_models(model_args, ppo_args, lora_args, pipeline_stages)
-    actor = lora_args.apply(LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path,
-                                                             recompute=train_args.recompute))
+    actor = with_lora(LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path,
+                                                       recompute=train_args.recompute), lora_args)
     if lora_args.lora:
         reference = actor
     else:
@@ -48,15 +49,16 @@ def build_models(model_args, ppo_args, lora_args, train_args, pipeline_stages: i
         critic = ScoreModel.from_pretrained(path, score_type="critic", do_normalize=False,
                                             recompute=ppo_args.critic_recompute)
         if ppo_args.critic_lora:
-            lora_args.add_adapters(critic, trainable=("score.",), adapter_path=ppo_args.critic_lora_path)
+            add_lora(critic, lora_args, trainable=("score.",), adapter_path=ppo_args.critic_lora_path)
     return actor, reference, critic, reward_model, reward_tokenizer
 
 
 def build_pipeline_models(model_args, ppo_args, lora_args, stages: int):
     from alignment.models import LlamaConfig, LlamaForCausalLM, Tokenizer
     from alignment.models.score_model import ScoreConfig, ScoreModel
-    from alignment.parallel.pipeline import PolicyPipeLoss, ValuePipeLoss, build_pipeline_model
-    from alignment.training.distributed import model_parallel_degree
+    from alignment.ppo.pipeline_update import PolicyPipeLoss, ValuePipeLoss
+    from alignment.wrappers.pipeline import build_pipeline_model
+    from alignment.parallel.distributed import model_parallel_degree
 
     if lora_args.lora or ppo_args.critic_lora:
         raise ValueError("LoRA with pipeline_parallel_degree > 1 is not supported: set 'lora' / 'critic_lora' false")
@@ -91,9 +93,10 @@ def main(argv=None) -> dict:
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
     from alignment.models import Tokenizer
-    from alignment.ppo.rewards import RewardComputer, RewardFunctionError, load_reward_function
-    from alignment.ppo.trainer import PPOTrainer
-    from alignment.training.trainer import set_seed
+    from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
+    from alignment.rewards.functions import RewardFunctionError, load_reward_function
+    from alignment.rewards.scoring import RewardComputer
+    from alignment.training.batches import set_seed
 
     layout = start_processes(train_args, pipeline=True)
     set_seed(train_args.seed)
@@ -120,9 +123,10 @@ def main(argv=None) -> dict:
           f"reward = {' + '.join((['reward model'] if reward_model else []) + list(ppo_args.reward_funcs))}"
           + (" (re-tokenized for the reward model)" if reward.retokenize else ""))
     with user_errors():
-        trainer = PPOTrainer(ppo_args, train_args, data_args, actor, reference, critic, reward, tokenizer, prompts,
-                             eval_prompts, ptx, lambda items: collate_prompts(items, tokenizer.pad_token_id),
-                             lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
+        data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
+                          lambda items: collate_supervised(items, tokenizer.pad_token_id))
+        trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward), data,
+                             tokenizer, effective)
     try:
         with training_stops():
             results = trainer.train()

@@ -10,9 +10,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
-from alignment.rm.trainer import RewardArguments  # noqa: E402
-from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
+from alignment.config.reward import RewardArguments  # noqa: E402
+from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
     load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
@@ -24,8 +24,9 @@ def main(argv=None) -> dict:
     from alignment.data.tokenized import collate_preference, preference_datasets
     from alignment.models import Tokenizer
     from alignment.models.score_model import ScoreModel
+    from alignment.models.lora import with_lora
     from alignment.rm.trainer import RewardTrainer
-    from alignment.training.trainer import set_seed
+    from alignment.training.batches import set_seed
 
     start_processes(train_args)
     set_seed(train_args.seed)
@@ -39,14 +40,13 @@ def main(argv=None) -> dict:
             model_args.model_name_or_path, recompute=train_args.recompute, score_type="reward",
             do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
             normalizer_momentum=reward_args.normalizer_momentum)
-        lora_args.apply(model, trainable=("score.",))
+        with_lora(model, lora_args, trainable=("score.",))
         print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised else "restored"))
         trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
                                 lambda items: collate_preference(items, tokenizer.pad_token_id), effective)
-    fresh = trainer.resume_path is None
-    before = trainer.evaluate() if eval_set is not None and train_args.do_eval and fresh else {}
     with training_stops():
         results = trainer.train()
+    before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
     print("\nreward model done")
     if "eval/accuracy" in results and before:

@@ -1,43 +1,17 @@
 """Reward-model training: pairwise loss on (better, worse) pairs, pairwise accuracy and score statistics."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Dict
 
 import numpy as np
 import paddle
 from tqdm import tqdm
 
-from alignment.args import field
-from alignment.models.normalizer import NORMALIZER_TYPES
+from alignment.config.reward import RewardArguments
 from alignment.rm.losses import sequence_wise_loss, token_wise_loss
-from alignment.training.distributed import gather_lists
-from alignment.training.trainer import Trainer, eval_shards, to_tensors
-
-LOSS_TYPES = ("sequence-wise", "token-wise")
-
-
-@dataclasses.dataclass
-class RewardArguments:
-    loss_type: str = field("sequence-wise", help=f"Pairwise loss: one of {LOSS_TYPES} (token-wise compares "
-                                                 "per-token scores from where the two answers diverge).")
-    regularization: float = field(0.001, help="Weight of the squared end-score penalty that keeps scores near 0.")
-    normalize_score_during_training: bool = field(False, help="Standardise end scores with the normalizer's "
-                                                              "running statistics inside the loss.")
-    normalizer_type: str = field("RunningMeanStd", help=f"Score normalizer, one of {NORMALIZER_TYPES}; its "
-                                                        "statistics are saved with the model either way.")
-    normalizer_momentum: float = field(0.9, help="Momentum of the ExponentialMovingAverage normalizer.")
-
-    def validate(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"key 'loss_type' must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.regularization < 0:
-            raise ValueError(f"key 'regularization' must be >= 0, got {self.regularization}")
-        if self.normalizer_type not in NORMALIZER_TYPES:
-            raise ValueError(f"key 'normalizer_type' must be one of {NORMALIZER_TYPES}, got {self.normalizer_type!r}")
-        if not 0 < self.normalizer_momentum < 1:
-            raise ValueError(f"key 'normalizer_momentum' must be in (0, 1), got {self.normalizer_momentum}")
-
+from alignment.parallel.distributed import gather_lists
+from alignment.training.batches import eval_shards, to_tensors
+from alignment.training.dataset_trainer import DatasetTrainer
 
 def split_pairs(batch: Dict[str, paddle.Tensor]):
     """The preference collator stacks better rows, then worse rows: [2b, s] -> two [b, s] halves."""
@@ -46,7 +20,9 @@ def split_pairs(batch: Dict[str, paddle.Tensor]):
     return ids[:half], ids[half:], mask[:half], mask[half:]
 
 
-class RewardTrainer(Trainer):
+class RewardTrainer(DatasetTrainer):
+    evaluate_at_start = True  # held-out accuracy before -> after
+
     def __init__(self, reward_args: RewardArguments, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.reward_args = reward_args

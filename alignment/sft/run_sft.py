@@ -10,8 +10,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
-from alignment.data_arguments import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
-from alignment.training.arguments import TrainingArguments  # noqa: E402
+from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
+from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
     load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
@@ -22,8 +22,9 @@ def main(argv=None) -> dict:
 
     from alignment.data.tokenized import SupervisedDataset, collate_supervised
     from alignment.models import LlamaForCausalLM, Tokenizer
+    from alignment.models.lora import with_lora
     from alignment.sft.trainer import SupervisedTrainer
-    from alignment.training.trainer import set_seed
+    from alignment.training.batches import set_seed
 
     start_processes(train_args)
     set_seed(train_args.seed)
@@ -34,12 +35,12 @@ def main(argv=None) -> dict:
         eval_set = SupervisedDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
         print(f"train: {len(train_set)} samples {train_set.stats}" +
               (f"; eval: {len(eval_set)} samples {eval_set.stats}" if eval_set is not None else ""))
-        model = lora_args.apply(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
-                                                                 recompute=train_args.recompute))
+        model = with_lora(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
+                                                               recompute=train_args.recompute), lora_args)
         trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
                                     lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)
     with training_stops():
-        results = trainer.train()
+        results = trainer.train().get("end", {})
     final = os.path.join(train_args.output_dir, "model")
     print(f"\nSFT done: {trainer.global_step} steps; model saved to {final}" +
           (f"; eval loss {results['eval/loss']:.4f}" if "eval/loss" in results else ""))

@@ -30,7 +30,7 @@ import numpy as np
 import paddle
 
 from alignment.fileio import atomic_directory, write_json_atomic, write_text_atomic
-from alignment.training.distributed import gather_objects, is_main_process, rank, split_optimizer_states
+from alignment.parallel.distributed import gather_objects, is_main_process, rank, split_optimizer_states
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pkl"
@@ -162,10 +162,3 @@ def load_checkpoint(path: str, models: Dict[str, object], optimizers: Dict[str, 
     with open(os.path.join(path, RNG_FILE), "rb") as f:
         set_rng_state(pickle.load(f))
     return saved
-
-
-def skip_batches(batches, count: int):
-    """Advance a batch iterator past the `count` batches a resumed run already consumed."""
-    for _ in range(count):
-        next(batches)
-    return batches

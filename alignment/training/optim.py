@@ -10,8 +10,8 @@ import math
 
 import paddle
 
-from alignment.training.arguments import TrainingArguments
-from alignment.training.distributed import grad_norm_squares, sharding_world_size
+from alignment.config.training import TrainingArguments
+from alignment.parallel.distributed import grad_norm_squares, sharding_world_size
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:

@@ -5,7 +5,7 @@ import contextlib
 import json
 import sys
 
-from alignment.args import ArgumentError, ArgumentParser, to_dict
+from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
 from alignment.data import MixedRawDataset, import_user_modules
 
 
@@ -21,7 +21,7 @@ def user_errors():
 @contextlib.contextmanager
 def training_stops():
     """A run that stops itself on purpose (TrainingStopped: e.g. NaN/inf steps) exits 1 with its message."""
-    from alignment.training.trainer import TrainingStopped
+    from alignment.training.guard import TrainingStopped
 
     try:
         yield
@@ -53,8 +53,8 @@ def start_processes(train_args, pipeline: bool = False):
     """Start the process groups the launch and the parallel degrees ask for (fleet's hybrid groups for tensor /
     pipeline parallelism or sharding), before any model is built: models built afterwards are split accordingly.
     pipeline: whether this stage has pipeline-parallel models (PPO's policy and critic)."""
-    from alignment.parallel.topology import plan
-    from alignment.training.distributed import init_distributed
+    from alignment.config.layout import plan
+    from alignment.parallel.distributed import init_distributed
 
     try:
         layout = plan(train_args)

@@ -1,11 +1,11 @@
-"""Arguments naming the model and the data, shared by the SFT, reward and DPO stages."""
+"""Arguments naming the model and the data (SFT, reward model, DPO; PPO extends the data arguments), and LoRA's."""
 from __future__ import annotations
 
 import dataclasses
 from typing import List, Optional
 
-from alignment.args import field
-from alignment.training.arguments import DatasetSpecs
+from alignment.config.parser import field
+from alignment.config.training import DatasetSpecs
 
 
 @dataclasses.dataclass
@@ -19,10 +19,14 @@ class ModelArguments:
 class DataArguments:
     train_datasets: DatasetSpecs = field(help="Training data: 'name', 'name:proportion', 'name:proportion:path', "
                                               "a list of those, or {name: proportion}. Names are registered "
-                                              "RawDataset NAMEs (built-ins or user_dataset_modules).")
-    eval_datasets: Optional[DatasetSpecs] = field(None, help="Evaluation data, same forms as train_datasets.")
+                                              "RawDataset NAMEs (built-ins or user_dataset_modules). For PPO, "
+                                              "prompt rows; an 'answer' column reaches reward functions.")
+    eval_datasets: Optional[DatasetSpecs] = field(None, help="Evaluation data, same forms as train_datasets (PPO: "
+                                                             "held-out prompts answered greedily every eval_steps "
+                                                             "and at the start and end).")
     max_length: int = field(512, help="Longest tokenized sample; longer ones are truncated, prompts that fill it "
-                                      "are dropped (counts are printed).")
+                                      "are dropped (counts are printed). PPO: longest prompt + response; a prompt "
+                                      "that leaves no room for a response is an error naming it.")
     user_dataset_modules: List[str] = field([], help="Python files or modules defining RawDataset subclasses to "
                                                      "register before the datasets are loaded.")
 
@@ -57,16 +61,3 @@ class LoRAArguments:
             raise ValueError("key 'lora_target_modules' is empty")
         if self.lora_path and not self.lora:
             raise ValueError("key 'lora_path' needs 'lora': true")
-
-    def apply(self, model, trainable=()):
-        """Add adapters to `model` when `lora` is on (loading lora_path when given); return model."""
-        return self.add_adapters(model, trainable, self.lora_path) if self.lora else model
-
-    def add_adapters(self, model, trainable=(), adapter_path: Optional[str] = None):
-        """Add adapters of this rank/alpha/dropout/targets to `model` (loading `adapter_path` when given)."""
-        from alignment.models.lora import apply_lora, load_adapter
-
-        apply_lora(model, self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules, trainable)
-        if adapter_path:
-            load_adapter(model, adapter_path)
-        return model

@@ -2,7 +2,7 @@
 
 Each data rank trains on its own slice of every global batch; gradients are averaged with all_reduce after
 backward (explicitly, so models can be called through any method, not only DataParallel's forward); rank 0 writes
-logs and checkpoints. With tensor / pipeline parallelism or sharding (alignment/parallel/topology.py) the processes
+logs and checkpoints. With tensor / pipeline parallelism or sharding (alignment/config/layout.py) the processes
 form fleet's hybrid groups: the ranks that hold parts of one model (its tensor slices and pipeline stages) are one
 data rank. A plain `python ...` run is world
 size 1 and none of this does anything.

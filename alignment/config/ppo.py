@@ -4,14 +4,11 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional
 
-from alignment.args import field
-from alignment.parallel.offload import parse_levels
-from alignment.ppo.algorithms import GROUP_ESTIMATORS, KL_ESTIMATORS
-from alignment.training.arguments import LR_SCHEDULERS, DatasetSpecs
-
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce_plus_plus") + tuple(GROUP_ESTIMATORS)
-EVAL_MODES = (None, "single", "tensor_parallel")
-ROLLOUT_DECODES = ("eager", "static")
+from alignment.config.choices import (ADVANTAGE_ESTIMATORS, EVAL_MODES, KL_ESTIMATORS, LR_SCHEDULERS,
+                                      ROLLOUT_DECODES, parse_offload_levels)
+from alignment.config.data import DataArguments
+from alignment.config.parser import field
+from alignment.config.training import DatasetSpecs
 
 
 @dataclasses.dataclass
@@ -25,20 +22,9 @@ class PPOModelArguments:
 
 
 @dataclasses.dataclass
-class PPODataArguments:
-    train_datasets: DatasetSpecs = field(help="Prompt datasets (dataset specs, as in SFT); rows may carry an "
-                                              "'answer' label that reward functions receive.")
-    eval_datasets: Optional[DatasetSpecs] = field(None, help="Held-out prompts scored every eval_steps and at "
-                                                             "the start and end (greedy decoding).")
+class PPODataArguments(DataArguments):
     ptx_datasets: Optional[DatasetSpecs] = field(None, help="Supervised data for the ptx loss (keeps the "
                                                             "policy close to its SFT data); needs ptx_coeff > 0.")
-    max_length: int = field(512, help="Longest prompt + response in tokens; a prompt that leaves no room for "
-                                      "a response is an error naming it.")
-    user_dataset_modules: List[str] = field([], help="Python files or modules defining RawDataset subclasses.")
-
-    def validate(self) -> None:
-        if self.max_length < 8:
-            raise ValueError(f"key 'max_length' must be >= 8, got {self.max_length}")
 
 
 @dataclasses.dataclass
@@ -133,7 +119,7 @@ class PPOArguments:
             raise ValueError(f"key 'rollout_decode' must be one of {ROLLOUT_DECODES}, got {self.rollout_decode!r}")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"key 'eval_mode' must be one of {EVAL_MODES}, got {self.eval_mode!r}")
-        parse_levels(self.offload_level)
+        parse_offload_levels(self.offload_level)
 
     def validate_with(self, model_args, data_args, *others):
         degree = max([getattr(o, "tensor_parallel_degree", 1) for o in others] + [1])

@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from alignment.args import field
-from alignment.dpo.losses import LOSS_TYPES
+from alignment.config.choices import DPO_LOSS_TYPES as LOSS_TYPES
+from alignment.config.parser import field
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ from alignment.parallel import tensor_parallel as tp
 
 
 class WholeCopy:
-    """model: a tensor-parallel model, or a pipeline model (alignment/parallel/pipeline.py) whose whole
+    """model: a tensor-parallel model, or a pipeline model (alignment/wrappers/pipeline.py) whose whole
     counterpart is `cls` (LlamaForCausalLM / ScoreModel)."""
 
     def __init__(self, model, cls=None):

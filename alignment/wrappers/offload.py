@@ -16,17 +16,6 @@ from typing import Iterable, List
 
 import paddle
 
-OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
-
-
-def parse_levels(value: str) -> frozenset:
-    """'freeze_model optimizer' -> {'freeze_model', 'optimizer'}; an unknown word is an error naming the key."""
-    words = frozenset(value.replace(",", " ").split())
-    unknown = sorted(words - set(OFFLOAD_LEVELS))
-    if unknown:
-        raise ValueError(f"key 'offload_level': unknown level(s) {unknown}; use any of {list(OFFLOAD_LEVELS)}, "
-                         "space-separated, or ''")
-    return words
 
 
 def host_place():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
+from alignment.config.choices import SHARDING_STAGES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +64,9 @@ def plan(args, world: int = None) -> Layout:
         raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} x sharding_parallel_degree "
                          f"{sharding} does not divide the world size {world}")
     if stage in ("stage2", "stage3"):
-        import paddle
-
-        if not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()):
-            raise ValueError(f"key 'sharding' {stage!r} needs a GPU: Paddle's group_sharded_parallel (stage 2/3) "
-                             "asserts a GPU/XPU device; use stage1 on CPU")
-        raise ValueError(f"key 'sharding' {stage!r} is not built yet (it needs a GPU to be checked on); use stage1, "
-                         "which shards the optimizer states")
+        raise ValueError(f"key 'sharding' {stage!r} is not built yet: Paddle's group_sharded_parallel (stage 2/3) "
+                         "needs a GPU/XPU device to run and be checked on; use stage1, which shards the optimizer "
+                         "states")
     return Layout(world, tp, pp, sharding, stage, micro_batch_size=args.per_device_train_batch_size,
                   accumulate_steps=args.gradient_accumulation_steps)
 

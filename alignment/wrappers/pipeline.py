@@ -1,12 +1,13 @@
-"""Pipeline-parallel variants of the trained PPO models (policy and critic) on fleet's PipelineLayer.
+"""Pipeline-parallel variants of the trained models (causal LM and score model) on fleet's PipelineLayer.
 
     stage layers:  0 = embedding, 1..L = decoder layers, L+1 = final norm + head (LM head or score head)
     between stages: (hidden [b, s, h], attention_mask [b, s])
 
 fleet splits the decoder layers evenly over the stages (the embedding joins the first, the head the last), cuts
-each update batch into micro-batches and runs them 1F1B; the PPO / value losses (`PolicyPipeLoss`,
-`ValuePipeLoss`) run on the last stage. Generation and scoring do not go through the pipeline: they use a whole
-copy of each model (eval_mode 'single', alignment/parallel/reshard.py), refreshed from the stages once per step.
+each update batch into micro-batches and runs them 1F1B (`pipeline_step`); the loss function a trainer gives
+(PPO's: alignment/ppo/pipeline_update.py) runs on the last stage. Generation and scoring do not go through the
+pipeline: they use a whole copy of each model (alignment/wrappers/reshard.py), refreshed from the stages once per
+step.
 Checkpoints are whole HF-layout directories: a stage's parameter `3.self_attn.q_proj.weight` is
 `model.layers.2.self_attn.q_proj.weight` there (see `hf_name`).
 """
@@ -21,14 +22,15 @@ import paddle.nn.functional as F
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 
+from alignment.config.layout import check_model
 from alignment.fileio import atomic_directory
 from alignment.models import checkpoint as ckpt
 from alignment.models.llama import (DecoderLayer, RMSNorm, attention_bias, init_weights, positions_from_mask,
                                     rotary_tables)
 from alignment.models.normalizer import load_normalizer, make_normalizer
+from alignment.models.tokenizer import copy_tokenizer_files
 from alignment.parallel import tensor_parallel as tp
-from alignment.parallel.topology import check_model
-from alignment.ppo import algorithms as rl
+from alignment.parallel.distributed import is_main_process
 
 
 class EmbeddingStage(nn.Layer):
@@ -176,8 +178,6 @@ class PipelineModel:
 
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None) -> None:
         """Every rank calls it; rank 0 writes the whole model in HF layout."""
-        from alignment.training.distributed import is_main_process
-
         state = self.whole_state()
         if not is_main_process():
             return
@@ -187,7 +187,7 @@ class PipelineModel:
                                                 for k, v in state.items()})
             self.save_extra_files(tmp)
             if tokenizer_dir:
-                ckpt.copy_tokenizer_files(tokenizer_dir, tmp)
+                copy_tokenizer_files(tokenizer_dir, tmp)
 
     def save_extra_files(self, path: str) -> None:
         if self.head_type == "score":
@@ -229,72 +229,6 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
     init_weights(model, config.initializer_range)
     model.load_checkpoint(path)
     return model
-
-
-def check_pipeline_run(ppo_args, train_args, rollouts: int, ptx_data) -> None:
-    """What pipeline parallelism needs of a PPO run, checked before the first step."""
-    chunk = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
-    if rollouts % chunk:
-        raise ValueError(f"pipeline_parallel_degree > 1: the {rollouts} rollouts per process (per_device_prompt_"
-                         f"batch_size x num_return_sequences) must split into micro-batches of "
-                         f"per_device_train_batch_size x gradient_accumulation_steps = {chunk}")
-    if ptx_data is not None:
-        raise ValueError("key 'ptx_datasets' is not supported with pipeline_parallel_degree > 1 yet")
-    if ppo_args.eval_mode == "tensor_parallel":
-        raise ValueError("key 'eval_mode': pipeline_parallel_degree > 1 generates with a whole copy ('single')")
-
-
-class PolicyPipeLoss:
-    """PPO's actor loss on the last stage. labels: response ids, old log-probs, advantages, response mask,
-    reference log-probs, all [b, R], and token_weight [b, 1]: data ranks / tokens of this micro-batch over all data
-    ranks (the same in each row of a micro-batch), so loss x tokens x weight is this rank's share of the token
-    mean, exactly as token_share() scales the loss without a pipeline."""
-
-    def __init__(self, ppo_args):
-        self.ppo = ppo_args
-        self.stats = {}
-
-    def __call__(self, logits, labels):
-        ids, old_log_probs, advantages, mask, ref_log_probs, token_weight = labels
-        response = logits[:, logits.shape[1] - ids.shape[1] - 1: -1] / self.ppo.temperature  # [b, R, V(/n)]
-        if self._split():
-            log_probs = tp.parallel_token_log_probs(response, ids)
-        else:
-            log_probs = rl.gather_log_probs(response, ids)  # [b, R]
-        loss, stats = rl.policy_loss_and_stats(log_probs, old_log_probs, advantages, mask, self.ppo.clip_range_ratio)
-        if self.ppo.kl_in_loss:
-            loss = loss + self.ppo.kl_coeff * rl.masked_mean(rl.kl_penalty(log_probs, ref_log_probs,
-                                                                           self.ppo.kl_estimator), mask)
-        share = mask.astype("float32").sum() * token_weight[0, 0]  # this micro-batch's share of the batch mean
-        with paddle.no_grad():
-            entropy = rl.masked_mean(rl.entropy_from_logits(
-                tp.gather_vocab(response.detach()) if self._split() else response.detach()), mask)
-            for key, value in {"actor_loss": loss.detach(), "entropy": entropy, **stats}.items():
-                self.stats[key] = self.stats.get(key, 0.0) + float(value) * float(share)
-        return loss * share
-
-    @staticmethod
-    def _split() -> bool:
-        from alignment.training.distributed import model_parallel_degree
-
-        return model_parallel_degree() > 1
-
-
-class ValuePipeLoss:
-    """The clipped value loss on the last stage. labels: old values, returns, response mask [b, R], and
-    token_weight [b, 1] as in PolicyPipeLoss."""
-
-    def __init__(self, ppo_args):
-        self.ppo = ppo_args
-        self.stats = {}
-
-    def __call__(self, scores, labels):
-        old_values, returns, mask, token_weight = labels
-        values = scores[:, scores.shape[1] - old_values.shape[1] - 1: -1]  # [b, R]
-        loss = rl.critic_loss(values, old_values, returns, mask, self.ppo.clip_range_value)
-        share = mask.astype("float32").sum() * token_weight[0, 0]
-        self.stats["critic_loss"] = self.stats.get("critic_loss", 0.0) + float(loss) * float(share)
-        return loss * share
 
 
 def pipeline_step(wrapped, inputs, labels, loss_fn, micro_batches: int) -> Dict[str, float]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Union
 
-from alignment.args import field
+from alignment.config.choices import LR_SCHEDULERS
+from alignment.config.layout import plan
+from alignment.config.parser import field
 
-LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 DatasetSpecs = Union[str, List[str], dict]
 
 
@@ -77,8 +78,6 @@ class TrainingArguments:
             raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"key 'max_nonfinite_steps' must be >= 1, got {self.max_nonfinite_steps}")
-        from alignment.parallel.topology import plan
-
         plan(self)  # degrees against the launched world size, before any model loads
         if self.resume_from_checkpoint == "":
             raise ValueError("key 'resume_from_checkpoint' is empty; give a checkpoint-N directory, \"auto\" or null")

@@ -1,0 +1,29 @@
+"""The allowed values of the choice keys, in one place: argument validation reads them here, and the modules that
+act on a choice (the RL math, the losses, the optimizer, offload) take their names from here too, so a name cannot
+be accepted by the parser and unknown to the code, or the other way round. Plain Python, no imports."""
+
+LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
+SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_baseline")  # one scalar advantage per response
+ADVANTAGE_ESTIMATORS = ("gae", "reinforce_plus_plus") + GROUP_ESTIMATORS
+EVAL_MODES = (None, "single", "tensor_parallel")
+ROLLOUT_DECODES = ("eager", "static")
+OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
+
+REWARD_LOSS_TYPES = ("sequence-wise", "token-wise")
+NORMALIZER_TYPES = ("RunningMeanStd", "ExponentialMovingAverage", "Identity")
+
+PAIRED_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo")
+DPO_LOSS_TYPES = PAIRED_LOSS_TYPES + ("kto",)
+
+
+def parse_offload_levels(value: str) -> frozenset:
+    """'freeze_model optimizer' -> {'freeze_model', 'optimizer'}; an unknown word is an error naming the key."""
+    words = frozenset(value.replace(",", " ").split())
+    unknown = sorted(words - set(OFFLOAD_LEVELS))
+    if unknown:
+        raise ValueError(f"key 'offload_level': unknown level(s) {unknown}; use any of {list(OFFLOAD_LEVELS)}, "
+                         "space-separated, or ''")
+    return words

@@ -1,0 +1,29 @@
+"""Arguments of the reward-model stage, under PaddleNLP's key names."""
+from __future__ import annotations
+
+import dataclasses
+
+from alignment.config.choices import NORMALIZER_TYPES, REWARD_LOSS_TYPES
+from alignment.config.parser import field
+
+
+@dataclasses.dataclass
+class RewardArguments:
+    loss_type: str = field("sequence-wise", help=f"Pairwise loss: one of {REWARD_LOSS_TYPES} (token-wise compares "
+                                                 "per-token scores from where the two answers diverge).")
+    regularization: float = field(0.001, help="Weight of the squared end-score penalty that keeps scores near 0.")
+    normalize_score_during_training: bool = field(False, help="Standardise end scores with the normalizer's "
+                                                              "running statistics inside the loss.")
+    normalizer_type: str = field("RunningMeanStd", help=f"Score normalizer, one of {NORMALIZER_TYPES}; its "
+                                                        "statistics are saved with the model either way.")
+    normalizer_momentum: float = field(0.9, help="Momentum of the ExponentialMovingAverage normalizer.")
+
+    def validate(self) -> None:
+        if self.loss_type not in REWARD_LOSS_TYPES:
+            raise ValueError(f"key 'loss_type' must be one of {REWARD_LOSS_TYPES}, got {self.loss_type!r}")
+        if self.regularization < 0:
+            raise ValueError(f"key 'regularization' must be >= 0, got {self.regularization}")
+        if self.normalizer_type not in NORMALIZER_TYPES:
+            raise ValueError(f"key 'normalizer_type' must be one of {NORMALIZER_TYPES}, got {self.normalizer_type!r}")
+        if not 0 < self.normalizer_momentum < 1:
+            raise ValueError(f"key 'normalizer_momentum' must be in (0, 1), got {self.normalizer_momentum}")

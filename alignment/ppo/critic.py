@@ -1,0 +1,52 @@
+"""The critic's part of a PPO step, as a strategy: `Critic` for gae (old values while scoring, the clipped value
+loss while updating) and `NoCritic` for the critic-free estimators, so the trainer never asks which it has."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import paddle
+
+from alignment.ppo import algorithms as rl
+from alignment.ppo.rollout import critic_values
+
+
+class NoCritic:
+    """grpo / dr_grpo / rloo / reinforce_baseline / reinforce_plus_plus: no model, no values, no loss."""
+
+    model = None
+
+    def old_values(self, rollout, version: int) -> None:
+        return None
+
+    def train_step(self, batch, accum: int, share: float) -> Dict[str, float]:
+        return {}
+
+
+class Critic:
+    """model: the trained ScoreModel (or its pipeline stages); whole_copy: a WholeCopy that scores rollouts when
+    the trained model is split into pipeline stages (None: the model scores itself)."""
+
+    def __init__(self, model, clip_range_value: float, whole_copy=None):
+        self.model, self.clip_range_value, self.whole_copy = model, clip_range_value, whole_copy
+
+    @paddle.no_grad()
+    def old_values(self, rollout, version: int):
+        """Values [N, R] of the rollout's response tokens under the critic as it is now (before the update)."""
+        critic = self.model if self.whole_copy is None else self.whole_copy.refreshed(self.model, version=version)
+        critic.eval()
+        return critic_values(critic, rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
+
+    def train_step(self, batch, accum: int, share: float) -> Dict[str, float]:
+        """Backward of this micro-batch's clipped value loss (its `share` of the batch's token mean, 1/accum of
+        the optimizer step)."""
+        values = critic_values(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                               batch.response_index)  # [n, R]
+        loss = rl.critic_loss(values, batch.old_values, batch.returns, batch.response_mask, self.clip_range_value)
+        loss = loss * share
+        (loss / accum).backward()
+        return {"critic_loss": float(loss), "explained_variance": float(
+            rl.explained_variance(values.detach(), batch.returns, batch.response_mask))}
+
+
+def make_critic(model, clip_range_value: float, whole_copy=None) -> Optional[Critic]:
+    return NoCritic() if model is None else Critic(model, clip_range_value, whole_copy)

@@ -1,0 +1,112 @@
+"""PPO's update under pipeline parallelism: the same micro-batches as the eager update, run through fleet's 1F1B
+schedule with the actor and value losses on the last stage (the models are alignment/wrappers/pipeline.py's).
+
+Rollouts are generated and scored by whole copies of the models (alignment/wrappers/reshard.py); only the update
+goes through the pipeline.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import paddle
+from paddle.distributed import fleet
+
+from alignment.models.logprobs import entropy_from_logits, gather_log_probs
+from alignment.parallel import tensor_parallel as tp
+from alignment.parallel.distributed import data_world_size, model_parallel_degree, sum_over_data_ranks
+from alignment.ppo import algorithms as rl
+from alignment.ppo.rollout import update_order
+from alignment.training.trainer import mean_rows
+from alignment.wrappers.pipeline import pipeline_step
+
+
+def check_pipeline_run(ppo_args, train_args, rollouts: int, ptx_data) -> None:
+    """What pipeline parallelism needs of a PPO run, checked before the first step."""
+    chunk = train_args.per_device_train_batch_size * train_args.gradient_accumulation_steps
+    if rollouts % chunk:
+        raise ValueError(f"pipeline_parallel_degree > 1: the {rollouts} rollouts per process (per_device_prompt_"
+                         f"batch_size x num_return_sequences) must split into micro-batches of "
+                         f"per_device_train_batch_size x gradient_accumulation_steps = {chunk}")
+    if ptx_data is not None:
+        raise ValueError("key 'ptx_datasets' is not supported with pipeline_parallel_degree > 1 yet")
+    if ppo_args.eval_mode == "tensor_parallel":
+        raise ValueError("key 'eval_mode': pipeline_parallel_degree > 1 generates with a whole copy ('single')")
+
+
+class PolicyPipeLoss:
+    """PPO's actor loss on the last stage. labels: response ids, old log-probs, advantages, response mask,
+    reference log-probs, all [b, R], and token_weight [b, 1]: data ranks / tokens of this micro-batch over all data
+    ranks (the same in each row of a micro-batch), so loss x tokens x weight is this rank's share of the token
+    mean, exactly as token_share() scales the loss without a pipeline."""
+
+    def __init__(self, ppo_args):
+        self.ppo = ppo_args
+        self.stats = {}
+
+    def __call__(self, logits, labels):
+        ids, old_log_probs, advantages, mask, ref_log_probs, token_weight = labels
+        ppo, split = self.ppo, model_parallel_degree() > 1
+        response = logits[:, logits.shape[1] - ids.shape[1] - 1: -1] / ppo.temperature  # [b, R, V(/n)]
+        log_probs = tp.parallel_token_log_probs(response, ids) if split else gather_log_probs(response, ids)  # [b, R]
+        loss, stats = rl.policy_objective(log_probs, old_log_probs, advantages, mask, ref_log_probs,
+                                          ppo.clip_range_ratio, ppo.kl_coeff if ppo.kl_in_loss else None,
+                                          ppo.kl_estimator)
+        share = mask.astype("float32").sum() * token_weight[0, 0]  # this micro-batch's share of the batch mean
+        with paddle.no_grad():
+            entropy = rl.masked_mean(entropy_from_logits(
+                tp.gather_vocab(response.detach()) if split else response.detach()), mask)
+            for key, value in {"actor_loss": loss.detach(), "entropy": entropy, **stats}.items():
+                self.stats[key] = self.stats.get(key, 0.0) + float(value) * float(share)
+        return loss * share
+
+
+class ValuePipeLoss:
+    """The clipped value loss on the last stage. labels: old values, returns, response mask [b, R], and
+    token_weight [b, 1] as in PolicyPipeLoss."""
+
+    def __init__(self, ppo_args):
+        self.ppo = ppo_args
+        self.stats = {}
+
+    def __call__(self, scores, labels):
+        old_values, returns, mask, token_weight = labels
+        values = scores[:, scores.shape[1] - old_values.shape[1] - 1: -1]  # [b, R]
+        loss = rl.critic_loss(values, old_values, returns, mask, self.ppo.clip_range_value)
+        share = mask.astype("float32").sum() * token_weight[0, 0]
+        self.stats["critic_loss"] = self.stats.get("critic_loss", 0.0) + float(loss) * float(share)
+        return loss * share
+
+
+class PipelineUpdate:
+    """update() for pipeline models: per_device_train_batch_size rows per micro-batch, gradient_accumulation_steps
+    micro-batches per 1F1B run and optimizer step, grouped exactly as the eager update groups rows."""
+
+    def __init__(self, actor, critic, ppo_args, train_args):
+        self.actor, self.critic, self.ppo, self.args = actor, critic, ppo_args, train_args
+        self.actor_pipe = fleet.distributed_model(actor)
+        self.critic_pipe = fleet.distributed_model(critic) if critic is not None else None
+
+    def update(self, rollout, rng, optimizer_step, lr) -> Dict[str, float]:
+        """update_iters passes over the rollout; optimizer_step() after each 1F1B run; lr() is the actor's rate."""
+        size, accum, ranks = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, \
+            data_world_size()
+        rows, lengths = [], rollout.attention_mask.sum(axis=1).numpy()
+        for _ in range(self.ppo.update_iters):
+            order = update_order(rng, lengths, size, self.ppo.group_by_length)  # the micro-batches update() forms
+            for start in range(0, len(rollout), size * accum):
+                batch = rollout.select(paddle.to_tensor(order[start: start + size * accum])).trimmed()
+                tokens = batch.response_mask.reshape([accum, -1]).sum(axis=1)  # [accum] per micro-batch
+                weight = (ranks / paddle.clip(sum_over_data_ranks(tokens), min=1.0)).repeat_interleave(size)
+                weight = weight.unsqueeze(-1)  # [n, 1]: fleet slices every label along a second axis
+                inputs = (batch.input_ids, batch.attention_mask)
+                stats = pipeline_step(self.actor_pipe, inputs, (
+                    batch.input_ids[:, batch.prompt_len:], batch.old_log_probs, batch.advantages,
+                    batch.response_mask, batch.ref_log_probs, weight), self.actor._loss_fn[0], accum)
+                stats["lr"] = lr()
+                if self.critic_pipe is not None:
+                    stats.update(pipeline_step(self.critic_pipe, inputs, (
+                        batch.old_values, batch.returns, batch.response_mask, weight), self.critic._loss_fn[0],
+                        accum))
+                optimizer_step()
+                rows.append(stats)
+        return mean_rows(rows)

@@ -1,0 +1,75 @@
+"""Reward functions: `fn(prompts, completions, **labels) -> list[float]`, one float per completion (labels are
+dataset columns such as `answer`). A spec names a registered function (the judges of alignment/rewards/judges.py,
+`arithmetic`, `sentiment`, ..., and the rule rewards `accuracy`, `format_reward` of alignment/rewards/rules.py), a
+`module:function`, or a `path/to/file.py:function`. Pure Python: no paddle.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from alignment.data import import_user_module
+from alignment.rewards.judges import JUDGES
+from alignment.rewards.rules import accuracy, format_reward
+
+REWARD_FUNCTIONS: Dict[str, Callable] = {**JUDGES, "accuracy": accuracy, "format_reward": format_reward}
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised, or returned something other than one finite float per completion."""
+
+
+def load_reward_function(spec: str) -> Callable:
+    if spec in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[spec]
+    if ":" not in spec:
+        raise ValueError(f"key 'reward_funcs' / 'gold_judge': {spec!r} is neither a registered reward function "
+                         f"({', '.join(sorted(REWARD_FUNCTIONS))}) nor 'module:function' / 'file.py:function'")
+    target, name = spec.rsplit(":", 1)
+    try:
+        module = import_user_module(target) if target.endswith(".py") else importlib.import_module(target)
+    except (ImportError, FileNotFoundError) as err:
+        raise ValueError(f"key 'reward_funcs' / 'gold_judge': cannot import {target!r} ({err})") from err
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"key 'reward_funcs' / 'gold_judge': {target!r} has no function {name!r}")
+    return fn
+
+
+def prompt_text(prompt) -> str:
+    """Reward functions see the prompt as text; a multi-turn prompt is its turns joined by blank lines."""
+    return prompt if isinstance(prompt, str) else "\n\n".join(prompt)
+
+
+def function_scores(funcs, prompts, completions, labels) -> Dict[str, np.ndarray]:
+    """{spec: scores [N]} of each (spec, fn) in `funcs`; RewardFunctionError names a function that raises or
+    returns anything but one finite number per completion."""
+    texts = [prompt_text(p) for p in prompts]
+    out = {}
+    for spec, fn in funcs:
+        try:
+            values = fn(texts, list(completions), **labels)
+        except Exception as err:  # a user function's bug: name it, do not hide the cause
+            raise RewardFunctionError(f"reward function {spec!r} raised {type(err).__name__}: {err}") from err
+        values = np.asarray(values, dtype="float64")
+        if values.shape != (len(completions),):
+            raise RewardFunctionError(f"reward function {spec!r} returned "
+                                      f"{values.shape[0] if values.ndim else 'a scalar'} "
+                             f"values for {len(completions)} completions")
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            i = int(bad[0])
+            raise RewardFunctionError(f"reward function {spec!r} returned {values[i]} for sample {i} "
+                             f"(prompt {texts[i][:60]!r}, completion {completions[i][:60]!r})")
+        out[spec] = values
+    return out
+
+
+def gold_scores(judge: Optional[str], prompts, completions, labels) -> Optional[np.ndarray]:
+    """The offline judge's scores (never trained on), or None when no judge is configured."""
+    if judge is None:
+        return None
+    fn = load_reward_function(judge)
+    return np.asarray(fn([prompt_text(p) for p in prompts], list(completions), **labels), dtype="float64")

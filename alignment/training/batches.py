@@ -1,0 +1,53 @@
+"""Which items a step trains and evaluates on: seeded per-epoch orders, this rank's share, tensors of a batch.
+
+Data order is a seeded permutation per epoch, so a run is reproducible from `seed` and a resumed run skips the
+batches it already drew.
+"""
+from __future__ import annotations
+
+import random
+from typing import Dict, Iterator, List
+
+import numpy as np
+import paddle
+
+from alignment.parallel.distributed import shard
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    paddle.seed(seed)
+
+
+def epoch_batches(num_items: int, batch_size: int, seed: int, shuffle: bool = True,
+                  min_size: int = 1) -> Iterator[np.ndarray]:
+    """Index batches forever, a fresh seeded permutation each epoch. The last batch of an epoch may be short;
+    one shorter than `min_size` (the world size: every rank needs an item) is skipped."""
+    if num_items < min_size:
+        raise ValueError(f"{num_items} samples cannot be shared by {min_size} data-parallel processes")
+    epoch = 0
+    while True:
+        order = np.random.default_rng(seed + epoch).permutation(num_items) if shuffle else np.arange(num_items)
+        for start in range(0, num_items, batch_size):
+            if len(order[start: start + batch_size]) >= min_size:
+                yield order[start: start + batch_size]
+        epoch += 1
+
+
+def skip_batches(batches, count: int):
+    """Advance a batch iterator past the `count` batches a resumed run already consumed."""
+    for _ in range(count):
+        next(batches)
+    return batches
+
+
+def eval_shards(num_items: int, batch_size: int) -> Iterator[List[int]]:
+    """This rank's evaluation batches: a strided share of the items, in batches of `batch_size`."""
+    mine = list(shard(range(num_items)))
+    for start in range(0, len(mine), batch_size):
+        yield mine[start: start + batch_size]
+
+
+def to_tensors(batch: Dict[str, np.ndarray]) -> Dict[str, paddle.Tensor]:
+    return {k: paddle.to_tensor(v) for k, v in batch.items()}
