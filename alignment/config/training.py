@@ -48,6 +48,10 @@ class TrainingArguments:
     sharding: str = field("", help="Optimizer-state sharding over data-parallel processes: 'stage1' (fleet's "
                                    "sharding optimizer); '' = off. 'stage2'/'stage3' (GPU-only in Paddle) are "
                                    "refused with a clear error: not built yet.")
+    lost_rank_timeout: float = field(120.0, help="Multi-process runs: seconds without a heartbeat from another rank "
+                                                 "(a killed process, a lost host) after which every other rank "
+                                                 "exits with code 1 and a message naming it, instead of waiting in "
+                                                 "a collective; 0 = off (Paddle's own timeouts only).")
     sharding_parallel_degree: int = field(-1, help="Processes in one sharding group; -1 = all processes left after "
                                                    "tensor and pipeline parallelism. Data parallelism fills the rest.")
     max_nonfinite_steps: int = field(5, help="A step whose loss or gradients are NaN/inf is skipped and counted "
@@ -74,6 +78,8 @@ class TrainingArguments:
         for key in ("eval_steps", "save_steps", "save_total_limit", "warmup_steps"):
             if getattr(self, key) < 0:
                 raise ValueError(f"key {key!r} must be >= 0, got {getattr(self, key)}")
+        if not self.lost_rank_timeout >= 0:
+            raise ValueError(f"key 'lost_rank_timeout' must be >= 0 seconds, got {self.lost_rank_timeout}")
         if self.max_grad_norm < 0:
             raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
         if self.max_nonfinite_steps < 1:

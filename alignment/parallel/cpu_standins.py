@@ -1,6 +1,6 @@
 """Stand-ins for the collective kernels Paddle 3.3.1's CPU build lacks, so tensor- and pipeline-parallel runs work
-on CPU with the gloo backend (tests, laptops). Loaded only on CPU (`install()` is called by topology.py when
-Paddle has no CUDA); GPU runs use Paddle's own kernels.
+on CPU with the gloo backend (tests, laptops). Loaded only on CPU (`install()` is called by
+alignment/parallel/distributed.py before fleet.init when Paddle has no CUDA); GPU runs use Paddle's own kernels.
 
 Each piece replaces one function of `paddle.distributed.fleet.layers.mpu.mp_ops` (fleet's tensor-parallel
 layers call them through that module) or of the pipeline's p2p helper, and is written with Paddle-level
@@ -13,19 +13,33 @@ collectives (`paddle.distributed.all_reduce` / `all_gather` / `send` / `recv`) t
     _c_softmax_with_cross_entropy  c_softmax_with_cross_entropy kernel (vocab-parallel cross-entropy)
     ParallelEnv.device_id          set only from FLAGS_selected_gpus/xpus; a CPU build has none, and
                                    PipelineLayer reads it (0 here)
+    collective._new_process_group_impl   (gloo groups only) the same call with a private TCPStore per group:
+                                   Paddle's ProcessGroupGloo rendezvous writes its peers' addresses under the bare
+                                   keys "0".."n-1" of the one global store and never deletes them, so groups created
+                                   back to back (fleet.init's tensor / pipeline / sharding / data groups on 4+
+                                   processes) read each other's addresses and fail with TIMEOUT / connection refused.
+                                   Each group's rank 0 now hosts an empty store for it, announced through the global
+                                   store under a key unique to the group.
 
 Pipeline stages exchange activations with isend/irecv on CPU (`use_batch_p2p_comm` false in
-training/distributed.py, a fleet setting), since gloo has no batched calc-stream p2p.
+parallel/distributed.py, a fleet setting), since gloo has no batched calc-stream p2p.
 """
 from __future__ import annotations
+
+import inspect
+import os
+import socket
 
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed.fleet.layers.mpu import mp_ops
+from paddle.base import core
+from paddle.distributed import collective
 from paddle.distributed.parallel import ParallelEnv
 
 _installed = False
+_group_stores = []  # the private rendezvous stores must live as long as their groups
 
 
 def _all_reduce_sum(tensor, group):
@@ -150,11 +164,46 @@ def _c_softmax_with_cross_entropy(logits, label, group=None, return_softmax=Fals
     return _ParallelCrossEntropy.apply(logits, label, group, ignore_index)
 
 
+def _private_store(group_rank: int, group_id: int, group_name: str):
+    """A TCPStore of this group alone: hosted by its rank 0 on a free port of its own address, found by the
+    others under a key of the global store unique to the group."""
+    key = f"/alignment/gloo_group_store/{group_id}/{group_name}"
+    timeout = int(os.getenv("FLAGS_stop_check_timeout", "900"))
+    if group_rank == 0:
+        host = (os.getenv("PADDLE_CURRENT_ENDPOINT") or "127.0.0.1:0").rsplit(":", 1)[0]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        store = core.TCPStore(host, port, True, 0, timeout)  # world size 0: listening on return, no wait
+        collective._default_store.set(key, f"{host}:{port}")
+    else:
+        host, port = bytes(collective._default_store.get(key)).decode().rsplit(":", 1)  # waits for the key
+        store = core.TCPStore(host, int(port), False, 0, timeout)
+    _group_stores.append(store)
+    return store
+
+
+def _with_private_gloo_store(new_process_group_impl):
+    signature = inspect.signature(new_process_group_impl)
+
+    def new_group_impl(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        if a["backend"] == "gloo" and a["world_size"] > 1:
+            a["store"] = _private_store(a["rank"], a["group_id"], a["group_name"])
+        return new_process_group_impl(*bound.args, **bound.kwargs)
+
+    return new_group_impl
+
+
 def install() -> None:
-    """Put the stand-ins in place of the missing kernels (idempotent). CPU only: never call it on a GPU build."""
+    """Put the stand-ins in place (idempotent), before fleet.init creates its groups. CPU only: never call it on
+    a GPU build."""
     global _installed
     if _installed:
         return
+    collective._new_process_group_impl = _with_private_gloo_store(collective._new_process_group_impl)
     mp_ops._c_identity = _c_identity
     mp_ops._mp_allreduce = _mp_allreduce
     mp_ops._c_concat = _c_concat

@@ -48,13 +48,20 @@ def init_distributed(layout=None) -> None:
                                "pp_configs": {"use_batch_p2p_comm": paddle.is_compiled_with_cuda()}}
     strategy.pipeline_configs = {"micro_batch_size": layout.micro_batch_size,
                                  "accumulate_steps": layout.accumulate_steps,
-                                 "p2p_cache_shape": False}  # rollout lengths change from step to step
-    fleet.init(is_collective=True, strategy=strategy)
+                                 "p2p_cache_shape": False,  # rollout lengths change from step to step
+                                 # gloo has no partial send/recv (tensor-parallel ranks each sending a slice)
+                                 "enable_partial_send_recv": paddle.is_compiled_with_cuda()}
     if not paddle.is_compiled_with_cuda():
         from alignment.parallel import cpu_standins
 
-        cpu_standins.install()
+        cpu_standins.install()  # before fleet.init: one of the stand-ins is how gloo groups are created
+    fleet.init(is_collective=True, strategy=strategy)
     _hybrid = fleet.get_hybrid_communicate_group()
+
+
+def hybrid_group():
+    """fleet's HybridCommunicateGroup of a hybrid layout (None for one process or plain data parallelism)."""
+    return _hybrid
 
 
 def data_world_size() -> int:
@@ -121,6 +128,17 @@ def sum_over_data_ranks(tensor):
     for group in _data_groups():
         dist.all_reduce(total, group=group)
     return total
+
+
+def share_of_data_ranks(local: float) -> float:
+    """local * ranks / (sum of local over the data ranks): the factor that turns this rank's mean over its `local`
+    items (tokens, pairs) into its share of the mean over every rank's items, once gradients are averaged over
+    the data ranks. 1.0 for one data rank (a collective otherwise)."""
+    ranks = data_world_size()
+    if ranks == 1:
+        return 1.0
+    total = float(sum_over_data_ranks(paddle.to_tensor(float(local), dtype="float32")))
+    return float(local) * ranks / max(total, 1e-12)
 
 
 def grad_norm_squares(parameters) -> float:

@@ -79,9 +79,14 @@ def local_slice(full: paddle.Tensor, param) -> paddle.Tensor:
 
 def full_tensor(param) -> paddle.Tensor:
     """The whole tensor of a split parameter, gathered from the tensor-parallel group (a collective)."""
+    return gather_along(param, param.split_axis)
+
+
+def gather_along(tensor, axis: int) -> paddle.Tensor:
+    """The tensor-parallel group's slices of a tensor, concatenated along `axis` (a collective)."""
     parts = []
-    dist.all_gather(parts, param.detach().contiguous(), group=model_parallel_group())
-    return paddle.concat(parts, axis=param.split_axis)
+    dist.all_gather(parts, tensor.detach().contiguous(), group=model_parallel_group())
+    return paddle.concat(parts, axis=axis)
 
 
 def whole_shape(param) -> list:

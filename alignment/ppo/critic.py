@@ -18,7 +18,7 @@ class NoCritic:
     def old_values(self, rollout, version: int) -> None:
         return None
 
-    def train_step(self, batch, accum: int, share: float) -> Dict[str, float]:
+    def train_step(self, batch, share: float) -> Dict[str, float]:
         return {}
 
 
@@ -36,14 +36,13 @@ class Critic:
         critic.eval()
         return critic_values(critic, rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
 
-    def train_step(self, batch, accum: int, share: float) -> Dict[str, float]:
-        """Backward of this micro-batch's clipped value loss (its `share` of the batch's token mean, 1/accum of
-        the optimizer step)."""
+    def train_step(self, batch, share: float) -> Dict[str, float]:
+        """Backward of this micro-batch's `share` of the optimizer step's token-mean clipped value loss."""
         values = critic_values(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
                                batch.response_index)  # [n, R]
         loss = rl.critic_loss(values, batch.old_values, batch.returns, batch.response_mask, self.clip_range_value)
         loss = loss * share
-        (loss / accum).backward()
+        loss.backward()
         return {"critic_loss": float(loss), "explained_variance": float(
             rl.explained_variance(values.detach(), batch.returns, batch.response_mask))}
 

@@ -35,9 +35,9 @@ def check_pipeline_run(ppo_args, train_args, rollouts: int, ptx_data) -> None:
 
 class PolicyPipeLoss:
     """PPO's actor loss on the last stage. labels: response ids, old log-probs, advantages, response mask,
-    reference log-probs, all [b, R], and token_weight [b, 1]: data ranks / tokens of this micro-batch over all data
-    ranks (the same in each row of a micro-batch), so loss x tokens x weight is this rank's share of the token
-    mean, exactly as token_share() scales the loss without a pipeline."""
+    reference log-probs, all [b, R], and token_weight [b, 1]: data ranks x micro-batches / tokens of the optimizer
+    step over all data ranks (the same in every row), so loss x tokens x weight / micro-batches (fleet's scaling)
+    is this micro-batch's share of the step's token mean, exactly as token_shares() scales it without a pipeline."""
 
     def __init__(self, ppo_args):
         self.ppo = ppo_args
@@ -95,9 +95,10 @@ class PipelineUpdate:
             order = update_order(rng, lengths, size, self.ppo.group_by_length)  # the micro-batches update() forms
             for start in range(0, len(rollout), size * accum):
                 batch = rollout.select(paddle.to_tensor(order[start: start + size * accum])).trimmed()
-                tokens = batch.response_mask.reshape([accum, -1]).sum(axis=1)  # [accum] per micro-batch
-                weight = (ranks / paddle.clip(sum_over_data_ranks(tokens), min=1.0)).repeat_interleave(size)
-                weight = weight.unsqueeze(-1)  # [n, 1]: fleet slices every label along a second axis
+                # the step's token mean over every micro-batch and data rank; x accum undoes fleet's 1/accum
+                total = float(sum_over_data_ranks(batch.response_mask.sum()))
+                weight = paddle.full([len(batch), 1], ranks * accum / max(total, 1e-12), dtype="float32")  # [n, 1]:
+                # fleet slices every label along a second axis
                 inputs = (batch.input_ids, batch.attention_mask)
                 stats = pipeline_step(self.actor_pipe, inputs, (
                     batch.input_ids[:, batch.prompt_len:], batch.old_log_probs, batch.advantages,

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import paddle
@@ -26,7 +26,7 @@ from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
 from alignment.models.static_decode import StaticDecoder
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, mean_over_ranks, shard,
-                                            sum_over_data_ranks)
+                                            share_of_data_ranks, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
 from alignment.ppo.critic import make_critic
 from alignment.ppo.pipeline_update import PipelineUpdate, check_pipeline_run
@@ -216,32 +216,39 @@ class PPOTrainer(Trainer):
         return out
 
     def update(self, rollout) -> Dict[str, float]:
-        """`update_iters` passes over the rollout in micro-batches of similar length: actor step, then critic
-        step; an optimizer step every gradient_accumulation_steps micro-batches."""
+        """`update_iters` passes over the rollout in micro-batches of similar length (actor step, then critic
+        step), gradient_accumulation_steps of them per optimizer step. Losses are token means over all the
+        micro-batches of an optimizer step on every data rank, so any split into micro-batches and processes
+        trains the same."""
         args, ppo = self.args, self.ppo
         for t in self.trained.values():
             t.model.train()
         rng = np.random.default_rng(args.seed + 7919 * self.global_step)
         if self.pipeline is not None:
             return self.pipeline.update(rollout, rng, self.optimizer_step, self.policy.optimizer.get_lr)
-        size, accum, micro, rows = args.per_device_train_batch_size, args.gradient_accumulation_steps, 0, []
+        size, accum, rows = args.per_device_train_batch_size, args.gradient_accumulation_steps, []
         lengths = rollout.attention_mask.sum(axis=1).numpy()  # prompt + response tokens of each row
         for _ in range(ppo.update_iters):
             order = update_order(rng, lengths, size, ppo.group_by_length)
-            for start in range(0, len(rollout), size):
-                batch = rollout.select(paddle.to_tensor(order[start: start + size])).packed()
-                share = token_share(batch.response_mask)  # token means over the whole batch, not per process
-                stats = self.actor_step(batch, accum, share)
-                stats.update(self.critic.train_step(batch, accum, share))
-                micro += 1
-                if micro % accum == 0:
-                    self.optimizer_step()
-                rows.append(stats)
-        if micro % accum:
-            self.optimizer_step()
+            starts = list(range(0, len(rollout), size))
+            for first in range(0, len(starts), accum):  # one optimizer step
+                batches = [rollout.select(paddle.to_tensor(order[s: s + size])).packed()
+                           for s in starts[first: first + accum]]
+                shares = token_shares([batch.response_mask for batch in batches])
+                step = {}
+                for batch, share in zip(batches, shares):
+                    stats = self.actor_step(batch, share, ptx_scale=1.0 / len(batches))
+                    stats.update(self.critic.train_step(batch, share))
+                    for key, value in stats.items():  # token-weighted shares add up; per-row means average
+                        part = value / len(batches) if key in PER_MICRO_BATCH_MEANS else value
+                        step[key] = step.get(key, 0.0) + part
+                self.optimizer_step()
+                rows.append(step)
         return mean_rows(rows)
 
-    def actor_step(self, batch, accum: int, share: float) -> Dict[str, float]:
+    def actor_step(self, batch, share: float, ptx_scale: float = 1.0) -> Dict[str, float]:
+        """Backward of this micro-batch's `share` of the optimizer step's token-mean policy loss (+ ptx_scale of
+        the ptx loss); returns its share of each statistic."""
         ppo, mask = self.ppo, batch.response_mask
         log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask, batch.prompt_len,
                                                 ppo.temperature, with_entropy=True,
@@ -260,9 +267,9 @@ class PPOTrainer(Trainer):
             self.drawn["ptx"] += 1
             ptx = to_tensors(self.data.collate_ptx([self.data.ptx[int(i)] for i in shard(next(self.ptx_batches))]))
             ptx_loss, _ = answer_token_loss(self.actor, ptx["input_ids"], ptx["attention_mask"], ptx["labels"])
-            loss = loss + ppo.ptx_coeff * ptx_loss
-            out["ptx_loss"] = float(ptx_loss)
-        (loss / accum).backward()
+            loss = loss + ppo.ptx_coeff * ptx_scale * ptx_loss
+            out["ptx_loss"] = ptx_scale * float(ptx_loss)
+        loss.backward()
         return out
 
     # --- evaluation and checkpoints -------------------------------------------------------------------------------
@@ -315,11 +322,15 @@ class PPOTrainer(Trainer):
             barrier()
 
 
-def token_share(mask) -> float:
-    """Factor that turns this process's token mean into its share of the whole batch's token mean, once the
-    gradients are averaged over data ranks: n_local * ranks / n_all (1 for one process)."""
-    ranks = data_world_size()
-    if ranks == 1:
-        return 1.0
-    local = mask.astype("float32").sum()
-    return float(local) * ranks / max(float(sum_over_data_ranks(local)), 1.0)
+PER_MICRO_BATCH_MEANS = ("lr", "kl")  # actor_step statistics that are not token-weighted shares
+
+
+def token_shares(masks) -> List[float]:
+    """For the micro-batches of one optimizer step: the factors that turn each one's token mean into its share
+    of the token mean over all of them on every data rank (gradients are averaged over the ranks): n_i * ranks /
+    sum of n over the micro-batches and ranks; [1.0] for one micro-batch in one process."""
+    tokens = [float(mask.astype("float32").sum()) for mask in masks]
+    if len(tokens) == 1 and data_world_size() == 1:
+        return [1.0]
+    total = share_of_data_ranks(sum(tokens))  # = sum * ranks / global sum
+    return [n / max(sum(tokens), 1e-12) * total for n in tokens]

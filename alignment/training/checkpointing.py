@@ -2,9 +2,10 @@
 
     <output_dir>/checkpoint-N/
         <model>/               each trained model in HF layout (e.g. model/, or policy/ and value/)
-        <model>.optimizer      AdamW state of that model (paddle.save; parameters under their structured names);
-                               under tensor parallelism or sharding one file per rank, <model>.optimizer.rank-R
-        <model>.scheduler      learning-rate scheduler state
+        <model>.optimizer.safetensors   AdamW state of that model, whole, under the whole model's parameter
+                               names (alignment/training/optimizer_state.py), whatever the process layout: a
+                               checkpoint resumes under any other layout
+        <model>.scheduler.json learning-rate scheduler state
         rng_state.pkl          Python, numpy and Paddle RNG states
         trainer_state.json     global_step, batches drawn from each data stream, normaliser statistics, the
                                process layout the optimizer files belong to, ...
@@ -12,8 +13,9 @@
 
 A checkpoint directory is built under a temporary name, fsynced and renamed (alignment/fileio.py), and `latest`
 is replaced atomically afterwards, so a process killed at any point leaves the previous checkpoint loadable and
-`resume_from_checkpoint: "auto"` finds it. Every rank calls save_checkpoint (tensor-parallel weights are gathered,
-per-rank optimizer states sent to rank 0); rank 0 writes.
+`resume_from_checkpoint: "auto"` finds it. Every rank calls save_checkpoint (tensor-parallel weights and optimizer
+states are gathered, pipeline stages' and sharding ranks' sent to rank 0); rank 0 writes. Checkpoints of earlier
+versions (<model>.optimizer, one file or one per rank) still load, the per-rank ones under their own layout.
 """
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import paddle
 
+from safetensors.numpy import load_file, save_file
+
 from alignment.fileio import atomic_directory, write_json_atomic, write_text_atomic
-from alignment.parallel.distributed import gather_objects, is_main_process, rank, split_optimizer_states
+from alignment.parallel.distributed import is_main_process, rank, split_optimizer_states
+from alignment.training.optimizer_state import load_whole_optimizer_state, whole_optimizer_state
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pkl"
@@ -81,20 +86,15 @@ def save_checkpoint(output_dir: str, step: int, models: Dict[str, object], optim
     `optimizers` maps a model name to that model's (optimizer, scheduler). Called by every rank."""
     name = f"checkpoint-{step}"
     path = os.path.join(output_dir, name)
-    per_rank = split_optimizer_states()
     with (atomic_directory(path) if is_main_process() else contextlib.nullcontext("")) as tmp:
         for model_name, model in models.items():  # a collective for tensor-parallel models; rank 0 writes
             model.save_pretrained(os.path.join(tmp, model_name), tokenizer_dir=tokenizer_dir)
         for opt_name, (optimizer, scheduler) in optimizers.items():
-            state_dict = portable_optimizer_state(models[opt_name], optimizer)
-            if per_rank:
-                for r, part in enumerate(gather_objects({k: _host(v) for k, v in state_dict.items()})):
-                    if tmp:
-                        paddle.save(part, os.path.join(tmp, f"{opt_name}.optimizer.rank-{r}"))
-            elif tmp:
-                paddle.save(state_dict, os.path.join(tmp, f"{opt_name}.optimizer"))
+            whole = whole_optimizer_state(models[opt_name], optimizer)  # a collective
             if tmp:
-                paddle.save(scheduler.state_dict(), os.path.join(tmp, f"{opt_name}.scheduler"))
+                save_file({k: np.ascontiguousarray(v) for k, v in whole.items()},
+                          os.path.join(tmp, f"{opt_name}.optimizer.safetensors"))
+                write_json_atomic(os.path.join(tmp, f"{opt_name}.scheduler.json"), scheduler.state_dict())
         if tmp:
             write_rng_state(tmp)
             write_json_atomic(os.path.join(tmp, STATE_FILE), {"global_step": step, "layout": layout, **state})
@@ -105,10 +105,6 @@ def save_checkpoint(output_dir: str, step: int, models: Dict[str, object], optim
         for old in sorted(checkpoint_steps(output_dir))[:-keep]:
             shutil.rmtree(os.path.join(output_dir, f"checkpoint-{old}"), ignore_errors=True)
     return path
-
-
-def _host(value):
-    return value.numpy() if isinstance(value, paddle.Tensor) else value
 
 
 def checkpoint_steps(output_dir: str) -> list:
@@ -143,22 +139,34 @@ def resolve_resume(output_dir: str, spec: Optional[str]) -> Optional[str]:
 
 
 def load_checkpoint(path: str, models: Dict[str, object], optimizers: Dict[str, Tuple], layout: str = "") -> dict:
-    """Restore models, optimizers, schedulers and RNG states in place; return the trainer state. Weights load
-    under any layout; per-rank optimizer states need the layout they were saved under."""
+    """Restore models, optimizers, schedulers and RNG states in place; return the trainer state. Weights and
+    optimizer states load under any layout (earlier versions' per-rank optimizer files: under their own)."""
     with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
         saved = json.load(f)
-    if split_optimizer_states() or saved.get("layout"):
-        if saved.get("layout", "") != layout:
-            raise ValueError(f"key 'resume_from_checkpoint': {path} holds optimizer states of the layout "
-                             f"'{saved.get('layout', '')}'; resume it with that layout, not '{layout}'")
     for model_name, model in models.items():
         model.load_checkpoint(os.path.join(path, model_name))
     for opt_name, (optimizer, scheduler) in optimizers.items():
-        file = os.path.join(path, f"{opt_name}.optimizer")
-        if split_optimizer_states():
-            file += f".rank-{rank()}"
-        load_portable_optimizer_state(models[opt_name], optimizer, paddle.load(file))
-        scheduler.set_state_dict(paddle.load(os.path.join(path, f"{opt_name}.scheduler")))
+        whole = os.path.join(path, f"{opt_name}.optimizer.safetensors")
+        if os.path.exists(whole):
+            load_whole_optimizer_state(models[opt_name], optimizer, load_file(whole), whole)
+            with open(os.path.join(path, f"{opt_name}.scheduler.json"), encoding="utf-8") as f:
+                scheduler.set_state_dict(json.load(f))
+        else:
+            _load_legacy_optimizer(path, opt_name, models[opt_name], optimizer, scheduler, saved, layout)
     with open(os.path.join(path, RNG_FILE), "rb") as f:
         set_rng_state(pickle.load(f))
     return saved
+
+
+def _load_legacy_optimizer(path, opt_name, model, optimizer, scheduler, saved: dict, layout: str) -> None:
+    """<model>.optimizer (paddle.save of the portable state; one per rank, .rank-R, under the layout it names)."""
+    if split_optimizer_states() or saved.get("layout"):
+        if saved.get("layout", "") != layout:
+            raise ValueError(f"key 'resume_from_checkpoint': {path} holds per-rank optimizer states of the layout "
+                             f"'{saved.get('layout', '')}' (an earlier version's format); resume it with that "
+                             f"layout, not '{layout}'")
+    file = os.path.join(path, f"{opt_name}.optimizer")
+    if split_optimizer_states():
+        file += f".rank-{rank()}"
+    load_portable_optimizer_state(model, optimizer, paddle.load(file))
+    scheduler.set_state_dict(paddle.load(os.path.join(path, f"{opt_name}.scheduler")))

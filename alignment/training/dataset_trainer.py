@@ -1,6 +1,9 @@
 """The stages that train one model on a fixed dataset (SFT, reward model, DPO): a subclass only defines its loss.
 
-    compute_loss(batch) -> (loss, metrics, weight)   # weight: what eval averages by (tokens, pairs, ...)
+    compute_loss(batch) -> (loss, metrics, weight)   # weight: what the loss averages over (tokens, pairs, ...)
+
+Under data parallelism the loss is the mean over the whole global batch (each rank's mean is weighted by its
+share of the weight), so N processes train exactly as one process with the global batch.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Callable, Dict, Optional
 import paddle
 from tqdm import tqdm
 
-from alignment.parallel.distributed import barrier, data_world_size, mean_over_ranks, shard
+from alignment.parallel.distributed import barrier, data_world_size, mean_over_ranks, shard, share_of_data_ranks
 from alignment.training.batches import epoch_batches, eval_shards, skip_batches, to_tensors
 from alignment.training.trainer import Trainer, mean_rows
 
@@ -56,9 +59,10 @@ class DatasetTrainer(Trainer):
         for _ in range(accum):
             batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in shard(next(self.batches))]))
             self.batches_drawn += 1
-            loss, metrics, _ = self.compute_loss(batch)
-            (loss / accum).backward()
-            rows.append({"loss": float(loss), **metrics})
+            loss, metrics, weight = self.compute_loss(batch)
+            share = share_of_data_ranks(weight)  # the loss is a mean over the whole batch, not per process
+            (loss * share / accum).backward()
+            rows.append({"loss": float(loss) * share, **metrics})
             self._window_tokens += self.batch_tokens(batch)
         lr = self.optimizer.get_lr()
         grad_norm, = self.optimizer_step(*(row["loss"] for row in rows))

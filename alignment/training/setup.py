@@ -54,7 +54,8 @@ def start_processes(train_args, pipeline: bool = False):
     pipeline parallelism or sharding), before any model is built: models built afterwards are split accordingly.
     pipeline: whether this stage has pipeline-parallel models (PPO's policy and critic)."""
     from alignment.config.layout import plan
-    from alignment.parallel.distributed import init_distributed
+    from alignment.parallel.distributed import init_distributed, rank
+    from alignment.parallel.watchdog import start_watchdog
 
     try:
         layout = plan(train_args)
@@ -65,6 +66,7 @@ def start_processes(train_args, pipeline: bool = False):
         fail(err)
     init_distributed(layout)
     if layout.world > 1:
+        start_watchdog(rank(), layout.world, train_args.lost_rank_timeout)
         print(f"processes: {layout.describe()}")
     return layout
 

@@ -219,7 +219,11 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
     else:
         layers = [LayerDesc(EmbeddingStage, config), *decoders,
                   LayerDesc(CausalHeadStage if head == "causal" else ScoreHeadStage, config)]
-    model = PipelineStages(layers=layers, num_stages=num_stages, loss_fn=loss_fn, seg_method="layer:DecoderStage")
+    # the hybrid group's topology, so this rank's stage is the one its pipeline group says (without it fleet builds
+    # a data x pipe topology that ignores tensor parallelism: under tp2 x pp2 ranks would hold the wrong stage)
+    topology = fleet.get_hybrid_communicate_group().topology()
+    model = PipelineStages(layers=layers, num_stages=num_stages, topology=topology, loss_fn=loss_fn,
+                           seg_method="layer:DecoderStage")
     if tied and fleet.get_hybrid_communicate_group().get_stage_id() > 0:
         for param in model.shared_layers["embed"].parameters():
             param.tied_copy = True  # the first stage's copy is the one counted in the gradient norm
