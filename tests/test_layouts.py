@@ -131,13 +131,17 @@ STAGES = {  # stage: (entry point, argument file, model class, keys compared, la
 
 
 @pytest.mark.parametrize("stage", list(STAGES))
-def test_supervised_stages_under_combined_layouts_equal_one_process(tiny_model_dir, tmp_path, stage):
+def test_supervised_stages_under_combined_layouts_equal_one_process(tiny_model_dir, tiny_reward_dir, tmp_path,
+                                                                    stage):
     """8 samples a step: 8 in one process, 4 per data rank under the layout (sft: answers of different lengths,
-    so the per-rank token means are weighted into the global token mean)."""
+    so the per-rank token means are weighted into the global token mean). The reward model starts from a score
+    checkpoint: a head initialised from scratch draws from an RNG stream that model construction under tensor
+    parallelism advances differently, so it is a different (equally random) head, like another seed."""
     entry, config, cls, keys, layout, processes, flags = STAGES[stage]
     data_degree = processes // (2 if "--tensor_parallel_degree" in flags else 1)
+    start = tiny_reward_dir if stage == "rm" else tiny_model_dir
     common = [os.path.join(REPO, "alignment", entry), os.path.join(REPO, "config", "tiny", config),
-              "--model_name_or_path", tiny_model_dir, "--eval_datasets", "", "--max_steps", "3",
+              "--model_name_or_path", start, "--eval_datasets", "", "--max_steps", "3",
               "--warmup_steps", "0", "--lr_scheduler_type", "constant", "--disable_tqdm", "--logging_steps", "1",
               "--adam_epsilon", "1.0", "--learning_rate", "0.01"]
     if stage != "sft":

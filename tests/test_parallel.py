@@ -197,14 +197,14 @@ def test_a_model_whose_heads_do_not_split_fails_before_loading(tiny_model_dir, t
                                     ["--pipeline_parallel_degree", "2", *MICRO_BATCHES]],
                          ids=["tp2", "sharding-stage1", "pp2"])
 def test_step_checkpoints_resume_exactly_under_the_same_layout(tiny_model_dir, tiny_reward_dir, tmp_path, layout):
-    """A run resumed from its checkpoint-2 (whole weights, one optimizer file per rank) ends like the run that
-    never stopped; one process refuses the per-rank optimizer files with a clear message."""
+    """A run resumed from its checkpoint-2 (whole weights, whole optimizer states) ends like the run that never
+    stopped (tests/test_layouts.py resumes checkpoints under other layouts)."""
     import shutil
 
     common = ppo_args(tiny_model_dir, tiny_reward_dir, tmp_path / "unused")[:-2] + ["--save_steps", "2", *layout]
     launch(tmp_path / "logs-a", common + ["--output_dir", str(tmp_path / "a")])
     checkpoint = tmp_path / "a" / "checkpoint-2"
-    assert (checkpoint / "policy.optimizer.rank-1").exists() and (checkpoint / "policy" / "model.safetensors").exists()
+    assert (checkpoint / "policy.optimizer.safetensors").exists() and (checkpoint / "policy" / "model.safetensors").exists()
     (tmp_path / "b").mkdir()
     shutil.copytree(checkpoint, tmp_path / "b" / "checkpoint-2")
     _, logs = launch(tmp_path / "logs-b", common + ["--output_dir", str(tmp_path / "b"), "--resume_from_checkpoint",
@@ -219,7 +219,3 @@ def test_step_checkpoints_resume_exactly_under_the_same_layout(tiny_model_dir, t
         y_model = cls.from_pretrained(str(tmp_path / "b" / sub))
         for (name, x), y in zip(x_model.named_parameters(), y_model.parameters()):
             np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=f"{sub} {name}")
-    one = subprocess.run([sys.executable, *common[:-len(layout)], "--output_dir", str(tmp_path / "b"),
-                          "--resume_from_checkpoint", str(tmp_path / "b" / "checkpoint-2")], cwd=REPO,
-                         capture_output=True, text=True)
-    assert one.returncode == 2 and "holds optimizer states of the layout" in one.stderr.strip().splitlines()[-1]
