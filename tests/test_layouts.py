@@ -1,8 +1,9 @@
 """Combined layouts on 4 and 8 CPU processes (gloo) against one process on the same global batch: tensor x
 pipeline x sharding x data parallel for PPO (gae) and a critic-free estimator (RLOO with GRPO's KL-in-loss), tensor
-x sharding x data for SFT, the reward model and DPO. Marked `parallel`. Each run's per-step losses, KL and rewards and its final weights must equal the
-one-process run's within 1e-5 (relative); `python -m pytest -m parallel -q -s tests/test_layouts.py` prints the
-worst relative difference of each layout (the README's table).
+x sharding x data for SFT, the reward model and DPO, and checkpoints resumed under another layout. Marked
+`parallel`. Each run's per-step losses, KL and rewards and its final weights must equal the one-process run's
+within 1e-5 (relative); `python -m pytest -m parallel -q -s tests/test_layouts.py` prints the worst relative
+difference of each layout (the README's table).
 
 The per-process batch is the global batch over the data degree (data parallel x sharding): 8 rollouts in
 micro-batches of 4 with 2 accumulation steps in one process are 8/d per process in micro-batches of 4/d.

@@ -204,7 +204,8 @@ def test_step_checkpoints_resume_exactly_under_the_same_layout(tiny_model_dir, t
     common = ppo_args(tiny_model_dir, tiny_reward_dir, tmp_path / "unused")[:-2] + ["--save_steps", "2", *layout]
     launch(tmp_path / "logs-a", common + ["--output_dir", str(tmp_path / "a")])
     checkpoint = tmp_path / "a" / "checkpoint-2"
-    assert (checkpoint / "policy.optimizer.safetensors").exists() and (checkpoint / "policy" / "model.safetensors").exists()
+    assert (checkpoint / "policy.optimizer.safetensors").exists()
+    assert (checkpoint / "policy" / "model.safetensors").exists()
     (tmp_path / "b").mkdir()
     shutil.copytree(checkpoint, tmp_path / "b" / "checkpoint-2")
     _, logs = launch(tmp_path / "logs-b", common + ["--output_dir", str(tmp_path / "b"), "--resume_from_checkpoint",

@@ -2,7 +2,7 @@
 loss while updating) and `NoCritic` for the critic-free estimators, so the trainer never asks which it has."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Union
 
 import paddle
 
@@ -47,5 +47,6 @@ class Critic:
             rl.explained_variance(values.detach(), batch.returns, batch.response_mask))}
 
 
-def make_critic(model, clip_range_value: float, whole_copy=None) -> Optional[Critic]:
+def make_critic(model, clip_range_value: float, whole_copy=None) -> Union[Critic, NoCritic]:
+    """The strategy for `model`: a Critic, or NoCritic when there is no critic model (None)."""
     return NoCritic() if model is None else Critic(model, clip_range_value, whole_copy)

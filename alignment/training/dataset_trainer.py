@@ -30,7 +30,8 @@ class DatasetTrainer(Trainer):
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * data_world_size()
         steps_per_epoch = math.ceil(len(train_dataset) / samples_per_step)
-        self.total_steps = args.max_steps if args.max_steps > 0 else max(1, int(steps_per_epoch * args.num_train_epochs))
+        self.total_steps = args.max_steps if args.max_steps > 0 else \
+            max(1, int(steps_per_epoch * args.num_train_epochs))
         self.trained_model = self.add_trained("model", model, self.total_steps)
         self.optimizer = self.trained_model.optimizer
         self.batches_drawn = 0
@@ -86,7 +87,8 @@ class DatasetTrainer(Trainer):
         totals, total_weight = {}, 0.0
         size = self.args.per_device_eval_batch_size
         for indices in eval_shards(len(self.eval_dataset), size):
-            loss, metrics, weight = self.compute_loss(to_tensors(self.collate_fn([self.eval_dataset[i] for i in indices])))
+            batch = to_tensors(self.collate_fn([self.eval_dataset[i] for i in indices]))
+            loss, metrics, weight = self.compute_loss(batch)
             for key, value in {"loss": float(loss), **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + value * weight
             total_weight += weight
