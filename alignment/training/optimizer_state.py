@@ -51,7 +51,8 @@ def _accumulators(optimizer, param) -> Dict[str, paddle.Tensor]:
 
 
 def whole_optimizer_state(model, optimizer) -> Dict[str, np.ndarray]:
-    """The whole AdamW state of `model` as host arrays (on rank 0; {} elsewhere). A collective: every rank calls it."""
+    """The whole AdamW state of `model` as host arrays, on every rank (rank 0 writes it). A collective: every rank
+    calls it."""
     local = {}
     for name, param in sorted(canonical_parameters(model).items()):
         if getattr(param, "tied_copy", False):
