@@ -22,9 +22,8 @@ Rollout KV cache: 2 x L x kv_heads x d x seq x rollouts x B / t.
 PPO as alignment/ppo runs it: actor and critic (score model = backbone + hidden x 1 head) are trained and pipelined;
 reference and reward model are frozen, tensor-split, never pipelined; under pp (or eval_mode single with tp > 1)
 rollouts and old values come from whole unsplit copies of actor (and critic). Phases: generate, score (all four
-models on device even with offload), train. Offload levels (alignment/parallel/offload.py) keep on host outside
-their phases: freeze_model (reference, reward), optimizer (AdamW states), train_model (actor/critic weights);
-gradients stay (clear_grad keeps their buffers). --device cpu: fp32 + measured Paddle runtime RSS; no offload.
+models on device even with offload), train. Offload levels keep freeze_model, optimizer, train_model tensors on host
+outside their phases (gradients stay). --device cpu: fp32 + measured Paddle runtime RSS; no offload.
 """
 from __future__ import annotations
 
@@ -36,9 +35,10 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from alignment.config.choices import OFFLOAD_LEVELS, SHARDING_STAGES, parse_offload_levels  # noqa: E402
+
 GIB = 2 ** 30
-OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")  # alignment/parallel/offload.py
-SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
 BUILT_STAGES = ("", "stage1")  # this toolkit's layout check refuses stage2/3 (they need a GPU to be built)
 BYTES = {"bf16": {"w": 2, "g": 2, "opt": 12, "act": 2}, "fp32": {"w": 4, "g": 4, "opt": 8, "act": 4}}
 
@@ -317,9 +317,10 @@ def parse_args(argv):
 
 def build_plan(args) -> Plan:
     """Plan from the command line; --device cpu forces fp32 and adds the (measured) runtime RSS."""
-    levels = frozenset(args.offload.replace(",", " ").split())
-    if levels - set(OFFLOAD_LEVELS):
-        raise PlanError(f"--offload: unknown level(s) {sorted(levels - set(OFFLOAD_LEVELS))}; use {OFFLOAD_LEVELS}")
+    try:
+        levels = parse_offload_levels(args.offload)
+    except ValueError as err:
+        raise PlanError(f"--offload: {err}") from None
     if min(args.seq_len, args.micro_batch, args.rollout_batch) < 1 or args.lora_rank < 0:
         raise PlanError("--seq-len, --micro-batch and --rollout-batch must be >= 1, --lora-rank >= 0")
     cpu = args.device == "cpu"

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import inspect
 import os
-import socket
 
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed.fleet.layers.mpu import mp_ops
-from paddle.base import core
 from paddle.distributed import collective
 from paddle.distributed.parallel import ParallelEnv
+
+from alignment.parallel.stores import rank_zero_store
 
 _installed = False
 _group_stores = []  # the private rendezvous stores must live as long as their groups
@@ -167,18 +167,9 @@ def _c_softmax_with_cross_entropy(logits, label, group=None, return_softmax=Fals
 def _private_store(group_rank: int, group_id: int, group_name: str):
     """A TCPStore of this group alone: hosted by its rank 0 on a free port of its own address, found by the
     others under a key of the global store unique to the group."""
-    key = f"/alignment/gloo_group_store/{group_id}/{group_name}"
-    timeout = int(os.getenv("FLAGS_stop_check_timeout", "900"))
-    if group_rank == 0:
-        host = (os.getenv("PADDLE_CURRENT_ENDPOINT") or "127.0.0.1:0").rsplit(":", 1)[0]
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-        store = core.TCPStore(host, port, True, 0, timeout)  # world size 0: listening on return, no wait
-        collective._default_store.set(key, f"{host}:{port}")
-    else:
-        host, port = bytes(collective._default_store.get(key)).decode().rsplit(":", 1)  # waits for the key
-        store = core.TCPStore(host, int(port), False, 0, timeout)
+    host = (os.getenv("PADDLE_CURRENT_ENDPOINT") or "127.0.0.1:0").rsplit(":", 1)[0]
+    store = rank_zero_store(group_rank, f"/alignment/gloo_group_store/{group_id}/{group_name}", host,
+                            collective._default_store, int(os.getenv("FLAGS_stop_check_timeout", "900")))
     _group_stores.append(store)
     return store
 

@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from alignment.parallel.stores import rank_zero_store
+
 _started = None
 
 
@@ -34,23 +36,12 @@ def _host_of(rank: int) -> str:
 
 
 def _heartbeat_store(rank: int, timeout: float):
-    """Rank 0 serves a fresh TCPStore; the others find its address in the rendezvous store."""
-    import socket
-
+    """Rank 0 serves a fresh TCPStore, announced in the launch's store (created by init_parallel_env)."""
     from paddle.base import core
 
-    rendezvous = core.create_or_get_global_tcp_store()  # the launch's store, created by init_parallel_env
-    key = "/alignment/heartbeat_store"
-    if rank == 0:
-        host = _host_of(0) if _endpoints() else "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-        store = core.TCPStore(host, port, True, 0, int(timeout))
-        rendezvous.set(key, f"{host}:{port}")
-        return store
-    host, port = bytes(rendezvous.get(key)).decode().rsplit(":", 1)
-    return core.TCPStore(host, int(port), False, 0, int(timeout))
+    host = _host_of(0) if _endpoints() else "127.0.0.1"
+    return rank_zero_store(rank, "/alignment/heartbeat_store", host, core.create_or_get_global_tcp_store(),
+                           int(timeout))
 
 
 class Watchdog:

@@ -73,13 +73,12 @@ class PPOTrainer(Trainer):
         optimizer_steps = self.total_steps * ppo_args.update_iters * max(
             1, micro_batches // train_args.gradient_accumulation_steps)
         self.policy = self.add_trained("policy", self.actor, optimizer_steps)
-        optimizers = [self.policy.optimizer, None]
         if models.critic is not None:
             critic_args = dataclasses.replace(
                 train_args, learning_rate=ppo_args.critic_learning_rate, min_learning_rate=0.0,
                 weight_decay=ppo_args.critic_weight_decay, lr_scheduler_type=ppo_args.critic_lr_scheduler_type,
                 warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
-            optimizers[1] = self.add_trained("value", models.critic, optimizer_steps, critic_args).optimizer
+            self.add_trained("value", models.critic, optimizer_steps, critic_args)
         pipelined = isinstance(self.actor, PipelineModel)
         # one pass and one optimizer step over a rollout whose advantages do not use the old log-probs: the policy
         # that sampled it is the one being updated, so old log-probs = the update's own (detached); score() skips
@@ -88,7 +87,7 @@ class PPOTrainer(Trainer):
                                        and ppo_args.update_iters == 1 and not pipelined
                                        and micro_batches <= train_args.gradient_accumulation_steps)
         self.offload = Offloader(parse_offload_levels(ppo_args.offload_level), [self.reference, self.reward.model],
-                                 [self.actor, models.critic], optimizers)
+                                 [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (

@@ -32,8 +32,7 @@ class DatasetTrainer(Trainer):
         steps_per_epoch = math.ceil(len(train_dataset) / samples_per_step)
         self.total_steps = args.max_steps if args.max_steps > 0 else \
             max(1, int(steps_per_epoch * args.num_train_epochs))
-        self.trained_model = self.add_trained("model", model, self.total_steps)
-        self.optimizer = self.trained_model.optimizer
+        self.optimizer = self.add_trained("model", model, self.total_steps).optimizer
         self.batches_drawn = 0
         self.resume_if_asked()
 
