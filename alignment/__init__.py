@@ -1,6 +1,5 @@
-"""PaddlePaddle-native RLHF toolkit: SFT, reward modelling and PPO-family policy optimisation."""
-from alignment.cpu_env import set_cpu_thread_defaults
+"""PaddlePaddle-native RLHF toolkit: SFT, reward modelling and PPO-family policy optimisation.
 
-set_cpu_thread_defaults()
+Importing it changes no process settings; entry points call `alignment.cpu_env.apply_cpu_defaults()`."""
 
 __version__ = "0.1.0"

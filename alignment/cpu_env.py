@@ -1,23 +1,90 @@
-"""Thread settings that make Paddle fast on small CPUs; they only take effect before paddle is imported.
+"""CPU settings for Paddle, chosen from the machine; they only take effect before paddle is imported.
 
-Measured on a 2-core AMD EPYC (see README, "CPU performance"): OMP_NUM_THREADS=1 with MKL_NUM_THREADS=2 ran
-eager training 3-4x faster than OMP_NUM_THREADS=2, and MKL_DEBUG_CPU_TYPE=5 lets the MKL bundled with paddle
-take its AVX2 code paths on AMD CPUs (ignored elsewhere). FLAGS_use_stride_kernel=0 makes transpose and slicing
-copy with dense kernels instead of returning strided views: on CPU the backward of later ops on those views
-(reshape, broadcast add) took most of the gap to the peer, and one PPO step on the benchmark shape went from
-2.857 s to 2.021 s (benchmarks/README.md). FLAGS_new_executor_serial_run=1 runs a static program's ops on the
-calling thread: the executor's own worker threads competed with MKL's for the 2 cores (a static decode step took
-9.1 ms with them, 4.6 ms without). Values the user already set are left alone.
+Entry points call `apply_cpu_defaults()` first thing (importing `alignment` changes nothing). Measured on 2-core
+AMD EPYC and Intel Xeon machines (README, "CPU performance"; `python benchmarks/bench_cpu_settings.py` re-measures
+any machine):
+- OMP_NUM_THREADS=1 with MKL_NUM_THREADS = the usable cores: eager training ran 3-4x faster than with OpenMP
+  threads competing with MKL's.
+- MKL_DEBUG_CPU_TYPE=5 makes the MKL bundled with paddle take its AVX2 code paths on AMD CPUs (SmolLM2 training
+  73 -> 137 tokens/s); on an Intel Xeon with AVX-512 it halves fp32 GEMM (156 vs 287-301 GFLOP/s), so it is set on
+  AMD only.
+- FLAGS_use_stride_kernel=0: transpose and slicing copy with dense kernels instead of returning strided views,
+  whose backward took most of the gap to torch on CPU (one PPO step 2.857 s -> 2.021 s).
+- FLAGS_new_executor_serial_run=1: a static program's ops run on the calling thread instead of executor threads
+  competing with MKL's (a static decode step 9.1 ms -> 4.6 ms).
+Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone.
 """
+from __future__ import annotations
+
+import importlib.metadata
 import os
 import sys
+from typing import Dict, Tuple
 
-CPU_THREAD_DEFAULTS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2", "MKL_DEBUG_CPU_TYPE": "5",
-                       "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1"}
+_applied: Dict[str, str] = {}
 
 
-def set_cpu_thread_defaults() -> bool:
-    """Set the defaults for unset variables; return False when paddle was already imported (too late)."""
-    for key, value in CPU_THREAD_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    return "paddle" not in sys.modules
+def cpu_model() -> Tuple[str, str]:
+    """(vendor id, model name) from /proc/cpuinfo ('', '' where there is none)."""
+    vendor = model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key.strip() == "model name" and not model:
+                    model = value.strip()
+                if vendor and model:
+                    break
+    except OSError:
+        pass
+    return vendor, model
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def has_cuda_paddle() -> bool:
+    for name in ("paddlepaddle-gpu", "paddlepaddle_gpu"):
+        try:
+            importlib.metadata.distribution(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return False
+
+
+def cpu_defaults(vendor: str, cores: int) -> Dict[str, str]:
+    """The settings for a CPU of this vendor with this many usable cores."""
+    settings = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": str(max(1, cores)),
+                "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1"}
+    if vendor == "AuthenticAMD":
+        settings["MKL_DEBUG_CPU_TYPE"] = "5"
+    return settings
+
+
+def apply_cpu_defaults() -> Dict[str, str]:
+    """Set this machine's defaults for the variables the user left unset; returns what was set ({} on a CUDA
+    install, or when paddle was already imported and it would be too late)."""
+    if _applied or "paddle" in sys.modules or has_cuda_paddle():
+        return dict(_applied)
+    vendor, _ = cpu_model()
+    for key, value in cpu_defaults(vendor, usable_cores()).items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _applied[key] = value
+    return dict(_applied)
+
+
+def describe() -> str:
+    """One line for the log: the CPU and the settings in effect (ours or the user's)."""
+    vendor, model = cpu_model()
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE")
+    values = ", ".join(f"{k}={os.environ[k]}" + ("" if k in _applied else " (yours)")
+                       for k in keys if k in os.environ)
+    return f"cpu: {model or vendor or 'unknown'}, {usable_cores()} usable cores; {values or 'no thread settings'}"

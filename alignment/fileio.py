@@ -6,6 +6,7 @@ checkpoint (at worst a `.tmp-*` sibling, removed by the next save of the same pa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import json
 import os
@@ -29,28 +30,60 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _exchange(a: str, b: str) -> bool:
+    """Swap two existing paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where the C library
+    or the filesystem cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def recover_directory(path: str) -> None:
+    """Put back the previous copy of `path` if a replacement was cut between its two renames (see below)."""
+    parent, base = os.path.dirname(os.path.abspath(path)), os.path.basename(os.path.abspath(path))
+    for old in glob.glob(os.path.join(parent, f".{base}.tmp-old-*")):
+        if not os.path.exists(path) and os.path.isdir(os.path.join(old, base)):
+            os.rename(os.path.join(old, base), path)
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str):
-    """Yield a temporary directory; on success it replaces `path` whole. On an exception nothing changes."""
+    """Yield a temporary directory; on success it replaces `path` whole. On an exception nothing changes.
+    An existing `path` is swapped with the new copy in one atomic exchange where Linux allows it; elsewhere it is
+    renamed aside first, and a kill between the two renames is undone by recover_directory (called here first)."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(path)
+    recover_directory(path)
     for stale in glob.glob(os.path.join(parent, f".{base}.tmp-*")):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the result from other users and containers
     try:
         yield tmp
         _fsync_tree(tmp)
-        if os.path.exists(path):
+        if not os.path.exists(path):
+            os.rename(tmp, path)
+        elif _exchange(tmp, path):
+            shutil.rmtree(tmp, ignore_errors=True)  # now the previous copy
+        else:
             old = tempfile.mkdtemp(prefix=f".{base}.tmp-old-", dir=parent)
             os.rename(path, os.path.join(old, base))
             os.rename(tmp, path)
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
         _fsync_dir(parent)
     except BaseException:
+        recover_directory(path)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 

@@ -37,7 +37,10 @@ from report import write_reports  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import alignment  # noqa: E402,F401  (sets OMP/MKL thread defaults before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+
 from peer_shape import MODEL_SHAPE, VOCAB_SIZE, build_checkpoints, build_tokenizer, prompt_texts  # noqa: E402
 
 

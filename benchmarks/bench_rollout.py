@@ -19,7 +19,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 
 def main(argv=None) -> list:

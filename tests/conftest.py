@@ -5,7 +5,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import alignment  # noqa: E402,F401  (sets the CPU defaults of alignment/cpu_env.py before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 import pytest  # noqa: E402
 

@@ -78,11 +78,21 @@ def test_flags_parsing_and_integer_float_coercion():
 
 
 def test_every_argument_is_documented():
-    text = parser().format_help()
+    text = parser().format_help("alignment/sft/run_sft.py")
     for cls in (ModelArguments, DataArguments, TrainingArguments):
         for name, f in cls.__dataclass_fields__.items():
             assert f.metadata.get("help"), name
             assert f"--{name} " in text
+    assert text.startswith("usage: python alignment/sft/run_sft.py [ARGUMENT_FILE.json|.yaml]")
+    assert "Optional" not in text and "Union" not in text and "typing" not in text
+    assert "--resume_from_checkpoint str or null (default: null)" in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_help_after_an_argument_file_prints_help(tmp_path, capsys):
+    with pytest.raises(SystemExit) as done:
+        parser().parse_args([write(tmp_path, BASE), "--help"], prog="run.py")
+    assert done.value.code == 0 and "usage: python run.py" in capsys.readouterr().out
 
 
 def test_every_shipped_argument_file_parses():
@@ -110,3 +120,38 @@ def test_every_shipped_argument_file_parses():
     assert len(files) >= 6
     for path in files:
         parsers[os.path.basename(path)].parse_args([path])
+
+
+def test_yaml_files_paddlenlp_flags_and_empty_strings(tmp_path):
+    path = write(tmp_path, "model_name_or_path: m\ntrain_datasets: alpaca\nlearning_rate: 1e-4\n"
+                           "recompute: 1\ndisable_tqdm: 'True'\nresume_from_checkpoint: ''\nmax_steps: 5\n",
+                 "args.yaml")
+    model, data, train = parser().parse_args([path, "--max_steps", "7"])
+    assert (train.learning_rate, train.max_steps, train.recompute, train.disable_tqdm) == (1e-4, 7, True, True)
+    assert train.resume_from_checkpoint is None  # "" = unset, as PaddleNLP writes it
+    _, _, train = parser().parse_dict({**BASE, "recompute": 0, "do_eval": 1})
+    assert (train.recompute, train.do_eval) == (False, True)
+    with pytest.raises(ArgumentError, match="expected true or false, got 2"):
+        parser().parse_dict({**BASE, "recompute": 2})
+
+
+def test_duplicate_keys_are_refused_in_json_and_yaml(tmp_path):
+    with pytest.raises(ArgumentError, match=r"args\.json: key 'max_steps' is given twice"):
+        parser().parse_args([write(tmp_path, '{"model_name_or_path": "m", "max_steps": 1, "max_steps": 2}')])
+    with pytest.raises(ArgumentError, match=r"args\.yaml: key 'seed' is given twice \(line 1\)"):
+        parser().parse_args([write(tmp_path, "seed: 1\nseed: 2\n", "args.yaml")])
+    with pytest.raises(ArgumentError, match=r"args\.yaml: not valid YAML at line 2"):
+        parser().parse_args([write(tmp_path, "seed: 1\n  - oops: [\n", "args.yaml")])
+
+
+def test_five_mistakes_are_reported_in_one_run(tmp_path):
+    path = write(tmp_path, {**BASE, "learning_rat": 1e-4, "max_steps": "many", "adam_beta2": 1.5,
+                            "seed": -1, "weight_decay": float("nan")})
+    with pytest.raises(ArgumentError) as info:
+        parser().parse_args([path])
+    message = str(info.value)
+    assert "5 problems" in message and "\n" not in message
+    for fragment in ("unknown key 'learning_rat'; did you mean learning_rate", "key 'max_steps': expected an integer",
+                     "key 'adam_beta2' must be < 1, got 1.5", "key 'seed' must be >= 0, got -1",
+                     "key 'weight_decay': expected a finite number, got nan"):
+        assert fragment in message

@@ -57,7 +57,34 @@ def broken_checkpoint(tmp_path, model_dir, how):
         (path / "config.json").write_text('{"hidden_size": 64,')
     elif how == "missing tokenizer":
         (path / "tokenizer.json").unlink()
+    elif how == "empty config":
+        (path / "config.json").write_text("{}")
+    elif how == "string hidden_size":
+        config = json.load(open(path / "config.json"))
+        config["hidden_size"] = str(config["hidden_size"])
+        (path / "config.json").write_text(json.dumps(config))
+    elif how == "corrupt tokenizer":
+        (path / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": ')
     return str(path)
+
+
+def reward_function(tmp_path, model, returns: str, key="--reward_funcs"):
+    """A PPO run whose reward function (or gold judge) returns `returns` (Python source, `n` = completions)."""
+    module = tmp_path / "my_rewards.py"
+    module.write_text(f"def bad(prompts, completions, **labels):\n    n = len(completions)\n    return {returns}\n")
+    extra = [key, f"{module}:bad"] + (["--reward_weights", "[1.0]"] if key == "--reward_funcs" else [])
+    return ppo(tmp_path, model, *extra)
+
+
+def user_dataset(tmp_path, model, sample: str):
+    """A reward-model run on a user dataset (registered from a module file) whose samples are `sample`."""
+    module = tmp_path / "my_data.py"
+    module.write_text("from alignment.data import RawDataset\n\n\nclass Mine(RawDataset):\n    NAME = 'mine'\n\n"
+                      "    def __init__(self, path=None):\n        pass\n\n    def __len__(self):\n        return 4\n\n"
+                      f"    def __getitem__(self, index):\n        return {sample}\n")
+    return run_reward.main([RM_CONFIG, "--model_name_or_path", model, "--output_dir", str(tmp_path / "out"),
+                            "--disable_tqdm", "--eval_datasets", "", "--max_steps", "1", "--train_datasets", "mine",
+                            "--user_dataset_modules", str(module)])
 
 
 def sft(tmp_path, model, *extra):
@@ -105,6 +132,8 @@ CASES = [
      ["preference datasets need samples with 'answer', 'other_answer' and 'better'", "train_datasets"]),
     ("missing data file", lambda t, m: sft(t, m, "--train_datasets", f"alpaca:1.0:{t}/nope.jsonl"),
      ["nope.jsonl"]),
+    ("hub-only dataset name offline", lambda t, m: sft(t, m, "--train_datasets", "alpaca"),
+     ["Dataset 'alpaca'", "no local path given", "Pass a local path"]),
     ("unknown dataset name", lambda t, m: sft(t, m, "--train_datasets", "alpacca:1.0:data/sft/train.jsonl"),
      ["alpacca", "alpaca"]),
     ("absurdly long prompt", lambda t, m: ppo(t, m, "--train_datasets",
@@ -145,6 +174,44 @@ CASES = [
      ["mlp", "shape", "model.safetensors"]),
     ("broken config.json", lambda t, m: sft(t, broken_checkpoint(t, m, "broken config")), ["config.json"]),
     ("missing tokenizer", lambda t, m: sft(t, broken_checkpoint(t, m, "missing tokenizer")), ["tokenizer"]),
+    ("empty config.json (no silent 7B defaults)", lambda t, m: sft(t, broken_checkpoint(t, m, "empty config")),
+     ["config.json", "missing key 'vocab_size'", "'hidden_size'", "'num_hidden_layers'"]),
+    ("hidden_size as a string", lambda t, m: sft(t, broken_checkpoint(t, m, "string hidden_size")),
+     ["config.json", "'hidden_size' must be a positive integer"]),
+    ("corrupt tokenizer.json", lambda t, m: sft(t, broken_checkpoint(t, m, "corrupt tokenizer")),
+     ["tokenizer.json"]),
+    # --- values out of range, checked before anything is built
+    ("duplicate key in the argument file", lambda t, m: run_sft.main([str(_write(
+        t / "args.json", f'{{"model_name_or_path": "{m}", "max_steps": 2, "max_steps": 3}}'))]),
+     ["args.json", "'max_steps' is given twice"]),
+    ("learning_rate inf", lambda t, m: sft(t, m, "--learning_rate", "inf"), ["'learning_rate'", "finite"]),
+    ("kl_coeff NaN", lambda t, m: ppo(t, m, "--kl_coeff", "nan"), ["'kl_coeff'", "finite"]),
+    ("adam_beta2 1.5", lambda t, m: sft(t, m, "--adam_beta2", "1.5"), ["'adam_beta2' must be < 1"]),
+    ("temperature 1e-30", lambda t, m: ppo(t, m, "--temperature", "1e-30"), ["'temperature' must be >= 0.001"]),
+    ("top_k -5", lambda t, m: ppo(t, m, "--top_k", "-5"), ["'top_k' must be >= 0, got -5"]),
+    ("negative critic_learning_rate", lambda t, m: ppo(t, m, "--critic_learning_rate", "-1e-5"),
+     ["'critic_learning_rate' must be > 0"]),
+    ("several bad values reported at once", lambda t, m: sft(t, m, "--adam_beta2", "1.5", "--weight_decay", "-1",
+                                                             "--warmup_ratio", "2"),
+     ["3 problems", "'adam_beta2'", "'weight_decay'", "'warmup_ratio'"]),
+    ("output_dir is a file", lambda t, m: sft(t, m, "--output_dir", str(_write(t / "a-file", "x"))),
+     ["'output_dir'", "a-file is a file"]),
+    ("dataset proportion 1e9", lambda t, m: sft(t, m, "--train_datasets", f"alpaca:1e9:{REPO}/data/sft/train.jsonl"),
+     ["alpaca:1e+09", "at most 10,000,000"]),
+    ("100k-deep nested JSON row", lambda t, m: sft_data(
+        t, m, '{"instruction": "Hi", "input": "", "output": ' + "[" * 100000 + "]" * 100000 + "}"),
+     ["data.jsonl line 2"]),
+    ("reward function returning a dict", lambda t, m: reward_function(t, m, "{'score': 1.0}"),
+     ["my_rewards.py:bad", "returned a dict", "list of numbers"]),
+    ("reward function returning strings", lambda t, m: reward_function(t, m, "['good'] * n"),
+     ["my_rewards.py:bad", "non-number ('good')"]),
+    ("reward function returning a generator", lambda t, m: reward_function(t, m, "(1.0 for _ in range(n))"),
+     ["my_rewards.py:bad", "returned a generator"]),
+    ("gold judge returning NaN", lambda t, m: reward_function(t, m, "[float('nan')] * n", key="--gold_judge"),
+     ["my_rewards.py:bad", "returned nan for sample 0"]),
+    ("user dataset with better as a string", lambda t, m: user_dataset(
+        t, m, "{'input': 'Q?', 'answer': 'Yes.', 'other_answer': 'No.', 'better': 'false'}"),
+     ["dataset 'mine' sample 0", "'better' must be true or false, got 'false'"]),
 ]
 
 

@@ -1,9 +1,9 @@
 """Combined layouts on 4 and 8 CPU processes (gloo) against one process on the same global batch: tensor x
-pipeline x sharding x data parallel for PPO (gae) and a critic-free estimator (RLOO with GRPO's KL-in-loss), tensor
-x sharding x data for SFT, the reward model and DPO, and checkpoints resumed under another layout. Marked
-`parallel`. Each run's per-step losses, KL and rewards and its final weights must equal the one-process run's
-within 1e-5 (relative); `python -m pytest -m parallel -q -s tests/test_layouts.py` prints the worst relative
-difference of each layout (the README's table).
+pipeline x sharding x data parallel for PPO (gae) and a critic-free estimator (RLOO with GRPO's KL-in-loss), SFT,
+the reward model and DPO each under a tensor/sharding/data and a pipeline layout, and checkpoints resumed under
+another layout. Marked `parallel`. Each run's per-step losses, KL and rewards and its final weights must equal the
+one-process run's within 1e-5 (relative); `python -m pytest -m parallel -q -s tests/test_layouts.py` prints the
+worst relative difference of each layout (the README's table).
 
 The per-process batch is the global batch over the data degree (data parallel x sharding): 8 rollouts in
 micro-batches of 4 with 2 accumulation steps in one process are 8/d per process in micro-batches of 4/d.
@@ -12,11 +12,14 @@ RLOO rather than GRPO: GRPO divides by the group's reward std (+1e-6), so a grou
 rewards tie exactly in one process and differ by float noise (1e-7) under another summation order, gets
 advantages of 0 in one run and O(0.1) in the other; RLOO's advantages are continuous in the rewards.
 """
+import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -74,8 +77,9 @@ def worst_relative_difference(one, other, keys, subdirs):
     a, b = read_metrics(one), read_metrics(other)
     assert [r["step"] for r in a] == [r["step"] for r in b]
     metrics = 0.0
-    for key in keys:
-        x, y = np.array([r[key] for r in a]), np.array([r[key] for r in b])
+    for key in keys:  # rows of training steps and of evaluations log different keys
+        assert [key in r for r in a] == [key in r for r in b] and any(key in r for r in a), key
+        x, y = np.array([r[key] for r in a if key in r]), np.array([r[key] for r in b if key in r])
         np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6, err_msg=f"{key} (one process first)")
         big = np.abs(x) >= 1e-4
         if big.any():
@@ -120,41 +124,58 @@ def test_combined_layout_equals_one_process(one_process_rl, tiny_model_dir, tiny
                for x, y in zip(trained.parameters(), start.parameters())) > 1e-4  # the run really trained
 
 
-STAGES = {  # stage: (entry point, argument file, model class, keys compared, layout name, processes, flags)
-    "sft": ("sft/run_sft.py", "sft_argument.json", LlamaForCausalLM, ("loss", "grad_norm"),
-            "tp2xsharding2", 4, ["--tensor_parallel_degree", "2", "--sharding", "stage1"]),
-    "rm": ("rm/run_reward.py", "rm_argument.json", ScoreModel, ("loss", "accuracy", "grad_norm"),
-           "tp2xdp2", 4, ["--tensor_parallel_degree", "2"]),
+STAGES = {  # stage: (entry point, argument file, model class, keys compared)
+    "sft": ("sft/run_sft.py", "sft_argument.json", LlamaForCausalLM, ("loss", "grad_norm")),
+    "rm": ("rm/run_reward.py", "rm_argument.json", ScoreModel, ("loss", "accuracy", "grad_norm")),
     "dpo": ("dpo/run_dpo.py", "dpo_argument.json", LlamaForCausalLM,
-            ("loss", "rewards/margin", "rewards/accuracy", "grad_norm"),
-            "sharding2xdp2", 4, ["--sharding", "stage1", "--sharding_parallel_degree", "2"]),
+            ("loss", "rewards/margin", "rewards/accuracy", "grad_norm")),
 }
+STAGE_LAYOUTS = [  # (stage, layout name, processes, flags, data degree)
+    ("sft", "tp2xsharding2", 4, ["--tensor_parallel_degree", "2", "--sharding", "stage1"], 2),
+    ("rm", "tp2xdp2", 4, ["--tensor_parallel_degree", "2"], 2),
+    ("dpo", "sharding2xdp2", 4, ["--sharding", "stage1", "--sharding_parallel_degree", "2"], 4),
+    ("sft", "tp2xpp2", 4, ["--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2"], 1),
+    ("rm", "pp2xdp2", 4, ["--pipeline_parallel_degree", "2"], 2),
+    ("dpo", "pp2xsharding2", 4, ["--pipeline_parallel_degree", "2", "--sharding", "stage1"], 2),
+]
 
 
-@pytest.mark.parametrize("stage", list(STAGES))
-def test_supervised_stages_under_combined_layouts_equal_one_process(tiny_model_dir, tiny_reward_dir, tmp_path,
-                                                                    stage):
-    """8 samples a step: 8 in one process, 4 per data rank under the layout (sft: answers of different lengths,
-    so the per-rank token means are weighted into the global token mean). The reward model starts from a score
-    checkpoint: a head initialised from scratch draws from an RNG stream that model construction under tensor
-    parallelism advances differently, so it is a different (equally random) head, like another seed."""
-    entry, config, cls, keys, layout, processes, flags = STAGES[stage]
-    data_degree = processes // (2 if "--tensor_parallel_degree" in flags else 1)
-    start = tiny_reward_dir if stage == "rm" else tiny_model_dir
-    common = [os.path.join(REPO, "alignment", entry), os.path.join(REPO, "config", "tiny", config),
-              "--model_name_or_path", start, "--eval_datasets", "", "--max_steps", "3",
-              "--warmup_steps", "0", "--lr_scheduler_type", "constant", "--disable_tqdm", "--logging_steps", "1",
-              "--adam_epsilon", "1.0", "--learning_rate", "0.01"]
+def stage_args(stage, start):
+    """3 steps of 2 micro-batches of 4 (per process: 4 / data degree), evaluated at the end."""
+    entry, config = STAGES[stage][:2]
+    args = [os.path.join(REPO, "alignment", entry), os.path.join(REPO, "config", "tiny", config),
+            "--model_name_or_path", start, "--max_steps", "3", "--eval_steps", "3",
+            "--warmup_steps", "0", "--lr_scheduler_type", "constant", "--disable_tqdm", "--logging_steps", "1",
+            "--adam_epsilon", "1.0", "--learning_rate", "0.01", "--gradient_accumulation_steps", "2",
+            "--per_device_eval_batch_size", "3"]
     if stage != "sft":
-        common += ["--train_datasets", f"PKU-SafeRLHF/train:1.0:{REPO}/data/preference"]
-    else:
-        common += ["--train_datasets", f"alpaca:1.0:{REPO}/data/sft/train.jsonl"]
-    subprocess.run([sys.executable, *common, "--per_device_train_batch_size", "8", "--output_dir",
+        return args + ["--train_datasets", f"PKU-SafeRLHF/train:1.0:{REPO}/data/preference",
+                       "--eval_datasets", f"PKU-SafeRLHF/test:0.4:{REPO}/data/preference"]
+    return args + ["--train_datasets", f"alpaca:1.0:{REPO}/data/sft/train.jsonl",
+                   "--eval_datasets", f"alpaca:0.4:{REPO}/data/sft/eval.jsonl"]
+
+
+@pytest.mark.parametrize("stage, layout, processes, flags, data_degree", STAGE_LAYOUTS,
+                         ids=[f"{case[0]}-{case[1]}" for case in STAGE_LAYOUTS])
+def test_supervised_stages_under_combined_layouts_equal_one_process(tiny_model_dir, tiny_reward_dir, tmp_path,
+                                                                    stage, layout, processes, flags, data_degree):
+    """8 samples a step in micro-batches of 4 (2 accumulation steps): 4 per micro-batch in one process, 4/d per
+    data rank under the layout (sft: answers of different lengths, so the per-rank token means are weighted into
+    the micro-batch's token mean). Pipeline layouts run the 2 micro-batches 1F1B through 2 stages, with the loss
+    on the last stage; the rest run them one after the other. The reward model starts from a score checkpoint:
+    a head initialised from scratch draws from an RNG stream that model construction under tensor parallelism
+    advances differently, so it is a different (equally random) head, like another seed. Evaluation runs too
+    (through the pipeline for pipeline layouts): its metrics must match as well."""
+    cls, keys = STAGES[stage][2:]
+    common = stage_args(stage, tiny_reward_dir if stage == "rm" else tiny_model_dir)
+    subprocess.run([sys.executable, *common, "--per_device_train_batch_size", "4", "--output_dir",
                     str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
-    logs = launch(tmp_path / "logs", common + flags + ["--per_device_train_batch_size", str(8 // data_degree),
+    logs = launch(tmp_path / "logs", common + flags + ["--per_device_train_batch_size", str(4 // data_degree),
                                                        "--output_dir", str(tmp_path / layout)], processes)
     assert f"world {processes} = " in logs
-    metrics, weights = worst_relative_difference(tmp_path / "one", tmp_path / layout, keys, [("model", cls)])
+    eval_keys = tuple(f"eval/{key}" for key in keys if key != "grad_norm")
+    metrics, weights = worst_relative_difference(tmp_path / "one", tmp_path / layout, keys + eval_keys,
+                                                 [("model", cls)])
     print(f"\n{stage} {layout}: worst relative difference: metrics {metrics:.1e}, weights {weights:.1e}")
 
 
@@ -195,3 +216,59 @@ def test_a_checkpoint_resumes_under_another_layout(tiny_model_dir, tiny_reward_d
                                                  [("policy", LlamaForCausalLM), ("value", ScoreModel)])
     print(f"\n{saved_under or 'one'} -> {resumed_under or 'one'}: worst relative difference: metrics "
           f"{metrics:.1e}, weights {weights:.1e}")
+
+
+def processes_naming(text):
+    """PIDs of the processes whose command line contains `text` as one argument."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def test_a_kill_during_a_save_under_a_combined_layout_leaves_the_previous_checkpoint(tiny_model_dir, tmp_path):
+    """SFT under tp2 x pp2 (4 processes) saving every 2 steps, every process SIGKILLed while checkpoint-4 is being
+    written (its temporary directory exists): `latest` still names checkpoint-2, which every rank loads on
+    `resume_from_checkpoint auto`, and the resumed run ends as the run that was never stopped."""
+    args = stage_args("sft", tiny_model_dir) + ["--max_steps", "6", "--save_steps", "2", "--eval_steps", "0",
+                                                "--per_device_train_batch_size", "4"]
+    subprocess.run([sys.executable, *args, "--output_dir", str(tmp_path / "straight")], cwd=REPO, check=True,
+                   capture_output=True)
+    out = tmp_path / "killed"
+    flags = ["--tensor_parallel_degree", "2", "--pipeline_parallel_degree", "2"]
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "4", "--log_dir",
+           str(tmp_path / "logs"), *args, *flags, "--output_dir", str(out)]
+    launcher = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, half_written, pids = time.time() + 600, [], []
+    while not half_written and launcher.poll() is None and time.time() < deadline:
+        if len(pids) < 5 and (out / "checkpoint-2").exists():  # the launcher and its 4 workers are all up
+            pids = processes_naming(str(out))
+        half_written = glob.glob(str(out / ".checkpoint-4.tmp-*"))
+        time.sleep(0.002)
+    for pid in pids:  # every process of the run, at once
+        os.kill(pid, signal.SIGKILL)
+    launcher.wait(timeout=60)
+    assert half_written and os.path.isdir(half_written[0]), "the kill did not land during the save of checkpoint-4"
+    assert (out / "latest").read_text().strip() == "checkpoint-2"
+    assert not (out / "checkpoint-4").exists()
+
+    launch(tmp_path / "logs-resumed", args + flags + ["--output_dir", str(out), "--resume_from_checkpoint", "auto"],
+           4)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]  # no row lost or repeated
+    (tmp_path / "resumed-3-6").mkdir()
+    with open(tmp_path / "resumed-3-6" / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows if row["step"] >= 3)
+    shutil.copytree(out / "model", tmp_path / "resumed-3-6" / "model")
+    straight = read_metrics(tmp_path / "straight")
+    (tmp_path / "straight-3-6").mkdir()
+    with open(tmp_path / "straight-3-6" / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in straight if row["step"] >= 3)
+    shutil.copytree(tmp_path / "straight" / "model", tmp_path / "straight-3-6" / "model")
+    worst_relative_difference(tmp_path / "straight-3-6", tmp_path / "resumed-3-6", ("loss", "grad_norm"),
+                              [("model", LlamaForCausalLM)])

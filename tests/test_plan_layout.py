@@ -116,7 +116,8 @@ def test_every_layout_multiplies_to_the_world(tmp_path):
     lays = pl.layouts(m, 16, pipeline=True)
     assert all(lay.tp * lay.pp * lay.sd * lay.dp == 16 for lay in lays)
     assert {lay.tp for lay in lays} == {1, 2, 4, 8, 16} and all(lay.stage or lay.sd == 1 for lay in lays)
-    assert {lay.pp for lay in pl.layouts(m, 16, pipeline=False)} == {1}  # pipelines are PPO only
+    assert {lay.pp for lay in pl.layouts(m, 16, pipeline=False)} == {1}
+    assert {lay.pp for lay in lays} == {1, 2, 4, 8, 16}
 
 
 def test_7b_on_8x80gb_ppo_recommends_a_layout_that_fits(tmp_path, capsys):

@@ -34,3 +34,8 @@ def test_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         plot_run.main([str(tmp_path)])
     assert "no such file" in capsys.readouterr().err
+
+
+def test_metrics_of_different_scales_get_their_own_axes():
+    for pair in (("actor_loss", "critic_loss"), ("kl", "approx_kl")):
+        assert not any(set(pair) <= set(keys) for _, keys in plot_run.PANELS), pair

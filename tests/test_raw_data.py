@@ -388,3 +388,18 @@ def test_non_strict_skips_invalid_rows_with_warning(tmp_path):
     with pytest.warns(UserWarning, match=r"skipped 2 invalid row\(s\); first: .*line 2: response_0 and"):
         dataset = RawDataset.load("PKU-SafeRLHF/train", path=path, strict=False)
     assert len(dataset) == 1 and dataset.skipped == 2
+
+
+def test_a_relative_user_module_path_is_found_beside_the_argument_file(tmp_path, monkeypatch):
+    from alignment.data import import_user_modules
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "beside.py").write_text(
+        "from alignment.data import RawDataset\n\n\nclass Beside(RawDataset):\n    NAME = 'beside-args-file'\n\n"
+        "    def __getitem__(self, i):\n        return {'input': 'q', 'answer': 'a'}\n\n"
+        "    def __len__(self):\n        return 1\n")
+    monkeypatch.chdir(tmp_path)  # the working directory has no beside.py
+    (module,) = import_user_modules(["beside.py"], base_dir=str(tmp_path / "cfg"))
+    assert module.Beside.NAME == "beside-args-file"
+    with pytest.raises(FileNotFoundError, match="looked for .*cfg/other.py and .*other.py"):
+        import_user_modules(["other.py"], base_dir=str(tmp_path / "cfg"))

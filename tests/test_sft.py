@@ -103,7 +103,20 @@ def test_bad_inputs_give_clear_errors_and_write_nothing(tmp_path, tiny_model_dir
     assert not out.exists()
 
 
-def test_a_second_run_in_the_same_directory_starts_a_fresh_log(tmp_path, tiny_model_dir):
-    for _ in range(2):
-        run(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", "--eval_datasets", "")
+def test_a_second_run_in_the_same_directory_is_refused_unless_it_overwrites(tmp_path, tiny_model_dir, capsys):
+    flags = ("--max_steps", "3", "--logging_steps", "1", "--eval_datasets", "", "--save_steps", "2")
+    run(tmp_path, tiny_model_dir, *flags)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        run(tmp_path, tiny_model_dir, *flags)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "key 'output_dir'" in err and "holds another run (args.json, checkpoint-2, latest" in err
+    assert "overwrite_output_dir" in err and len(err.strip().splitlines()) == 1
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2, 3]  # nothing of the first run touched
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()
+
+    run(tmp_path, tiny_model_dir, "--max_steps", "2", "--logging_steps", "1", "--eval_datasets", "",
+        "--overwrite_output_dir", "true")
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2]
+    assert not (tmp_path / "out" / "checkpoint-2").exists() and not (tmp_path / "out" / "latest").exists()

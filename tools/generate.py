@@ -13,7 +13,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 
 def complete(model_dir: str, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,

@@ -20,8 +20,8 @@ the LM head. 1F1B pipeline: stage 0 holds pp micro-batches of ceil(L/pp) layers,
 Rollout KV cache: 2 x L x kv_heads x d x seq x rollouts x B / t.
 
 PPO as alignment/ppo runs it: actor and critic (score model = backbone + hidden x 1 head) are trained and pipelined;
-reference and reward model are frozen, tensor-split, never pipelined; under pp (or eval_mode single with tp > 1)
-rollouts and old values come from whole unsplit copies of actor (and critic). Phases: generate, score (all four
+reference and reward model (and DPO's reference) are frozen, tensor-split, never pipelined; under pp (or eval_mode
+single with tp > 1) rollouts and old values come from whole unsplit copies of actor (and critic). Phases: generate, score (all four
 models on device even with offload), train. Offload levels keep freeze_model, optimizer, train_model tensors on host
 outside their phases (gradients stay). --device cpu: fp32 + measured Paddle runtime RSS; no offload.
 """
@@ -151,7 +151,7 @@ def allowed_tp(m: Model, n: int) -> list:
                                                                                    m.vocab))]
 
 
-def layouts(m: Model, n: int, pipeline: bool, fixed: dict = None) -> list:
+def layouts(m: Model, n: int, pipeline: bool = True, fixed: dict = None) -> list:
     """Every (tp, pp, sharding degree, stage, dp) with product n; `fixed` pins tp / pp / sd."""
     if n < 1:
         raise PlanError(f"--gpus must be >= 1, got {n}")
@@ -167,7 +167,7 @@ def layouts(m: Model, n: int, pipeline: bool, fixed: dict = None) -> list:
     if not out:
         raise PlanError(f"no layout of {n} GPUs for this model with {fixed}: the tensor degree must divide {n} and "
                         f"heads {m.heads}, kv heads {m.kv_heads}, intermediate {m.inter}, vocab {m.vocab} (possible: "
-                        f"{allowed_tp(m, n)}); pipeline degree divides {n}/tp, <= {m.layers} layers, PPO only")
+                        f"{allowed_tp(m, n)}); pipeline degree divides {n}/tp, <= {m.layers} layers")
     return out
 
 
@@ -336,7 +336,7 @@ def run(argv=None) -> dict:
     args = parse_args(argv)
     m, p = load_model(args.model), build_plan(args)
     fixed = {k: v for k, v in (("tp", args.tp), ("pp", args.pp), ("sd", args.sharding_degree)) if v}
-    lays = layouts(m, args.gpus, pipeline=p.stage == "ppo", fixed=fixed)
+    lays = layouts(m, args.gpus, fixed=fixed)
     capacity = args.gpu_memory_gib * GIB * (1 - args.reserve)
     best = recommend(m, lays, p, capacity, args.gpus_per_node, args.allow_unbuilt)
     shown = best["plan"] if best else p._replace(recompute=True, offload=frozenset(ladder(p)[-1][1]))

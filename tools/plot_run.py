@@ -17,8 +17,13 @@ from typing import Dict, List, Tuple
 PANELS: List[Tuple[str, List[str]]] = [
     ("reward (proxy)", ["reward/mean", "eval/reward"]),
     ("gold reward (judge)", ["gold_reward/mean", "eval/gold_reward"]),
-    ("KL to reference", ["kl", "approx_kl"]),
-    ("loss", ["loss", "actor_loss", "critic_loss", "eval/loss"]),
+    # one scale per panel: the summed per-response KL and the per-token approx_kl, or a policy loss of ~0.02 and a
+    # value loss of ~2, drawn on one axis, would leave the smaller flat
+    ("KL to reference (summed over the response)", ["kl"]),
+    ("policy change per token (approx_kl)", ["approx_kl"]),
+    ("loss", ["loss", "eval/loss"]),
+    ("actor loss", ["actor_loss"]),
+    ("critic loss", ["critic_loss"]),
     ("response length (tokens)", ["response_length", "eval/response_length"]),
     ("accuracy", ["accuracy", "eval/accuracy", "rewards/accuracy", "eval/rewards/accuracy"]),
     ("implicit reward margin", ["rewards/margin", "eval/rewards/margin"]),

@@ -3,7 +3,8 @@
     python tools/show_generations.py outputs/smollm2-ppo [--samples 3]
 
 Reads `<output_dir>/eval_generations.jsonl` (written by run_ppo.py's evaluation) and prints the mean reward and
-gold reward at both steps, then a few prompts with both responses.
+gold reward at both steps, how many answers changed, then the changed answers whose (gold) reward moved most, before
+and after.
 """
 from __future__ import annotations
 
@@ -41,8 +42,13 @@ def main(argv=None):
     for key in ("reward", "gold_reward"):
         print(f"{key:12s} step {first}: {mean(before, key):.4f}   step {last}: {mean(after, key):.4f}")
     after_by_prompt = {json.dumps(r["prompt"]): r for r in after}
-    for row in before[: args.samples]:
-        other = after_by_prompt.get(json.dumps(row["prompt"]))
+    pairs = [(row, after_by_prompt.get(json.dumps(row["prompt"]))) for row in before]
+    changed = [(b, a) for b, a in pairs if a is not None and a["completion"] != b["completion"]]
+    print(f"{len(changed)} of {len(pairs)} answers changed; showing the {min(args.samples, len(changed))} whose "
+          f"{'gold ' if changed and 'gold_reward' in changed[0][0] else ''}reward moved most")
+    score = "gold_reward" if changed and "gold_reward" in changed[0][0] else "reward"
+    changed.sort(key=lambda pair: abs(pair[1][score] - pair[0][score]), reverse=True)
+    for row, other in changed[: args.samples]:
         print("\n" + "=" * 100 + f"\nPROMPT: {row['prompt']}")
         for label, r in (("BEFORE", row), ("AFTER", other)):
             if r is not None:

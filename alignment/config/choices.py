@@ -18,6 +18,11 @@ NORMALIZER_TYPES = ("RunningMeanStd", "ExponentialMovingAverage", "Identity")
 PAIRED_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo")
 DPO_LOSS_TYPES = PAIRED_LOSS_TYPES + ("kto",)
 
+# verl's `loss_agg_mode` values (verl/trainer/ppo/core_algos.py agg_loss); semantics in ppo/algorithms.aggregate_loss
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# verl's `kl_loss_type` values (core_algos.kl_penalty): "+" = that value with k2's gradient (straight-through)
+KL_LOSS_ESTIMATORS = KL_ESTIMATORS + ("low_var_kl", "k1+", "k3+", "low_var_kl+")
+
 
 def parse_offload_levels(value: str) -> frozenset:
     """'freeze_model optimizer' -> {'freeze_model', 'optimizer'}; an unknown word is an error naming the key."""
@@ -27,3 +32,4 @@ def parse_offload_levels(value: str) -> frozenset:
         raise ValueError(f"key 'offload_level': unknown level(s) {unknown}; use any of {list(OFFLOAD_LEVELS)}, "
                          "space-separated, or ''")
     return words
+POLICY_LOSS_MODES = ("ppo", "gspo")  # token-level ratios (PPO / GRPO / DAPO) or GSPO's sequence-level ratio

@@ -28,7 +28,9 @@ class DataArguments:
                                       "are dropped (counts are printed). PPO: longest prompt + response; a prompt "
                                       "that leaves no room for a response is an error naming it.")
     user_dataset_modules: List[str] = field([], help="Python files or modules defining RawDataset subclasses to "
-                                                     "register before the datasets are loaded.")
+                                                     "register before the datasets are loaded; a relative file "
+                                                     "path is looked up beside the argument file, then in the "
+                                                     "working directory.")
 
     def validate(self) -> None:
         if self.max_length < 8:
@@ -41,8 +43,8 @@ class LoRAArguments:
                                    "adapters (and a score model's head) are trained and saved, in PEFT's layout "
                                    "(merge with tools/merge_lora.py). In PPO this is the actor.")
     lora_rank: int = field(8, help="LoRA rank r.")
-    lora_alpha: float = field(16.0, help="LoRA alpha; the adapter output is scaled by lora_alpha / lora_rank.")
-    lora_dropout: float = field(0.0, help="Dropout on the adapter input.")
+    lora_alpha: float = field(16.0, gt=0, help="LoRA alpha; the adapter output is scaled by lora_alpha / lora_rank.")
+    lora_dropout: float = field(0.0, ge=0, lt=1, help="Dropout on the adapter input.")
     lora_target_modules: List[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj"],
                                            help="Linear layers to adapt: names matched against the end of the "

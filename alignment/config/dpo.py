@@ -10,26 +10,26 @@ from alignment.config.parser import field
 
 @dataclasses.dataclass
 class DPOArguments:
-    beta: float = field(0.1, help="Strength of the implicit KL to the reference: the temperature of the implicit "
+    beta: float = field(0.1, gt=0, help="Strength of the implicit KL to the reference: the temperature of the implicit "
                                   "reward beta * log(pi / pi_ref). For simpo the reward scale (SimPO uses 2-10).")
     loss_type: str = field("sigmoid", help=f"One of {LOSS_TYPES}: sigmoid = DPO, ipo, hinge (SLiC), simpo "
                                            "(reference-free, length-normalised, margin simpo_gamma), kto (unpaired "
                                            "rows: the 'kto' dataset, or preference pairs split into a desirable "
                                            "and an undesirable row).")
-    label_smoothing: float = field(0.0, help="cDPO: assumed probability that a pair's label is flipped (sigmoid "
-                                             "and simpo); 0 = plain DPO.")
+    label_smoothing: float = field(0.0, ge=0, lt=0.5, help="cDPO: assumed probability that a pair's label is "
+                                                           "flipped (sigmoid and simpo); 0 = plain DPO.")
     simpo_gamma: float = field(0.5, help="SimPO target reward margin gamma (loss_type simpo only).")
     reference_free: bool = field(False, help="Use a uniform reference (log pi_ref = 0): no reference model is "
                                              "loaded. simpo is always reference-free.")
-    nll_loss_coef: float = field(0.0, help="Weight of an SFT term: mean negative log-likelihood of the chosen "
+    nll_loss_coef: float = field(0.0, ge=0, help="Weight of an SFT term: mean negative log-likelihood of the chosen "
                                            "(for kto: desirable) response tokens, added to the loss.")
     ref_model_name_or_path: Optional[str] = field(None, help="Reference model; null = the policy's starting "
                                                              "checkpoint (model_name_or_path).")
     precompute_ref_log_probs: bool = field(False, help="Score every train and eval sample with the reference "
                                                        "model once before training, cache the log-probs and free "
                                                        "the reference model (saves its memory and forward passes).")
-    desirable_weight: float = field(1.0, help="KTO weight of desirable rows (raise it when they are rarer).")
-    undesirable_weight: float = field(1.0, help="KTO weight of undesirable rows.")
+    desirable_weight: float = field(1.0, gt=0, help="KTO weight of desirable rows (raise it when they are rarer).")
+    undesirable_weight: float = field(1.0, gt=0, help="KTO weight of undesirable rows.")
 
     @property
     def needs_reference(self) -> bool:

@@ -1,16 +1,19 @@
-"""JSON argument files into documented dataclasses, PaddleNLP `PdArgumentParser` style.
+"""JSON or YAML argument files into documented dataclasses, PaddleNLP `PdArgumentParser` style.
 
-    python run_x.py args.json [--key value ...]     # the file, then overrides
+    python run_x.py args.json [--key value ...]     # the file (.json, .yaml / .yml), then overrides
     python run_x.py --key value ...                 # flags only
 
-Every key must be a field of exactly one of the dataclasses; unknown keys, wrong types and contradicting values
-(checked by each dataclass's `validate()`) raise `ArgumentError` naming the key and the file.
+Every key must be a field of exactly one of the dataclasses. Unknown and duplicate keys, wrong types, non-finite
+numbers, values outside a field's range (`field(..., ge=0, lt=1)`) and contradicting values (checked by each
+dataclass's `validate()`) raise one `ArgumentError` that names the file and lists every bad key.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import json
+import math
+import textwrap
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -29,8 +32,8 @@ def _convert(value: Any, tp, key: str) -> Any:
     if tp is Any:
         return value
     if origin is typing.Union:
-        if value is None and type(None) in args:
-            return None
+        if type(None) in args and (value is None or (isinstance(value, str) and not value.strip())):
+            return None  # PaddleNLP files write an unset value as ""
         if isinstance(value, str) and value.strip()[:1] in ("[", "{"):  # JSON given on the command line
             try:
                 value = json.loads(value)
@@ -65,6 +68,8 @@ def _convert(value: Any, tp, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if type(value) is int and value in (0, 1):  # PaddleNLP files write flags as 1 / 0
+            return bool(value)
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise TypeError(f"expected true or false, got {value!r}")
@@ -82,14 +87,19 @@ def _convert(value: Any, tp, key: str) -> Any:
                 pass
         raise TypeError(f"expected an integer, got {value!r}")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise TypeError(f"expected a number, got {value!r}")
+        if number is None:
+            raise TypeError(f"expected a number, got {value!r}")
+        if not math.isfinite(number):
+            raise TypeError(f"expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -127,53 +137,56 @@ class ArgumentParser:
                 self.owner[field.name] = cls
 
     def parse_dict(self, values: Dict[str, Any], source: str = "arguments") -> Tuple:
-        unknown = [k for k in values if k not in self.owner]
-        if unknown:
-            key = unknown[0]
+        problems = []
+        for key in (k for k in values if k not in self.owner):
             close = difflib.get_close_matches(key, list(self.owner), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ArgumentError(f"{source}: unknown key {key!r}{hint} (run with --help to list all keys)")
+            problems.append(f"unknown key {key!r}{hint} (run with --help to list all keys)")
         results = []
         for cls in self.dataclass_types:
             hints = typing.get_type_hints(cls)
-            kwargs = {}
+            kwargs, bad = {}, len(problems)
             for field in dataclasses.fields(cls):
                 if field.name not in values:
                     if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-                        raise ArgumentError(f"{source}: missing required key {field.name!r} "
-                                            f"({field.metadata.get('help', '')})")
+                        problems.append(f"missing required key {field.name!r} ({field.metadata.get('help', '')})")
                     continue
                 try:
                     kwargs[field.name] = _convert(values[field.name], hints[field.name], field.name)
+                    problems += _out_of_range(field, kwargs[field.name])
                 except TypeError as err:
-                    raise ArgumentError(f"{source}: key {field.name!r}: {err}") from None
+                    problems.append(f"key {field.name!r}: {err}")
+            if len(problems) > bad:
+                continue  # validate() assumes well-typed values
             instance = cls(**kwargs)
             try:
                 if hasattr(instance, "validate"):
                     instance.validate()
             except ValueError as err:
-                raise ArgumentError(f"{source}: {err}") from None
+                problems.append(str(err))
             results.append(instance)
-        self._cross_validate(results, source)
+        if not problems:
+            for instance in results:
+                try:
+                    if hasattr(instance, "validate_with"):
+                        instance.validate_with(*results)
+                except ValueError as err:
+                    problems.append(str(err))
+        if len(problems) == 1:
+            raise ArgumentError(f"{source}: {problems[0]}")
+        if problems:
+            raise ArgumentError(f"{source}: {len(problems)} problems: " + "; ".join(problems))
         return tuple(results)
 
-    def _cross_validate(self, results, source):
-        for instance in results:
-            if hasattr(instance, "validate_with"):
-                try:
-                    instance.validate_with(*results)
-                except ValueError as err:
-                    raise ArgumentError(f"{source}: {err}") from None
-
-    def parse_args(self, argv: Sequence[str]) -> Tuple:
+    def parse_args(self, argv: Sequence[str], prog: str = "run.py") -> Tuple:
         argv = list(argv)
-        if argv and argv[0] in ("-h", "--help"):
-            print(self.format_help())
+        if "-h" in argv or "--help" in argv:
+            print(self.format_help(prog))
             raise SystemExit(0)
         values, source = {}, "command line"
         if argv and not argv[0].startswith("--"):
             path = argv.pop(0)
-            values = load_json_arguments(path)
+            values = load_argument_file(path)
             source = path
         flags = parse_flags(argv)
         if flags:
@@ -181,33 +194,92 @@ class ArgumentParser:
         values.update(flags)
         return self.parse_dict(values, source)
 
-    def format_help(self) -> str:
-        lines = []
+    def format_help(self, prog: str = "run.py") -> str:
+        lines = [f"usage: python {prog} [ARGUMENT_FILE.json|.yaml] [--key value ...]", "",
+                 "Keys come from the argument file, then from --key value flags (flags win).", ""]
         for cls in self.dataclass_types:
             lines.append(f"{cls.__name__}:")
             hints = typing.get_type_hints(cls)
             for field in dataclasses.fields(cls):
-                default = "required" if field.default is dataclasses.MISSING and \
-                    field.default_factory is dataclasses.MISSING else (
-                        field.default if field.default is not dataclasses.MISSING else field.default_factory())
-                lines.append(f"  --{field.name} ({_type_name(hints[field.name])}, default {default!r}): "
-                             f"{field.metadata.get('help', '')}")
+                if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                    default = "required"
+                else:
+                    value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+                    default = f"default: {json.dumps(value)}"
+                lines.append(f"  --{field.name} {_readable_type(hints[field.name])} ({default})")
+                lines += textwrap.wrap(field.metadata.get("help", ""), width=100, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6)
         return "\n".join(lines)
 
 
-def load_json_arguments(path: str) -> Dict[str, Any]:
+def _readable_type(tp) -> str:
+    """Optional[str] -> 'str or null', Union[str, List[str], dict] -> 'str | list[str] | dict'."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        names = [_readable_type(a) for a in args if a is not type(None)]
+        return " | ".join(names) + (" or null" if type(None) in args else "")
+    if origin in (list, List):
+        return f"list[{_readable_type(args[0])}]" if args else "list"
+    if origin in (dict, Dict):
+        return "dict"
+    return getattr(tp, "__name__", str(tp)).replace("NoneType", "null")
+
+
+def _unique_keys(pairs):
+    """json object_pairs_hook: a key given twice is an error (the last one would silently win)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ArgumentError(f"key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
+def load_argument_file(path: str) -> Dict[str, Any]:
+    """One JSON or YAML (.yaml / .yml) object of key: value pairs."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            text = f.read()
     except FileNotFoundError:
         raise ArgumentError(f"{path}: argument file not found") from None
-    except json.JSONDecodeError as err:
-        raise ArgumentError(f"{path}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except IsADirectoryError:
+        raise ArgumentError(f"{path}: is a directory, not an argument file") from None
     except UnicodeDecodeError as err:
         raise ArgumentError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise ArgumentError(f"{path}: cannot read the argument file ({err.strerror})") from None
+    is_yaml = path.endswith((".yaml", ".yml"))
+    try:
+        data = _load_yaml(text) if is_yaml else json.loads(text, object_pairs_hook=_unique_keys)
+    except ArgumentError as err:
+        raise ArgumentError(f"{path}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ArgumentError(f"{path}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise ArgumentError(f"{path}: nested too deeply") from None
     if not isinstance(data, dict):
-        raise ArgumentError(f"{path}: the argument file must hold one JSON object of key: value pairs")
+        raise ArgumentError(f"{path}: the argument file must hold one {'YAML mapping' if is_yaml else 'JSON object'} "
+                            f"of key: value pairs")
     return data
+
+
+def _load_yaml(text: str):
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):  # safe: plain data only, never Python objects
+        def construct_mapping(self, node, deep=False):
+            keys = [self.construct_object(key_node, deep=deep) for key_node, _ in node.value]
+            for key in keys:
+                if keys.count(key) > 1:
+                    raise ArgumentError(f"key {key!r} is given twice (line {node.start_mark.line + 1})")
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ArgumentError(f"not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
 
 
 def to_dict(*instances) -> Dict[str, Any]:
@@ -218,10 +290,28 @@ def to_dict(*instances) -> Dict[str, Any]:
     return out
 
 
-def field(default=dataclasses.MISSING, help: str = "", **kwargs):
-    """`dataclasses.field` with a required help text (every argument is documented)."""
+def field(default=dataclasses.MISSING, help: str = "", ge=None, gt=None, le=None, lt=None, **kwargs):
+    """`dataclasses.field` with a required help text (every argument is documented) and an optional range of
+    allowed numbers (ge: >=, gt: >, le: <=, lt: <), checked by the parser with the key named."""
     if not help:
         raise ValueError("every argument needs a help text")
+    metadata = {"help": help, "range": {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt))
+                                        if v is not None}}
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+_RANGE_TESTS = {"ge": (lambda x, b: x >= b, ">="), "gt": (lambda x, b: x > b, ">"),
+                "le": (lambda x, b: x <= b, "<="), "lt": (lambda x, b: x < b, "<")}
+
+
+def _out_of_range(field, value) -> List[str]:
+    """The range problems of one converted value (numbers only; None means unset)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return []
+    for kind, bound in field.metadata.get("range", {}).items():
+        test, sign = _RANGE_TESTS[kind]
+        if not test(value, bound):
+            return [f"key {field.name!r} must be {sign} {bound}, got {value}"]
+    return []

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional, Union
+from urllib.parse import urlsplit
 
-from alignment.config.choices import (ADVANTAGE_ESTIMATORS, EVAL_MODES, KL_ESTIMATORS, LR_SCHEDULERS,
-                                      ROLLOUT_DECODES, parse_offload_levels)
+from alignment.config.choices import (ADVANTAGE_ESTIMATORS, EVAL_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS,
+                                      LOSS_AGG_MODES, LR_SCHEDULERS, POLICY_LOSS_MODES, ROLLOUT_DECODES,
+                                      parse_offload_levels)
 from alignment.config.data import DataArguments
 from alignment.config.parser import field
 from alignment.config.training import DatasetSpecs
@@ -19,6 +21,27 @@ class PPOModelArguments:
                                                                "run_reward.py); null when only reward_funcs score.")
     reward_critic_model_name_or_path: Optional[str] = field(None, help="Critic initialisation for gae; null = the "
                                                                       "reward model (or the actor when there is none).")
+
+    def for_reward_server(self) -> "PPOModelArguments":
+        """The models to load when a reward server scores (use_rm_server): no local reward model; its path
+        still initialises the critic when reward_critic_model_name_or_path is null."""
+        return dataclasses.replace(self, reward_model_name_or_path=None, reward_critic_model_name_or_path=(
+            self.reward_critic_model_name_or_path or self.reward_model_name_or_path))
+
+
+def server_urls(value: Union[str, List[str], None]) -> List[str]:
+    """'url' / 'url1,url2' / [urls] -> base URLs without a trailing '/'; ValueError names key 'reward_server'."""
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    urls = [item.strip().rstrip("/") for item in items if item.strip()]
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"key 'reward_server': {url!r} is not an http:// or https:// URL with a host")
+        try:
+            parts.port
+        except ValueError:
+            raise ValueError(f"key 'reward_server': {url!r} has a bad port") from None
+    return urls
 
 
 @dataclasses.dataclass
@@ -34,37 +57,90 @@ class PPOArguments:
     per_device_prompt_batch_size: int = field(8, help="Prompts per rollout step on each device.")
     num_return_sequences: int = field(1, help="Responses sampled per prompt (the group size of grpo / rloo).")
     max_new_tokens: Optional[int] = field(None, help="Cap on generated tokens; null = max_length - prompt length.")
-    temperature: float = field(1.0, help="Sampling temperature for rollouts.")
+    temperature: float = field(1.0, ge=1e-3, help="Sampling temperature for rollouts.")
     top_p: float = field(1.0, help="Nucleus sampling threshold for rollouts (1.0 = off).")
-    top_k: int = field(0, help="Top-k sampling for rollouts (0 = off).")
-    repetition_penalty: float = field(1.0, help="Repetition penalty for rollouts (1.0 = off).")
+    top_k: int = field(0, ge=0, help="Top-k sampling for rollouts (0 = off).")
+    repetition_penalty: float = field(1.0, gt=0, help="Repetition penalty for rollouts (1.0 = off).")
     update_iters: int = field(1, help="Passes (PPO epochs) over each rollout batch.")
     group_by_length: bool = field(True, help="Put rollouts of similar length in the same update micro-batch "
                                              "(shuffled sorted groups, as HF's group_by_length), so packed micro-"
                                              "batches carry little padding. Matters only when a rollout batch "
                                              "spans several micro-batches.")
-    kl_coeff: float = field(0.02, help="Weight of the KL(actor || reference) penalty.")
+    kl_coeff: float = field(0.02, ge=0, help="Weight of the KL(actor || reference) penalty.")
     kl_estimator: str = field("k1", help=f"KL estimator, one of {KL_ESTIMATORS}.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "
                                          "per-token reward.")
     clip_range_ratio: float = field(0.2, help="PPO ratio clipping epsilon.")
-    clip_range_score: float = field(50.0, help="Clip the reward model's end score to +/- this value.")
-    clip_range_value: float = field(5.0, help="Critic value clipping around the rollout's values.")
+    clip_range_ratio_low: Optional[float] = field(None, gt=0, lt=1, help="DAPO clip-higher: the ratio's lower clip "
+                                                                      "is 1 - this; null = clip_range_ratio.")
+    clip_range_ratio_high: Optional[float] = field(None, gt=0, help="DAPO clip-higher: the ratio's upper clip is "
+                                                                    "1 + this (e.g. 0.28 with low 0.2); null = "
+                                                                    "clip_range_ratio.")
+    policy_loss_mode: str = field("ppo", help=f"Policy objective, one of {POLICY_LOSS_MODES}: 'ppo' (token ratios) "
+                                              f"or 'gspo' (one length-normalised ratio per sequence, clipped per "
+                                              f"sequence; its loss is seq-mean-token-mean).")
+    loss_agg_mode: str = field("token-mean", help=f"How per-token losses become one, one of {LOSS_AGG_MODES}: "
+                                                  f"'token-mean' (DAPO: over all tokens of the optimizer step), "
+                                                  f"'seq-mean-token-mean' (GRPO: each response's mean, then over "
+                                                  f"responses), 'seq-mean-token-sum' (sums, then over responses), "
+                                                  f"'seq-mean-token-sum-norm' (Dr.GRPO: sums / max_new_tokens).")
+    pg_loss_coeff: float = field(1.0, ge=0, help="Weight of the policy-gradient loss in the actor loss.")
+    entropy_coeff: float = field(0.0, ge=0, help="Entropy bonus: actor loss - entropy_coeff x aggregated entropy.")
+    kl_loss_coeff: float = field(0.0, ge=0, help="Weight of a KL(actor || reference) loss term (GRPO style), "
+                                                 "aggregated like the policy loss; independent of kl_coeff.")
+    kl_loss_estimator: str = field("low_var_kl", help=f"Estimator of the KL loss term, one of "
+                                                      f"{KL_LOSS_ESTIMATORS} ('+': the value of the estimator "
+                                                      f"with k2's gradient).")
+    enable_overlong_reward_buffer: bool = field(False, help="DAPO soft overlong punishment: responses longer than "
+                                                            "max_new_tokens - overlong_reward_buffer lose reward "
+                                                            "linearly, up to overlong_penalty_factor at "
+                                                            "max_new_tokens.")
+    overlong_reward_buffer: int = field(0, ge=0, help="Tokens before max_new_tokens where the overlong penalty "
+                                                      "starts.")
+    overlong_penalty_factor: float = field(1.0, ge=0, help="Reward lost by a response of max_new_tokens tokens.")
+    mask_truncated_responses: bool = field(False, help="Leave responses cut at max_new_tokens without an end "
+                                                       "token out of the policy and value losses (DAPO's "
+                                                       "overlong filtering).")
+    clip_range_score: float = field(50.0, gt=0, help="Clip the reward model's end score to +/- this value.")
+    clip_range_value: float = field(5.0, gt=0, help="Critic value clipping around the rollout's values.")
     gamma: float = field(1.0, help="Discount factor of GAE / REINFORCE++ returns.")
     gae_lambda: float = field(0.95, help="GAE lambda.")
     normalize_reward: bool = field(False, help="Standardise end rewards with running statistics over training.")
     normalize_advantage: bool = field(True, help="Whiten advantages over the response tokens of each batch.")
-    ptx_coeff: float = field(0.0, help="Weight of the supervised (ptx) loss on ptx_datasets.")
+    ptx_coeff: float = field(0.0, ge=0, help="Weight of the supervised (ptx) loss on ptx_datasets.")
     reward_funcs: List[str] = field([], help="Reward functions: judge names (alignment.judges), "
                                              "'module:function' or 'path/to/file.py:function'; summed with "
                                              "reward_weights, plus the reward model's score when one is given.")
     reward_weights: List[float] = field([], help="Weights of reward_funcs (default 1.0 each).")
+    use_rm_server: bool = field(False, help="Score with an HTTP reward server (python tools/reward_server.py, or "
+                                            "any server of PaddleNLP's POST / protocol) instead of a local reward "
+                                            "model; reward_model_name_or_path is then not loaded (it still "
+                                            "initialises the critic when reward_critic_model_name_or_path is null). "
+                                            "reward_funcs and gold_judge still run here.")
+    reward_server: Optional[Union[str, List[str]]] = field(None, help="Base URL(s) of the reward server(s), e.g. "
+                                                                      "'http://127.0.0.1:8731'; a list (or comma-"
+                                                                      "separated) spreads requests over them and "
+                                                                      "fails over when one is down.")
+    reward_server_timeout: float = field(60.0, help="Seconds to wait for one reward-server response before it "
+                                                    "counts as failed (and is retried).")
+    reward_server_retries: int = field(8, help="Retries of a reward-server request after connection errors, "
+                                               "timeouts, 5xx and 503 (over all URLs); past them the run stops "
+                                               "with an error naming the URLs (the last checkpoint is intact).")
+    reward_server_backoff: float = field(0.5, help="Seconds before the first retry round; doubled each round "
+                                                   "(at most 16 s; longer when the server sends Retry-After).")
+    reward_server_batch_size: int = field(0, help="Rows per reward-server request; 0 = a whole rollout batch in "
+                                                  "one request, which the server scores as one forward pass "
+                                                  "(bitwise the in-process reward). Set it to spread large "
+                                                  "batches over several URLs.")
+    reward_server_token: Optional[str] = field(None, help="Bearer token the reward server wants; null = the "
+                                                          "REWARD_SERVER_TOKEN environment variable (preferred: a "
+                                                          "token given here is written to args.json).")
     gold_judge: Optional[str] = field(None, help="Offline judge reported as gold_reward, never used for training: "
                                                  "a name or function spec as in reward_funcs.")
-    critic_learning_rate: float = field(5e-6, help="Critic peak learning rate.")
-    critic_weight_decay: float = field(0.0, help="Critic AdamW weight decay.")
+    critic_learning_rate: float = field(5e-6, gt=0, help="Critic peak learning rate.")
+    critic_weight_decay: float = field(0.0, ge=0, help="Critic AdamW weight decay.")
     critic_lr_scheduler_type: str = field("cosine", help=f"Critic schedule, one of {LR_SCHEDULERS}.")
-    critic_warmup_ratio: float = field(0.0, help="Critic warmup fraction.")
+    critic_warmup_ratio: float = field(0.0, ge=0, lt=1, help="Critic warmup fraction.")
     critic_recompute: bool = field(False, help="Activation checkpointing for the critic.")
     critic_lora: bool = field(False, help="LoRA adapters on the critic (its score head trains too), with the "
                                           "lora_rank / lora_alpha / lora_dropout / lora_target_modules of the actor.")
@@ -86,6 +162,17 @@ class PPOArguments:
                                         "critic weights); each moves to host memory outside the phases that use it.")
 
     def validate(self) -> None:
+        for key, allowed in (("policy_loss_mode", POLICY_LOSS_MODES), ("loss_agg_mode", LOSS_AGG_MODES),
+                             ("kl_loss_estimator", KL_LOSS_ESTIMATORS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
+        if self.enable_overlong_reward_buffer and self.overlong_reward_buffer < 1:
+            raise ValueError("key 'overlong_reward_buffer' must be >= 1 when 'enable_overlong_reward_buffer' is true")
+        if self.enable_overlong_reward_buffer and self.max_new_tokens is None:
+            raise ValueError("key 'enable_overlong_reward_buffer' needs max_new_tokens (the length it counts from)")
+        if self.enable_overlong_reward_buffer and self.overlong_reward_buffer > self.max_new_tokens:
+            raise ValueError(f"key 'overlong_reward_buffer' ({self.overlong_reward_buffer}) must be <= "
+                             f"max_new_tokens ({self.max_new_tokens})")
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"key 'advantage_estimator' must be one of {ADVANTAGE_ESTIMATORS}, "
                              f"got {self.advantage_estimator!r}")
@@ -120,6 +207,19 @@ class PPOArguments:
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"key 'eval_mode' must be one of {EVAL_MODES}, got {self.eval_mode!r}")
         parse_offload_levels(self.offload_level)
+        self.validate_reward_server()
+
+    def validate_reward_server(self) -> None:
+        urls = server_urls(self.reward_server)
+        if self.use_rm_server and not urls:
+            raise ValueError("key 'reward_server' must name at least one URL when 'use_rm_server' is true")
+        if urls and not self.use_rm_server:
+            raise ValueError("key 'reward_server' is set but 'use_rm_server' is false: the server would be unused")
+        if self.reward_server_timeout <= 0:
+            raise ValueError(f"key 'reward_server_timeout' must be > 0, got {self.reward_server_timeout}")
+        for key in ("reward_server_retries", "reward_server_backoff", "reward_server_batch_size"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"key {key!r} must be >= 0, got {getattr(self, key)}")
 
     def validate_with(self, model_args, data_args, *others):
         degree = max([getattr(o, "tensor_parallel_degree", 1) for o in others] + [1])
@@ -132,8 +232,9 @@ class PPOArguments:
             raise ValueError("key 'critic_lora_path' needs 'critic_lora': true")
         if self.critic_lora and not self.uses_critic:
             raise ValueError(f"key 'critic_lora': advantage_estimator {self.advantage_estimator!r} builds no critic")
-        if not self.reward_funcs and model_args.reward_model_name_or_path is None:
-            raise ValueError("nothing gives a reward: set 'reward_model_name_or_path' or 'reward_funcs'")
+        if not self.reward_funcs and model_args.reward_model_name_or_path is None and not self.use_rm_server:
+            raise ValueError("nothing gives a reward: set 'reward_model_name_or_path', 'use_rm_server' or "
+                             "'reward_funcs'")
         if self.ptx_coeff > 0 and not data_args.ptx_datasets:
             raise ValueError("key 'ptx_coeff' > 0 needs 'ptx_datasets'")
         if data_args.ptx_datasets and self.ptx_coeff == 0:

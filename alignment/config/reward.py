@@ -11,12 +11,12 @@ from alignment.config.parser import field
 class RewardArguments:
     loss_type: str = field("sequence-wise", help=f"Pairwise loss: one of {REWARD_LOSS_TYPES} (token-wise compares "
                                                  "per-token scores from where the two answers diverge).")
-    regularization: float = field(0.001, help="Weight of the squared end-score penalty that keeps scores near 0.")
+    regularization: float = field(0.001, ge=0, help="Weight of the squared end-score penalty that keeps scores near 0.")
     normalize_score_during_training: bool = field(False, help="Standardise end scores with the normalizer's "
                                                               "running statistics inside the loss.")
     normalizer_type: str = field("RunningMeanStd", help=f"Score normalizer, one of {NORMALIZER_TYPES}; its "
                                                         "statistics are saved with the model either way.")
-    normalizer_momentum: float = field(0.9, help="Momentum of the ExponentialMovingAverage normalizer.")
+    normalizer_momentum: float = field(0.9, ge=0, lt=1, help="Momentum of the ExponentialMovingAverage normalizer.")
 
     def validate(self) -> None:
         if self.loss_type not in REWARD_LOSS_TYPES:

@@ -14,21 +14,22 @@ DatasetSpecs = Union[str, List[str], dict]
 @dataclasses.dataclass
 class TrainingArguments:
     output_dir: str = field("outputs/run", help="Directory for args.json, metrics.jsonl, VisualDL logs and checkpoints.")
-    seed: int = field(42, help="Seed for Python, numpy and Paddle RNGs (data order, dropout, sampling).")
+    seed: int = field(42, ge=0, lt=2**32,
+                      help="Seed for Python, numpy and Paddle RNGs (data order, dropout, sampling).")
     max_steps: int = field(-1, help="Total optimizer steps; -1 = derive from num_train_epochs.")
-    num_train_epochs: float = field(1.0, help="Passes over the training data when max_steps is -1.")
+    num_train_epochs: float = field(1.0, ge=0, help="Passes over the training data when max_steps is -1.")
     per_device_train_batch_size: int = field(8, help="Samples per forward/backward pass on each device.")
     per_device_eval_batch_size: int = field(8, help="Samples per evaluation forward pass on each device.")
     gradient_accumulation_steps: int = field(1, help="Micro-batches accumulated into one optimizer step.")
-    learning_rate: float = field(2e-5, help="Peak learning rate of AdamW.")
-    min_learning_rate: float = field(0.0, help="Learning rate at the end of the linear/cosine decay.")
-    weight_decay: float = field(0.0, help="AdamW decoupled weight decay (not applied to norms and biases).")
-    adam_beta1: float = field(0.9, help="AdamW beta1.")
-    adam_beta2: float = field(0.95, help="AdamW beta2.")
-    adam_epsilon: float = field(1e-8, help="AdamW epsilon.")
-    max_grad_norm: float = field(1.0, help="Clip the global gradient norm to this value; 0 = no clipping.")
+    learning_rate: float = field(2e-5, gt=0, help="Peak learning rate of AdamW.")
+    min_learning_rate: float = field(0.0, ge=0, help="Learning rate at the end of the linear/cosine decay.")
+    weight_decay: float = field(0.0, ge=0, help="AdamW decoupled weight decay (not applied to norms and biases).")
+    adam_beta1: float = field(0.9, ge=0, lt=1, help="AdamW beta1.")
+    adam_beta2: float = field(0.95, ge=0, lt=1, help="AdamW beta2.")
+    adam_epsilon: float = field(1e-8, gt=0, help="AdamW epsilon.")
+    max_grad_norm: float = field(1.0, ge=0, help="Clip the global gradient norm to this value; 0 = no clipping.")
     lr_scheduler_type: str = field("cosine", help=f"Learning-rate schedule after warmup: one of {LR_SCHEDULERS}.")
-    warmup_ratio: float = field(0.0, help="Fraction of the total steps spent in linear warmup.")
+    warmup_ratio: float = field(0.0, ge=0, lt=1, help="Fraction of the total steps spent in linear warmup.")
     warmup_steps: int = field(0, help="Warmup steps; overrides warmup_ratio when > 0.")
     logging_steps: int = field(10, help="Log loss, learning rate and throughput every N optimizer steps.")
     do_eval: bool = field(True, help="Evaluate on eval_datasets (when given) every eval_steps and at the end.")
@@ -37,21 +38,35 @@ class TrainingArguments:
     save_total_limit: int = field(0, help="Keep only the newest N step checkpoints; 0 = keep all.")
     recompute: bool = field(False, help="Activation checkpointing: recompute each decoder layer in backward (saves memory).")
     disable_tqdm: bool = field(False, help="Hide the progress bar (logs are still printed and written).")
+    bf16: bool = field(False, help="Mixed precision in bfloat16 (paddle.amp; on Paddle's CPU build: float32 with a "
+                                   "notice).")
+    fp16: bool = field(False, help="Mixed precision in float16 with a dynamic loss scale (paddle.amp.GradScaler).")
+    fp16_opt_level: str = field("O1", help="AMP level for bf16/fp16: O1 (matmuls in the low dtype) or O2 (weights "
+                                           "in the low dtype, float32 master weights in the optimizer).")
+    amp_master_grad: bool = field(False, help="O2: keep float32 gradients too (paddle.amp.decorate master_grad).")
+    amp_custom_white_list: List[str] = field([], help="Extra ops to run in the low dtype under bf16/fp16.")
+    amp_custom_black_list: List[str] = field([], help="Ops to keep in float32 under bf16/fp16.")
+    scale_loss: float = field(32768.0, gt=0, help="fp16: the initial loss scale of the dynamic GradScaler.")
+    overwrite_output_dir: bool = field(False, help="Start a fresh run in an output_dir that holds another run's "
+                                                   "checkpoints, metrics or arguments: they are removed first. "
+                                                   "Without it (and without resume_from_checkpoint) such a "
+                                                   "directory is refused, so no run is lost by mistake.")
     resume_from_checkpoint: Optional[str] = field(None, help="Resume exactly from a checkpoint-N directory (written "
                                                              "every save_steps), or \"auto\": the newest complete one "
                                                              "in output_dir (a fresh start when there is none).")
     tensor_parallel_degree: int = field(1, help="Split every model's layers over this many processes (Megatron-"
                                                 "style tensor parallelism on fleet's parallel layers); 1 = off.")
-    pipeline_parallel_degree: int = field(1, help="Split PPO's policy and critic into this many pipeline stages "
-                                                  "(fleet PipelineLayer, 1F1B over micro-batches of "
-                                                  "per_device_train_batch_size); PPO only.")
+    pipeline_parallel_degree: int = field(1, help="Split the trained models (PPO's policy and critic, the SFT / DPO "
+                                                  "policy, the reward model) into this many pipeline stages (1F1B "
+                                                  "over gradient_accumulation_steps micro-batches of "
+                                                  "per_device_train_batch_size).")
     sharding: str = field("", help="Optimizer-state sharding over data-parallel processes: 'stage1' (fleet's "
                                    "sharding optimizer); '' = off. 'stage2'/'stage3' (GPU-only in Paddle) are "
                                    "refused with a clear error: not built yet.")
-    lost_rank_timeout: float = field(120.0, help="Multi-process runs: seconds without a heartbeat from another rank "
-                                                 "(a killed process, a lost host) after which every other rank "
-                                                 "exits with code 1 and a message naming it, instead of waiting in "
-                                                 "a collective; 0 = off (Paddle's own timeouts only).")
+    lost_rank_timeout: float = field(120.0, ge=0, help="Multi-process runs: seconds without a heartbeat from another "
+                                                       "rank (a killed process, a lost host) after which every other "
+                                                       "rank exits with code 1 and a message naming it, instead of "
+                                                       "waiting in a collective; 0 = off (Paddle's own timeouts only).")
     sharding_parallel_degree: int = field(-1, help="Processes in one sharding group; -1 = all processes left after "
                                                    "tensor and pipeline parallelism. Data parallelism fills the rest.")
     max_nonfinite_steps: int = field(5, help="A step whose loss or gradients are NaN/inf is skipped and counted "
@@ -84,6 +99,8 @@ class TrainingArguments:
             raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"key 'max_nonfinite_steps' must be >= 1, got {self.max_nonfinite_steps}")
+        if self.bf16 and self.fp16:
+            raise ValueError("keys 'bf16' and 'fp16' are both true; choose one")
+        if self.fp16_opt_level not in ("O1", "O2"):
+            raise ValueError(f"key 'fp16_opt_level' must be O1 or O2, got {self.fp16_opt_level!r}")
         plan(self)  # degrees against the launched world size, before any model loads
-        if self.resume_from_checkpoint == "":
-            raise ValueError("key 'resume_from_checkpoint' is empty; give a checkpoint-N directory, \"auto\" or null")

@@ -156,8 +156,8 @@ class JsonRowsDataset(RawDataset):
             raise ValueError(f"Dataset {self.NAME!r} needs a local path (e.g. '{self.NAME}:1.0:data/file.jsonl')")
         try:
             return datasets.load_dataset(self.HUB_ID, split=self.split, **hub_kwargs).to_list()
-        except Exception as error:
-            raise RuntimeError(
+        except Exception as error:  # offline, no such repo, ...: a user-fixable input problem
+            raise ValueError(
                 f"Dataset {self.NAME!r}: no local path given and loading {self.HUB_ID!r} (split "
                 f"{self.split!r}) from the Hugging Face hub failed: {error}. Pass a local path instead."
             ) from error

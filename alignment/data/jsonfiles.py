@@ -134,6 +134,8 @@ def _scan_json_values(path: str, text: str) -> list[tuple[int, Any]]:
         except json.JSONDecodeError as error:
             where = f"column {error.colno}" if error.lineno == line else f"line {error.lineno} column {error.colno}"
             raise DataFormatError(f"{path} line {line}: invalid JSON: {error.msg} ({where})", path, line) from None
+        except RecursionError:
+            raise DataFormatError(f"{path} line {line}: JSON nested too deeply to be a data row", path, line) from None
         records.append((line, value))
         pos = _WHITESPACE.match(text, pos).end()
         if is_array and text.startswith(",", pos):

@@ -31,6 +31,8 @@ from types import ModuleType
 from collections.abc import Sequence
 from typing import Any, ClassVar, Iterable, Iterator, Mapping, TypedDict, Union
 
+import numpy as np
+
 __all__ = [
     "DataFormatError",
     "DatasetSpec",
@@ -288,14 +290,41 @@ class MixedRawDataset(RawDataset):
 
     def __getitem__(self, index: int) -> RawSample:
         position, inner = self._index[index]
-        return self.datasets[position][inner]
+        sample = self.datasets[position][inner]
+        check_sample(sample, f"dataset {self.specs[position].name!r} sample {inner}")
+        return sample
 
     def __len__(self) -> int:
         return len(self._index)
 
 
+_FLAG_FIELDS = ("better", "safer", "is_safe", "is_other_safe", "desirable")
+MAX_MIXTURE_SAMPLES = 10_000_000  # the mixture's index is a Python list in memory
+
+
+def check_sample(sample: Any, where: str) -> None:
+    """A RawSample's fields have their types (a user dataset's `better: "false"` would silently read as True)."""
+    if not isinstance(sample, dict):
+        raise DataFormatError(f"{where}: a sample must be a dict (RawSample), got {type(sample).__name__}")
+    for key in _FLAG_FIELDS:
+        if key in sample and not isinstance(sample[key], (bool, np.bool_)):
+            raise DataFormatError(f"{where}: {key!r} must be true or false, got {sample[key]!r}")
+    for key in ("answer", "other_answer"):
+        if key in sample and not isinstance(sample[key], str):
+            raise DataFormatError(f"{where}: {key!r} must be a string, got {type(sample[key]).__name__}")
+    for key in ("input", "dialogue"):
+        value = sample.get(key)
+        if value is not None and not (isinstance(value, str) and key == "input") and not (
+                isinstance(value, list) and all(isinstance(turn, str) for turn in value)):
+            raise DataFormatError(f"{where}: {key!r} must be {'a string or ' if key == 'input' else ''}a list of "
+                                  f"strings, got {type(value).__name__}")
+
+
 def _select_indices(size: int, spec: DatasetSpec, rng: random.Random) -> list[int]:
     target = math.floor(size * spec.proportion + 0.5)
+    if target > MAX_MIXTURE_SAMPLES:
+        raise ValueError(f"Dataset spec {spec.name}:{spec.proportion:g}: proportion selects {target:,} samples from "
+                         f"a dataset of {size:,}; at most {MAX_MIXTURE_SAMPLES:,} per mixture")
     if size and target == 0:
         raise ValueError(
             f"Dataset spec {spec.name}:{spec.proportion:g}: proportion selects no samples "
@@ -315,15 +344,17 @@ def import_user_module(path_or_module: str | os.PathLike, base_dir: str | os.Pat
     """Import a user ``.py`` file (path) or dotted module name so its datasets register.
 
     A relative file path is resolved against ``base_dir`` (e.g. the argument file's
-    directory) when given, else the current directory. Importing the same file again
+    directory) when given, then the current directory. Importing the same file again
     returns the already-imported module. Raises ``FileNotFoundError`` for a missing file.
     """
     text = os.fspath(path_or_module)
     if not _looks_like_path(text):
         return importlib.import_module(text)
-    file_path = os.path.abspath(os.path.join(os.fspath(base_dir or os.getcwd()), os.path.expanduser(text)))
-    if not os.path.isfile(file_path):
-        raise FileNotFoundError(f"User dataset module {text!r} not found (looked for {file_path})")
+    tried = [os.path.abspath(os.path.join(os.fspath(d), os.path.expanduser(text)))
+             for d in dict.fromkeys(d for d in (base_dir, os.getcwd()) if d)]
+    file_path = next((path for path in tried if os.path.isfile(path)), None)
+    if file_path is None:
+        raise FileNotFoundError(f"User dataset module {text!r} not found (looked for {' and '.join(tried)})")
     digest = hashlib.sha1(file_path.encode("utf-8")).hexdigest()[:12]
     module_name = f"{_USER_MODULE_PREFIX}_{_identifier(file_path)}_{digest}"
     if module_name in sys.modules:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.dpo import DPOArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
@@ -40,7 +44,7 @@ def main(argv=None) -> dict:
     from alignment.models.lora import with_lora
     from alignment.training.batches import set_seed
 
-    start_processes(train_args)
+    layout = start_processes(train_args)
     set_seed(train_args.seed)
     with user_errors():
         tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
@@ -49,7 +53,18 @@ def main(argv=None) -> dict:
                                                       train_args.seed)
         print(f"train: {len(train_set)} rows {train_set.stats}" +
               (f"; eval: {len(eval_set)} rows {eval_set.stats}" if eval_set is not None else ""))
-        policy = with_lora(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
+        if layout.pipeline > 1:
+            from alignment.models import LlamaConfig
+            from alignment.wrappers.pipeline import load_pipeline_model
+
+            if lora_args.lora:
+                raise ValueError("key 'lora': LoRA with pipeline_parallel_degree > 1 is not supported")
+            if dpo_args.loss_type == "kto":
+                raise ValueError("key 'loss_type': 'kto' with pipeline_parallel_degree > 1 is not supported")
+            policy = load_pipeline_model(LlamaConfig, model_args.model_name_or_path, "causal", layout.pipeline,
+                                         recompute=train_args.recompute)
+        else:
+            policy = with_lora(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
                                                                 recompute=train_args.recompute), lora_args)
         reference = None
         if lora_args.lora and dpo_args.needs_reference and not dpo_args.ref_model_name_or_path:

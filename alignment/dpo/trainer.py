@@ -13,9 +13,11 @@ from tqdm import tqdm
 
 from alignment.config.dpo import DPOArguments
 from alignment.dpo.losses import kto_kl_estimate, kto_loss, preference_loss
+from alignment.models.logprobs import response_log_probs_from_logits
 from alignment.models.lora import adapters_disabled
 from alignment.training.batches import to_tensors
 from alignment.training.dataset_trainer import DatasetTrainer
+from alignment.wrappers.pipeline import is_last_stage
 
 
 def sequence_log_probs(model, input_ids, attention_mask, response_mask):
@@ -75,11 +77,19 @@ class DPOTrainer(DatasetTrainer):
     def compute_loss(self, batch):
         if self.dpo.loss_type == "kto":
             return self._kto_loss(batch)
-        dpo = self.dpo
         logps, counts = sequence_log_probs(self.model, batch["input_ids"], batch["attention_mask"],
                                            batch["response_mask"])  # [2b]
-        ref = batch["ref_logps"] if "ref_logps" in batch else self._reference_logps(
-            batch["input_ids"], batch["attention_mask"], batch["response_mask"])  # [2b]
+        return self.pair_loss(logps, counts, self.reference_of(batch))
+
+    def reference_of(self, batch):
+        """The batch's reference log-probs [2b]: cached in the items, or from the reference model."""
+        if "ref_logps" in batch:
+            return batch["ref_logps"]
+        return self._reference_logps(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+
+    def pair_loss(self, logps, counts, ref):
+        """Summed response log-probs, their counts and the reference's, [2b] each (chosen rows, then rejected)."""
+        dpo = self.dpo
         b = logps.shape[0] // 2
         losses, chosen_rewards, rejected_rewards = preference_loss(
             logps[:b], logps[b:], ref[:b], ref[b:], counts[:b], counts[b:], dpo.loss_type, dpo.beta,
@@ -91,6 +101,19 @@ class DPOTrainer(DatasetTrainer):
                    "rewards/accuracy": float((margins > 0).astype("float32").mean()),
                    "logps/chosen": float(logps[:b].mean()), "logps/rejected": float(logps[b:].mean())}
         return loss, metrics, float(b)
+
+    # pipeline parallelism: the last stage has the whole-sequence logits; the reference stays a whole model
+    def batch_weight(self, batch) -> float:
+        return float(batch["input_ids"].shape[0] // 2)
+
+    def pipeline_labels(self, batch):
+        ref = self.reference_of(batch) if is_last_stage() else paddle.zeros([batch["input_ids"].shape[0]])
+        return batch["input_ids"], batch["response_mask"], ref.astype("float32").unsqueeze(-1)
+
+    def pipeline_loss(self, logits, labels):
+        input_ids, response_mask, ref = labels
+        logps, counts = response_log_probs_from_logits(logits, input_ids, response_mask)  # [2b]
+        return self.pair_loss(logps, counts, ref.squeeze(-1))
 
     def _kto_loss(self, batch):
         dpo = self.dpo

@@ -13,6 +13,25 @@ from typing import Any, Optional
 CONFIG_NAME = "config.json"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+POSITIVE_INTS = REQUIRED_KEYS + ("num_key_value_heads", "head_dim", "max_position_embeddings")
+POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "initializer_range")
+
+
+def config_problems(data: dict) -> list:
+    """What makes a config.json unusable, checked before any tensor is allocated: every sizing key a Hugging Face
+    LLaMA config has (no silent 7B defaults), as positive numbers of the right type."""
+    problems = [f"missing key {key!r}" for key in REQUIRED_KEYS if key not in data]
+    for key in POSITIVE_INTS:
+        value = data.get(key)
+        if key in data and value is not None and (type(value) is not int or value < 1):
+            problems.append(f"key {key!r} must be a positive integer, got {value!r}")
+    for key in POSITIVE_FLOATS:
+        value = data.get(key)
+        if key in data and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+                            or value == float("inf")):
+            problems.append(f"key {key!r} must be a positive number, got {value!r}")
+    return problems
 
 
 @dataclasses.dataclass
@@ -68,6 +87,11 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "LlamaConfig":
+        if not isinstance(data, dict):
+            raise ValueError("a model config must be a JSON object")
+        problems = config_problems(data)
+        if problems:
+            raise ValueError("; ".join(problems))
         data = dict(data)
         rope = data.pop("rope_parameters", None) or data.get("rope_scaling") or {}
         if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in data:
@@ -100,7 +124,11 @@ class LlamaConfig:
             with open(file, encoding="utf-8") as f:
                 data = json.load(f)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{file}: not valid JSON ({err})") from err
+            raise ValueError(f"{file}: not valid JSON ({err})") from None
+        except (UnicodeDecodeError, RecursionError) as err:
+            raise ValueError(f"{file}: not a readable JSON config ({type(err).__name__})") from None
+        except OSError as err:
+            raise ValueError(f"{file}: cannot read ({err.strerror})") from None
         try:
             return cls.from_dict(data)
         except (TypeError, ValueError) as err:

@@ -242,11 +242,15 @@ class LlamaForCausalLM(PretrainedMixin, nn.Layer):
             return tp.vocab_logits(hidden, weight_t=self.model.embed_tokens.weight)
         return tp.vocab_logits(hidden, lm_head=self.lm_head)
 
-    def token_log_probs(self, hidden, labels, temperature: float = 1.0, with_entropy: bool = False):
+    def token_log_probs(self, hidden, labels, temperature: float = 1.0, with_entropy: bool = False,
+                        entropy_grad: bool = False):
         """hidden [..., hidden] at the positions predicting labels [...] -> (log p(label) [...], entropy [...]
         or None), logits divided by temperature. Under tensor parallelism the log-probs come from the
-        vocab-parallel cross-entropy (logits stay split); the entropy, a logged statistic, from gathered logits."""
+        vocab-parallel cross-entropy (logits stay split); the entropy, a logged statistic, from gathered logits.
+        entropy_grad: the entropy stays in the autograd graph (an entropy bonus; not under tensor parallelism)."""
         if self.config.tensor_parallel_degree > 1:
+            if entropy_grad:
+                raise ValueError("key 'entropy_coeff' > 0 is not supported with tensor_parallel_degree > 1 yet")
             log_probs = tp.parallel_token_log_probs(self._vocab_slice_logits(hidden) / temperature, labels)
             if not with_entropy:
                 return log_probs, None
@@ -258,6 +262,8 @@ class LlamaForCausalLM(PretrainedMixin, nn.Layer):
         log_probs = gather_log_probs(logits, labels)
         if not with_entropy:
             return log_probs, None
+        if entropy_grad:
+            return log_probs, entropy_from_logits(logits)
         with paddle.no_grad():  # a logged statistic: keep it out of the autograd graph
             return log_probs, entropy_from_logits(logits.detach())
 

@@ -9,6 +9,8 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.data.tokenized import IGNORE_INDEX
+from alignment.parallel import tensor_parallel as tp
+from alignment.parallel.distributed import model_parallel_degree
 
 
 def _f32(x):
@@ -53,3 +55,27 @@ def answer_token_loss(model, input_ids, attention_mask, labels):
     states = paddle.gather(hidden[:, :-1].reshape([-1, hidden.shape[-1]]), keep)  # [n, h]
     log_probs, _ = model.token_log_probs(states, paddle.gather(targets, keep))  # [n]
     return -log_probs.mean(), int(keep.shape[0])
+
+
+def logits_token_log_probs(logits, ids):
+    """log p(ids) [b, n] from logits [b, n, V], or under tensor parallelism this rank's vocabulary slice
+    [b, n, V/t] (the last pipeline stage's LM head output)."""
+    return tp.parallel_token_log_probs(logits, ids) if model_parallel_degree() > 1 else gather_log_probs(logits, ids)
+
+
+def answer_token_loss_from_logits(logits, labels):
+    """answer_token_loss from whole-sequence logits [b, s, V(/t)] and labels [b, s]: (loss scalar, label tokens)."""
+    targets = labels[:, 1:]  # [b, s-1]: token t+1 is predicted at position t
+    keep = targets != IGNORE_INDEX
+    log_probs = logits_token_log_probs(logits[:, :-1], paddle.where(keep, targets, paddle.zeros_like(targets)))
+    keep = keep.astype("float32")
+    count = keep.sum()
+    return -(log_probs * keep).sum() / paddle.clip(count, min=1.0), int(count)
+
+
+def response_log_probs_from_logits(logits, input_ids, response_mask):
+    """Summed log-probs of the response tokens and their counts, both [b], from logits [b, s, V(/t)];
+    input_ids, response_mask: [b, s] (response_mask 1 on answer tokens, any padding side)."""
+    log_probs = logits_token_log_probs(logits[:, :-1], input_ids[:, 1:])  # [b, s-1]
+    mask = response_mask[:, 1:].astype("float32")  # [b, s-1]
+    return (log_probs * mask).sum(axis=1), mask.sum(axis=1)

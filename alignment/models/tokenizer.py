@@ -56,13 +56,20 @@ class Tokenizer:
         config_file = os.path.join(path, "tokenizer_config.json")
         config = {}
         if os.path.exists(config_file):
-            with open(config_file, encoding="utf-8") as f:
-                config = json.load(f)
+            try:
+                with open(config_file, encoding="utf-8") as f:
+                    config = json.load(f)
+            except (ValueError, RecursionError) as err:
+                raise ValueError(f"{config_file}: not valid JSON ({err})") from None
         template_file = os.path.join(path, "chat_template.jinja")
         if os.path.exists(template_file) and not config.get("chat_template"):
             with open(template_file, encoding="utf-8") as f:
                 config["chat_template"] = f.read()
-        return cls(HFTokenizer.from_file(file), config, path)
+        try:
+            tokenizer = HFTokenizer.from_file(file)
+        except Exception as err:  # the tokenizers library raises a bare Exception for a corrupt file
+            raise ValueError(f"{file}: not a valid tokenizer file ({err})") from None
+        return cls(tokenizer, config, path)
 
     def save_pretrained(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)

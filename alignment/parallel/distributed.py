@@ -45,7 +45,10 @@ def init_distributed(layout=None) -> None:
     strategy.hybrid_configs = {"dp_degree": layout.data, "mp_degree": layout.tensor, "pp_degree": layout.pipeline,
                                "sharding_degree": layout.sharding,
                                # isend/irecv between stages: gloo has no batched calc-stream p2p
-                               "pp_configs": {"use_batch_p2p_comm": paddle.is_compiled_with_cuda()}}
+                               "pp_configs": {"use_batch_p2p_comm": paddle.is_compiled_with_cuda(),
+                                              # micro-batches of one step differ in length (each is padded
+                                              # to its own longest row): shapes travel with every message
+                                              "enable_dynamic_shape": True}}
     strategy.pipeline_configs = {"micro_batch_size": layout.micro_batch_size,
                                  "accumulate_steps": layout.accumulate_steps,
                                  "p2p_cache_shape": False,  # rollout lengths change from step to step
@@ -207,3 +210,12 @@ def gather_objects(value) -> list:
 def barrier() -> None:
     if world_size() > 1:
         dist.barrier()
+
+
+def from_main_process(value):
+    """Rank 0's `value` (any picklable object) on every rank."""
+    if world_size() == 1:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]

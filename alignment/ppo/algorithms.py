@@ -12,7 +12,7 @@ log-probs. It imports nothing of the package but the names of the choices (align
 import paddle
 
 
-from alignment.config.choices import GROUP_ESTIMATORS, KL_ESTIMATORS
+from alignment.config.choices import GROUP_ESTIMATORS, KL_ESTIMATORS, KL_LOSS_ESTIMATORS, LOSS_AGG_MODES
 
 
 def _f32(x):
@@ -248,3 +248,135 @@ def explained_variance(values, returns, mask):
     var_err = masked_var(returns - values, mask, unbiased=False)
     return paddle.where(var_r > 0, 1.0 - var_err / paddle.where(var_r > 0, var_r, paddle.ones_like(var_r)),
                         paddle.zeros_like(var_r))
+
+
+# ---------------------------------------------------------------- recipes of DAPO / Dr.GRPO / GSPO / GRPO's KL loss
+def aggregate_loss(per_token_loss, mask, mode, constant=None):
+    """Reduce a [B, T] per-token loss to a float32 scalar; `mode` is one of verl's `loss_agg_mode` values:
+      token-mean               sum_{i,t} l m / sum_{i,t} m                         (DAPO: every token weighs the same)
+      seq-mean-token-mean      mean over rows of (sum_t l m / sum_t m)              (GRPO: every response the same)
+      seq-mean-token-sum       mean over rows of sum_t l m
+      seq-mean-token-sum-norm  mean over rows of (sum_t l m / constant)             (Dr.GRPO; constant e.g. the
+                               maximum response length, fixed over training; required here, no default)
+    "Rows" are the rows with at least one mask > 0: an all-masked row adds 0 and is not counted; an all-masked
+    batch gives 0 (never NaN). verl's own seq-mean-token-sum-norm divides the sum over rows by the constant,
+    without dividing by the number of rows; this is the Dr.GRPO paper's mean over rows.
+    """
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; choose one of {LOSS_AGG_MODES}")
+    if mode == "token-mean":
+        return masked_mean(per_token_loss, mask)
+    mask = _f32(mask) * paddle.ones_like(_f32(per_token_loss))  # [B, T]
+    if mode == "seq-mean-token-mean":
+        per_row = masked_mean(per_token_loss, mask, axis=1)  # [B]
+    else:
+        per_row = masked_sum(per_token_loss, mask, axis=1)  # [B]
+    if mode == "seq-mean-token-sum-norm":
+        if constant is None or constant <= 0:
+            raise ValueError(f"loss aggregation {mode!r} needs a positive constant (e.g. the maximum response "
+                             f"length), got {constant!r}")
+        per_row = per_row / float(constant)
+    return masked_mean(per_row, mask.sum(axis=1) > 0)
+
+
+def _ratio_clip_stats(ratio, log_ratio, mask, low, high):
+    """Detached stats of ratios clipped to [1 - low, 1 + high] over `mask` (tokens or rows)."""
+    with paddle.no_grad():
+        below = masked_mean((ratio < 1.0 - low).astype("float32"), mask)
+        above = masked_mean((ratio > 1.0 + high).astype("float32"), mask)
+        stats = {"clip_frac": below + above, "clip_frac_low": below, "clip_frac_high": above,
+                 "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask), "ratio": masked_mean(ratio, mask)}
+    return {k: v.detach() for k, v in stats.items()}
+
+
+def _clipped_surrogate(ratio, advantages, low, high):
+    """Per-element max(-A rho, -A clip(rho, 1 - low, 1 + high))."""
+    return paddle.maximum(-advantages * ratio, -advantages * paddle.clip(ratio, 1.0 - low, 1.0 + high))
+
+
+def asymmetric_policy_loss_and_stats(log_probs, old_log_probs, advantages, mask, clip_range_ratio_low,
+                                     clip_range_ratio_high, loss_agg_mode="token-mean", loss_agg_constant=None):
+    """PPO clipped surrogate with the ratio clipped to [1 - low, 1 + high] (DAPO's clip-higher: high > low lets
+    unlikely tokens gain probability). rho = exp(log_probs - old_log_probs) (1 outside the mask);
+    loss = aggregate_loss(max(-A rho, -A clip(rho, 1 - low, 1 + high)), mask, loss_agg_mode, loss_agg_constant).
+    With low == high and token-mean this is `policy_loss_and_stats`. All [B, T] -> scalar loss, {stat: scalar}.
+
+    Stats (detached, masked token means): clip_frac_low = [rho < 1 - low], clip_frac_high = [rho > 1 + high],
+    clip_frac = their sum (ratio outside the range, whatever the sign of A; verl's pg_clipfrac counts only
+    tokens where the clipped branch is taken), approx_kl = (rho - 1) - log rho, ratio = rho.
+    """
+    mask = _f32(mask)
+    log_ratio = _masked(_f32(log_probs) - _f32(old_log_probs), mask)  # [B, T]
+    ratio = paddle.exp(log_ratio)  # [B, T]
+    losses = _clipped_surrogate(ratio, _masked(advantages, mask), clip_range_ratio_low, clip_range_ratio_high)
+    loss = aggregate_loss(losses, mask, loss_agg_mode, loss_agg_constant)
+    return loss, _ratio_clip_stats(ratio, log_ratio, mask, clip_range_ratio_low, clip_range_ratio_high)
+
+
+def gspo_policy_loss_and_stats(log_probs, old_log_probs, advantages, mask, clip_range_ratio_low,
+                               clip_range_ratio_high):
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071; verl core_algos.compute_policy_loss_gspo). All [B,T] -> loss, stats.
+
+    Sequence ratio s_i = exp(sum_t m (log p - log p_old) / sum_t m)  (length-normalised; 1 for an all-masked row).
+    Token ratio s_it = sg(s_i) * p_t / sg(p_t): its value is s_i at every token, its gradient s_i * grad log p_t
+    (verl clamps log s_it at 10 as well). loss = seq-mean-token-mean of max(-A s_it, -A clip(s_it, 1-low, 1+high)),
+    so for a sequence-level A the gradient is the paper's -(1/G) sum_i A_i s_i (1/|y_i|) sum_t grad log p_t on
+    unclipped sequences and 0 on clipped ones.
+    Stats: clip_frac(_low/_high) and ratio are means over the rows with tokens of [s_i < 1 - low], [s_i > 1 + high]
+    and s_i; approx_kl is the token-level masked mean of (rho_t - 1) - log rho_t, as elsewhere.
+    """
+    mask = _f32(mask)
+    log_probs = _masked(log_probs, mask)  # [B, T]
+    log_ratio = _masked(log_probs - _f32(old_log_probs), mask)  # [B, T]
+    seq_log_ratio = masked_mean(log_ratio, mask, axis=1)  # [B]
+    token_log_ratio = log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(1)  # [B, T]  value log s_i
+    ratio = paddle.exp(paddle.clip(token_log_ratio, max=10.0))  # [B, T]
+    losses = _clipped_surrogate(ratio, _masked(advantages, mask), clip_range_ratio_low, clip_range_ratio_high)
+    loss = aggregate_loss(losses, mask, "seq-mean-token-mean")
+    has_tokens = (mask.sum(axis=1) > 0).astype("float32")  # [B]
+    stats = _ratio_clip_stats(paddle.exp(seq_log_ratio), seq_log_ratio, has_tokens, clip_range_ratio_low,
+                              clip_range_ratio_high)
+    with paddle.no_grad():
+        token_ratio = paddle.exp(log_ratio)  # [B, T]
+        stats["approx_kl"] = masked_mean(token_ratio - 1.0 - log_ratio, mask).detach()
+    return loss, stats
+
+
+def entropy_bonus_loss(policy_loss, entropy, mask, entropy_coeff, loss_agg_mode="token-mean",
+                       loss_agg_constant=None):
+    """policy_loss - entropy_coeff * aggregate_loss(entropy, mask, loss_agg_mode) (verl dp_actor: the entropy is
+    aggregated like the policy loss). entropy: per-token [B, T]. -> (loss, aggregated entropy, detached)."""
+    entropy = aggregate_loss(entropy, mask, loss_agg_mode, loss_agg_constant)
+    return _f32(policy_loss) - entropy_coeff * entropy, entropy.detach()
+
+
+def kl_loss_estimate(log_probs, ref_log_probs, estimator="low_var_kl"):
+    """Per-token KL(p || q) estimate for the KL loss term (verl core_algos.kl_penalty / kl_penalty_forward).
+    [B, T] -> [B, T].
+      k1, k2, k3   as `kl_penalty` (k3 unclamped)
+      low_var_kl   k3 with log q - log p clamped to [-20, 20] and the result to [-10, 10] (verl; its "k3" is this)
+      k1+, k3+, low_var_kl+   the value of k1 / k3 / low_var_kl with the gradient of k2, (log p - log q) grad log p,
+                   whose expectation under p is the gradient of KL(p || q) (straight-through: k2 - sg(k2) + sg(kl))
+    """
+    if estimator not in KL_LOSS_ESTIMATORS:
+        raise ValueError(f"unknown KL loss estimator {estimator!r}; choose one of {KL_LOSS_ESTIMATORS}")
+    log_probs, ref_log_probs = _f32(log_probs), _f32(ref_log_probs)
+    base = estimator.rstrip("+")
+    if base == "low_var_kl":
+        log_ratio = paddle.clip(ref_log_probs - log_probs, -20.0, 20.0)  # [B, T]  log q - log p
+        kl = paddle.clip(paddle.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)  # [B, T]
+    else:
+        kl = kl_penalty(log_probs, ref_log_probs, base)  # [B, T]
+    if estimator.endswith("+"):
+        k2 = kl_penalty(log_probs, ref_log_probs, "k2")  # [B, T]
+        kl = k2 - k2.detach() + kl.detach()
+    return kl
+
+
+def kl_loss(log_probs, ref_log_probs, mask, estimator="low_var_kl", loss_agg_mode="token-mean",
+            loss_agg_constant=None):
+    """The GRPO-style KL loss term (to be scaled by kl_loss_coeff): aggregate_loss(kl_loss_estimate(p, q), mask,
+    loss_agg_mode). Log-probs outside the mask are zeroed first, so garbage there gives no NaN gradient. -> scalar."""
+    log_probs, ref_log_probs = _masked(log_probs, mask), _masked(ref_log_probs, mask)  # [B, T]
+    return aggregate_loss(kl_loss_estimate(log_probs, ref_log_probs, estimator), mask, loss_agg_mode,
+                          loss_agg_constant)

@@ -2,6 +2,7 @@
 loss while updating) and `NoCritic` for the critic-free estimators, so the trainer never asks which it has."""
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Union
 
 import paddle
@@ -26,8 +27,9 @@ class Critic:
     """model: the trained ScoreModel (or its pipeline stages); whole_copy: a WholeCopy that scores rollouts when
     the trained model is split into pipeline stages (None: the model scores itself)."""
 
-    def __init__(self, model, clip_range_value: float, whole_copy=None):
+    def __init__(self, model, clip_range_value: float, whole_copy=None, precision=None):
         self.model, self.clip_range_value, self.whole_copy = model, clip_range_value, whole_copy
+        self.precision = precision  # training/precision.py: autocast and (fp16) loss scaling; None: float32
 
     @paddle.no_grad()
     def old_values(self, rollout, version: int):
@@ -38,15 +40,19 @@ class Critic:
 
     def train_step(self, batch, share: float) -> Dict[str, float]:
         """Backward of this micro-batch's `share` of the optimizer step's token-mean clipped value loss."""
-        values = critic_values(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
-                               batch.response_index)  # [n, R]
+        with self.precision.autocast() if self.precision is not None else contextlib.nullcontext():
+            values = critic_values(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                                   batch.response_index)  # [n, R]
         loss = rl.critic_loss(values, batch.old_values, batch.returns, batch.response_mask, self.clip_range_value)
         loss = loss * share
-        loss.backward()
+        if self.precision is not None:
+            self.precision.backward(loss)
+        else:
+            loss.backward()
         return {"critic_loss": float(loss), "explained_variance": float(
             rl.explained_variance(values.detach(), batch.returns, batch.response_mask))}
 
 
-def make_critic(model, clip_range_value: float, whole_copy=None) -> Union[Critic, NoCritic]:
+def make_critic(model, clip_range_value: float, whole_copy=None, precision=None) -> Union[Critic, NoCritic]:
     """The strategy for `model`: a Critic, or NoCritic when there is no critic model (None)."""
-    return NoCritic() if model is None else Critic(model, clip_range_value, whole_copy)
+    return NoCritic() if model is None else Critic(model, clip_range_value, whole_copy, precision)

@@ -15,6 +15,7 @@ from alignment.models.logprobs import entropy_from_logits, gather_log_probs
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.distributed import data_world_size, model_parallel_degree, sum_over_data_ranks
 from alignment.ppo import algorithms as rl
+from alignment.ppo.objective import uses_defaults
 from alignment.ppo.rollout import update_order
 from alignment.training.trainer import mean_rows
 from alignment.wrappers.pipeline import pipeline_step
@@ -29,6 +30,10 @@ def check_pipeline_run(ppo_args, train_args, rollouts: int, ptx_data) -> None:
                          f"per_device_train_batch_size x gradient_accumulation_steps = {chunk}")
     if ptx_data is not None:
         raise ValueError("key 'ptx_datasets' is not supported with pipeline_parallel_degree > 1 yet")
+    if not uses_defaults(ppo_args):
+        raise ValueError("keys policy_loss_mode / loss_agg_mode / clip_range_ratio_low|high / pg_loss_coeff / "
+                         "entropy_coeff / kl_loss_coeff: only the default PPO objective runs with "
+                         "pipeline_parallel_degree > 1 yet")
     if ppo_args.eval_mode == "tensor_parallel":
         raise ValueError("key 'eval_mode': pipeline_parallel_degree > 1 generates with a whole copy ('single')")
 
@@ -86,8 +91,9 @@ class PipelineUpdate:
         self.actor_pipe = fleet.distributed_model(actor)
         self.critic_pipe = fleet.distributed_model(critic) if critic is not None else None
 
-    def update(self, rollout, rng, optimizer_step, lr) -> Dict[str, float]:
-        """update_iters passes over the rollout; optimizer_step() after each 1F1B run; lr() is the actor's rate."""
+    def update(self, rollout, rng, optimizer_step, lr, scaler=None) -> Dict[str, float]:
+        """update_iters passes over the rollout; optimizer_step() after each 1F1B run; lr() is the actor's rate;
+        scaler: fp16's GradScaler (None: no loss scaling)."""
         size, accum, ranks = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, \
             data_world_size()
         rows, lengths = [], rollout.attention_mask.sum(axis=1).numpy()
@@ -102,12 +108,12 @@ class PipelineUpdate:
                 inputs = (batch.input_ids, batch.attention_mask)
                 stats = pipeline_step(self.actor_pipe, inputs, (
                     batch.input_ids[:, batch.prompt_len:], batch.old_log_probs, batch.advantages,
-                    batch.response_mask, batch.ref_log_probs, weight), self.actor._loss_fn[0], accum)
+                    batch.response_mask, batch.ref_log_probs, weight), self.actor._loss_fn[0], accum, scaler)
                 stats["lr"] = lr()
                 if self.critic_pipe is not None:
                     stats.update(pipeline_step(self.critic_pipe, inputs, (
                         batch.old_values, batch.returns, batch.response_mask, weight), self.critic._loss_fn[0],
-                        accum))
+                        accum, scaler))
                 optimizer_step()
                 rows.append(stats)
         return mean_rows(rows)

@@ -145,12 +145,13 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
 
 
 def response_log_probs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                       with_entropy: bool = False, response_index=None):
+                       with_entropy: bool = False, response_index=None, entropy_grad: bool = False):
     """Log-probs [N, R] of the response tokens under `model` (and their entropies [N, R] when asked).
 
     The LM head runs on the response positions only. Logits are divided by the sampling temperature so the
     ratio and the KL compare the distributions the responses were actually drawn from (as TRL does).
     response_index [N, R]: the response tokens' columns in packed rows (default: prompt_len + t).
+    entropy_grad: keep the entropies in the autograd graph (an entropy bonus in the loss).
     """
     hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [N, W, h]
     if response_index is None:
@@ -159,7 +160,7 @@ def response_log_probs(model, input_ids, attention_mask, prompt_len: int, temper
         states = paddle.take_along_axis(hidden, (response_index - 1).unsqueeze(-1).expand(
             [*response_index.shape, hidden.shape[-1]]), axis=1)  # [N, R, h]
         labels = paddle.take_along_axis(input_ids, response_index, axis=1)  # [N, R]
-    return model.token_log_probs(states, labels, temperature, with_entropy)  # [N, R] each
+    return model.token_log_probs(states, labels, temperature, with_entropy, entropy_grad)  # [N, R] each
 
 
 def critic_values(critic, input_ids, attention_mask, prompt_len: int, response_index=None):

@@ -7,9 +7,13 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+
 from alignment.config.data import LoRAArguments  # noqa: E402
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
@@ -27,7 +31,7 @@ def build_models(model_args, ppo_args, lora_args, train_args, pipeline_stages: i
     from alignment.models.score_model import ScoreModel
 
     if pipeline_stages > 1:
-        return build_pipeline_models(model_args, ppo_args, lora_args, pipeline_stages)
+        return build_pipeline_models(model_args, ppo_args, lora_args, train_args, pipeline_stages)
     actor = with_lora(LlamaForCausalLM.from_pretrained(model_args.actor_model_name_or_path,
                                                        recompute=train_args.recompute), lora_args)
     if lora_args.lora:
@@ -53,20 +57,17 @@ def build_models(model_args, ppo_args, lora_args, train_args, pipeline_stages: i
     return actor, reference, critic, reward_model, reward_tokenizer
 
 
-def build_pipeline_models(model_args, ppo_args, lora_args, stages: int):
+def build_pipeline_models(model_args, ppo_args, lora_args, train_args, stages: int):
     from alignment.models import LlamaConfig, LlamaForCausalLM, Tokenizer
     from alignment.models.score_model import ScoreConfig, ScoreModel
     from alignment.ppo.pipeline_update import PolicyPipeLoss, ValuePipeLoss
-    from alignment.wrappers.pipeline import build_pipeline_model
-    from alignment.parallel.distributed import model_parallel_degree
+    from alignment.wrappers.pipeline import load_pipeline_model
 
     if lora_args.lora or ppo_args.critic_lora:
         raise ValueError("LoRA with pipeline_parallel_degree > 1 is not supported: set 'lora' / 'critic_lora' false")
-    degree = model_parallel_degree()
     path = model_args.actor_model_name_or_path
-    config = LlamaConfig.from_pretrained(path)
-    config.tensor_parallel_degree = degree
-    actor = build_pipeline_model(config, path, "causal", stages, PolicyPipeLoss(ppo_args))
+    actor = load_pipeline_model(LlamaConfig, path, "causal", stages, PolicyPipeLoss(ppo_args),
+                                recompute=train_args.recompute)
     reference = LlamaForCausalLM.from_pretrained(path)
     for param in reference.parameters():
         param.stop_gradient = True
@@ -79,10 +80,8 @@ def build_pipeline_models(model_args, ppo_args, lora_args, stages: int):
     if ppo_args.uses_critic:
         critic_path = (model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
                        or path)
-        critic_config = ScoreConfig.from_pretrained(critic_path)
-        critic_config.score_type, critic_config.do_normalize = "critic", False
-        critic_config.tensor_parallel_degree = degree
-        critic = build_pipeline_model(critic_config, critic_path, "score", stages, ValuePipeLoss(ppo_args))
+        critic = load_pipeline_model(ScoreConfig, critic_path, "score", stages, ValuePipeLoss(ppo_args),
+                                     score_type="critic", do_normalize=False, recompute=ppo_args.critic_recompute)
     return actor, reference, critic, reward_model, reward_tokenizer
 
 
@@ -95,10 +94,12 @@ def main(argv=None) -> dict:
     from alignment.models import Tokenizer
     from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
     from alignment.rewards.functions import RewardFunctionError, load_reward_function
+    from alignment.rewards.remote import RewardServerError
+    from alignment.rewards.remote import RewardServerClient
     from alignment.rewards.scoring import RewardComputer
     from alignment.training.batches import set_seed
 
-    layout = start_processes(train_args, pipeline=True)
+    layout = start_processes(train_args)
     set_seed(train_args.seed)
     with user_errors():
         for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
@@ -115,12 +116,15 @@ def main(argv=None) -> dict:
         print(f"prompts: {len(prompts)} train {prompts.stats}" +
               (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
               (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
-        actor, reference, critic, reward_model, reward_tokenizer = build_models(model_args, ppo_args, lora_args,
-                                                                                train_args, layout.pipeline)
+        # with use_rm_server the server scores (checked to answer first) and no reward model is loaded here
+        server = RewardServerClient.from_args(ppo_args, tokenizer) if ppo_args.use_rm_server else None
+        actor, reference, critic, reward_model, reward_tokenizer = build_models(
+            model_args.for_reward_server() if server else model_args, ppo_args, lora_args, train_args, layout.pipeline)
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
-                                ppo_args.reward_weights, ppo_args.clip_range_score)
+                                ppo_args.reward_weights, ppo_args.clip_range_score, server)
+    scorer = ["reward model"] if reward_model else [f"reward server {', '.join(server.urls)}"] if server else []
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
-          f"reward = {' + '.join((['reward model'] if reward_model else []) + list(ppo_args.reward_funcs))}"
+          f"reward = {' + '.join(scorer + list(ppo_args.reward_funcs))}"
           + (" (re-tokenized for the reward model)" if reward.retokenize else ""))
     with user_errors():
         data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
@@ -130,6 +134,8 @@ def main(argv=None) -> dict:
     try:
         with training_stops():
             results = trainer.train()
+    except RewardServerError as err:  # unreachable past the retry budget: a run that failed mid-way
+        fail(err, code=1)
     except RewardFunctionError as err:
         fail(err)
     print(f"\n{ppo_args.advantage_estimator} done: {trainer.global_step} steps; policy saved to "

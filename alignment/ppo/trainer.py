@@ -28,7 +28,9 @@ from alignment.models.static_decode import StaticDecoder
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, mean_over_ranks, shard,
                                             share_of_data_ranks, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
+from alignment.ppo import dapo
 from alignment.ppo.critic import make_critic
+from alignment.ppo.objective import actor_objective, step_weight
 from alignment.ppo.pipeline_update import PipelineUpdate, check_pipeline_run
 from alignment.ppo.rollout import response_log_probs, sample_rollout, update_order
 from alignment.rewards.functions import gold_scores
@@ -97,7 +99,7 @@ class PPOTrainer(Trainer):
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
             self.pipeline = PipelineUpdate(self.actor, models.critic, ppo_args, train_args)
         critic_copy = WholeCopy(models.critic, ScoreModel) if pipelined and models.critic is not None else None
-        self.critic = make_critic(models.critic, ppo_args.clip_range_value, critic_copy)
+        self.critic = make_critic(models.critic, ppo_args.clip_range_value, critic_copy, self.precision)
         self.static_decoders = {}  # rollout_decode static: compiled decode steps per generating model
         self.reward_stats = RunningMeanStd()
         self.gen_config = GenerationConfig(  # max_new_tokens is set per batch from max_length
@@ -128,11 +130,12 @@ class PPOTrainer(Trainer):
         paddle.seed(self.args.seed + 1_000_003 * (self.global_step + 1))
         batch = next(self.prompt_batches)
         positions = shard(list(range(len(batch))))
-        with self.offload.phase("generate", [self.actor]):
+        with self.offload.phase("generate", [self.actor]), self.precision.autocast():
             rollout = self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
                                         total=len(batch))
         times["time/generate"], start = time.perf_counter() - start, time.perf_counter()
-        with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model]):
+        with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model]), \
+                self.precision.autocast():
             metrics = self.score(rollout)
         metrics.update(self.compute_advantages(rollout))
         times["time/score"], start = time.perf_counter() - start, time.perf_counter()
@@ -176,6 +179,12 @@ class PPOTrainer(Trainer):
             rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
         rollout.old_values = self.critic.old_values(rollout, version=self.global_step)
         end_rewards, parts = self.reward(rollout)
+        lengths = rollout.response_mask.sum(axis=1)  # [N]
+        if self.ppo.enable_overlong_reward_buffer:  # DAPO: responses near the length budget lose reward
+            penalty = dapo.overlong_penalty(lengths, self.ppo.max_new_tokens, self.ppo.overlong_reward_buffer,
+                                            self.ppo.overlong_penalty_factor)  # [N]
+            end_rewards = end_rewards + penalty
+            parts["reward/overlong_penalty"] = float(penalty.mean())
         every = paddle.to_tensor(gather_lists(end_rewards.numpy().tolist()), dtype="float32")  # the global batch's
         metrics = {"reward/mean": float(every.mean()), "reward/std": float(every.std(unbiased=False)), **parts}
         if self.ppo.normalize_reward:  # statistics of the whole batch, identical on every rank
@@ -185,10 +194,12 @@ class PPOTrainer(Trainer):
         gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
         if gold is not None:
             metrics["gold_reward/mean"] = float(gold.mean())
-        lengths = rollout.response_mask.sum(axis=1)  # [N]
         eos = set(self.gen_config.eos_ids)  # the ids generation stops on, not only the tokenizer's eos
         ended = [not eos.isdisjoint(row) for row in rollout.input_ids[:, p:].numpy().tolist()]
         metrics.update({"response_length": float(lengths.mean()), "truncated": 1.0 - float(np.mean(ended))})
+        if self.ppo.mask_truncated_responses:  # DAPO's overlong filtering: cut-off answers teach nothing
+            rollout.response_mask = dapo.mask_truncated_responses(
+                rollout.response_mask, paddle.to_tensor([not e for e in ended]))
         return metrics
 
     @paddle.no_grad()
@@ -224,7 +235,9 @@ class PPOTrainer(Trainer):
             t.model.train()
         rng = np.random.default_rng(args.seed + 7919 * self.global_step)
         if self.pipeline is not None:
-            return self.pipeline.update(rollout, rng, self.optimizer_step, self.policy.optimizer.get_lr)
+            with self.precision.autocast():
+                return self.pipeline.update(rollout, rng, self.optimizer_step, self.policy.optimizer.get_lr,
+                                            scaler=self.precision.scaler)
         size, accum, rows = args.per_device_train_batch_size, args.gradient_accumulation_steps, []
         lengths = rollout.attention_mask.sum(axis=1).numpy()  # prompt + response tokens of each row
         for _ in range(ppo.update_iters):
@@ -233,10 +246,11 @@ class PPOTrainer(Trainer):
             for first in range(0, len(starts), accum):  # one optimizer step
                 batches = [rollout.select(paddle.to_tensor(order[s: s + size])).packed()
                            for s in starts[first: first + accum]]
-                shares = token_shares([batch.response_mask for batch in batches])
+                shares = step_shares([float(batch.response_mask.astype("float32").sum()) for batch in batches])
+                actor_shares = step_shares([step_weight(ppo, batch.response_mask) for batch in batches])
                 step = {}
-                for batch, share in zip(batches, shares):
-                    stats = self.actor_step(batch, share, ptx_scale=1.0 / len(batches))
+                for batch, share, actor_share in zip(batches, shares, actor_shares):
+                    stats = self.actor_step(batch, actor_share, ptx_scale=1.0 / len(batches))
                     stats.update(self.critic.train_step(batch, share))
                     for key, value in stats.items():  # token-weighted shares add up; per-row means average
                         part = value / len(batches) if key in PER_MICRO_BATCH_MEANS else value
@@ -249,26 +263,29 @@ class PPOTrainer(Trainer):
         """Backward of this micro-batch's `share` of the optimizer step's token-mean policy loss (+ ptx_scale of
         the ptx loss); returns its share of each statistic."""
         ppo, mask = self.ppo, batch.response_mask
-        log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask, batch.prompt_len,
-                                                ppo.temperature, with_entropy=True,
-                                                response_index=batch.response_index)
+        with self.precision.autocast():
+            log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask,
+                                                    batch.prompt_len, ppo.temperature, with_entropy=True,
+                                                    response_index=batch.response_index,
+                                                    entropy_grad=ppo.entropy_coeff > 0)
         old_log_probs, out = batch.old_log_probs, {}
         if old_log_probs is None:  # reuse_update_log_probs: this policy sampled the rollout
             old_log_probs = log_probs.detach()
             out["kl"] = float(rl.sequence_kl(old_log_probs, batch.ref_log_probs, mask, ppo.kl_estimator))
-        loss, stats = rl.policy_objective(log_probs, old_log_probs, batch.advantages, mask, batch.ref_log_probs,
-                                          ppo.clip_range_ratio, ppo.kl_coeff if ppo.kl_in_loss else None,
-                                          ppo.kl_estimator)
+        loss, stats = actor_objective(ppo, log_probs, old_log_probs, batch.advantages, mask, batch.ref_log_probs,
+                                      entropy, ppo.max_new_tokens or mask.shape[1])
+        entropy = entropy.detach()
         loss = loss * share
         out.update({"actor_loss": float(loss), "entropy": share * float(rl.masked_mean(entropy, mask)),
                     **{k: share * float(v) for k, v in stats.items()}, "lr": self.policy.optimizer.get_lr()})
         if self.ptx_batches is not None:
             self.drawn["ptx"] += 1
             ptx = to_tensors(self.data.collate_ptx([self.data.ptx[int(i)] for i in shard(next(self.ptx_batches))]))
-            ptx_loss, _ = answer_token_loss(self.actor, ptx["input_ids"], ptx["attention_mask"], ptx["labels"])
+            with self.precision.autocast():
+                ptx_loss, _ = answer_token_loss(self.actor, ptx["input_ids"], ptx["attention_mask"], ptx["labels"])
             loss = loss + ppo.ptx_coeff * ptx_scale * ptx_loss
             out["ptx_loss"] = ptx_scale * float(ptx_loss)
-        loss.backward()
+        self.precision.backward(loss)
         return out
 
     # --- evaluation and checkpoints -------------------------------------------------------------------------------
@@ -324,12 +341,12 @@ class PPOTrainer(Trainer):
 PER_MICRO_BATCH_MEANS = ("lr", "kl")  # actor_step statistics that are not token-weighted shares
 
 
-def token_shares(masks) -> List[float]:
-    """For the micro-batches of one optimizer step: the factors that turn each one's token mean into its share
-    of the token mean over all of them on every data rank (gradients are averaged over the ranks): n_i * ranks /
-    sum of n over the micro-batches and ranks; [1.0] for one micro-batch in one process."""
-    tokens = [float(mask.astype("float32").sum()) for mask in masks]
-    if len(tokens) == 1 and data_world_size() == 1:
+def step_shares(weights: List[float]) -> List[float]:
+    """For the micro-batches of one optimizer step, each the mean of a loss over `weights[i]` units (tokens, or
+    responses): the factors that turn each one's mean into its share of the mean over all of them on every data rank
+    (gradients are averaged over the ranks): w_i * ranks / sum of w over the micro-batches and ranks; [1.0] for one
+    micro-batch in one process."""
+    if len(weights) == 1 and data_world_size() == 1:
         return [1.0]
-    total = share_of_data_ranks(sum(tokens))  # = sum * ranks / global sum
-    return [n / max(sum(tokens), 1e-12) * total for n in tokens]
+    total = share_of_data_ranks(sum(weights))  # = sum * ranks / global sum
+    return [w / max(sum(weights), 1e-12) * total for w in weights]

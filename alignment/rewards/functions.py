@@ -53,23 +53,37 @@ def function_scores(funcs, prompts, completions, labels) -> Dict[str, np.ndarray
             values = fn(texts, list(completions), **labels)
         except Exception as err:  # a user function's bug: name it, do not hide the cause
             raise RewardFunctionError(f"reward function {spec!r} raised {type(err).__name__}: {err}") from err
-        values = np.asarray(values, dtype="float64")
-        if values.shape != (len(completions),):
-            raise RewardFunctionError(f"reward function {spec!r} returned "
-                                      f"{values.shape[0] if values.ndim else 'a scalar'} "
-                             f"values for {len(completions)} completions")
+        values = as_scores(spec, values, len(completions))
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             i = int(bad[0])
             raise RewardFunctionError(f"reward function {spec!r} returned {values[i]} for sample {i} "
-                             f"(prompt {texts[i][:60]!r}, completion {completions[i][:60]!r})")
+                                      f"(prompt {texts[i][:60]!r}, completion {completions[i][:60]!r})")
         out[spec] = values
     return out
 
 
+def as_scores(spec: str, values, count: int) -> np.ndarray:
+    """A reward function's return value as float64 [count], or RewardFunctionError saying what it was."""
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, (list, tuple, np.ndarray)):
+        raise RewardFunctionError(f"reward function {spec!r} returned a {type(values).__name__}; it must return a "
+                                  f"list of numbers, one per completion")
+    try:
+        scores = np.asarray(values, dtype="float64")
+    except (TypeError, ValueError):
+        example = next((v for v in values if not isinstance(v, (int, float, np.number)) or isinstance(v, bool)),
+                       values[0] if len(values) else None)
+        raise RewardFunctionError(f"reward function {spec!r} returned a non-number ({example!r}); it must return "
+                                  f"a list of numbers, one per completion") from None
+    if scores.shape != (count,):
+        raise RewardFunctionError(f"reward function {spec!r} returned "
+                                  f"{scores.shape[0] if scores.ndim else 'a scalar'} values for {count} completions")
+    return scores
+
+
 def gold_scores(judge: Optional[str], prompts, completions, labels) -> Optional[np.ndarray]:
-    """The offline judge's scores (never trained on), or None when no judge is configured."""
+    """The offline judge's scores (never trained on), or None when no judge is configured; checked as reward
+    functions' are (a NaN is an error, not a silent NaN in the logs)."""
     if judge is None:
         return None
-    fn = load_reward_function(judge)
-    return np.asarray(fn([prompt_text(p) for p in prompts], list(completions), **labels), dtype="float64")
+    return function_scores([(judge, load_reward_function(judge))], prompts, completions, labels)[judge]

@@ -2,12 +2,17 @@
 (alignment/rewards/functions.py).
 
 When the reward model's tokenizer differs from the actor's, rollouts are decoded and re-tokenized with the
-reward model's own chat template before scoring.
+reward model's own chat template before scoring. With `server` (alignment/rewards/remote.py) the reward model's
+score comes from an HTTP reward server instead (tools/reward_server.py), which computes the same thing with
+`ServerScorer` below: the rollout's own tokens when the tokenizers match, the re-tokenized text otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
-from typing import Dict, List, Tuple
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -20,10 +25,48 @@ def same_tokenizer(a, b) -> bool:
     return a._tok.to_str() == b._tok.to_str() and a.chat_template == b.chat_template
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A digest of what same_tokenizer compares: equal fingerprints <=> same_tokenizer."""
+    text = tokenizer._tok.to_str() + "\0" + tokenizer.chat_template
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def conversation_ids(tokenizer, prompts: Sequence, completions: Sequence[str]) -> List[List[int]]:
+    """Each (prompt, completion) as the reward model reads it: the conversation in its own chat template."""
+    return [tokenize_conversation(tokenizer, tokenizer.chat_messages(prompt) +
+                                  [{"role": "assistant", "content": completion}])[0]
+            for prompt, completion in zip(prompts, completions)]
+
+
+def query_ids(tokenizer, query: str) -> List[int]:
+    """A whole rendered conversation (OpenRLHF's `query`) as tokens, ending at its last eos as
+    tokenize_conversation's answers do (an eos is appended when the text has none)."""
+    ids = tokenizer.encode(query, add_special_tokens=True)
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        return ids
+    if eos not in ids:
+        return ids + [eos]
+    return ids[: len(ids) - ids[::-1].index(eos)]
+
+
+@paddle.no_grad()
+def end_scores(model, ids: List[List[int]], pad_token_id: int, batch_size: int) -> np.ndarray:
+    """The score model's end score [N] (float32) of each token list, right-padded in batches of batch_size."""
+    model.eval()
+    out = []
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start: start + batch_size]
+        scores = model(paddle.to_tensor(pad_sequences(chunk, pad_token_id)),
+                       paddle.to_tensor(attention_mask_for(chunk))).end_scores  # [b]
+        out.append(scores.numpy().astype("float32"))
+    return np.concatenate(out) if out else np.zeros([0], "float32")
+
+
 class RewardComputer:
     def __init__(self, reward_model=None, reward_tokenizer=None, actor_tokenizer=None, funcs: List[str] = (),
-                 weights: List[float] = (), clip_range_score: float = math.inf):
-        self.model, self.tokenizer, self.clip = reward_model, reward_tokenizer, clip_range_score
+                 weights: List[float] = (), clip_range_score: float = math.inf, server=None):
+        self.model, self.tokenizer, self.clip, self.server = reward_model, reward_tokenizer, clip_range_score, server
         self.retokenize = reward_model is not None and not same_tokenizer(reward_tokenizer, actor_tokenizer)
         self.funcs = [(spec, load_reward_function(spec)) for spec in funcs]
         self.weights = list(weights) or [1.0] * len(self.funcs)
@@ -32,9 +75,7 @@ class RewardComputer:
     def model_scores(self, rollout) -> paddle.Tensor:
         """Reward-model end scores [N], clipped to +/- clip_range_score."""
         if self.retokenize:
-            ids = [tokenize_conversation(self.tokenizer, self.tokenizer.chat_messages(prompt) +
-                                         [{"role": "assistant", "content": completion}])[0]
-                   for prompt, completion in zip(rollout.prompts, rollout.completions)]
+            ids = conversation_ids(self.tokenizer, rollout.prompts, rollout.completions)
             input_ids = paddle.to_tensor(pad_sequences(ids, self.tokenizer.pad_token_id))
             attention_mask = paddle.to_tensor(attention_mask_for(ids))
         else:
@@ -43,11 +84,23 @@ class RewardComputer:
         scores = self.model(input_ids, attention_mask).end_scores  # [N]
         return paddle.clip(scores, -self.clip, self.clip)
 
+    def server_scores(self, rollout) -> Tuple[np.ndarray, Dict[str, float]]:
+        """The reward server's scores [N] (float64), clipped as model_scores, and the call's time and retries."""
+        start = time.perf_counter()
+        scores, retries = self.server.scores(rollout.prompts, rollout.completions, rollout.labels.get("answer"),
+                                             rollout.input_ids.numpy(), rollout.attention_mask.numpy())
+        return np.clip(scores, -self.clip, self.clip), {"time/reward_server": time.perf_counter() - start,
+                                                        "reward_server/retries": float(retries)}
+
     def __call__(self, rollout) -> Tuple[paddle.Tensor, Dict[str, float]]:
         """End rewards [N] and the mean of each part (for logging)."""
         total = np.zeros(len(rollout.completions), dtype="float64")
         parts = {}
-        if self.model is not None:
+        if self.server is not None:
+            scores, stats = self.server_scores(rollout)
+            total += scores
+            parts.update({"reward/model": float(scores.mean()), **stats})
+        elif self.model is not None:
             scores = self.model_scores(rollout).numpy().astype("float64")
             total += scores
             parts["reward/model"] = float(scores.mean())
@@ -56,3 +109,66 @@ class RewardComputer:
             total += weight * values
             parts[f"reward/{spec}"] = float(values.mean())
         return paddle.to_tensor(total.astype("float32")), parts
+
+
+@dataclasses.dataclass
+class ScoreRow:
+    """One row a reward server scores. The model reads `query` tokenized as it stands (OpenRLHF) when given,
+    else the prompt and response re-tokenized in its chat template (as RewardComputer.model_scores)."""
+    prompt: object  # str or list of turns
+    response: str
+    label: Optional[str] = None  # the dataset's answer, for judges (`answer=`)
+    query: Optional[str] = None
+
+
+class ServerScorer:
+    """What the reward server computes for a batch of rows: the score model's end score plus weighted judges
+    (any reward function spec), summed; each part is returned too (OpenRLHF's extra_logs)."""
+
+    def __init__(self, model=None, tokenizer=None, judges: Sequence[str] = (), weights: Sequence[float] = (),
+                 max_batch: int = 32):
+        if model is None and not judges:
+            raise ValueError("a reward server needs --model, --judge or both")
+        if weights and len(weights) != len(judges):
+            raise ValueError(f"--judge-weight: {len(weights)} weights for {len(judges)} judges")
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+        try:
+            self.judges = [(spec, load_reward_function(spec)) for spec in judges]
+        except ValueError as err:  # its message names the PPO keys; here the flag is --judge
+            raise ValueError(f"--judge: {str(err).split(': ', 1)[-1]}") from None
+        self.weights = list(weights) or [1.0] * len(self.judges)
+        self.fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
+        self.vocab_size = tokenizer.vocab_size if tokenizer is not None else 0
+
+    def model_ids(self, row: ScoreRow) -> List[int]:
+        if row.query is not None:
+            return query_ids(self.tokenizer, row.query)
+        return conversation_ids(self.tokenizer, [row.prompt], [row.response])[0]
+
+    @paddle.no_grad()
+    def model_scores(self, rows: Sequence[ScoreRow], layout=None) -> np.ndarray:
+        """End scores [N] float32: of `layout` (padded input_ids, attention_mask [N, W], the client's own
+        tensors) in one forward pass as RewardComputer.model_scores runs them, else of the rows' tokens."""
+        if layout is None:
+            return end_scores(self.model, [self.model_ids(row) for row in rows], self.tokenizer.pad_token_id,
+                              self.max_batch)
+        self.model.eval()
+        input_ids, attention_mask = (paddle.to_tensor(np.asarray(a, dtype="int64")) for a in layout)
+        return self.model(input_ids, attention_mask).end_scores.numpy().astype("float32")
+
+    def score(self, rows: Sequence[ScoreRow], layout=None) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        """(total [N] float64, {part name: [N]}); ValueError names a row whose score is not finite."""
+        total, parts = np.zeros(len(rows), "float64"), {}
+        if self.model is not None:
+            parts["model"] = self.model_scores(rows, layout).astype("float64")
+            total += parts["model"]
+        if self.judges:
+            labels = {"answer": [row.label for row in rows]}
+            values = function_scores(self.judges, [r.prompt for r in rows], [r.response for r in rows], labels)
+            for (spec, value), weight in zip(values.items(), self.weights):
+                parts[f"judge/{spec}"] = value
+                total += weight * value
+        bad = np.flatnonzero(~np.isfinite(total))
+        if bad.size:
+            raise ValueError(f"the reward model gave {total[bad[0]]} for row {int(bad[0])}")
+        return total, parts

@@ -7,9 +7,13 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.reward import RewardArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
@@ -28,7 +32,7 @@ def main(argv=None) -> dict:
     from alignment.rm.trainer import RewardTrainer
     from alignment.training.batches import set_seed
 
-    start_processes(train_args)
+    layout = start_processes(train_args)
     set_seed(train_args.seed)
     with user_errors():
         tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
@@ -36,12 +40,23 @@ def main(argv=None) -> dict:
         train_set, eval_set = preference_datasets(train_raw, eval_raw, tokenizer, data_args.max_length)
         print(f"train: {len(train_set)} pairs {train_set.stats}" +
               (f"; eval: {len(eval_set)} pairs {eval_set.stats}" if eval_set is not None else ""))
-        model = ScoreModel.from_pretrained(
-            model_args.model_name_or_path, recompute=train_args.recompute, score_type="reward",
-            do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
-            normalizer_momentum=reward_args.normalizer_momentum)
-        with_lora(model, lora_args, trainable=("score.",))
-        print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised else "restored"))
+        score_config = dict(recompute=train_args.recompute, score_type="reward",
+                            do_normalize=reward_args.normalize_score_during_training,
+                            normalizer_type=reward_args.normalizer_type,
+                            normalizer_momentum=reward_args.normalizer_momentum)
+        if layout.pipeline > 1:
+            from alignment.models.score_model import ScoreConfig
+            from alignment.wrappers.pipeline import load_pipeline_model
+
+            if lora_args.lora:
+                raise ValueError("key 'lora': LoRA with pipeline_parallel_degree > 1 is not supported")
+            model = load_pipeline_model(ScoreConfig, model_args.model_name_or_path, "score", layout.pipeline,
+                                        **score_config)
+        else:
+            model = ScoreModel.from_pretrained(model_args.model_name_or_path, **score_config)
+            with_lora(model, lora_args, trainable=("score.",))
+            print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised
+                                    else "restored"))
         trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
                                 lambda items: collate_preference(items, tokenizer.pad_token_id), effective)
     with training_stops():

@@ -7,9 +7,13 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import alignment  # noqa: E402,F401  (sets CPU thread defaults before paddle is imported)
+from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
@@ -26,7 +30,7 @@ def main(argv=None) -> dict:
     from alignment.sft.trainer import SupervisedTrainer
     from alignment.training.batches import set_seed
 
-    start_processes(train_args)
+    layout = start_processes(train_args)
     set_seed(train_args.seed)
     with user_errors():
         tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
@@ -35,7 +39,16 @@ def main(argv=None) -> dict:
         eval_set = SupervisedDataset(eval_raw, tokenizer, data_args.max_length) if eval_raw is not None else None
         print(f"train: {len(train_set)} samples {train_set.stats}" +
               (f"; eval: {len(eval_set)} samples {eval_set.stats}" if eval_set is not None else ""))
-        model = with_lora(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
+        if layout.pipeline > 1:
+            from alignment.models import LlamaConfig
+            from alignment.wrappers.pipeline import load_pipeline_model
+
+            if lora_args.lora:
+                raise ValueError("key 'lora': LoRA with pipeline_parallel_degree > 1 is not supported")
+            model = load_pipeline_model(LlamaConfig, model_args.model_name_or_path, "causal", layout.pipeline,
+                                        recompute=train_args.recompute)
+        else:
+            model = with_lora(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
                                                                recompute=train_args.recompute), lora_args)
         trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
                                     lambda items: collate_supervised(items, tokenizer.pad_token_id), effective)

@@ -6,27 +6,30 @@
                                names (alignment/training/optimizer_state.py), whatever the process layout: a
                                checkpoint resumes under any other layout
         <model>.scheduler.json learning-rate scheduler state
-        rng_state.pkl          Python, numpy and Paddle RNG states
+        rng_state.json         Python, numpy and Paddle RNG states
         trainer_state.json     global_step, batches drawn from each data stream, normaliser statistics, the
                                process layout the optimizer files belong to, ...
+        manifest.json          size and sha256 of every other file, written last
     <output_dir>/latest        "checkpoint-N", rewritten only after checkpoint-N is complete
 
-A checkpoint directory is built under a temporary name, fsynced and renamed (alignment/fileio.py), and `latest`
-is replaced atomically afterwards, so a process killed at any point leaves the previous checkpoint loadable and
-`resume_from_checkpoint: "auto"` finds it. Every rank calls save_checkpoint (tensor-parallel weights and optimizer
-states are gathered, pipeline stages' and sharding ranks' sent to rank 0); rank 0 writes. Checkpoints of earlier
-versions (<model>.optimizer, one file or one per rank) still load, the per-rank ones under their own layout.
+Everything is data (safetensors and JSON): nothing on the load path unpickles, so a crafted checkpoint cannot run
+code. A checkpoint directory is built under a temporary name, fsynced and renamed (alignment/fileio.py), and
+`latest` is replaced atomically afterwards, so a process killed at any point leaves the previous checkpoint
+loadable. `resume_from_checkpoint: "auto"` takes the newest checkpoint under output_dir whose files match its
+manifest (`latest` only names one of them, never a path elsewhere). Every rank calls save_checkpoint
+(tensor-parallel weights and optimizer states are gathered, pipeline stages' and sharding ranks' sent to rank 0);
+rank 0 writes. Checkpoints of versions before 2026-11 (pickled optimizer and RNG files) are refused.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
-import pickle
 import random
 import re
 import shutil
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -34,50 +37,82 @@ import paddle
 from safetensors.numpy import load_file, save_file
 
 from alignment.fileio import atomic_directory, write_json_atomic, write_text_atomic
-from alignment.parallel.distributed import is_main_process, rank, split_optimizer_states
+from alignment.parallel.distributed import is_main_process
 from alignment.training.optimizer_state import load_whole_optimizer_state, whole_optimizer_state
 
 STATE_FILE = "trainer_state.json"
-RNG_FILE = "rng_state.pkl"
+RNG_FILE = "rng_state.json"
+MANIFEST = "manifest.json"
 LATEST = "latest"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "paddle": paddle.get_rng_state()}
+    """Python, numpy and Paddle generator states as JSON-able data."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "paddle": [_paddle_generator_state(g) for g in paddle.get_rng_state()]}
+
+
+def _paddle_generator_state(generator) -> list:
+    device, seed, offset, engine = generator.__getstate__()  # engine: the generator's text state as char codes
+    return [device, seed, offset, bytes(engine).decode("ascii")]
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    paddle.set_rng_state(state["paddle"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    generators = paddle.get_rng_state()
+    if len(generators) != len(state["paddle"]):
+        raise ValueError(f"{len(state['paddle'])} Paddle generator states for {len(generators)} generators")
+    for generator, (device, seed, offset, engine) in zip(generators, state["paddle"]):
+        generator.__setstate__((device, seed, offset, list(engine.encode("ascii"))))
+    paddle.set_rng_state(generators)
 
 
 def write_rng_state(directory: str) -> None:
-    with open(os.path.join(directory, RNG_FILE), "wb") as f:
-        pickle.dump(rng_state(), f)
+    write_json_atomic(os.path.join(directory, RNG_FILE), rng_state())
 
 
-def portable_optimizer_state(model, optimizer) -> dict:
-    """The optimizer's state with Paddle's generated parameter names (e.g. linear_3.w_0, which depend on how many
-    layers the process built before) replaced by the model's structured names, so a fresh process can load it."""
-    by_generated = {p.name: n for n, p in model.named_parameters()}
-    out = {}
-    for key, value in optimizer.state_dict().items():
-        owner = max((g for g in by_generated if key.startswith(g + "_")), key=len, default=None)
-        out[f"param:{by_generated[owner]}{key[len(owner):]}" if owner else key] = value
-    return out
+def write_manifest(directory: str) -> None:
+    """manifest.json: {relative path: [size, sha256]} of every file under `directory`."""
+    files = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            full = os.path.join(root, name)
+            files[os.path.relpath(full, directory)] = [os.path.getsize(full), _sha256(full)]
+    write_json_atomic(os.path.join(directory, MANIFEST), {"files": files})
 
 
-def load_portable_optimizer_state(model, optimizer, state: dict) -> None:
-    by_structured = {n: p.name for n, p in model.named_parameters()}
-    restored = {}
-    for key, value in state.items():
-        if key.startswith("param:"):
-            name = max((n for n in by_structured if key[6:].startswith(n + "_")), key=len)
-            key = by_structured[name] + key[6 + len(name):]
-        restored[key] = value
-    optimizer.set_state_dict(restored)
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checkpoint(path: str) -> Optional[str]:
+    """None when every file the manifest lists is there with its size and hash; else what is wrong."""
+    if not os.path.exists(os.path.join(path, RNG_FILE)) and os.path.exists(os.path.join(path, "rng_state.pkl")):
+        return ("written by an earlier version (pickled optimizer and RNG states, which could run code when "
+                "loaded): resume it with that version, or start a new run from its model weights")
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            files = json.load(f)["files"]
+        for name, (size, digest) in files.items():
+            full = os.path.join(path, name)
+            if not os.path.isfile(full) or os.path.getsize(full) != size:
+                return f"{name} is missing or has the wrong size"
+            if _sha256(full) != digest:
+                return f"{name} does not match its sha256"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"unreadable {MANIFEST} ({err})"
+    return None
 
 
 def save_checkpoint(output_dir: str, step: int, models: Dict[str, object], optimizers: Dict[str, Tuple],
@@ -98,6 +133,7 @@ def save_checkpoint(output_dir: str, step: int, models: Dict[str, object], optim
         if tmp:
             write_rng_state(tmp)
             write_json_atomic(os.path.join(tmp, STATE_FILE), {"global_step": step, "layout": layout, **state})
+            write_manifest(tmp)
     if not is_main_process():
         return path
     write_text_atomic(os.path.join(output_dir, LATEST), name + "\n")
@@ -120,53 +156,64 @@ def checkpoint_steps(output_dir: str) -> list:
 
 
 def resolve_resume(output_dir: str, spec: Optional[str]) -> Optional[str]:
-    """The checkpoint directory to resume from: `spec` is null, a checkpoint path, or "auto" (the one `latest`
-    names, else the highest complete checkpoint-N, else none: a fresh start)."""
+    """The checkpoint directory to resume from: `spec` is null, a checkpoint path, or "auto": the newest
+    checkpoint-N under output_dir that verifies against its manifest (`latest` first when it names one of them;
+    what is skipped is said), else none: a fresh start."""
     if spec is None:
         return None
-    if spec == "auto":
-        pointer = os.path.join(output_dir, LATEST)
-        if os.path.exists(pointer):
-            candidate = os.path.join(output_dir, open(pointer, encoding="utf-8").read().strip())
-            if os.path.exists(os.path.join(candidate, STATE_FILE)):
-                return candidate
-        steps = checkpoint_steps(output_dir)
-        return os.path.join(output_dir, f"checkpoint-{max(steps)}") if steps else None
-    if not os.path.exists(os.path.join(spec, STATE_FILE)):
-        raise ValueError(f"key 'resume_from_checkpoint': {spec} is not a complete checkpoint (no {STATE_FILE}); "
-                         f"give a checkpoint-N directory or \"auto\"")
-    return spec
+    if spec != "auto":
+        if not os.path.exists(os.path.join(spec, STATE_FILE)):
+            raise ValueError(f"key 'resume_from_checkpoint': {spec} is not a complete checkpoint (no {STATE_FILE}); "
+                             f"give a checkpoint-N directory or \"auto\"")
+        problem = verify_checkpoint(spec)
+        if problem:
+            raise ValueError(f"key 'resume_from_checkpoint': {spec}: {problem}")
+        return spec
+    for candidate in _auto_candidates(output_dir):
+        path = os.path.join(output_dir, candidate)
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        print(f"resume: skipping {path}: {problem}")
+    return None
+
+
+def _auto_candidates(output_dir: str) -> List[str]:
+    """checkpoint-N names, the one `latest` names first (only a bare checkpoint-N: never a path elsewhere)."""
+    names = [f"checkpoint-{step}" for step in sorted(checkpoint_steps(output_dir), reverse=True)]
+    pointer = os.path.join(output_dir, LATEST)
+    if os.path.exists(pointer):
+        with open(pointer, encoding="utf-8", errors="replace") as f:
+            named = f.read().strip()
+        if named in names:
+            names.remove(named)
+            names.insert(0, named)
+        else:
+            print(f"resume: ignoring {pointer}: {named[:80]!r} is not a checkpoint-N directory of {output_dir}")
+    return names
 
 
 def load_checkpoint(path: str, models: Dict[str, object], optimizers: Dict[str, Tuple], layout: str = "") -> dict:
     """Restore models, optimizers, schedulers and RNG states in place; return the trainer state. Weights and
-    optimizer states load under any layout (earlier versions' per-rank optimizer files: under their own)."""
-    with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
-        saved = json.load(f)
+    optimizer states load under any layout."""
+    saved = _read_json(os.path.join(path, STATE_FILE))
     for model_name, model in models.items():
         model.load_checkpoint(os.path.join(path, model_name))
     for opt_name, (optimizer, scheduler) in optimizers.items():
         whole = os.path.join(path, f"{opt_name}.optimizer.safetensors")
-        if os.path.exists(whole):
-            load_whole_optimizer_state(models[opt_name], optimizer, load_file(whole), whole)
-            with open(os.path.join(path, f"{opt_name}.scheduler.json"), encoding="utf-8") as f:
-                scheduler.set_state_dict(json.load(f))
-        else:
-            _load_legacy_optimizer(path, opt_name, models[opt_name], optimizer, scheduler, saved, layout)
-    with open(os.path.join(path, RNG_FILE), "rb") as f:
-        set_rng_state(pickle.load(f))
+        load_whole_optimizer_state(models[opt_name], optimizer, load_file(whole), whole)
+        scheduler.set_state_dict(_read_json(os.path.join(path, f"{opt_name}.scheduler.json")))
+    rng_file = os.path.join(path, RNG_FILE)
+    try:
+        set_rng_state(_read_json(rng_file))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{rng_file}: not an RNG state of this version ({err})") from None
     return saved
 
 
-def _load_legacy_optimizer(path, opt_name, model, optimizer, scheduler, saved: dict, layout: str) -> None:
-    """<model>.optimizer (paddle.save of the portable state; one per rank, .rank-R, under the layout it names)."""
-    if split_optimizer_states() or saved.get("layout"):
-        if saved.get("layout", "") != layout:
-            raise ValueError(f"key 'resume_from_checkpoint': {path} holds per-rank optimizer states of the layout "
-                             f"'{saved.get('layout', '')}' (an earlier version's format); resume it with that "
-                             f"layout, not '{layout}'")
-    file = os.path.join(path, f"{opt_name}.optimizer")
-    if split_optimizer_states():
-        file += f".rank-{rank()}"
-    load_portable_optimizer_state(model, optimizer, paddle.load(file))
-    scheduler.set_state_dict(paddle.load(os.path.join(path, f"{opt_name}.scheduler")))
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None

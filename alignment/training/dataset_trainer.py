@@ -4,13 +4,20 @@
 
 Under data parallelism the loss is the mean over the whole global batch (each rank's mean is weighted by its
 share of the weight), so N processes train exactly as one process with the global batch.
+
+Pipeline-parallel models (alignment/wrappers/pipeline.py) run the same micro-batches through fleet's 1F1B schedule;
+a stage then also defines what its last pipeline stage computes:
+
+    batch_weight(batch) -> float                          # compute_loss's weight, known before the forward
+    pipeline_labels(batch) -> tuple of tensors            # what the last stage needs besides the model's outputs
+    pipeline_loss(outputs, labels) -> (loss, metrics, weight)   # compute_loss from the last stage's outputs
 """
 from __future__ import annotations
 
 import math
 import os
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import paddle
 from tqdm import tqdm
@@ -18,6 +25,7 @@ from tqdm import tqdm
 from alignment.parallel.distributed import barrier, data_world_size, mean_over_ranks, shard, share_of_data_ranks
 from alignment.training.batches import epoch_batches, eval_shards, skip_batches, to_tensors
 from alignment.training.trainer import Trainer, mean_rows
+from alignment.wrappers.pipeline import PipelineModel, micro_batch_lists, pipeline_forward, pipeline_step
 
 
 class DatasetTrainer(Trainer):
@@ -33,6 +41,11 @@ class DatasetTrainer(Trainer):
         self.total_steps = args.max_steps if args.max_steps > 0 else \
             max(1, int(steps_per_epoch * args.num_train_epochs))
         self.optimizer = self.add_trained("model", model, self.total_steps).optimizer
+        self.pipe = None  # fleet's 1F1B runner of a pipeline model
+        if isinstance(model, PipelineModel):
+            from paddle.distributed import fleet
+
+            self.pipe = fleet.distributed_model(model)
         self.batches_drawn = 0
         self.resume_if_asked()
 
@@ -44,6 +57,15 @@ class DatasetTrainer(Trainer):
     def batch_tokens(self, batch: Dict[str, paddle.Tensor]) -> int:
         return int(batch["attention_mask"].sum())
 
+    def batch_weight(self, batch: Dict[str, paddle.Tensor]) -> float:
+        raise ValueError(f"key 'pipeline_parallel_degree': {type(self).__name__} has no pipeline-parallel variant")
+
+    def pipeline_labels(self, batch: Dict[str, paddle.Tensor]) -> tuple:
+        raise ValueError(f"key 'pipeline_parallel_degree': {type(self).__name__} has no pipeline-parallel variant")
+
+    def pipeline_loss(self, outputs, labels: tuple):
+        raise NotImplementedError
+
     # --- the skeleton's hooks -----------------------------------------------------------------------------------
     def start_data_streams(self) -> None:
         world = data_world_size()
@@ -53,20 +75,58 @@ class DatasetTrainer(Trainer):
         self.model.train()
         self._window_tokens, self._window_start = 0, time.perf_counter()
 
+    def next_batch(self) -> Dict[str, paddle.Tensor]:
+        batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in shard(next(self.batches))]))
+        self.batches_drawn += 1
+        self._window_tokens += self.batch_tokens(batch)
+        return batch
+
     def training_step(self) -> Dict[str, float]:
         """gradient_accumulation_steps micro-batches, then one guarded optimizer step."""
+        if self.pipe is not None:
+            return self.pipeline_training_step()
         accum, rows = self.args.gradient_accumulation_steps, []
         for _ in range(accum):
-            batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in shard(next(self.batches))]))
-            self.batches_drawn += 1
-            loss, metrics, weight = self.compute_loss(batch)
+            batch = self.next_batch()
+            with self.precision.autocast():
+                loss, metrics, weight = self.compute_loss(batch)
             share = share_of_data_ranks(weight)  # the loss is a mean over the whole batch, not per process
-            (loss * share / accum).backward()
+            self.precision.backward(loss * share / accum)
             rows.append({"loss": float(loss) * share, **metrics})
-            self._window_tokens += self.batch_tokens(batch)
+        return self.finish_step(mean_rows(rows), [row["loss"] for row in rows])
+
+    def finish_step(self, row: Dict[str, float], losses: List[float]) -> Dict[str, float]:
         lr = self.optimizer.get_lr()
-        grad_norm, = self.optimizer_step(*(row["loss"] for row in rows))
-        return {**mean_rows(rows), "grad_norm": grad_norm, "lr": lr, "skipped_steps": float(self.guard.skipped)}
+        grad_norm, = self.optimizer_step(*losses)
+        row = {**row, "grad_norm": grad_norm, "lr": lr, "skipped_steps": float(self.guard.skipped)}
+        if self.precision.scaler is not None:
+            row["loss_scale"] = self.precision.loss_scale
+        return row
+
+    def pipeline_training_step(self) -> Dict[str, float]:
+        """The same micro-batches and loss scaling as training_step, in one 1F1B run over the pipeline stages."""
+        accum, micro_batches = self.args.gradient_accumulation_steps, []
+        for _ in range(accum):
+            batch = self.next_batch()
+            share = share_of_data_ranks(self.batch_weight(batch))
+            micro_batches.append(((batch["input_ids"], batch["attention_mask"]),
+                                  (*self.pipeline_labels(batch), paddle.to_tensor([[share]], dtype="float32"))))
+        loss_fn = self.model._loss_fn[0]
+
+        def scaled_loss(outputs, labels):  # fleet divides by accum, as training_step does
+            *labels, share = labels
+            loss, metrics, _ = self.pipeline_loss(outputs, tuple(labels))
+            share = float(share[0, 0])
+            for key, value in {"loss": float(loss) * share, **metrics}.items():
+                loss_fn.stats[key] = loss_fn.stats.get(key, 0.0) + value
+            return loss * share
+
+        loss_fn.fn = scaled_loss
+        inputs, labels = zip(*micro_batches)
+        with self.precision.autocast():
+            row = pipeline_step(self.pipe, micro_batch_lists(inputs), micro_batch_lists(labels), loss_fn, accum,
+                                scaler=self.precision.scaler)
+        return self.finish_step(row, [row["loss"]])
 
     def log_row(self, window) -> Dict[str, float]:
         elapsed = time.perf_counter() - self._window_start
@@ -78,21 +138,43 @@ class DatasetTrainer(Trainer):
     def has_eval_data(self) -> bool:
         return self.eval_dataset is not None
 
+    def eval_records(self, eager: Callable, pipelined: Callable) -> list:
+        """One picklable record per evaluation batch of this rank: eager(batch), or for a pipeline model
+        pipelined(outputs, pipeline_labels(batch)) on the last stage (every stage gets the records)."""
+        self.model.eval()
+        with self.precision.autocast():
+            records = self._eval_records(eager, pipelined)
+        self.model.train()
+        return records
+
+    def _eval_records(self, eager: Callable, pipelined: Callable) -> list:
+        records, pending = [], []
+        shards = list(eval_shards(len(self.eval_dataset), self.args.per_device_eval_batch_size))
+        for number, indices in enumerate(shards):
+            batch = to_tensors(self.collate_fn([self.eval_dataset[i] for i in indices]))
+            if self.pipe is None:
+                records.append(eager(batch))
+                continue
+            pending.append(((batch["input_ids"], batch["attention_mask"]), self.pipeline_labels(batch)))
+            if len(pending) == self.pipe.accumulate_steps or number == len(shards) - 1:
+                records += pipeline_forward(self.pipe, pending, pipelined)
+                pending = []
+        return records
+
     @paddle.no_grad()
     def evaluate(self) -> Dict[str, float]:
         if self.eval_dataset is None or not self.args.do_eval or len(self.eval_dataset) == 0:
             return {}
-        self.model.eval()
-        totals, total_weight = {}, 0.0
-        size = self.args.per_device_eval_batch_size
-        for indices in eval_shards(len(self.eval_dataset), size):
-            batch = to_tensors(self.collate_fn([self.eval_dataset[i] for i in indices]))
-            loss, metrics, weight = self.compute_loss(batch)
-            for key, value in {"loss": float(loss), **metrics}.items():
-                totals[key] = totals.get(key, 0.0) + value * weight
-            total_weight += weight
-        self.model.train()
-        sums = mean_over_ranks({**totals, "_weight": total_weight})  # ratios of means = ratios of sums
+
+        def weighted(loss, metrics, weight):
+            return {"loss": float(loss) * weight, **{k: v * weight for k, v in metrics.items()}, "_weight": weight}
+
+        totals = {}
+        for record in self.eval_records(lambda batch: weighted(*self.compute_loss(batch)),
+                                        lambda outputs, labels: weighted(*self.pipeline_loss(outputs, labels))):
+            for key, value in record.items():
+                totals[key] = totals.get(key, 0.0) + value
+        sums = mean_over_ranks(totals)  # ratios of means = ratios of sums
         results = {f"eval/{k}": v / max(sums["_weight"], 1e-12) for k, v in sums.items() if k != "_weight"}
         self.logger.log(self.global_step, results, echo=tqdm.write)
         return results

@@ -1,8 +1,13 @@
 """The NaN/inf guard: a step whose loss or gradients are not finite is skipped, and a run that keeps producing them
-stops with a message instead of training on garbage."""
+stops with a message instead of training on garbage. An update that leaves a weight non-finite (an infinite
+learning rate, an overflowing optimizer state) stops the run before anything is saved."""
 from __future__ import annotations
 
 import math
+
+import paddle
+
+from alignment.parallel.distributed import world_size
 
 
 class TrainingStopped(RuntimeError):
@@ -30,6 +35,17 @@ class NonFiniteGuard:
                 f"'max_nonfinite_steps' = {self.limit}); stopping without saving. Checkpoints already written "
                 f"under {self.output_dir} are intact: lower learning_rate and resume with resume_from_checkpoint.")
         return False
+
+    def check_weights(self, step: int, models) -> None:
+        """Raise TrainingStopped when any weight of `models` is NaN/inf on any rank (a collective)."""
+        flags = [paddle.isfinite(p).all() for m in models for p in m.parameters() if not p.stop_gradient]
+        bad = paddle.to_tensor(0.0 if not flags or bool(paddle.stack(flags).all()) else 1.0, dtype="float32")
+        if world_size() > 1:
+            paddle.distributed.all_reduce(bad)
+        if float(bad) > 0:
+            raise TrainingStopped(
+                f"step {step}: the update made weights NaN/inf (is learning_rate finite and sensible?); stopping "
+                f"without saving them. Checkpoints already written under {self.output_dir} are intact.")
 
     def state_dict(self) -> dict:
         return {"skipped": self.skipped, "in_a_row": self.in_a_row}

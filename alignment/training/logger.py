@@ -35,8 +35,15 @@ class MetricsLogger:
     def _keep_rows_until(self, path: str, step: int) -> None:
         if not os.path.exists(path):
             return
-        with open(path, encoding="utf-8") as f:
-            lines = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        lines = []
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a row cut short by a kill: the resumed run logs that step again
+                    continue
+                if isinstance(row, dict) and row.get("step", 0) <= step:
+                    lines.append(line if line.endswith("\n") else line + "\n")
         write_text_atomic(path, "".join(lines))
 
     def _open(self) -> None:
@@ -64,7 +71,7 @@ class MetricsLogger:
         if self._writer is not None:
             for key, value in row.items():
                 if key != "step" and isinstance(value, float) and math.isfinite(value):
-                    self._writer.add_scalar(tag=key, value=value, step=step)
+                    self._writer.add_scalar(tag=visualdl_tag(key), value=value, step=step)
         if echo is not None:
             echo(f"step {step}: " + ", ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
 
@@ -91,3 +98,16 @@ class MetricsLogger:
             self._file.close()
         if self._writer is not None:
             self._writer.close()
+
+
+VISUALDL_GROUPS = ("eval", "time", "memory")  # a metric "group/name" of these keeps its group
+
+
+def visualdl_tag(key: str) -> str:
+    """VisualDL groups scalars by the text before the first '/': every training metric goes to one open 'train'
+    group ('reward/mean' -> 'train/reward_mean'), evaluation, timing and memory keep theirs."""
+    group, _, rest = key.partition("/")
+    if rest and group in VISUALDL_GROUPS:
+        return key
+    return "train/" + key.replace("/", "_")
+

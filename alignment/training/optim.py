@@ -35,8 +35,9 @@ def warmup_steps_for(args: TrainingArguments, total_steps: int) -> int:
 
 
 def build_optimizer(model: paddle.nn.Layer, args: TrainingArguments, total_steps: int,
-                    learning_rate: float = None, weight_decay: float = None):
-    """Return (optimizer, scheduler). Norm weights and biases get no weight decay."""
+                    learning_rate: float = None, weight_decay: float = None, precision=None):
+    """Return (optimizer, scheduler). Norm weights and biases get no weight decay. `precision`
+    (training/precision.py) decorates model and optimizer for AMP O2 before any sharding wrapper."""
     peak = args.learning_rate if learning_rate is None else learning_rate
     decay = args.weight_decay if weight_decay is None else weight_decay
     warmup = warmup_steps_for(args, total_steps)
@@ -53,6 +54,8 @@ def build_optimizer(model: paddle.nn.Layer, args: TrainingArguments, total_steps
         weight_decay=decay,
         apply_decay_param_fun=lambda name: name not in no_decay,
     )
+    if precision is not None:
+        model, optimizer = precision.decorate(model, optimizer)
     if sharding_world_size() > 1:
         optimizer = shard_optimizer_states(optimizer)
     return optimizer, scheduler

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 
 from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
 from alignment.data import MixedRawDataset, import_user_modules
+
+_argument_dir = None  # the directory of the argument file: relative user_dataset_modules paths start there
 
 
 @contextlib.contextmanager
@@ -14,24 +17,40 @@ def user_errors():
     """Turn the errors of loading user inputs (missing paths, bad files, bad values) into a one-line exit."""
     try:
         yield
-    except (FileNotFoundError, ValueError) as err:  # DataFormatError and ArgumentError are ValueErrors
-        fail(err)
+    except (OSError, ValueError) as err:  # DataFormatError and ArgumentError are ValueErrors
+        fail(_described(err))
 
 
 @contextlib.contextmanager
 def training_stops():
-    """A run that stops itself on purpose (TrainingStopped: e.g. NaN/inf steps) exits 1 with its message."""
+    """A run that stops itself on purpose (TrainingStopped: e.g. NaN/inf steps) or cannot write (OSError: e.g. a
+    full disk) exits 1 with a one-line message."""
+    from safetensors import SafetensorError
+
     from alignment.training.guard import TrainingStopped
 
     try:
         yield
     except TrainingStopped as err:
         fail(err, code=1)
+    except (OSError, SafetensorError) as err:  # a full disk, an unwritable directory: what was saved is intact
+        fail(f"{_described(err)}; checkpoints completed before this are intact (resume_from_checkpoint: auto)",
+             code=1)
 
 
-def fail(error: Exception, code: int = 2) -> None:
+def _described(err: Exception) -> str:
+    """An OSError as 'path: reason' (the str() of some omits the path); other errors as they are."""
+    if isinstance(err, OSError) and err.strerror and not isinstance(err, FileNotFoundError):
+        return f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    return str(err)
+
+
+def fail(error, code: int = 2) -> None:
     """Exit non-zero with a one-line message (no traceback) for errors the user can fix."""
+    from alignment.training.output_dir import release_unused_output_dirs
+
     print(f"error: {error}", file=sys.stderr)
+    release_unused_output_dirs()
     raise SystemExit(code)
 
 
@@ -40,31 +59,47 @@ def parse_arguments(argv, *dataclass_types):
 
     Returns (instances..., effective dict); exits with a one-line message on bad arguments.
     """
+    global _argument_dir
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        instances = ArgumentParser(*dataclass_types).parse_args(sys.argv[1:] if argv is None else argv)
+        instances = ArgumentParser(*dataclass_types).parse_args(argv, prog=os.path.relpath(sys.argv[0]))
     except ArgumentError as err:
         fail(err)
-    effective = to_dict(*instances)
-    print("effective arguments:\n" + json.dumps(effective, indent=2, sort_keys=True, default=str))
+    _argument_dir = os.path.dirname(os.path.abspath(argv[0])) if argv and not argv[0].startswith("-") else None
+    effective = {key: ("<set>" if value and key.endswith("_token") else value)  # secrets stay out of logs
+                 for key, value in to_dict(*instances).items()}
+    if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # under the launcher: rank 0 speaks for all
+        print("effective arguments:\n" + json.dumps(effective, indent=2, sort_keys=True, default=str))
     return (*instances, effective)
 
 
-def start_processes(train_args, pipeline: bool = False):
+def start_processes(train_args):
     """Start the process groups the launch and the parallel degrees ask for (fleet's hybrid groups for tensor /
     pipeline parallelism or sharding), before any model is built: models built afterwards are split accordingly.
-    pipeline: whether this stage has pipeline-parallel models (PPO's policy and critic)."""
+    Then claim output_dir for this run (alignment/training/output_dir.py)."""
     from alignment.config.layout import plan
-    from alignment.parallel.distributed import init_distributed, rank
+    from alignment.parallel.distributed import from_main_process, init_distributed, is_main_process, rank
     from alignment.parallel.watchdog import start_watchdog
+    from alignment.training.output_dir import claim_output_dir
 
     try:
         layout = plan(train_args)
-        if layout.pipeline > 1 and not pipeline:
-            raise ValueError("key 'pipeline_parallel_degree' > 1: pipeline-parallel models exist for PPO's policy "
-                             "and critic only; use tensor_parallel_degree / sharding for this stage")
     except ValueError as err:
         fail(err)
     init_distributed(layout)
+    if is_main_process():
+        from alignment.cpu_env import describe
+
+        print(describe())
+    problem = None
+    if is_main_process():
+        try:
+            claim_output_dir(train_args)
+        except ValueError as err:
+            problem = str(err)
+    problem = from_main_process(problem)  # every rank stops at once, not at its first collective
+    if problem:
+        fail(ValueError(problem))
     if layout.world > 1:
         start_watchdog(rank(), layout.world, train_args.lost_rank_timeout)
         print(f"processes: {layout.describe()}")
@@ -76,7 +111,7 @@ def load_raw(data_args, seed: int):
 
     Bad specs or files raise DataFormatError / FileNotFoundError / ValueError: call it inside `user_errors()`.
     """
-    import_user_modules(data_args.user_dataset_modules)
+    import_user_modules(data_args.user_dataset_modules, base_dir=_argument_dir)
     train = MixedRawDataset(data_args.train_datasets, seed=seed)
     evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed) if data_args.eval_datasets else None
     for name, dataset in (("train", train), ("eval", evaluation)):

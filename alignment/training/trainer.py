@@ -16,6 +16,7 @@ with `resume_if_asked()`, once everything a checkpoint restores exists (so a bad
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -27,6 +28,7 @@ from alignment.training.checkpointing import load_checkpoint, resolve_resume, sa
 from alignment.training.guard import NonFiniteGuard
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
+from alignment.training.precision import Precision
 
 
 @dataclasses.dataclass
@@ -47,13 +49,17 @@ class Trainer:
         self.logger = MetricsLogger(args.output_dir, enabled=is_main_process(),
                                     first_files={"args.json": effective_args} if effective_args else None)
         self.guard = NonFiniteGuard(args.max_nonfinite_steps, args.output_dir)
+        self.precision = Precision(args)
+        if self.precision.notice() and is_main_process():
+            print(self.precision.notice())
         self.trained: Dict[str, Trained] = {}
         self.global_step = 0
         self.total_steps = 1
+        self.window: List[Dict[str, float]] = []  # metric rows of the steps since the last logged row
 
     def add_trained(self, name: str, model, optimizer_steps: int, args=None) -> Trained:
         """Train `model` with AdamW under `args` (default: the run's training arguments) for `optimizer_steps`."""
-        optimizer, scheduler = build_optimizer(model, args or self.args, optimizer_steps)
+        optimizer, scheduler = build_optimizer(model, args or self.args, optimizer_steps, precision=self.precision)
         self.trained[name] = Trained(model, optimizer, scheduler)
         return self.trained[name]
 
@@ -74,11 +80,14 @@ class Trainer:
         """Open the data iterators (a resumed run skips the batches its checkpoint says were drawn)."""
 
     def trainer_state(self) -> dict:
-        return {"nonfinite": self.guard.state_dict()}
+        return {"nonfinite": self.guard.state_dict(), "log_window": self.window,
+                "loss_scaler": self.precision.state_dict()}
 
     def load_trainer_state(self, state: dict) -> None:
         self.global_step = state["global_step"]
         self.guard.load_state_dict(state["nonfinite"])
+        self.window = state.get("log_window", [])  # the next logged row averages the same steps as without a stop
+        self.precision.load_state_dict(state.get("loss_scaler", {}))
 
     def log_row(self, window: List[Dict[str, float]]) -> Dict[str, float]:
         return mean_rows(window)
@@ -95,17 +104,16 @@ class Trainer:
         results = {}
         if self.evaluate_at_start and self.global_step == 0 and self.has_eval_data() and args.do_eval:
             results["start"] = self.evaluate()
-        window = []
         while self.global_step < self.total_steps:
-            window.append(self.training_step())
+            self.window.append(self.training_step())
             self.global_step += 1
             progress.update(1)
             last = self.global_step == self.total_steps
             if self.due(args.logging_steps) or last:
-                row = self.log_row(window)
+                row = self.log_row(self.window)
                 self.logger.log(self.global_step, row, echo=progress.write)
                 progress.set_postfix({k: f"{row[k]:.4g}" for k in ("loss", "reward/mean", "kl") if k in row})
-                window = []
+                self.window = []
             if self.due(args.eval_steps) and not last:
                 self.evaluate()
             if self.due(args.save_steps) and not last:
@@ -129,14 +137,22 @@ class Trainer:
         norms = []
         for t in trained:
             average_gradients(t.model.parameters())
+            self.precision.unscale(t.optimizer)  # fp16: back to the true gradients
             norms.append(global_grad_norm(t.model.parameters()))
-        finite = self.guard.check(self.global_step + 1, *norms, *also_finite)
+        if self.precision.scaler is not None and all(map(math.isfinite, also_finite)) and \
+                not all(map(math.isfinite, norms)):
+            finite = False  # fp16 overflow of finite losses: the scaler lowers the loss scale, no NaN step counted
+        else:
+            finite = self.guard.check(self.global_step + 1, *norms, *also_finite)
         for t, norm in zip(trained, norms):
             if finite:
                 clip_gradients(t.model.parameters(), self.args.max_grad_norm, norm)
-                t.optimizer.step()
+                self.precision.step(t.optimizer)
                 t.scheduler.step()
             t.optimizer.clear_grad()  # a skipped step's gradients are dropped too
+        self.precision.update()
+        if finite:
+            self.guard.check_weights(self.global_step + 1, [t.model for t in trained])
         return norms
 
     # --- checkpoints (alignment/training/checkpointing.py) ---------------------------------------------------------
@@ -154,7 +170,12 @@ class Trainer:
         path = resolve_resume(self.args.output_dir, self.args.resume_from_checkpoint)
         if path is None:
             return
-        self.load_trainer_state(load_checkpoint(path, *self._checkpointed(), layout=layout_name()))
+        state = load_checkpoint(path, *self._checkpointed(), layout=layout_name())
+        try:
+            self.load_trainer_state(state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}/trainer_state.json: not a trainer state of this stage (bad or missing "
+                             f"{err})") from None
         self.logger.resume_at(self.global_step)
         print(f"resumed from {path} at step {self.global_step}")
 

@@ -3,17 +3,17 @@
     stage layers:  0 = embedding, 1..L = decoder layers, L+1 = final norm + head (LM head or score head)
     between stages: (hidden [b, s, h], attention_mask [b, s])
 
-fleet splits the decoder layers evenly over the stages (the embedding joins the first, the head the last), cuts
-each update batch into micro-batches and runs them 1F1B (`pipeline_step`); the loss function a trainer gives
-(PPO's: alignment/ppo/pipeline_update.py) runs on the last stage. Generation and scoring do not go through the
-pipeline: they use a whole copy of each model (alignment/wrappers/reshard.py), refreshed from the stages once per
-step.
+fleet splits the decoder layers evenly over the stages (the embedding joins the first, the head the last), and runs
+a list of micro-batches 1F1B (`pipeline_step`) or forward only (`pipeline_forward`); the loss function a trainer
+gives (PPO's: alignment/ppo/pipeline_update.py; SFT/RM/DPO set `LastStage.fn`) runs on the last stage. PPO's
+generation and scoring do not go through the pipeline: they use a whole copy of each model
+(alignment/wrappers/reshard.py), refreshed from the stages once per step.
 Checkpoints are whole HF-layout directories: a stage's parameter `3.self_attn.q_proj.weight` is
 `model.layers.2.self_attn.q_proj.weight` there (see `hf_name`).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import paddle
 import paddle.distributed as dist
@@ -21,6 +21,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
+from paddle.distributed.fleet.utils import recompute
 
 from alignment.config.layout import check_model
 from alignment.fileio import atomic_directory
@@ -44,7 +45,8 @@ class EmbeddingStage(nn.Layer):
 
 
 class DecoderStage(DecoderLayer):
-    """One decoder layer; RoPE tables and the causal bias are rebuilt from the mask on every stage."""
+    """One decoder layer; RoPE tables and the causal bias are rebuilt from the mask on every stage. With
+    config.recompute its activations are recomputed in the backward pass."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -55,7 +57,11 @@ class DecoderStage(DecoderLayer):
         attn = self.self_attn
         rope = rotary_tables(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope_theta,
                              x.dtype, attn.num_heads + attn.num_kv_heads)
-        x, _ = super().forward(x, rope, attention_bias(attention_mask, x.shape[1], x.dtype, attn.num_heads))
+        bias = attention_bias(attention_mask, x.shape[1], x.dtype, attn.num_heads)
+        if self.config.recompute and self.training:  # as LlamaModel: keep only the layer's input for backward
+            return recompute(lambda h: DecoderLayer.forward(self, h, rope, bias)[0], x, use_reentrant=False), \
+                attention_mask
+        x, _ = super().forward(x, rope, bias)
         return x, attention_mask
 
 
@@ -179,6 +185,12 @@ class PipelineModel:
     def save_pretrained(self, path: str, tokenizer_dir: Optional[str] = None) -> None:
         """Every rank calls it; rank 0 writes the whole model in HF layout."""
         state = self.whole_state()
+        if self.head_type == "score":  # only the last stage saw scores: its normaliser is the one to keep
+            hcg = fleet.get_hybrid_communicate_group()
+            holder = [self.normalizer.state_dict()]
+            dist.broadcast_object_list(holder, src=hcg.get_rank_from_stage(hcg.get_pipe_parallel_world_size() - 1),
+                                       group=hcg.get_pipe_parallel_group())
+            self.normalizer.load_state_dict(holder[0])
         if not is_main_process():
             return
         with atomic_directory(path) as tmp:
@@ -200,6 +212,34 @@ class PipelineModel:
 
 class PipelineStages(PipelineModel, PipelineLayer):
     """fleet's PipelineLayer with this project's config, checkpoint and normaliser handling."""
+
+
+class LastStage:
+    """A pipeline model's loss function when the trainer decides per run what the last stage computes: `fn(outputs,
+    labels) -> scalar tensor` (a loss for pipeline_step, anything recorded for pipeline_forward)."""
+
+    def __init__(self):
+        self.fn: Optional[Callable] = None
+        self.stats: Dict[str, float] = {}
+
+    def __call__(self, outputs, labels):
+        return self.fn(outputs, labels)
+
+
+def is_last_stage() -> bool:
+    hcg = fleet.get_hybrid_communicate_group()
+    return hcg.get_stage_id() == hcg.get_pipe_parallel_world_size() - 1
+
+
+def load_pipeline_model(config_class, path: str, head: str, num_stages: int, loss_fn=None, **config_overrides):
+    """build_pipeline_model for the checkpoint at `path`, split over this run's tensor-parallel degree."""
+    from alignment.parallel.distributed import model_parallel_degree
+
+    config = config_class.from_pretrained(path)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
+    config.tensor_parallel_degree = model_parallel_degree()
+    return build_pipeline_model(config, path, head, num_stages, loss_fn if loss_fn is not None else LastStage())
 
 
 def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn):
@@ -235,13 +275,46 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
     return model
 
 
-def pipeline_step(wrapped, inputs, labels, loss_fn, micro_batches: int) -> Dict[str, float]:
-    """One 1F1B forward/backward over the micro-batches of (inputs, labels). Returns the loss function's
-    statistics averaged over the micro-batches, broadcast from the last stage to every stage."""
-    loss_fn.stats = {}
-    wrapped.forward_backward_pipeline([inputs, labels])
-    holder = [{k: v / micro_batches for k, v in loss_fn.stats.items()}]
+def micro_batch_lists(micro_batches: Sequence[Sequence[paddle.Tensor]]) -> tuple:
+    """[(x, y, ...) per micro-batch] -> ([x per micro-batch], [y ...], ...): fleet takes micro-batch i of each
+    list as it is, so micro-batches may differ in length (and rows)."""
+    return tuple(list(column) for column in zip(*micro_batches))
+
+
+def from_last_stage(wrapped, value):
+    """The last stage's `value` on every stage of this rank's pipeline group."""
+    holder = [value]
     hcg = wrapped._hcg
     dist.broadcast_object_list(holder, src=hcg.get_rank_from_stage(wrapped.num_stages - 1),
                                group=hcg.get_pipe_parallel_group())
     return holder[0]
+
+
+def pipeline_step(wrapped, inputs, labels, loss_fn, micro_batches: int, scaler=None) -> Dict[str, float]:
+    """One 1F1B forward/backward over the micro-batches of (inputs, labels) (tensors fleet slices by rows, or
+    micro_batch_lists); `scaler`: fp16's GradScaler, which scales the losses. Returns the loss function's statistics
+    averaged over the micro-batches, broadcast from the last stage to every stage."""
+    loss_fn.stats = {}
+    wrapped.forward_backward_pipeline([inputs, labels], scaler=scaler)
+    return from_last_stage(wrapped, {k: v / micro_batches for k, v in loss_fn.stats.items()})
+
+
+@paddle.no_grad()
+def pipeline_forward(wrapped, micro_batches: List[tuple], record: Callable) -> list:
+    """Forward only over [(inputs, labels)] micro-batches: record(outputs, labels) runs on the last stage for each
+    and returns a picklable value; returns those values in order, on every stage. fleet runs accumulate_steps
+    micro-batches at a time: a short last group is filled with repeats whose records are dropped."""
+    loss_fn, per_run = wrapped._layers._loss_fn[0], wrapped.accumulate_steps
+    records: list = []
+
+    def run(outputs, labels):
+        records.append(record(outputs, labels))
+        return paddle.zeros([], dtype="float32")
+
+    loss_fn.fn = run
+    for start in range(0, len(micro_batches), per_run):
+        group = list(micro_batches[start: start + per_run])
+        group += [group[-1]] * (per_run - len(group))
+        inputs, labels = zip(*group)
+        wrapped.eval_batch([micro_batch_lists(inputs), micro_batch_lists(labels)], compute_loss=True)
+    return from_last_stage(wrapped, records[: len(micro_batches)])

@@ -1,0 +1,394 @@
+"""The reward server's web app (FastAPI): request validation, micro-batching, a bounded queue, metrics.
+
+    POST /            PaddleNLP: {"src": [...], "tgt": [...], "response": [...]} -> {"error_code": 0,
+                      "error_msg": "Success", "score": [...]}; our client adds "input_ids", "attention_mask"
+                      (its padded rollout tensors) and "tokenizer" (its fingerprint): with the server's own
+                      fingerprint the model scores exactly those tensors, in a forward pass of their own
+    POST /get_reward  OpenRLHF: {"query": [...], "prompts": [...], "labels": [...]} -> {"rewards", "scores",
+                      "extra_logs"}; the model reads each query as it stands, judges see the query minus its prompt
+    GET  /health      model, judges, device, queue depth, whether the request's token is right (no token needed)
+    GET  /metrics     requests, responses by status, rows, batches, latency percentiles
+
+Requests wait in a bounded queue (503 + Retry-After when full); one worker thread scores them, merging the rows of
+waiting requests into one forward pass (up to max_batch rows, waiting max_wait_ms for more). Bad requests get 4xx
+with a one-line message naming the field; a score that cannot be computed (NaN, a judge raising) 422, other
+failures 500.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hmac
+import json
+import math
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from alignment.rewards.scoring import ScoreRow
+
+
+@dataclasses.dataclass
+class ServerLimits:
+    max_batch: int = 32  # rows per merged forward pass
+    max_wait_ms: float = 0.0  # how long the first waiting request waits for others (0: only those already queued)
+    max_queue: int = 64  # requests waiting; more get 503
+    max_rows: int = 1024  # rows per request
+    max_body_bytes: int = 16 * 2 ** 20
+    batching: bool = True  # False: every request is a forward pass of its own
+    token: Optional[str] = None  # bearer token POST and /metrics need
+
+
+class HTTPProblem(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass
+class Work:
+    rows: List[ScoreRow]
+    layout: Optional[tuple] = None  # (input_ids, attention_mask) [N, W]: scored alone, as sent
+    future: Optional[asyncio.Future] = None
+
+
+# --- validation ----------------------------------------------------------------------------------------------------
+def _list(body: dict, key: str, kinds, required: bool = True, nullable: bool = False) -> Optional[list]:
+    if key not in body or body[key] is None:
+        if required:
+            raise HTTPProblem(400, f"field {key!r} is missing")
+        return None
+    value = body[key]
+    if not isinstance(value, list):
+        raise HTTPProblem(400, f"field {key!r} must be a list, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if item is None and nullable:
+            continue
+        if not isinstance(item, kinds) or (isinstance(item, list) and not all(isinstance(t, str) for t in item)):
+            raise HTTPProblem(400, f"field {key!r} item {i} must be {_kind_name(kinds, nullable)}, "
+                                  f"got {type(item).__name__}")
+    return value
+
+
+def _kind_name(kinds, nullable: bool) -> str:
+    names = {str: "a string", list: "a list of strings (turns)"}
+    return " or ".join([names[k] for k in (kinds if isinstance(kinds, tuple) else (kinds,))] +
+                       (["null"] if nullable else []))
+
+
+def _same_lengths(limits: ServerLimits, **lists) -> int:
+    (first, items), *others = [(k, v) for k, v in lists.items() if v is not None]
+    for key, value in others:
+        if len(value) != len(items):
+            raise HTTPProblem(400, f"field {key!r} has {len(value)} items but {first!r} has {len(items)}")
+    if len(items) > limits.max_rows:
+        raise HTTPProblem(413, f"field {first!r} has {len(items)} rows; the limit is {limits.max_rows} (--max-rows)")
+    return len(items)
+
+
+def _matrix(body: dict, key: str, rows: int, low: int, high: int) -> np.ndarray:
+    """A rectangular [rows, W] int matrix with values in [low, high)."""
+    value = body.get(key)
+    if not isinstance(value, list) or len(value) != rows or not all(isinstance(r, list) for r in value):
+        raise HTTPProblem(400, f"field {key!r} must be a list of {rows} lists of integers (one per row)")
+    widths = {len(r) for r in value}
+    if len(widths) != 1 or 0 in widths:
+        raise HTTPProblem(400, f"field {key!r} must be padded to one width (got widths {sorted(widths)[:4]})")
+    if not all(type(t) is int for r in value for t in r):
+        raise HTTPProblem(400, f"field {key!r} must hold integers only")
+    out = np.asarray(value, dtype="object")
+    if out.min() < low or out.max() >= high:
+        raise HTTPProblem(400, f"field {key!r} has values outside [{low}, {high})")
+    return out.astype("int64")
+
+
+def paddlenlp_work(body: dict, limits: ServerLimits, fingerprint: Optional[str], vocab_size: int) -> Work:
+    src = _list(body, "src", (str, list))
+    tgt = _list(body, "tgt", str, required=False, nullable=True)
+    response = _list(body, "response", str)
+    n = _same_lengths(limits, src=src, tgt=tgt, response=response)
+    tgt = tgt or [None] * n
+    rows = [ScoreRow(prompt=s, response=r, label=t) for s, t, r in zip(src, tgt, response)]
+    layout = None
+    if body.get("input_ids") is not None and n:
+        token = body.get("tokenizer")
+        if not isinstance(token, str):
+            raise HTTPProblem(400, "field 'tokenizer' (the client tokenizer's fingerprint) must come with 'input_ids'")
+        if fingerprint is not None and hmac.compare_digest(token, fingerprint):  # else: re-tokenize the text
+            ids = _matrix(body, "input_ids", n, 0, vocab_size)
+            mask = _matrix(body, "attention_mask", n, 0, 2)
+            if ids.shape != mask.shape or not mask.any(axis=1).all():
+                raise HTTPProblem(400, "field 'attention_mask' must match 'input_ids' and mark a token in every row")
+            layout = (ids, mask)
+    return Work(rows, layout)
+
+
+def openrlhf_work(body: dict, limits: ServerLimits) -> Work:
+    query = _list(body, "query", str)
+    prompts = _list(body, "prompts", str, required=False)
+    labels = _list(body, "labels", str, required=False, nullable=True)
+    n = _same_lengths(limits, query=query, prompts=prompts, labels=labels)
+    prompts, labels = prompts or [""] * n, labels or [None] * n
+    rows = [ScoreRow(prompt=p, response=q[len(p):] if q.startswith(p) else q, label=l, query=q)
+            for q, p, l in zip(query, prompts, labels)]
+    return Work(rows)
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, read at most `limit` bytes far."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPProblem(413, f"body: {declared} bytes; the limit is {limit} (--max-body-mb)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPProblem(413, f"body: more than {limit} bytes (--max-body-mb)")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise HTTPProblem(400, f"body: not valid JSON ({err})") from None
+    if not isinstance(body, dict):
+        raise HTTPProblem(400, f"body: expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+# --- micro-batching ------------------------------------------------------------------------------------------------
+class MicroBatcher:
+    """A bounded queue of Work and one worker thread that scores it: the rows of requests waiting together
+    go through one scorer call (a request with its own layout goes through one of its own)."""
+
+    def __init__(self, scorer, limits: ServerLimits, metrics: "Metrics"):
+        self.scorer, self.limits, self.metrics = scorer, limits, metrics
+        self.queue: Optional[asyncio.Queue] = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scorer")
+        self.task = None
+        self.last_batch_seconds = 0.0
+
+    def start(self) -> None:
+        self.queue = asyncio.Queue(maxsize=self.limits.max_queue)
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def depth(self) -> int:
+        return self.queue.qsize() if self.queue is not None else 0
+
+    async def submit(self, work: Work):
+        work.future = asyncio.get_running_loop().create_future()
+        try:
+            self.queue.put_nowait(work)
+        except asyncio.QueueFull:
+            self.metrics.rejected += 1
+            raise HTTPProblem(503, f"queue full ({self.limits.max_queue} requests waiting); retry later") from None
+        return await work.future
+
+    async def collect(self) -> List[Work]:
+        """The next batch: the first waiting request, plus those arriving within max_wait_ms, up to max_batch rows."""
+        batch = [await self.queue.get()]
+        if not self.limits.batching:
+            return batch
+        rows, deadline = len(batch[0].rows), time.monotonic() + self.limits.max_wait_ms / 1000
+        while rows < self.limits.max_batch:
+            try:
+                work = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    work = await asyncio.wait_for(self.queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+            batch.append(work)
+            rows += len(work.rows)
+        return batch
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self.collect()
+            start = time.monotonic()
+            try:
+                results = await loop.run_in_executor(self.pool, self.score, batch)
+            except Exception as err:  # noqa: BLE001 - the worker must outlive any one batch
+                results = [err] * len(batch)
+            self.last_batch_seconds = time.monotonic() - start
+            for work, result in zip(batch, results):
+                if not work.future.done():  # the client may have gone away
+                    work.future.set_result(result)
+
+    def score(self, batch: List[Work]) -> list:
+        """One result per Work: (total [n], parts) or the exception that scoring it raised."""
+        merged = [w for w in batch if w.layout is None]
+        groups = [[w] for w in batch if w.layout is not None] + ([merged] if merged else [])
+        results = {}
+        for group in groups:
+            self.metrics.batches += 1
+            self.metrics.batch_rows += sum(len(w.rows) for w in group)
+            try:
+                total, parts = self.scorer.score([r for w in group for r in w.rows], group[0].layout)
+            except Exception as err:  # noqa: BLE001 - reported to each request of the group
+                if len(group) > 1:  # find the culprit: score the requests one by one
+                    results.update({id(w): self.score([w])[0] for w in group})
+                    continue
+                results[id(group[0])] = err
+                continue
+            start = 0
+            for work in group:
+                end = start + len(work.rows)
+                results[id(work)] = (total[start:end], {k: v[start:end] for k, v in parts.items()})
+                start = end
+        return [results[id(w)] for w in batch]
+
+
+# --- metrics -------------------------------------------------------------------------------------------------------
+class Metrics:
+    def __init__(self):
+        self.started = time.time()
+        self.requests: Dict[str, int] = collections.Counter()
+        self.responses: Dict[str, int] = collections.Counter()
+        self.latencies = collections.deque(maxlen=4096)  # seconds of recent scoring requests
+        self.rows = self.batches = self.batch_rows = self.rejected = 0
+
+    def record(self, endpoint: str, status: int, seconds: float, rows: int) -> None:
+        self.requests[endpoint] += 1
+        self.responses[str(status)] += 1
+        if status == 200:
+            self.latencies.append(seconds)
+            self.rows += rows
+
+    def snapshot(self, depth: int) -> dict:
+        recent = np.asarray(self.latencies) * 1000
+        percentiles = {f"p{q}": float(np.percentile(recent, q)) if recent.size else None for q in (50, 90, 99)}
+        return {"requests": dict(self.requests), "responses": dict(self.responses), "rows": self.rows,
+                "batches": self.batches, "mean_batch_rows": self.batch_rows / self.batches if self.batches else None,
+                "rejected_queue_full": self.rejected, "queue_depth": depth,
+                "latency_ms": {**percentiles, "max": float(recent.max()) if recent.size else None,
+                               "count": int(recent.size)},
+                "uptime_s": time.time() - self.started}
+
+
+# --- the app -------------------------------------------------------------------------------------------------------
+def error_response(status: int, message: str, retry_after: Optional[float] = None) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse({"error_code": status, "error_msg": message, "detail": message}, status, headers=headers)
+
+
+def create_app(scorer, limits: ServerLimits, info: dict) -> FastAPI:
+    """The app serving `scorer` (alignment.rewards.scoring.ServerScorer or anything with its score())."""
+    metrics = Metrics()
+    batcher = MicroBatcher(scorer, limits, metrics)
+
+    async def lifespan(app):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="alignment reward server", lifespan=lifespan)
+    app.state.metrics, app.state.batcher = metrics, batcher
+
+    def authorised(request: Request) -> bool:
+        if not limits.token:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {limits.token}".encode())
+
+    async def scored(request: Request, endpoint: str, parse, answer):
+        start, rows, status = time.monotonic(), 0, 200
+        try:
+            if not authorised(request):
+                raise HTTPProblem(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')")
+            work = parse(await read_json(request, limits.max_body_bytes))
+            rows = len(work.rows)
+            result = await batcher.submit(work)
+            if isinstance(result, Exception):  # a ValueError (non-finite score, a judge's error) recurs: 422
+                raise HTTPProblem(422 if isinstance(result, ValueError) else 500,
+                                  f"scoring failed: {type(result).__name__}: {result}")
+            return JSONResponse(answer(*result))
+        except HTTPProblem as err:
+            status = err.status
+            retry = max(1.0, batcher.last_batch_seconds) if status == 503 else None
+            return error_response(status, str(err), retry)
+        except Exception as err:  # noqa: BLE001 - a bug of ours: answer 500 with the reason, keep serving
+            status = 500
+            traceback.print_exc()
+            return error_response(500, f"{type(err).__name__}: {err}")
+        finally:
+            metrics.record(endpoint, status, time.monotonic() - start, rows)
+
+    @app.post("/")
+    async def paddlenlp(request: Request):
+        return await scored(request, "/", lambda body: paddlenlp_work(body, limits, scorer.fingerprint,
+                                                                      scorer.vocab_size),
+                            lambda total, parts: {"error_code": 0, "error_msg": "Success", "score": total.tolist()})
+
+    @app.post("/get_reward")
+    async def openrlhf(request: Request):
+        return await scored(request, "/get_reward", lambda body: openrlhf_work(body, limits),
+                            lambda total, parts: {"rewards": total.tolist(), "scores": total.tolist(),
+                                                  "extra_logs": {k: v.tolist() for k, v in parts.items()}})
+
+    @app.get("/health")
+    async def health(request: Request):
+        return {"status": "ok", **info, "queue_depth": batcher.depth(), "max_queue": limits.max_queue,
+                "tokenizer": scorer.fingerprint, "token_ok": authorised(request)}
+
+    @app.get("/metrics")
+    async def metrics_view(request: Request):
+        if not authorised(request):
+            return error_response(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')")
+        return metrics.snapshot(batcher.depth())
+
+    return app
+
+
+# --- start-up ------------------------------------------------------------------------------------------------------
+def load_scorer(model_dir: Optional[str], judges=(), weights=(), max_batch: int = 32):
+    """A ServerScorer for a score-model checkpoint (with its normalizer and tokenizer) and/or judges."""
+    from alignment.models import Tokenizer
+    from alignment.models.score_model import ScoreModel
+    from alignment.rewards.scoring import ServerScorer
+
+    model = tokenizer = None
+    if model_dir:
+        model, tokenizer = ScoreModel.from_pretrained(model_dir), Tokenizer.from_pretrained(model_dir)
+        for param in model.parameters():
+            param.stop_gradient = True
+    return ServerScorer(model, tokenizer, judges, weights, max_batch)
+
+
+def serve(scorer, limits: ServerLimits, info: dict, host: str, port: int, port_file: Optional[str] = None) -> None:
+    """Bind host:port (0 = any free port), announce the address (stdout, and port_file when given), serve."""
+    import os
+    import socket
+
+    import uvicorn
+
+    app = create_app(scorer, limits, info)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse the port of a killed server
+    sock.bind((host, port))
+    sock.listen(2048)
+    bound = sock.getsockname()[1]
+    print(f"reward server listening on http://{host}:{bound} (model {info.get('model')}, judges "
+          f"{info.get('judges')}; max batch {limits.max_batch} rows, queue {limits.max_queue})", flush=True)
+    if port_file:
+        with open(port_file + ".tmp", "w") as f:
+            f.write(str(bound))
+        os.replace(port_file + ".tmp", port_file)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,106 @@
+"""Which CPU settings make Paddle fastest on this machine: fp32 GEMM GFLOP/s and a training step's tokens/s under
+each candidate setting, each measured in a fresh process (the variables only act before paddle is imported).
+
+    python benchmarks/bench_cpu_settings.py [--repeats 3] [--rounds 2] [--json out.json]
+
+Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5, and
+OpenMP threads instead of MKL threads. Prints one row per candidate with ratios to the chosen setting, so the choice
+can be re-checked on any new machine (the CPU model is printed with the figures).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from alignment.cpu_env import cpu_defaults, cpu_model, usable_cores  # noqa: E402
+
+MANAGED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel",
+           "FLAGS_new_executor_serial_run")
+
+CHILD = r"""
+import json, sys, time
+sys.path.insert(0, ROOT)
+import paddle
+from alignment.models import LlamaConfig, LlamaForCausalLM
+
+def best(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter(); fn(); times.append(time.perf_counter() - start)
+    return min(times)
+
+a, b = paddle.randn([1024, 1024]), paddle.randn([1024, 1024])
+gemm = best(lambda: float(paddle.matmul(a, b)[0, 0]), REPEATS * 3)
+paddle.seed(0)
+config = LlamaConfig(vocab_size=8000, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)
+model = LlamaForCausalLM(config)
+optimizer = paddle.optimizer.AdamW(1e-4, parameters=model.parameters())
+ids = paddle.randint(0, 8000, [8, 128])
+
+def step():
+    hidden, _ = model.model(ids)
+    log_probs, _ = model.token_log_probs(hidden[:, :-1].reshape([-1, 256]), ids[:, 1:].reshape([-1]))
+    (-log_probs.mean()).backward()
+    optimizer.step(); optimizer.clear_grad()
+
+train = best(step, REPEATS)
+print(json.dumps({"gemm_gflops": 2 * 1024 ** 3 / gemm / 1e9, "train_tokens_per_s": 8 * 128 / train}))
+"""
+
+
+def candidates() -> dict:
+    vendor, _ = cpu_model()
+    cores = usable_cores()
+    chosen = cpu_defaults(vendor, cores)
+    without = {k: v for k, v in chosen.items() if k != "MKL_DEBUG_CPU_TYPE"}
+    return {"chosen for this CPU": chosen,
+            "without MKL_DEBUG_CPU_TYPE": without,
+            "with MKL_DEBUG_CPU_TYPE=5": {**without, "MKL_DEBUG_CPU_TYPE": "5"},
+            "OpenMP threads (OMP=cores, MKL=1)": {**without, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": "1"}}
+
+
+def measure(settings: dict, repeats: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in MANAGED}
+    env.update(settings)
+    code = CHILD.replace("ROOT", repr(ROOT)).replace("REPEATS", str(repeats))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats inside each process (best kept)")
+    parser.add_argument("--rounds", type=int, default=2, help="passes over the candidates, interleaved so a "
+                                                               "machine's load drifts over all of them alike")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    vendor, model = cpu_model()
+    print(f"CPU: {model or vendor} ({vendor}), {usable_cores()} usable cores")
+    results = {}
+    for _ in range(args.rounds):
+        for name, settings in candidates().items():
+            figures = measure(settings, args.repeats)
+            kept = results.setdefault(name, {"settings": settings, **figures})
+            for key, value in figures.items():
+                kept[key] = max(kept[key], value)
+    base = results["chosen for this CPU"]
+    print(f"{'setting':36s} {'GEMM GFLOP/s':>13s} {'x chosen':>9s} {'train tok/s':>12s} {'x chosen':>9s}")
+    for name, r in results.items():
+        print(f"{name:36s} {r['gemm_gflops']:13.1f} {r['gemm_gflops'] / base['gemm_gflops']:9.2f} "
+              f"{r['train_tokens_per_s']:12.0f} {r['train_tokens_per_s'] / base['train_tokens_per_s']:9.2f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"cpu": model, "vendor": vendor, "cores": usable_cores(), "results": results}, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main()

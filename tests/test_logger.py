@@ -1,0 +1,25 @@
+"""Metric logging: VisualDL tags fall into a few groups; a row cut short by a kill is dropped on resume."""
+import json
+
+from alignment.training.logger import MetricsLogger, visualdl_tag
+
+PPO_KEYS = ["reward/mean", "reward/std", "kl", "actor_loss", "critic_loss", "entropy", "clip_frac", "approx_kl",
+            "explained_variance", "response_length", "truncated", "gold_reward/mean", "time/generate",
+            "time/score", "time/train", "eval/reward", "eval/gold_reward", "memory/train_before", "lr"]
+
+
+def test_ppo_metrics_fall_into_four_visualdl_groups():
+    tags = [visualdl_tag(k) for k in PPO_KEYS]
+    assert {t.split("/")[0] for t in tags} == {"train", "time", "eval", "memory"}
+    assert visualdl_tag("reward/mean") == "train/reward_mean" and len(set(tags)) == len(tags)
+
+
+def test_a_half_written_row_is_dropped_when_a_run_resumes(tmp_path):
+    rows = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.9}, {"step": 3, "loss": 0.8}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "lo')
+    logger = MetricsLogger(str(tmp_path), use_visualdl=False)
+    logger.resume_at(2)
+    logger.log(3, {"loss": 0.7}, echo=None)
+    logger.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [rows[0], rows[1], {"step": 3, "loss": 0.7}]

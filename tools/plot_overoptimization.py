@@ -1,0 +1,102 @@
+"""Reward over-optimisation, as Gao et al. (2022) plot it: proxy reward (the trained reward model) and gold reward
+(the offline judge) against the square root of the KL to the reference policy, for one run or a sweep of runs.
+
+    python tools/plot_overoptimization.py outputs/smollm2-ppo [more run dirs ...] [--output curve.png]
+
+Reads each run's metrics.jsonl (`kl`: the per-response KL to the reference, batch mean; `reward/mean`;
+`gold_reward/mean`) and args.json (its `kl_coeff` labels the curves). Points are running means over `--smooth`
+steps (per-step values from a few prompts are noisy). Prints, per run, where the gold reward peaked and where the
+run ended: the proxy still rising while the gold falls is over-optimisation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_run import read_series  # noqa: E402
+
+
+def running_mean(values: List[float], window: int) -> List[float]:
+    out = []
+    for i in range(len(values)):
+        part = values[max(0, i - window + 1): i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def curve(run_dir: str, smooth: int) -> Dict[str, object]:
+    """{'label', 'sqrt_kl', 'proxy', 'gold'} of one run (smoothed, in step order); ValueError when it lacks a metric."""
+    series = read_series(os.path.join(run_dir, "metrics.jsonl"))
+    missing = [k for k in ("kl", "reward/mean", "gold_reward/mean") if k not in series]
+    if missing:
+        raise ValueError(f"{run_dir}: metrics.jsonl has no {', '.join(missing)} (a PPO/GRPO run with a gold_judge)")
+    steps = sorted(set(s for s, _ in series["kl"]) & set(s for s, _ in series["reward/mean"])
+                   & set(s for s, _ in series["gold_reward/mean"]))
+    at = {key: dict(series[key]) for key in ("kl", "reward/mean", "gold_reward/mean")}
+    kl = running_mean([max(at["kl"][s], 0.0) for s in steps], smooth)  # k1 estimates can dip below 0
+    label = os.path.basename(os.path.normpath(run_dir))
+    args_file = os.path.join(run_dir, "args.json")
+    if os.path.exists(args_file):
+        with open(args_file, encoding="utf-8") as f:
+            label += f" (kl_coeff {json.load(f).get('kl_coeff', '?')})"
+    return {"label": label, "steps": steps, "sqrt_kl": [math.sqrt(v) for v in kl],
+            "proxy": running_mean([at["reward/mean"][s] for s in steps], smooth),
+            "gold": running_mean([at["gold_reward/mean"][s] for s in steps], smooth)}
+
+
+def summary(c: Dict[str, object]) -> str:
+    best = max(range(len(c["gold"])), key=lambda i: c["gold"][i])
+    return (f"{c['label']}: gold peaked at {c['gold'][best]:.3f} (step {c['steps'][best]}, sqrt KL "
+            f"{c['sqrt_kl'][best]:.3f}); ended at sqrt KL {c['sqrt_kl'][-1]:.3f} with proxy {c['proxy'][-1]:.3f}, "
+            f"gold {c['gold'][-1]:.3f}")
+
+
+def plot(curves: List[Dict[str, object]], output: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, c in enumerate(curves):
+        color = f"C{index}"
+        ax.plot(c["sqrt_kl"], c["proxy"], "-", color=color, label=f"{c['label']}: proxy")
+        ax.plot(c["sqrt_kl"], c["gold"], "--", color=color, label=f"{c['label']}: gold")
+    ax.set_xlabel("sqrt(KL to the reference policy)")
+    ax.set_ylabel("reward")
+    ax.set_title("proxy (reward model) vs gold (judge) reward")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, output)
+    return output
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="output_dirs of PPO/GRPO runs with a gold_judge")
+    parser.add_argument("--output", default=None, help="PNG path (default: <first run>/overoptimization.png)")
+    parser.add_argument("--smooth", type=int, default=3, help="running-mean window in steps")
+    args = parser.parse_args(argv)
+    try:
+        curves = [curve(run, max(1, args.smooth)) for run in args.runs]
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    for c in curves:
+        print(summary(c))
+    path = plot(curves, args.output or os.path.join(args.runs[0], "overoptimization.png"))
+    print(f"over-optimisation curve: {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
