@@ -155,3 +155,69 @@ def test_five_mistakes_are_reported_in_one_run(tmp_path):
                      "key 'adam_beta2' must be < 1, got 1.5", "key 'seed' must be >= 0, got -1",
                      "key 'weight_decay': expected a finite number, got nan"):
         assert fragment in message
+
+
+PPO_BASE = {"actor_model_name_or_path": "m", "train_datasets": "x", "reward_funcs": ["sentiment"]}
+
+
+def ppo_parser():
+    from alignment.config.data import LoRAArguments
+    from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
+
+    return ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments)
+
+
+def test_five_mistakes_among_paddlenlp_keys_are_reported_in_one_run(tmp_path, capsys):
+    path = write(tmp_path, "actor_model_name_or_path: m\ntrain_datasets: x\nreward_funcs: [sentiment]\n"
+                           "use_flash_attention: true\nmax_dec_len: 16\nglobal_batch_size: 2\nrecompute: 1\n"
+                           "rollout_m: 4\nrollout_n: many\nevaluation_strategy: sometimes\nuse_rule_reward: true\n"
+                           "rl_algorithm: grpo\nadvantage_estimator: rloo\n", "args.yaml")
+    with pytest.raises(ArgumentError) as info:
+        ppo_parser().parse_args([path])
+    message = str(info.value)
+    assert "5 problems" in message and "\n" not in message
+    for fragment in ("unknown key 'rollout_m'; did you mean rollout_n",
+                     "key 'num_return_sequences': expected an integer, got 'many' (set by 'rollout_n')",
+                     "key 'evaluation_strategy': must be one of ['no', 'steps', 'epoch'], got 'sometimes'",
+                     "key 'use_rule_reward': PaddleNLP's gsm8k rule reward",
+                     "keys 'rl_algorithm' and 'advantage_estimator' both set 'advantage_estimator', to 'grpo' and "
+                     "'rloo'"):
+        assert fragment in message
+    assert "notice" not in capsys.readouterr().out  # a refused file prints no notices
+
+
+def test_paddlenlp_spellings_of_our_keys_values(tmp_path, monkeypatch, capsys):
+    _, _, train = parser().parse_dict({**BASE, "tensor_parallel_degree": -1, "pipeline_parallel_degree": "-1",
+                                       "save_total_limit": None, "eval_steps": "", "bf16": 1, "fp16_opt_level": "O0",
+                                       "amp_custom_black_list": "reduce_sum softmax_with_cross_entropy",
+                                       "evaluation_strategy": "steps", "logging_steps": 5, "save_strategy": "steps"})
+    assert (train.tensor_parallel_degree, train.pipeline_parallel_degree, train.save_total_limit) == (1, 1, 0)
+    assert (train.bf16, train.fp16_opt_level) == (False, "O1")  # O0 is float32
+    assert train.amp_custom_black_list == ["reduce_sum", "softmax_with_cross_entropy"]
+    assert (train.eval_steps, train.save_steps) == (5, 500)  # PaddleNLP's fallbacks: logging_steps, 500
+    assert "notice: key 'fp16_opt_level': O0 is float32: bf16 mixed precision is off" in capsys.readouterr().out
+    _, _, train = parser().parse_dict({**BASE, "evaluation_strategy": "no", "eval_steps": 100,
+                                       "save_strategy": "epoch", "save_steps": 100, "num_train_epochs": 1})
+    assert (train.eval_steps, train.save_steps) == (0, 0)
+    assert "notice" not in capsys.readouterr().out  # one epoch: 'once per epoch' is exactly 'at the end'
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    _, _, ppo, _, train = ppo_parser().parse_dict({**PPO_BASE, "global_batch_size": 8, "global_mini_batch_size": 4,
+                                                   "rollout_n": 2, "per_device_train_batch_size": 2})
+    assert (ppo.per_device_prompt_batch_size, ppo.num_return_sequences, train.gradient_accumulation_steps) == (4, 2, 2)
+    with pytest.raises(ArgumentError, match="key 'global_batch_size': 3 prompts do not divide over 2 data-parallel"):
+        ppo_parser().parse_dict({**PPO_BASE, "global_batch_size": 3})
+
+
+def test_paddlenlp_notices_are_one_line_each_and_only_for_values_that_ask_for_something(capsys):
+    parser().parse_dict({**BASE, "use_flash_attention": False, "sequence_parallel": 0, "recompute_granularity":
+                         "core_attn", "recompute": False, "unified_checkpoint_config": "", "do_train": True})
+    assert capsys.readouterr().out == ""
+    parser().parse_dict({**BASE, "use_flash_attention": 1, "use_fused_rms_norm": "True", "recompute": True,
+                         "recompute_granularity": "core_attn", "sequence_parallel": True})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("'")[1] for line in lines] == ["use_flash_attention", "use_fused_rms_norm",
+                                                      "recompute_granularity", "sequence_parallel"]
+    assert all(line.startswith("notice: key '") for line in lines)
+    assert "whole decoder layers ('full')" in lines[2] and "tensor_parallel_degree 1" in lines[3]
+    with pytest.raises(ArgumentError, match=r"key 'do_train': the run_\*\.py entry points always train"):
+        parser().parse_dict({**BASE, "do_train": False})

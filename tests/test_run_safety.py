@@ -163,3 +163,25 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_loads(t
     finally:
         release_output_dir(str(disk / "out"))  # the run's lock file is open until released
         subprocess.run(["umount", "--lazy", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("damage", ["truncated rng_state.json", "trainer_state.json without a counter"])
+def test_a_damaged_checkpoint_file_given_explicitly_is_a_one_line_error(tmp_path, tiny_model_dir, capsys, damage):
+    out = tmp_path / "out"
+    run_sft.main(sft_args(out, tiny_model_dir, "--max_steps", "3"))
+    checkpoint = out / "checkpoint-2"
+    if damage.startswith("truncated"):
+        text = (checkpoint / "rng_state.json").read_text()
+        (checkpoint / "rng_state.json").write_text(text[: len(text) // 2])
+        name = "rng_state.json"
+    else:
+        state = json.load(open(checkpoint / "trainer_state.json"))
+        del state["batches_drawn"]
+        (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+        name = "trainer_state.json"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        run_sft.main(sft_args(tmp_path / "again", tiny_model_dir, "--resume_from_checkpoint", str(checkpoint)))
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert name in err and "resume_from_checkpoint" in err

@@ -20,6 +20,7 @@ import tempfile
 
 import gguf
 import numpy as np
+from tqdm import tqdm
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -169,7 +170,7 @@ def unpermute_rotary(weight: np.ndarray, n_head: int) -> np.ndarray:
 def convert_weights(reader: gguf.GGUFReader, config: dict, path: str) -> dict:
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     tensors = {}
-    for tensor in reader.tensors:
+    for tensor in tqdm(reader.tensors, desc="dequantizing GGUF tensors", dynamic_ncols=True):
         name = hf_tensor_name(tensor.name, path)
         weight = dequantize(tensor, path)
         proj = name.rsplit(".", 2)[-2]

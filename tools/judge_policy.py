@@ -27,6 +27,7 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
                  batch_size: int):
     """(mean gold score, rows) for the policy's greedy answers."""
     import numpy as np
+    from tqdm import tqdm
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, collate_prompts
@@ -40,7 +41,7 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
     base = GenerationConfig(max_new_tokens=1, do_sample=False, eos_token_id=model.config.eos_token_ids or
                             tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     rows = []
-    for start in range(0, len(prompts), batch_size):
+    for start in tqdm(range(0, len(prompts), batch_size), desc="judging greedy answers", dynamic_ncols=True):
         items = [prompts[i] for i in range(start, min(start + batch_size, len(prompts)))]
         budget = max_length - max(len(item["input_ids"]) for item in items)
         config = dataclasses.replace(base, max_new_tokens=min(budget, max_new_tokens))

@@ -3,9 +3,10 @@
     python run_x.py args.json [--key value ...]     # the file (.json, .yaml / .yml), then overrides
     python run_x.py --key value ...                 # flags only
 
-Every key must be a field of exactly one of the dataclasses. Unknown and duplicate keys, wrong types, non-finite
-numbers, values outside a field's range (`field(..., ge=0, lt=1)`) and contradicting values (checked by each
-dataclass's `validate()`) raise one `ArgumentError` that names the file and lists every bad key.
+Every key must be a field of exactly one of the dataclasses, or one of PaddleNLP's keys (alignment/config/paddlenlp.py:
+honoured under our name, accepted with a one-line notice, or refused). Unknown and duplicate keys, wrong types,
+non-finite numbers, values outside a field's range (`field(..., ge=0, lt=1)`) and contradicting values (checked by
+each dataclass's `validate()`) raise one `ArgumentError` that names the file and lists every bad key.
 """
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 import textwrap
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
+
+from alignment.config import paddlenlp
 
 
 class ArgumentError(ValueError):
@@ -129,6 +133,7 @@ def parse_flags(argv: Sequence[str]) -> Dict[str, str]:
 class ArgumentParser:
     def __init__(self, *dataclass_types):
         self.dataclass_types = dataclass_types
+        self.notices: List[str] = []  # the PaddleNLP notices of the last parse (printed on rank 0)
         self.owner = {}
         for cls in dataclass_types:
             for field in dataclasses.fields(cls):
@@ -137,9 +142,9 @@ class ArgumentParser:
                 self.owner[field.name] = cls
 
     def parse_dict(self, values: Dict[str, Any], source: str = "arguments") -> Tuple:
-        problems = []
+        values, self.notices, problems, origin = paddlenlp.translate(values, self.owner)
         for key in (k for k in values if k not in self.owner):
-            close = difflib.get_close_matches(key, list(self.owner), n=3)
+            close = difflib.get_close_matches(key, list(self.owner) + list(paddlenlp.TABLE), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             problems.append(f"unknown key {key!r}{hint} (run with --help to list all keys)")
         results = []
@@ -172,10 +177,14 @@ class ArgumentParser:
                         instance.validate_with(*results)
                 except ValueError as err:
                     problems.append(str(err))
+        problems = [_named_origin(problem, origin) for problem in problems]
         if len(problems) == 1:
             raise ArgumentError(f"{source}: {problems[0]}")
         if problems:
             raise ArgumentError(f"{source}: {len(problems)} problems: " + "; ".join(problems))
+        if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # under the launcher: rank 0 speaks for all
+            for line in self.notices:
+                print(line)
         return tuple(results)
 
     def parse_args(self, argv: Sequence[str], prog: str = "run.py") -> Tuple:
@@ -191,12 +200,16 @@ class ArgumentParser:
         flags = parse_flags(argv)
         if flags:
             source = f"{source} + command line" if values else source
+        for key in flags:  # a flag replaces the file's value, also when the file spells the key PaddleNLP's way
+            for same in paddlenlp.same_setting(key) - {key}:
+                values.pop(same, None)
         values.update(flags)
         return self.parse_dict(values, source)
 
     def format_help(self, prog: str = "run.py") -> str:
         lines = [f"usage: python {prog} [ARGUMENT_FILE.json|.yaml] [--key value ...]", "",
-                 "Keys come from the argument file, then from --key value flags (flags win).", ""]
+                 "Keys come from the argument file, then from --key value flags (flags win). PaddleNLP's key names "
+                 "are read too", "(alignment/config/paddlenlp.py; README: PaddleNLP argument files).", ""]
         for cls in self.dataclass_types:
             lines.append(f"{cls.__name__}:")
             hints = typing.get_type_hints(cls)
@@ -210,6 +223,14 @@ class ArgumentParser:
                 lines += textwrap.wrap(field.metadata.get("help", ""), width=100, initial_indent=" " * 6,
                                        subsequent_indent=" " * 6)
         return "\n".join(lines)
+
+
+def _named_origin(problem: str, origin: Dict[str, str]) -> str:
+    """A problem with one of our keys that a PaddleNLP key set also names that key."""
+    for ours, theirs in origin.items():
+        if f"'{ours}'" in problem and f"'{theirs}'" not in problem:
+            problem += f" (set by {theirs!r})"
+    return problem
 
 
 def _readable_type(tp) -> str:

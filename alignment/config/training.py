@@ -9,6 +9,7 @@ from alignment.config.layout import plan
 from alignment.config.parser import field
 
 DatasetSpecs = Union[str, List[str], dict]
+REPORT_TO = ("visualdl", "none")
 
 
 @dataclasses.dataclass
@@ -38,6 +39,9 @@ class TrainingArguments:
     save_total_limit: int = field(0, help="Keep only the newest N step checkpoints; 0 = keep all.")
     recompute: bool = field(False, help="Activation checkpointing: recompute each decoder layer in backward (saves memory).")
     disable_tqdm: bool = field(False, help="Hide the progress bar (logs are still printed and written).")
+    report_to: str = field("visualdl", help=f"Where metrics go besides metrics.jsonl and the console: one of "
+                                            f"{REPORT_TO} ('visualdl': output_dir/visualdl; PaddleNLP's 'wandb', "
+                                            f"'tensorboard' and 'all' write VisualDL with a notice).")
     bf16: bool = field(False, help="Mixed precision in bfloat16 (paddle.amp; on Paddle's CPU build: float32 with a "
                                    "notice).")
     fp16: bool = field(False, help="Mixed precision in float16 with a dynamic loss scale (paddle.amp.GradScaler).")
@@ -101,6 +105,8 @@ class TrainingArguments:
             raise ValueError(f"key 'max_nonfinite_steps' must be >= 1, got {self.max_nonfinite_steps}")
         if self.bf16 and self.fp16:
             raise ValueError("keys 'bf16' and 'fp16' are both true; choose one")
+        if self.report_to not in REPORT_TO:
+            raise ValueError(f"key 'report_to' must be one of {REPORT_TO}, got {self.report_to!r}")
         if self.fp16_opt_level not in ("O1", "O2"):
             raise ValueError(f"key 'fp16_opt_level' must be O1 or O2, got {self.fp16_opt_level!r}")
         plan(self)  # degrees against the launched world size, before any model loads

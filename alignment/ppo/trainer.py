@@ -25,8 +25,8 @@ from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
 from alignment.models.static_decode import StaticDecoder
-from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, mean_over_ranks, shard,
-                                            share_of_data_ranks, sum_over_data_ranks)
+from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
+                                            mean_over_ranks, shard, share_of_data_ranks, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
 from alignment.ppo import dapo
 from alignment.ppo.critic import make_critic
@@ -300,7 +300,9 @@ class PPOTrainer(Trainer):
     def _evaluate(self) -> Dict[str, float]:
         """Greedy responses to the eval prompts: reward, gold reward, length; generations go to a JSONL file."""
         rewards, golds, lengths, records = [], [], [], []
-        for indices in eval_shards(len(self.data.eval_prompts), self.args.per_device_eval_batch_size):
+        shards = list(eval_shards(len(self.data.eval_prompts), self.args.per_device_eval_batch_size))
+        for indices in tqdm(shards, desc="evaluate (greedy answers)", leave=False, dynamic_ncols=True,
+                            disable=self.args.disable_tqdm or not is_main_process()):
             rollout = self.make_rollout([self.data.eval_prompts[i] for i in indices], greedy=True)
             reward, _ = self.reward(rollout)
             gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)

@@ -47,6 +47,7 @@ class Trainer:
         init_distributed()
         self.args, self.tokenizer = args, tokenizer
         self.logger = MetricsLogger(args.output_dir, enabled=is_main_process(),
+                                    use_visualdl=args.report_to != "none",
                                     first_files={"args.json": effective_args} if effective_args else None)
         self.guard = NonFiniteGuard(args.max_nonfinite_steps, args.output_dir)
         self.precision = Precision(args)
@@ -123,6 +124,7 @@ class Trainer:
             results["end"] = self.evaluate()
         self.save(args.output_dir)
         self.logger.close()
+        barrier()  # every rank ends together: none tears down while another still talks to it
         return results
 
     def due(self, every: int) -> bool:
