@@ -15,8 +15,14 @@ import tempfile
 
 
 def _fsync_tree(path: str) -> None:
-    for root, _, files in os.walk(path):
+    """fsync every file under `path`, giving each the permissions a plain open() would (some writers, such as
+    safetensors, create 0600 temporary files that a serving container or a colleague could not read)."""
+    file_mode, dir_mode = 0o666 & ~_umask(), 0o777 & ~_umask()
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), dir_mode)
         for name in files:
+            os.chmod(os.path.join(root, name), file_mode)
             with open(os.path.join(root, name), "rb") as f:
                 os.fsync(f.fileno())
     _fsync_dir(path)
@@ -98,7 +104,7 @@ def write_text_atomic(path: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would hide it from other users
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -185,3 +185,17 @@ def test_a_damaged_checkpoint_file_given_explicitly_is_a_one_line_error(tmp_path
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert name in err and "resume_from_checkpoint" in err
+
+
+def test_saved_models_and_checkpoints_are_readable_by_others_under_umask_022(tmp_path, tiny_model_dir):
+    old = os.umask(0o022)
+    try:
+        run_sft.main(sft_args(tmp_path / "out", tiny_model_dir, "--max_steps", "3"))
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "out" / "model", tmp_path / "out" / "checkpoint-2",
+                 tmp_path / "out" / "model" / "model.safetensors", tmp_path / "out" / "model" / "config.json",
+                 tmp_path / "out" / "checkpoint-2" / "rng_state.json", tmp_path / "out" / "metrics.jsonl"):
+        mode = os.stat(path).st_mode & 0o777
+        assert mode & 0o044 == 0o044, f"{path}: mode {oct(mode)}"  # group and others may read
+        assert not path.is_dir() or mode & 0o011 == 0o011, f"{path}: mode {oct(mode)}"  # and enter directories
