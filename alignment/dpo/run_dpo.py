@@ -18,7 +18,7 @@ from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  
 from alignment.config.dpo import DPOArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
-    load_raw, parse_arguments, start_processes, training_stops, user_errors)
+    end_processes, load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
 
 def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
@@ -92,6 +92,7 @@ def main(argv=None) -> dict:
     if summary:
         print(summary)
     print(f"  policy: {final} (HF layout); judge it with: python tools/judge_policy.py --model {final}")
+    end_processes()  # a multi-process run exits here
     return {**results, **{f"start_{k}": v for k, v in before.items()}}
 
 

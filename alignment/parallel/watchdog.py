@@ -116,3 +116,10 @@ def start_watchdog(rank: int, world: int, timeout: float, interval: float = 2.0)
     for thread in _started.threads:
         thread.start()
     atexit.register(_started.finished)
+
+
+def stop_watchdog() -> None:
+    """Stop this process's watchdog now, as at a normal exit (for a process that leaves without atexit)."""
+    if _started is not None:
+        _started.finished()
+

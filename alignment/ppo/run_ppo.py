@@ -18,7 +18,7 @@ from alignment.config.data import LoRAArguments  # noqa: E402
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
-    fail, load_raw, parse_arguments, start_processes, training_stops, user_errors)
+    end_processes, fail, load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
 
 def build_models(model_args, ppo_args, lora_args, train_args, pipeline_stages: int = 1):
@@ -143,6 +143,7 @@ def main(argv=None) -> dict:
     if "start" in results and "end" in results:
         for key in results["end"]:
             print(f"  {key}: {results['start'][key]:.4f} before -> {results['end'][key]:.4f} after")
+    end_processes()  # a multi-process run exits here
     return results
 
 

@@ -18,7 +18,7 @@ from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  
 from alignment.config.reward import RewardArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
-    load_raw, parse_arguments, start_processes, training_stops, user_errors)
+    end_processes, load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
 
 def main(argv=None) -> dict:
@@ -74,6 +74,7 @@ def main(argv=None) -> dict:
     else:
         print(f"  checkpoint: {final} (HF LlamaForSequenceClassification layout + score_normalizer.json)")
     print(f"  use it in PPO: \"reward_model_name_or_path\": \"{final}\" in ppo_argument.json")
+    end_processes()  # a multi-process run exits here
     return {**results, **{f"start_{k}": v for k, v in before.items()}}
 
 

@@ -17,7 +17,7 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training.setup import (  # noqa: E402
-    load_raw, parse_arguments, start_processes, training_stops, user_errors)
+    end_processes, load_raw, parse_arguments, start_processes, training_stops, user_errors)
 
 
 def main(argv=None) -> dict:
@@ -62,6 +62,7 @@ def main(argv=None) -> dict:
               f"--adapter {final} --output {final}-merged")
         final += "-merged"
     print(f"next: use it as model_name_or_path of the reward model, or actor_model_name_or_path of PPO ({final})")
+    end_processes()  # a multi-process run exits here
     return results
 
 
