@@ -30,7 +30,7 @@ from alignment.parallel.distributed import (barrier, data_world_size, gather_lis
 from alignment.ppo import algorithms as rl
 from alignment.ppo import dapo
 from alignment.ppo.critic import make_critic
-from alignment.ppo.objective import actor_objective, step_weight
+from alignment.ppo.objective import actor_objective, aggregation, step_weight
 from alignment.ppo.pipeline_update import PipelineUpdate, check_pipeline_run
 from alignment.ppo.rollout import response_log_probs, sample_rollout, update_order
 from alignment.rewards.functions import gold_scores
@@ -247,7 +247,8 @@ class PPOTrainer(Trainer):
                 batches = [rollout.select(paddle.to_tensor(order[s: s + size])).packed()
                            for s in starts[first: first + accum]]
                 shares = step_shares([float(batch.response_mask.astype("float32").sum()) for batch in batches])
-                actor_shares = step_shares([step_weight(ppo, batch.response_mask) for batch in batches])
+                actor_shares = shares if aggregation(ppo) == "token-mean" else step_shares(  # one collective less
+                    [step_weight(ppo, batch.response_mask) for batch in batches])
                 step = {}
                 for batch, share, actor_share in zip(batches, shares, actor_shares):
                     stats = self.actor_step(batch, actor_share, ptx_scale=1.0 / len(batches))
