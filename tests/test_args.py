@@ -78,20 +78,22 @@ def test_flags_parsing_and_integer_float_coercion():
 
 
 def test_every_argument_is_documented():
-    text = parser().format_help("alignment/sft/run_sft.py")
+    text = parser().format_help("python alignment/sft/run_sft.py")
     for cls in (ModelArguments, DataArguments, TrainingArguments):
         for name, f in cls.__dataclass_fields__.items():
             assert f.metadata.get("help"), name
             assert f"--{name} " in text
-    assert text.startswith("usage: python alignment/sft/run_sft.py [ARGUMENT_FILE.json|.yaml]")
+    assert text.startswith("usage: python alignment/sft/run_sft.py ARGS.{json,yaml} [--key value ...]")
     assert "Optional" not in text and "Union" not in text and "typing" not in text
     assert "--resume_from_checkpoint str or null (default: null)" in text
-    assert max(len(line) for line in text.splitlines()) <= 120
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "\n  Optimizer:\n  --learning_rate float (default: 2e-05)" in text  # sections of TrainingArguments
+
 
 
 def test_help_after_an_argument_file_prints_help(tmp_path, capsys):
     with pytest.raises(SystemExit) as done:
-        parser().parse_args([write(tmp_path, BASE), "--help"], prog="run.py")
+        parser().parse_args([write(tmp_path, BASE), "--help"], prog="python run.py")
     assert done.value.code == 0 and "usage: python run.py" in capsys.readouterr().out
 
 

@@ -1,4 +1,5 @@
-"""Export for inference: merged HF checkpoint + static graph, whose greedy output equals the dynamic model's."""
+"""Export for inference: merged HF checkpoint + one static KV-cache program whose logits equal the dynamic model's.
+(tests/test_predict.py decodes through it: greedy tokens equal the dynamic model's generate.)"""
 import json
 import os
 import shutil
@@ -7,33 +8,49 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer, generate
+from alignment.models import LlamaForCausalLM
+from alignment.models.static_decode import EXPORT_FORMAT
 from tools import export_model, predict
-
-
-def dynamic_greedy(model_dir, prompt_ids, max_new_tokens):
-    model = LlamaForCausalLM.from_pretrained(model_dir)
-    ids = paddle.to_tensor([prompt_ids])
-    out = generate(model, ids, paddle.ones_like(ids),
-                   GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False,
-                                    eos_token_id=model.config.eos_token_ids))
-    n = int(out.response_mask.sum())
-    return out.sequences[0, len(prompt_ids): len(prompt_ids) + n].numpy().tolist()
 
 
 @pytest.fixture(scope="module")
 def exported(tiny_model_dir, tmp_path_factory):
     return export_model.main(["--model", tiny_model_dir, "--output", str(tmp_path_factory.mktemp("exp") / "out"),
-                              "--max-length", "48"])
+                              "--no-progress"])
 
 
-def test_static_greedy_output_equals_the_dynamic_model(exported, tiny_model_dir):
-    tokenizer = Tokenizer.from_pretrained(tiny_model_dir)
-    predictor, info = predict.load_predictor(exported)
-    for prompt in ("Say hi.", "What is 7 + 5?"):
-        ids = tokenizer.encode(tokenizer.apply_chat_template(tokenizer.chat_messages(prompt)), add_special_tokens=True)
-        assert predict.greedy_tokens(predictor, info, ids, 12) == dynamic_greedy(tiny_model_dir, ids, 12)
-    assert json.load(open(os.path.join(exported, "inference", "export.json")))["max_length"] == 48
+def test_prefill_and_decode_steps_equal_the_dynamic_model_with_left_padding(exported, tiny_model_dir):
+    """One program, dynamic shapes: a prefill (empty caches) and steps (one token) at two batch sizes."""
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    model.eval()
+    lm = predict.load(exported, "cpu")
+    for rows in ([[5, 6, 7, 8, 9], [10, 11]], [[12, 13, 14]]):
+        ids, mask = predict.left_pad(rows, 3)
+        ours, ref = lm(ids, attention_mask=mask), model(ids, attention_mask=mask, use_cache=True, last_only=True)
+        position = mask.sum(axis=1, keepdim=True)
+        for token in (17, 42, 99):
+            np.testing.assert_allclose(ours.logits.numpy(), ref.logits.numpy(), atol=1e-5)
+            for (k, v), (k_ref, v_ref) in zip(ours.past_key_values, ref.past_key_values):
+                np.testing.assert_allclose(k.numpy(), k_ref.numpy(), atol=1e-5)
+                np.testing.assert_allclose(v.numpy(), v_ref.numpy(), atol=1e-5)
+            step = paddle.full([len(rows), 1], token, "int64")
+            mask = paddle.concat([mask, paddle.ones_like(step)], axis=1)
+            ours = lm(step, attention_mask=mask, position_ids=position, past_key_values=ours.past_key_values)
+            ref = model(step, attention_mask=mask, position_ids=position, past_key_values=ref.past_key_values,
+                        use_cache=True, last_only=True)
+            position = position + 1
+
+
+def test_export_json_records_the_program_and_cache_layout(exported, tiny_model_dir):
+    info = json.load(open(os.path.join(exported, "inference", "export.json")))
+    config = json.load(open(os.path.join(tiny_model_dir, "config.json")))
+    assert info["format"] == EXPORT_FORMAT and info["dtype"] == "float32"
+    assert info["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"]
+    assert len(info["inputs"]) == 3 + 2 * config["num_hidden_layers"]
+    assert (info["num_key_value_heads"], info["head_dim"]) == (config["num_key_value_heads"], config["head_dim"])
+    assert info["eos_token_ids"] == [config["eos_token_id"]] and info["pad_token_id"] == config["pad_token_id"]
+    for name in ("model.json", "model.pdiparams", "tokenizer.json", "tokenizer_config.json"):
+        assert os.path.exists(os.path.join(exported, "inference", name)), name
 
 
 def test_exported_checkpoint_has_the_same_weights(exported, tiny_model_dir):
@@ -44,7 +61,7 @@ def test_exported_checkpoint_has_the_same_weights(exported, tiny_model_dir):
     assert os.path.exists(os.path.join(exported, "hf", "tokenizer.json"))
 
 
-def test_a_lora_adapter_exports_merged(tmp_path, tiny_model_dir):
+def test_a_lora_adapter_exports_merged_with_a_line_per_stage(tmp_path, tiny_model_dir, capsys):
     from alignment.models.lora import apply_lora, save_adapter
 
     model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
@@ -52,12 +69,13 @@ def test_a_lora_adapter_exports_merged(tmp_path, tiny_model_dir):
     for layer in (model.model.layers[0].self_attn.q_proj,):
         layer.lora_B.set_value(paddle.full(layer.lora_B.shape, 0.05))
     save_adapter(model, str(tmp_path / "adapter"), tiny_model_dir, "CAUSAL_LM", tokenizer_dir=tiny_model_dir)
-    out = export_model.main(["--model", str(tmp_path / "adapter"), "--output", str(tmp_path / "exp"),
-                             "--max-length", "32"])
+    out = export_model.main(["--model", str(tmp_path / "adapter"), "--output", str(tmp_path / "exp")])
     ids = paddle.to_tensor([[3, 17, 45, 9]])
     model.eval()
     merged = LlamaForCausalLM.from_pretrained(os.path.join(out, "hf"))
     np.testing.assert_allclose(merged(ids).logits.numpy(), model(ids).logits.numpy(), atol=1e-5)
+    err = capsys.readouterr().err  # stderr is no terminal here: stage lines instead of a bar
+    assert all(f"export: {stage}" in err for stage in export_model.STAGES), err
 
 
 @pytest.mark.parametrize("damage, fragment", [
@@ -80,9 +98,3 @@ def test_broken_checkpoints_fail_clearly_and_write_nothing(tmp_path, tiny_model_
     err = capsys.readouterr().err
     assert info.value.code == 2 and fragment in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
-
-
-def test_predict_rejects_a_prompt_wider_than_the_graph(exported):
-    predictor, info = predict.load_predictor(exported)
-    with pytest.raises(ValueError, match="the exported graph holds 48"):
-        predict.greedy_tokens(predictor, info, list(range(3, 60)), 4)

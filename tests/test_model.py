@@ -185,3 +185,27 @@ def test_recompute_gives_the_same_gradients():
         model(ids, mask).logits.mean().backward()
         grads.append(model.model.layers[0].self_attn.q_proj.weight.grad.numpy())
     np.testing.assert_allclose(grads[0], grads[1], atol=1e-7)
+
+
+def test_min_new_tokens_blocks_eos_until_that_many_tokens():
+    from alignment.models.generation import block_tokens
+
+    logits = paddle.to_tensor([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])
+    blocked = block_tokens(logits, [1, 2]).numpy()
+    assert blocked[:, 0].tolist() == [1.0, 0.0] and np.isneginf(blocked[:, 1:]).all()
+    assert block_tokens(logits, []) is logits
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    free = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False)).sequences.numpy()
+    eos = int(free[0, 6])  # row 0's first greedy token is made the eos: without a minimum, row 0 stops at once
+    for minimum, sample in ((0, False), (3, False), (3, True)):
+        paddle.seed(5)
+        out = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=sample, eos_token_id=[eos],
+                                                           min_new_tokens=minimum))
+        seq, lengths = out.sequences.numpy(), out.response_mask.numpy().sum(axis=1)
+        assert (lengths >= max(minimum, 1)).all()
+        assert eos not in seq[:, 6:6 + minimum]  # no eos among the first `minimum` tokens of any row
+        if minimum == 0 and not sample:
+            assert lengths[0] == 1
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        GenerationConfig(max_new_tokens=4, min_new_tokens=5)

@@ -8,13 +8,13 @@ import sys
 from tests.helpers import REPO
 
 
-def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path):
+def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path, tiny_model_dir):
     source = tmp_path / "source"  # a copy: setuptools writes build/ and *.egg-info beside pyproject.toml
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE", "requirements.txt"):
         shutil.copy(os.path.join(REPO, name), source / name)
-    shutil.copytree(os.path.join(REPO, "alignment"), source / "alignment",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("alignment", "tools"):
+        shutil.copytree(os.path.join(REPO, folder), source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w",
                     str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("paddle_alignment-*.whl"))
@@ -34,3 +34,18 @@ def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path):
         shown = subprocess.run([str(bin_dir / command), "--help"], cwd=elsewhere, env=env, capture_output=True,
                                text=True, timeout=120)
         assert shown.returncode == 0 and "--output_dir" in shown.stdout, (command, shown.stderr[-500:])
+    shown = subprocess.run([str(bin_dir / "alignment-plot-run"), "--help"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "output_dir" in shown.stdout, shown.stderr[-500:]
+    # a real (one-step) run through the console command, with an argument file and data outside the checkout
+    (elsewhere / "train.jsonl").write_text('{"instruction": "Say hi", "output": "hi"}\n' * 4)
+    (elsewhere / "args.yaml").write_text(f"model_name_or_path: {tiny_model_dir}\ntrain_datasets: alpaca:1.0:train.jsonl\n"
+                                         "max_length: 32\nmax_steps: 1\nper_device_train_batch_size: 2\n"
+                                         "output_dir: out\nreport_to: none\n")
+    run = subprocess.run([str(bin_dir / "alignment-sft"), "args.yaml"], cwd=elsewhere, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-1500:]
+    assert "wall time:" in run.stdout and (elsewhere / "out" / "model" / "config.json").exists()
+    module = subprocess.run([str(python), "-m", "alignment.dpo", "--help"], cwd=elsewhere, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert module.stdout.startswith("usage: python -m alignment.dpo"), module.stderr[-500:]

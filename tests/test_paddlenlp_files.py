@@ -82,11 +82,13 @@ def test_llama_ppo_json_runs_one_step(tmp_path, tiny_model_dir, tiny_reward_dir,
         "--reward_model_name_or_path", tiny_reward_dir, "--train_datasets", PROMPTS, "--eval_datasets", "",
         "--ptx_datasets", f"alpaca:1.0:{REPO}/data/sft/train.jsonl", "--output_dir", str(tmp_path / "out"),
         "--tensor_parallel_degree", "1", "--max_steps", "1", "--max_dec_len", "4"], capsys)
-    assert {"use_fusemt", "use_flash_attention", "min_dec_len", "critic_min_learning_rate", "logging_dir",
+    assert {"use_fusemt", "use_flash_attention", "logging_dir",
             "pipeline_parallel_config", "fused_linear"} <= keys_of(notices)
     args = one_step(tmp_path / "out")
     assert (args["advantage_estimator"], args["num_return_sequences"], args["max_new_tokens"]) == ("gae", 1, 4)
     assert (args["eval_steps"], args["save_steps"], args["use_fusemt"]) == (0, 400, False)  # evaluation_strategy no
+    assert args["critic_min_learning_rate"] == 2e-7  # honoured: the critic's schedule ends there
+    assert args["min_new_tokens"] == 1  # min_dec_len
 
 
 def test_llama_rm_json_runs_one_step(tmp_path, tiny_model_dir, capsys):
@@ -109,9 +111,9 @@ def test_llama_dpo_json_runs_one_step(tmp_path, tiny_model_dir, capsys):
         fixture("dpo_argument.json"), "--model_name_or_path", tiny_model_dir, "--train_dataset_path", PAIRS,
         "--dev_dataset_path", "", "--output_dir", str(tmp_path / "out"), "--tensor_parallel_degree", "1",
         "--max_steps", "1"], capsys)
-    assert {"max_prompt_len", "load_best_model_at_end", "use_flash_attention", "flash_mask",
-            "unified_checkpoint"} <= keys_of(notices)
+    assert {"max_prompt_len", "use_flash_attention", "flash_mask", "unified_checkpoint"} <= keys_of(notices)
     args = one_step(tmp_path / "out")
+    assert args["load_best_model_at_end"] is True  # honoured (no evaluation data here: the last model is kept)
     assert (args["max_length"], args["train_datasets"], args["gradient_accumulation_steps"]) == (4096, PAIRS, 8)
 
 
@@ -127,13 +129,15 @@ def test_qwen_rl_yaml_with_a_reward_server_runs_one_step(name, estimator, kl_coe
         "--train_datasets", PROMPTS, "--eval_datasets", "", "--output_dir", str(tmp_path / "out"),
         "--tensor_parallel_degree", "1", "--max_steps", "1", "--max_dec_len", "4", "--global_batch_size", "2"],
         capsys)
-    assert {"min_dec_len", "prompt_key", "dataloader_shuffle", "sequence_parallel", "use_flash_attention",
+    assert {"prompt_key", "dataloader_shuffle", "sequence_parallel", "use_flash_attention",
             "rollout_max_num_seqs"} <= keys_of(notices)
     args = one_step(tmp_path / "out")
     assert (args["advantage_estimator"], args["num_return_sequences"], args["kl_coeff"]) == (estimator, 8, kl_coeff)
+    assert args["min_new_tokens"] == 32  # min_dec_len (capped at the 4 new tokens of this run)
     # global_batch_size 2 -> 2 prompts per device; global_mini_batch_size -1 -> 2 x rollout_n 8 / 8 per micro-batch
     assert (args["per_device_prompt_batch_size"], args["gradient_accumulation_steps"]) == (2, 2)
     assert (args["eval_steps"], args["save_steps"], args["use_rm_server"]) == (20, 300, True)
+    assert (args["dynamic_sampling"], args["max_gen_batches"]) == (False, 2)  # ours (tests/test_dynamic_sampling.py)
 
 
 def test_qwen_ppo_yaml_runs_one_step_with_a_reward_model_for_its_rule_reward(tmp_path, tiny_model_dir,

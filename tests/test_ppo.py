@@ -40,6 +40,8 @@ def test_ppo_steps_change_actor_and_critic_and_log_the_metrics(tmp_path, tiny_mo
                 "time/generate", "time/train", "clip_frac", "approx_kl", "explained_variance", "truncated"):
         assert all(np.isfinite(r[key]) for r in rows), key
     assert rows[0]["kl"] == 0.0  # the first rollout comes from the reference policy itself
+    for row in rows:  # generation speed: the step's response tokens over its generation time
+        assert 0 < row["time/generated_tokens_per_s"] < 1e6
     assert json.load(open(out / "args.json"))["advantage_estimator"] == "gae"
 
 

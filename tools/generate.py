@@ -6,12 +6,14 @@ The prompt is wrapped in the checkpoint's chat template unless --raw is given. G
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
@@ -43,7 +45,7 @@ def complete(model_dir: str, prompts, max_new_tokens: int = 64, temperature: flo
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(__doc__)
     parser.add_argument("--model", required=True, help="checkpoint directory (HF layout, with tokenizer.json)")
     parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     parser.add_argument("--max-new-tokens", type=int, default=64)

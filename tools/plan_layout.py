@@ -27,7 +27,6 @@ outside their phases (gradients stay). --device cpu: fp32 + measured Paddle runt
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import math
@@ -35,7 +34,10 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 from alignment.config.choices import OFFLOAD_LEVELS, SHARDING_STAGES, parse_offload_levels  # noqa: E402
 
 GIB = 2 ** 30
@@ -287,7 +289,7 @@ def offload_effect(m: Model, lay: Layout, p: Plan) -> list:
 
 def parse_args(argv):
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ToolParser(__doc__)
     add = ap.add_argument
     add("--model", required=True, help="config.json or a Hugging Face checkpoint directory")
     add("--gpus", type=int, required=True)

@@ -10,15 +10,18 @@ run ended: the proxy still rising while the gold falls is over-optimisation.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_run import read_series  # noqa: E402
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
+
+from alignment.training.logger import read_series  # noqa: E402
 
 
 def running_mean(values: List[float], window: int) -> List[float]:
@@ -81,7 +84,7 @@ def plot(curves: List[Dict[str, object]], output: str) -> str:
 
 
 def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ToolParser(__doc__)
     parser.add_argument("runs", nargs="+", help="output_dirs of PPO/GRPO runs with a gold_judge")
     parser.add_argument("--output", default=None, help="PNG path (default: <first run>/overoptimization.png)")
     parser.add_argument("--smooth", type=int, default=3, help="running-mean window in steps")

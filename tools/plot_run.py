@@ -3,16 +3,22 @@
     python tools/plot_run.py outputs/smollm2-ppo [--output report.png]
 
 Works for every stage's output directory: panels appear for the metrics the run logged (reward, gold reward,
-KL, losses, response length, accuracies, DPO implicit rewards); train rows are lines, eval rows are dots.
+KL, losses, response length, accuracies, DPO implicit rewards), one quantity per panel; per-step values are a
+faint line with an exponentially smoothed one over it, evaluations are points.
 Writes <output_dir>/run_report.png unless --output is given.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 from typing import Dict, List, Tuple
+
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
+
+from alignment.training.logger import read_series  # noqa: E402
 
 PANELS: List[Tuple[str, List[str]]] = [
     ("reward (proxy)", ["reward/mean", "eval/reward"]),
@@ -30,23 +36,6 @@ PANELS: List[Tuple[str, List[str]]] = [
 ]
 
 
-def read_series(path: str) -> Dict[str, List[Tuple[int, float]]]:
-    """{metric: [(step, value), ...]} for the numeric metrics of a metrics.jsonl file."""
-    series: Dict[str, List[Tuple[int, float]]] = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number}: not JSON ({err.msg})") from None
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    series.setdefault(key, []).append((row["step"], float(value)))
-    return series
-
-
 def trend(points: List[Tuple[int, float]]) -> str:
     """First -> last value; with 8 or more points, the means of the first and last quarters (per-step values
     from a few prompts are noisy)."""
@@ -57,6 +46,29 @@ def trend(points: List[Tuple[int, float]]) -> str:
     what = f"mean of first/last {span} points" if span > 1 else "first/last point"
     return (f"{direction} {first:.4g} -> {last:.4g} ({what}; steps {points[0][0]}-{points[-1][0]}, "
             f"range {min(values):.4g} .. {max(values):.4g})")
+
+
+def smoothed(values: List[float], weight: float) -> List[float]:
+    """Exponential moving average with TensorBoard's debiasing (the first points are not pulled toward 0):
+    s_t = weight * s_{t-1} + (1 - weight) * v_t, divided by 1 - weight ** t."""
+    out, average = [], 0.0
+    for t, value in enumerate(values, 1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight ** t))
+    return out
+
+
+def smoothing_weight(points: int) -> float:
+    """Stronger smoothing for longer runs: about a tenth of the run (0 below 5 points: nothing to smooth)."""
+    if points < 5:
+        return 0.0
+    return 0.5 if points <= 20 else min(0.9, 1 - 10 / points)
+
+
+def panels_for(series: Dict[str, list]) -> List[Tuple[str, List[str]]]:
+    """The (title, metrics) panels that a run with these metrics gets: one quantity (scale) per panel."""
+    panels = [(title, [k for k in keys if k in series]) for title, keys in PANELS]
+    return [(title, keys) for title, keys in panels if keys]
 
 
 def plot_run(output_dir: str, output: str = None) -> Tuple[str, List[str]]:
@@ -70,8 +82,7 @@ def plot_run(output_dir: str, output: str = None) -> Tuple[str, List[str]]:
     if not os.path.exists(metrics):
         raise FileNotFoundError(f"{metrics}: no such file (is {output_dir} a run's output_dir?)")
     series = read_series(metrics)
-    panels = [(title, [k for k in keys if k in series]) for title, keys in PANELS]
-    panels = [(title, keys) for title, keys in panels if keys]
+    panels = panels_for(series)
     if not panels:
         raise ValueError(f"{metrics}: none of the plotted metrics were logged")
     columns = 2 if len(panels) > 1 else 1
@@ -81,10 +92,15 @@ def plot_run(output_dir: str, output: str = None) -> Tuple[str, List[str]]:
     for ax, (title, keys) in zip(axes.flat, panels):
         for key in keys:
             steps, values = zip(*series[key])
-            if key.startswith("eval/"):
-                ax.plot(steps, values, "o--", label=key)
-            else:
-                ax.plot(steps, values, "-", label=key)
+            if key.startswith("eval/"):  # a few evaluations: points, not a line
+                ax.plot(steps, values, "o", markersize=6, label=key)
+            else:  # per-step values are noisy: the raw line faint, a smoothed one over it
+                weight = smoothing_weight(len(values))
+                raw = ax.plot(steps, values, "-", alpha=0.3 if weight else 1.0, linewidth=1,
+                              label=key if not weight else None)[0]
+                if weight:
+                    ax.plot(steps, smoothed(list(values), weight), "-", color=raw.get_color(), linewidth=2,
+                            label=f"{key} (smoothed {weight:.2f})")
             lines.append(f"{key}: {trend(series[key])}")
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -103,7 +119,7 @@ def plot_run(output_dir: str, output: str = None) -> Tuple[str, List[str]]:
 
 
 def main(argv=None) -> str:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ToolParser(__doc__)
     p.add_argument("output_dir", help="a run's output_dir (holding metrics.jsonl)")
     p.add_argument("--output", default=None, help="PNG path (default: <output_dir>/run_report.png)")
     args = p.parse_args(argv)

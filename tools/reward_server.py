@@ -8,11 +8,13 @@ listens beyond loopback. The app, the queue and the validation are in alignment/
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
@@ -20,7 +22,7 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ToolParser(__doc__)
     p.add_argument("--model", help="score-model checkpoint (run_reward.py output; its normalizer and tokenizer too)")
     p.add_argument("--judge", action="append", default=[],
                    help="a reward function added to the score: registered name, module:function or file.py:function "

@@ -8,10 +8,15 @@ and after.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import textwrap
+import sys
+
+if not __package__:  # run as a script from a checkout: make `alignment` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from alignment.config.tool_parser import ToolParser  # noqa: E402
 
 
 def load(output_dir: str):
@@ -32,7 +37,7 @@ def mean(rows, key):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(__doc__)
     parser.add_argument("output_dir")
     parser.add_argument("--samples", type=int, default=3)
     args = parser.parse_args(argv)

@@ -10,6 +10,8 @@ from alignment.config.training import DatasetSpecs
 
 @dataclasses.dataclass
 class ModelArguments:
+    """The model to start from."""
+
     model_name_or_path: str = field(help="HF-layout checkpoint directory to start from (config.json + safetensors "
                                          "+ tokenizer.json), e.g. checkpoints/tiny after `python tools/make_tiny.py`.")
     tokenizer_name_or_path: Optional[str] = field(None, help="Tokenizer directory; null = model_name_or_path.")
@@ -17,6 +19,8 @@ class ModelArguments:
 
 @dataclasses.dataclass
 class DataArguments:
+    """Which data, how long."""
+
     train_datasets: DatasetSpecs = field(help="Training data: 'name', 'name:proportion', 'name:proportion:path', "
                                               "a list of those, or {name: proportion}. Names are registered "
                                               "RawDataset NAMEs (built-ins or user_dataset_modules). For PPO, "
@@ -39,6 +43,8 @@ class DataArguments:
 
 @dataclasses.dataclass
 class LoRAArguments:
+    """Low-rank adapters instead of full fine-tuning."""
+
     lora: bool = field(False, help="Train LoRA adapters instead of all weights: base weights stay frozen, only the "
                                    "adapters (and a score model's head) are trained and saved, in PEFT's layout "
                                    "(merge with tools/merge_lora.py). In PPO this is the actor.")

@@ -10,6 +10,8 @@ from alignment.config.parser import field
 
 @dataclasses.dataclass
 class DPOArguments:
+    """The preference-optimisation loss (DPO family, KTO)."""
+
     beta: float = field(0.1, gt=0, help="Strength of the implicit KL to the reference: the temperature of the implicit "
                                   "reward beta * log(pi / pi_ref). For simpo the reward scale (SimPO uses 2-10).")
     loss_type: str = field("sigmoid", help=f"One of {LOSS_TYPES}: sigmoid = DPO, ipo, hinge (SLiC), simpo "

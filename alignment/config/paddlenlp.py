@@ -142,20 +142,6 @@ def _sequence_parallel(value, values):
             "activation memory")
 
 
-def _critic_min_lr(value, values):
-    schedule = str(_get(values, "critic_lr_scheduler_type", "cosine")).strip()
-    if schedule.startswith("constant"):
-        return None  # a constant schedule never decays to the floor
-    return (f"this toolkit decays the critic's {schedule} schedule to 0, not to {value}: no critic floor yet, so "
-            "only the critic's last steps use smaller rates than in PaddleNLP")
-
-
-def _min_dec_len(value, values):
-    if _number(value) == 1:
-        return "EOS may be the first token of a response here (no minimum response length)"
-    return f"EOS may end a response within its first {value} tokens here (no minimum response length)"
-
-
 def _prompt_cap(value, values):
     if _number(value) is not None and _number(value) >= _int(values, "max_length", _int(values, "max_seq_len", 0)) > 0:
         return None  # no prompt can be longer than max_length anyway
@@ -165,6 +151,19 @@ def _prompt_cap(value, values):
 
 def _needs_dynamic_sampling(value, values):
     return not _flag(_get(values, "dynamic_sampling", False))  # only read by dynamic sampling
+
+
+def _gen_batch_inert(value, values):
+    """Silent without dynamic sampling, for -1 / 0 (PaddleNLP: global_batch_size) and for global_batch_size."""
+    return _needs_dynamic_sampling(value, values) or _asks_nothing(value) or \
+        _same(value, (_get(values, "global_batch_size", None),))
+
+
+def _sample_batch_inert(value, values):
+    """Silent without dynamic sampling, for -1 / 0 and for the per-device share of global_batch_size."""
+    per_device = _number(_get(values, "global_batch_size", None))
+    return _needs_dynamic_sampling(value, values) or _asks_nothing(value) or (
+        per_device is not None and _number(value) == per_device / _data_world(values))
 
 
 def _decay_steps(value, values):
@@ -305,7 +304,6 @@ TABLE: Dict[str, Rule] = {
                                       "max_steps); remove decay_steps or set it to max_steps", inert=_decay_steps),
     "critic_decay_steps": Rule(REFUSE, None, "the critic's schedule decays over the whole run here; remove "
                                              "critic_decay_steps", inert=_asks_nothing),
-    "critic_min_learning_rate": Rule(NOTICE, "critic_min_learning_rate", _critic_min_lr),
 
     # ---- evaluation, logging, reporting ----
     "eval_accumulation_steps": Rule(NOTICE, None, "evaluation results are reduced batch by batch here; only memory "
@@ -313,12 +311,6 @@ TABLE: Dict[str, Rule] = {
     "prediction_loss_only": Rule(NOTICE, None, "evaluation reports this toolkit's metrics (loss, accuracy, rewards)"),
     "max_evaluate_steps": Rule(NOTICE, None, "evaluation always covers all of eval_datasets here"),
     "minimum_eval_times": Rule(NOTICE, None, "evaluation runs every eval_steps and at the end here"),
-    "load_best_model_at_end": Rule(NOTICE, None, "best-model selection is not built: the final model is the last "
-                                                 "step's, not the best by metric_for_best_model"),
-    "metric_for_best_model": Rule(NOTICE, None, "used with load_best_model_at_end, see its notice",
-                                  inert=lambda value, values: True),
-    "greater_is_better": Rule(NOTICE, None, "used with load_best_model_at_end, see its notice",
-                              inert=lambda value, values: True),
     "early_stopping": Rule(REFUSE, None, "early stopping is not built; set max_steps / num_train_epochs"),
     "early_stopping_patience": Rule(NOTICE, None, "used with early_stopping only", inert=lambda value, values: True),
     "early_stopping_threshold": Rule(NOTICE, None, "used with early_stopping only", inert=lambda value, values: True),
@@ -370,9 +362,6 @@ TABLE: Dict[str, Rule] = {
                                            "stopped (exact resume)"),
 
     # ---- data loading ----
-    "dataloader_drop_last": Rule(NOTICE, None, "the last, shorter batch of each pass over the data is trained on "
-                                               "here (not dropped); with a dataset size divisible by the batch "
-                                               "size nothing differs"),
     "dataloader_shuffle": Rule(NOTICE, None, "data is always drawn in a seeded shuffled order here (the file order "
                                              "is not kept)", inert=lambda value, values: _flag(value) is not False),
     "dataloader_num_workers": Rule(NOTICE, None, "data is prepared in the main process here; same batches"),
@@ -404,7 +393,7 @@ TABLE: Dict[str, Rule] = {
     "critic_tokenizer_alpha": Rule(REFUSE, None, "tokenizer sampling (BPE dropout) is not built"),
 
     # ---- RL rollouts and batches ----
-    "min_dec_len": Rule(NOTICE, "min_new_tokens", _min_dec_len),
+    "min_dec_len": Rule(ALIAS, "min_new_tokens", "shortest response: eos is blocked before it"),
     "per_device_rollout_batch_size": Rule(NOTICE, None, "a step's per-device prompts (per_device_prompt_batch_size, "
                                                         "from global_batch_size) are generated in one call here; "
                                                         "same samples"),
@@ -420,14 +409,14 @@ TABLE: Dict[str, Rule] = {
     "use_remove_padding": Rule(NOTICE, None, "forward passes keep their padding here (masked); same values"),
     "balance_batch": Rule(NOTICE, None, "rollouts are not rebalanced by token count across data-parallel ranks; "
                                         "with one data-parallel rank nothing differs"),
-    "dynamic_sampling": Rule(REFUSE, "dynamic_sampling", "DAPO dynamic sampling is not built here; set "
-                                                         "dynamic_sampling false"),
-    "max_gen_batches": Rule(NOTICE, "max_gen_batches", "used by dynamic sampling only",
-                            inert=_needs_dynamic_sampling),
-    "global_gen_batch_size": Rule(NOTICE, "global_gen_batch_size", "used by dynamic sampling only",
-                                  inert=_needs_dynamic_sampling),
-    "per_device_sample_batch_size": Rule(NOTICE, None, "used by dynamic sampling only",
-                                         inert=_needs_dynamic_sampling),
+    # dynamic_sampling and max_gen_batches are ours (PPOArguments)
+    "global_gen_batch_size": Rule(NOTICE, None, "dynamic sampling draws generation batches of global_batch_size "
+                                                "prompts here (as many as it needs); the groups a step keeps are "
+                                                "the same, only the number of tries differs",
+                                  inert=_gen_batch_inert),
+    "per_device_sample_batch_size": Rule(NOTICE, None, "dynamic sampling keeps per_device_prompt_batch_size "
+                                                       "(from global_batch_size) prompt groups per step here",
+                                         inert=_sample_batch_inert),
     "use_rule_reward": Rule(REFUSE, None, "PaddleNLP's gsm8k rule reward ('#### N' answers) is not built in; score "
                                           "with reward_funcs (e.g. [\"accuracy\"]: the last <answer> block or "
                                           "number equals the dataset's 'answer') or a 'file.py:function'"),

@@ -187,7 +187,7 @@ class ArgumentParser:
                 print(line)
         return tuple(results)
 
-    def parse_args(self, argv: Sequence[str], prog: str = "run.py") -> Tuple:
+    def parse_args(self, argv: Sequence[str], prog: str = "python run.py") -> Tuple:
         argv = list(argv)
         if "-h" in argv or "--help" in argv:
             print(self.format_help(prog))
@@ -206,20 +206,26 @@ class ArgumentParser:
         values.update(flags)
         return self.parse_dict(values, source)
 
-    def format_help(self, prog: str = "run.py") -> str:
-        lines = [f"usage: python {prog} [ARGUMENT_FILE.json|.yaml] [--key value ...]", "",
-                 "Keys come from the argument file, then from --key value flags (flags win). PaddleNLP's key names "
-                 "are read too", "(alignment/config/paddlenlp.py; README: PaddleNLP argument files).", ""]
+    def format_help(self, prog: str = "python run.py") -> str:
+        """Usage line, then every key by argument class and section (a class's HELP_SECTIONS): type, default, wrapped help (100 columns)."""
+        lines = [f"usage: {prog} ARGS.{{json,yaml}} [--key value ...]", ""]
+        lines += textwrap.wrap("Keys come from the argument file, then from --key value flags (flags win; --key-name "
+                               "and --key_name are the same flag). PaddleNLP's key names are read too "
+                               "(alignment/config/paddlenlp.py; README: PaddleNLP argument files).", width=100)
         for cls in self.dataclass_types:
-            lines.append(f"{cls.__name__}:")
+            lines += ["", f"{cls.__name__}: {(cls.__doc__ or '').strip().splitlines()[0]}"]
             hints = typing.get_type_hints(cls)
+            sections = getattr(cls, "HELP_SECTIONS", {})  # {first key of a section: its heading}
             for field in dataclasses.fields(cls):
+                if field.name in sections:
+                    lines += ["", f"  {sections[field.name]}:"]
                 if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
                     default = "required"
                 else:
                     value = field.default if field.default is not dataclasses.MISSING else field.default_factory()
                     default = f"default: {json.dumps(value)}"
-                lines.append(f"  --{field.name} {_readable_type(hints[field.name])} ({default})")
+                lines += textwrap.wrap(f"--{field.name} {_readable_type(hints[field.name])} ({default})", width=100,
+                                       initial_indent="  ", subsequent_indent=" " * 8)
                 lines += textwrap.wrap(field.metadata.get("help", ""), width=100, initial_indent=" " * 6,
                                        subsequent_indent=" " * 6)
         return "\n".join(lines)

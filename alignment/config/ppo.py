@@ -15,6 +15,8 @@ from alignment.config.training import DatasetSpecs
 
 @dataclasses.dataclass
 class PPOModelArguments:
+    """The policy, reward and critic models."""
+
     actor_model_name_or_path: str = field(help="Policy to train (HF-layout causal LM, usually the SFT output); "
                                                "also the frozen reference model.")
     reward_model_name_or_path: Optional[str] = field(None, help="Reward model (score-model checkpoint from "
@@ -46,12 +48,25 @@ def server_urls(value: Union[str, List[str], None]) -> List[str]:
 
 @dataclasses.dataclass
 class PPODataArguments(DataArguments):
+    """Prompts (and optional supervised ptx data)."""
+
     ptx_datasets: Optional[DatasetSpecs] = field(None, help="Supervised data for the ptx loss (keeps the "
                                                             "policy close to its SFT data); needs ptx_coeff > 0.")
 
 
 @dataclasses.dataclass
 class PPOArguments:
+    """The RL algorithm: rollout, rewards, advantages, losses, critic."""
+    HELP_SECTIONS = {  # --help headings: the key that opens each section
+        "advantage_estimator": "Algorithm and rollout",
+        "kl_coeff": "KL to the reference",
+        "clip_range_ratio": "Policy loss (PPO clipping, DAPO / GSPO options, entropy, KL loss)",
+        "enable_overlong_reward_buffer": "Reward shaping and advantages",
+        "reward_funcs": "Reward sources",
+        "critic_learning_rate": "Critic optimizer",
+        "rollout_decode": "Rollout engine, evaluation and memory",
+    }
+
     advantage_estimator: str = field("gae", help=f"One of {ADVANTAGE_ESTIMATORS}: gae = PPO with a critic; the "
                                                  "others are critic-free (no critic model is built).")
     per_device_prompt_batch_size: int = field(8, help="Prompts per rollout step on each device.")
@@ -61,11 +76,24 @@ class PPOArguments:
     top_p: float = field(1.0, help="Nucleus sampling threshold for rollouts (1.0 = off).")
     top_k: int = field(0, ge=0, help="Top-k sampling for rollouts (0 = off).")
     repetition_penalty: float = field(1.0, gt=0, help="Repetition penalty for rollouts (1.0 = off).")
+    min_new_tokens: int = field(0, ge=0, help="No response ends (eos) before this many tokens, in rollouts and "
+                                              "evaluation; 0 = off (PaddleNLP: min_dec_len).")
     update_iters: int = field(1, help="Passes (PPO epochs) over each rollout batch.")
     group_by_length: bool = field(True, help="Put rollouts of similar length in the same update micro-batch "
                                              "(shuffled sorted groups, as HF's group_by_length), so packed micro-"
                                              "batches carry little padding. Matters only when a rollout batch "
                                              "spans several micro-batches.")
+    dynamic_sampling: bool = field(False, help="DAPO dynamic sampling: drop the prompt groups whose "
+                                               "num_return_sequences rewards are all equal and generate further "
+                                               "prompt batches of the stream until per_device_prompt_batch_size "
+                                               "groups with differing rewards are kept (then cut to exactly that). "
+                                               "Needs a critic-free estimator, num_return_sequences >= 2 and one "
+                                               "data-parallel process. Logs dynamic_sampling/gen_batches, "
+                                               "/kept_groups_frac, /filled and /skipped_update.")
+    max_gen_batches: int = field(0, help="Dynamic sampling: at most this many generation batches per step; 0 (or "
+                                         "less) = no bound, as verl's max_num_gen_batches. When the bound comes "
+                                         "first the step trains on the groups kept so far, or makes no update "
+                                         "when there are none.")
     kl_coeff: float = field(0.02, ge=0, help="Weight of the KL(actor || reference) penalty.")
     kl_estimator: str = field("k1", help=f"KL estimator, one of {KL_ESTIMATORS}.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "
@@ -141,6 +169,8 @@ class PPOArguments:
     critic_weight_decay: float = field(0.0, ge=0, help="Critic AdamW weight decay.")
     critic_lr_scheduler_type: str = field("cosine", help=f"Critic schedule, one of {LR_SCHEDULERS}.")
     critic_warmup_ratio: float = field(0.0, ge=0, lt=1, help="Critic warmup fraction.")
+    critic_min_learning_rate: float = field(0.0, ge=0, help="The critic's learning rate at the end of its "
+                                                            "linear/cosine decay (PaddleNLP's key).")
     critic_recompute: bool = field(False, help="Activation checkpointing for the critic.")
     critic_lora: bool = field(False, help="LoRA adapters on the critic (its score head trains too), with the "
                                           "lora_rank / lora_alpha / lora_dropout / lora_target_modules of the actor.")
@@ -166,6 +196,8 @@ class PPOArguments:
                              ("kl_loss_estimator", KL_LOSS_ESTIMATORS)):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
+        if self.critic_min_learning_rate > self.critic_learning_rate:
+            raise ValueError("key 'critic_min_learning_rate' must be at most critic_learning_rate")
         if self.enable_overlong_reward_buffer and self.overlong_reward_buffer < 1:
             raise ValueError("key 'overlong_reward_buffer' must be >= 1 when 'enable_overlong_reward_buffer' is true")
         if self.enable_overlong_reward_buffer and self.max_new_tokens is None:
@@ -187,6 +219,11 @@ class PPOArguments:
         if self.advantage_estimator in ("grpo", "rloo") and self.num_return_sequences < 2:
             raise ValueError(f"advantage_estimator {self.advantage_estimator!r} compares responses within a "
                              "group: key 'num_return_sequences' must be >= 2")
+        if self.dynamic_sampling and (self.advantage_estimator == "gae" or self.num_return_sequences < 2):
+            raise ValueError("key 'dynamic_sampling' filters groups of responses to one prompt by their rewards: it "
+                             "needs a critic-free advantage_estimator (grpo, dr_grpo, rloo, reinforce_baseline, "
+                             f"reinforce_plus_plus) and num_return_sequences >= 2, got {self.advantage_estimator!r} "
+                             f"and {self.num_return_sequences}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"key 'max_new_tokens' must be >= 1, got {self.max_new_tokens}")
         if not 0 < self.top_p <= 1:

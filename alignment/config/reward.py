@@ -9,6 +9,8 @@ from alignment.config.parser import field
 
 @dataclasses.dataclass
 class RewardArguments:
+    """The reward-model loss and its normaliser."""
+
     loss_type: str = field("sequence-wise", help=f"Pairwise loss: one of {REWARD_LOSS_TYPES} (token-wise compares "
                                                  "per-token scores from where the two answers diverge).")
     regularization: float = field(0.001, ge=0, help="Weight of the squared end-score penalty that keeps scores near 0.")

@@ -14,6 +14,17 @@ REPORT_TO = ("visualdl", "none")
 
 @dataclasses.dataclass
 class TrainingArguments:
+    """Schedule, optimizer, logging, checkpoints, precision, processes."""
+    HELP_SECTIONS = {  # --help headings: the key that opens each section
+        "output_dir": "Output and schedule",
+        "learning_rate": "Optimizer",
+        "logging_steps": "Logging, evaluation and checkpoints",
+        "recompute": "Memory, progress and reporting",
+        "bf16": "Mixed precision",
+        "overwrite_output_dir": "Runs and resumption",
+        "tensor_parallel_degree": "Processes (tensor / pipeline / sharding parallelism)",
+    }
+
     output_dir: str = field("outputs/run", help="Directory for args.json, metrics.jsonl, VisualDL logs and checkpoints.")
     seed: int = field(42, ge=0, lt=2**32,
                       help="Seed for Python, numpy and Paddle RNGs (data order, dropout, sampling).")
@@ -36,8 +47,18 @@ class TrainingArguments:
     do_eval: bool = field(True, help="Evaluate on eval_datasets (when given) every eval_steps and at the end.")
     eval_steps: int = field(0, help="Evaluate every N optimizer steps; 0 = only at the end of training.")
     save_steps: int = field(0, help="Save a checkpoint under output_dir/checkpoint-N every N steps; 0 = only the final one.")
+    load_best_model_at_end: bool = field(False, help="Keep the model of the best evaluation during training as the "
+                                                     "final model (saved to output_dir/best when it is reached; "
+                                                     "alignment/training/best_model.py).")
+    metric_for_best_model: Optional[str] = field(None, help="The evaluation metric that picks the best model: "
+                                                            "'loss', 'accuracy', 'reward', 'gold_reward', ... "
+                                                            "('eval_' / 'eval/' prefixes allowed); null = 'loss'.")
+    greater_is_better: Optional[bool] = field(None, help="Whether a larger metric_for_best_model is better; null = "
+                                                         "true unless the metric ends in 'loss'.")
     save_total_limit: int = field(0, help="Keep only the newest N step checkpoints; 0 = keep all.")
     recompute: bool = field(False, help="Activation checkpointing: recompute each decoder layer in backward (saves memory).")
+    dataloader_drop_last: bool = field(False, help="Drop the last, shorter batch of each pass over the training "
+                                                   "data (PPO: over the prompts) instead of training on it.")
     disable_tqdm: bool = field(False, help="Hide the progress bar (logs are still printed and written).")
     report_to: str = field("visualdl", help=f"Where metrics go besides metrics.jsonl and the console: one of "
                                             f"{REPORT_TO} ('visualdl': output_dir/visualdl; PaddleNLP's 'wandb', "
@@ -103,6 +124,9 @@ class TrainingArguments:
             raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"key 'max_nonfinite_steps' must be >= 1, got {self.max_nonfinite_steps}")
+        if self.load_best_model_at_end and not (self.do_eval and self.eval_steps > 0):
+            raise ValueError("key 'load_best_model_at_end' needs evaluations during training: do_eval true and "
+                             "eval_steps > 0 (evaluation_strategy steps)")
         if self.bf16 and self.fp16:
             raise ValueError("keys 'bf16' and 'fp16' are both true; choose one")
         if self.report_to not in REPORT_TO:

@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
     if summary:
         print(summary)
     print(f"  policy: {final} (HF layout); judge it with: python tools/judge_policy.py --model {final}")
-    end_processes()  # a multi-process run exits here
+    end_processes(train_args)  # prints the wall time; a multi-process run exits here
     return {**results, **{f"start_{k}": v for k, v in before.items()}}
 
 

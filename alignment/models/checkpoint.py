@@ -17,6 +17,7 @@ from safetensors.paddle import save_file
 
 from alignment.config.layout import check_model
 from alignment.fileio import atomic_directory
+from alignment.models import paddlenlp_checkpoint
 from alignment.models.lora import has_lora, load_adapter, save_adapter
 from alignment.models.tokenizer import copy_tokenizer_files
 from alignment.parallel import tensor_parallel as tp
@@ -72,18 +73,25 @@ def _strided_views():
         paddle.set_flags(previous)
 
 
+def read_safetensors(file: str) -> Dict[str, paddle.Tensor]:
+    """Every tensor of one safetensors file; a damaged file is an error naming it."""
+    try:
+        with _strided_views(), safe_open(file, framework="paddle") as f:
+            return {key: f.get_tensor(key) for key in f.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{file}: cannot read safetensors file, truncated or corrupt? ({err})") from err
+
+
 def load_hf_state_dict(path: str) -> Dict[str, tuple]:
-    """{name: (tensor, file)} for every tensor in the checkpoint directory."""
+    """{name: (tensor, file)} for every tensor in the checkpoint directory (a PaddleNLP-written one is read
+    through paddlenlp_checkpoint: renamed and transposed into this layout)."""
+    if paddlenlp_checkpoint.is_paddlenlp_checkpoint(path):
+        return paddlenlp_checkpoint.load_state_dict(path, read_safetensors)
     tensors = {}
     for file in _weight_files(path):
         if not os.path.exists(file):
             raise FileNotFoundError(f"{file}: listed in {WEIGHTS_INDEX_NAME} but missing")
-        try:
-            with _strided_views(), safe_open(file, framework="paddle") as f:
-                for key in f.keys():
-                    tensors[key] = (f.get_tensor(key), file)
-        except (SafetensorError, OSError, ValueError) as err:
-            raise ValueError(f"{file}: cannot read safetensors file, truncated or corrupt? ({err})") from err
+        tensors.update({key: (tensor, file) for key, tensor in read_safetensors(file).items()})
     return tensors
 
 

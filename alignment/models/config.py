@@ -10,6 +10,8 @@ import json
 import os
 from typing import Any, Optional
 
+from alignment.models import paddlenlp_checkpoint
+
 CONFIG_NAME = "config.json"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
@@ -130,6 +132,8 @@ class LlamaConfig:
         except OSError as err:
             raise ValueError(f"{file}: cannot read ({err.strerror})") from None
         try:
+            if paddlenlp_checkpoint.is_paddlenlp_checkpoint(os.path.dirname(file)):
+                data = paddlenlp_checkpoint.hf_config_dict(data, os.path.dirname(file))  # PaddleNLP's keys -> ours
             return cls.from_dict(data)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{file}: {err}") from err

@@ -20,6 +20,7 @@ class GenerationConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     repetition_penalty: float = 1.0  # HF/CTRL style: divide positive logits of seen tokens, multiply negative ones
+    min_new_tokens: int = 0  # eos cannot be drawn before this many new tokens (PaddleNLP's min_dec_len)
     eos_token_id: Optional[Union[int, List[int]]] = None
     pad_token_id: int = 0
 
@@ -32,6 +33,8 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
 
     @property
     def eos_ids(self) -> List[int]:
@@ -76,6 +79,16 @@ class SampleRows(NamedTuple):
     row's sample does not depend on how the batch was split (one process or many give the same tokens)."""
     ids: paddle.Tensor
     total: int
+
+
+def block_tokens(logits, ids: List[int]):
+    """logits [b, vocab] with the columns `ids` set to -inf: those tokens cannot be drawn (HF's
+    MinNewTokensLengthLogitsProcessor does this to eos before min_new_tokens)."""
+    if not ids:
+        return logits
+    blocked = paddle.zeros([logits.shape[-1]], logits.dtype)  # [vocab]
+    blocked[paddle.to_tensor(ids, dtype="int64")] = float("-inf")
+    return logits + blocked
 
 
 def next_token(logits, config: GenerationConfig, seen, rows: Optional[SampleRows] = None):
@@ -132,6 +145,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
     sequences, tokens, alive = input_ids, [], []
     position = attention_mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
     for _ in range(config.max_new_tokens):
+        if len(tokens) < config.min_new_tokens:
+            logits = block_tokens(logits, config.eos_ids)
         token = next_token(logits, config, seen, rows)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
         alive.append(paddle.logical_not(finished))

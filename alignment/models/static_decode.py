@@ -6,6 +6,10 @@ the new tokens, rounded up to a multiple of CACHE_BUCKET so nearby prompt widths
 prompt's keys/values fill columns [0, P) after an eager prefill, step n writes column P + n (`put_along_axis`),
 and a [b, L] mask hides the columns not written yet. Same model, same weights, same RoPE positions as
 `generate(..., use_cache=True)`; `tests/test_static_decode.py` checks the tokens are the same under greedy decoding.
+
+For export (tools/export_model.py) `CachedForward` is one program for both phases, with dynamic batch, width and
+cache length: the prefill is the call with an empty (length 0) cache, a decode step the call with one new token.
+The cache grows by concatenation, as in eager `generate(..., use_cache=True)`, so one set of weights serves both.
 """
 from __future__ import annotations
 
@@ -30,6 +34,34 @@ class DecodeStep(nn.Layer):
         out = self.model(token, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past,
                          use_cache=True, last_only=True, cache_column=column)
         return out.logits[:, -1], [t for kv in out.past_key_values for t in kv]
+
+
+class CachedForward(nn.Layer):
+    """input_ids [b, s], attention_mask [b, t + s] (cache + new), position_ids [b, s], caches: a list of
+    2 x layers tensors [b, kv_heads, t, d] (t = 0 for the prefill) -> (logits [b, vocab] at the last position,
+    the caches extended to [b, kv_heads, t + s, d])."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, caches):
+        past = [(caches[2 * i], caches[2 * i + 1]) for i in range(len(caches) // 2)]
+        out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past,
+                         use_cache=True, last_only=True)
+        return out.logits[:, -1], [t for kv in out.past_key_values for t in kv]
+
+
+CACHED_FORWARD_INPUTS = ("input_ids", "attention_mask", "position_ids")  # then cache_0 .. cache_{2 x layers - 1}
+EXPORT_FORMAT = "kv-cache-v1"  # export.json "format" of a saved CachedForward (tools/export_model.py, predict.py)
+
+
+def cached_forward_spec(config, dtype: str = "float32") -> list:
+    """InputSpecs of CachedForward with every batch, width and cache-length dimension dynamic (None)."""
+    ids = [paddle.static.InputSpec([None, None], "int64", name) for name in CACHED_FORWARD_INPUTS]
+    caches = [paddle.static.InputSpec([None, config.num_key_value_heads, None, config.head_dim], dtype, f"cache_{i}")
+              for i in range(2 * config.num_hidden_layers)]
+    return ids + [caches]
 
 
 class StaticDecoder:

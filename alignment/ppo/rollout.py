@@ -53,6 +53,14 @@ class Rollout:
             picked[f.name] = value
         return Rollout(**picked)
 
+    def take(self, rows: List[int]) -> "Rollout":
+        """The rows `rows` (non-empty) of every field, the prompt / completion / label lists included."""
+        picked = self.select(paddle.to_tensor(np.asarray(rows, dtype="int64")))
+        picked.prompts = [self.prompts[i] for i in rows]
+        picked.completions = [self.completions[i] for i in rows]
+        picked.labels = {key: [values[i] for i in rows] for key, values in self.labels.items()}
+        return picked
+
     def _per_token_fields_cut(self, keep: int) -> dict:
         """Every field, with the [n, R] per-token tensors cut to their first `keep` response columns (the caller
         replaces input_ids and attention_mask)."""
@@ -96,6 +104,45 @@ class Rollout:
         picked["response_index"] = paddle.to_tensor(index.astype("int64"))
         picked["prompt_len"] = 0  # rows no longer share a prompt width: response_index says where responses are
         return Rollout(**picked)
+
+
+def _pad_columns(x: paddle.Tensor, left: int, right: int, value) -> paddle.Tensor:
+    """x [n, W] -> [n, left + W + right], the new columns filled with `value`."""
+    pieces = [paddle.full([x.shape[0], width], value, dtype=x.dtype) for width in (left, right)]
+    return paddle.concat([p for p in (pieces[0], x, pieces[1]) if p.shape[1]], axis=1)
+
+
+def concat_rollouts(parts: List[Rollout], pad_id: int) -> Rollout:
+    """The rows of several unpacked rollouts in one (dynamic sampling's kept groups from several generation
+    batches): prompts left-padded to the widest prompt P, responses right-padded to the widest response R (the
+    new columns are masked out: pad ids, attention and response masks 0, per-token fields 0); per-row tensors and
+    the lists are joined in order. A field set in one part must be set in all."""
+    if len(parts) == 1:
+        return parts[0]
+    p = max(part.prompt_len for part in parts)
+    r = max(part.response_mask.shape[1] for part in parts)
+    joined = {}
+    for f in dataclasses.fields(Rollout):
+        values = [getattr(part, f.name) for part in parts]
+        if f.name == "prompt_len":
+            joined[f.name] = p
+        elif f.name == "labels":
+            joined[f.name] = {key: [v for part in values for v in part[key]] for key in values[0]}
+        elif isinstance(values[0], list):
+            joined[f.name] = [v for part in values for v in part]
+        elif all(v is None for v in values):
+            joined[f.name] = None
+        elif f.name in ("input_ids", "attention_mask"):
+            fill = pad_id if f.name == "input_ids" else 0
+            joined[f.name] = paddle.concat([_pad_columns(v, p - part.prompt_len, r - part.response_mask.shape[1],
+                                                         fill) for v, part in zip(values, parts)])  # [N, P + R]
+        elif f.name == "response_index" or any(v is None for v in values):
+            raise ValueError(f"concat_rollouts: field {f.name!r} is set in some parts only (or rows are packed)")
+        elif values[0].ndim == 2:  # per-token [n, R_i] -> [N, R]
+            joined[f.name] = paddle.concat([_pad_columns(v, 0, r - v.shape[1], 0) for v in values])
+        else:  # per-row [n]
+            joined[f.name] = paddle.concat(values)
+    return Rollout(**joined)
 
 
 def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool) -> np.ndarray:

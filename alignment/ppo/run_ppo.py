@@ -143,7 +143,7 @@ def main(argv=None) -> dict:
     if "start" in results and "end" in results:
         for key in results["end"]:
             print(f"  {key}: {results['start'][key]:.4f} before -> {results['end'][key]:.4f} after")
-    end_processes()  # a multi-process run exits here
+    end_processes(train_args)  # prints the wall time; a multi-process run exits here
     return results
 
 

@@ -3,7 +3,8 @@
 advantage_estimator "gae" trains actor and critic (PPO); the critic-free estimators (grpo, dr_grpo, rloo,
 reinforce_baseline, reinforce_plus_plus) build no critic at all (critic.py: the two as strategies). Under pipeline
 parallelism the update runs through fleet's 1F1B schedule (pipeline_update.py) and whole copies of the models
-generate and score. The loop, optimizer steps, logging and checkpoints are the skeleton's (training/trainer.py).
+generate and score. dynamic_sampling: dynamic_sampling.py. The loop, optimizer steps, logging and checkpoints are
+the skeleton's (training/trainer.py).
 """
 from __future__ import annotations
 
@@ -29,12 +30,13 @@ from alignment.parallel.distributed import (barrier, data_world_size, gather_lis
                                             mean_over_ranks, shard, share_of_data_ranks, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
 from alignment.ppo import dapo
+from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.critic import make_critic
 from alignment.ppo.objective import actor_objective, aggregation, step_weight
 from alignment.ppo.pipeline_update import PipelineUpdate, check_pipeline_run
 from alignment.ppo.rollout import response_log_probs, sample_rollout, update_order
 from alignment.rewards.functions import gold_scores
-from alignment.training.batches import epoch_batches, eval_shards, skip_batches, to_tensors
+from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
 from alignment.training.trainer import Trainer, mean_rows
 from alignment.wrappers.offload import Offloader
 from alignment.wrappers.pipeline import PipelineModel
@@ -60,6 +62,7 @@ class PromptData:
 
 class PPOTrainer(Trainer):
     progress_name = "ppo"
+    generation_speed: Dict[str, str] = {}  # the last rollout's tokens/s, shown on the progress bar
     evaluate_at_start = True  # the starting policy's held-out reward
 
     def __init__(self, ppo_args, train_args, data_args, models: PolicyModels, data: PromptData, tokenizer,
@@ -67,7 +70,8 @@ class PPOTrainer(Trainer):
         super().__init__(train_args, tokenizer, effective_args)
         self.ppo, self.max_length, self.data = ppo_args, data_args.max_length, data
         self.actor, self.reference, self.reward = models.actor, models.reference, models.reward
-        steps_per_epoch = math.ceil(len(data.prompts) / (ppo_args.per_device_prompt_batch_size * data_world_size()))
+        steps_per_epoch = batches_per_epoch(len(data.prompts), ppo_args.per_device_prompt_batch_size *
+                                            data_world_size(), train_args.dataloader_drop_last)
         self.total_steps = train_args.max_steps if train_args.max_steps > 0 else \
             max(1, int(steps_per_epoch * train_args.num_train_epochs))
         rollouts = ppo_args.per_device_prompt_batch_size * ppo_args.num_return_sequences
@@ -77,7 +81,8 @@ class PPOTrainer(Trainer):
         self.policy = self.add_trained("policy", self.actor, optimizer_steps)
         if models.critic is not None:
             critic_args = dataclasses.replace(
-                train_args, learning_rate=ppo_args.critic_learning_rate, min_learning_rate=0.0,
+                train_args, learning_rate=ppo_args.critic_learning_rate,
+                min_learning_rate=ppo_args.critic_min_learning_rate,
                 weight_decay=ppo_args.critic_weight_decay, lr_scheduler_type=ppo_args.critic_lr_scheduler_type,
                 warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
             self.add_trained("value", models.critic, optimizer_steps, critic_args)
@@ -95,6 +100,8 @@ class PPOTrainer(Trainer):
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
             split and ppo_args.eval_mode == "single") else None
         self.pipeline = None
+        if ppo_args.dynamic_sampling:
+            ds.check_layout(data_world_size(), pipelined)
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
             self.pipeline = PipelineUpdate(self.actor, models.critic, ppo_args, train_args)
@@ -113,7 +120,7 @@ class PPOTrainer(Trainer):
     def start_data_streams(self) -> None:
         world, args = data_world_size(), self.args
         self.prompt_batches = epoch_batches(len(self.data.prompts), self.ppo.per_device_prompt_batch_size * world,
-                                            args.seed, min_size=world)
+                                            args.seed, min_size=world, drop_last=args.dataloader_drop_last)
         skip_batches(self.prompt_batches, self.drawn["prompts"])
         self.ptx_batches = None
         if self.data.ptx is not None:
@@ -124,21 +131,22 @@ class PPOTrainer(Trainer):
     # --- one step: rollout -> score -> advantages -> update ---------------------------------------------------------
     def training_step(self) -> Dict[str, float]:
         times, start = {}, time.perf_counter()
-        self.drawn["prompts"] += 1
-        # sampling noise is seeded per step and drawn per row of the global batch: the same rollout whether
-        # one process or several (any data / tensor-parallel split) generate it, and after a resume
-        paddle.seed(self.args.seed + 1_000_003 * (self.global_step + 1))
-        batch = next(self.prompt_batches)
-        positions = shard(list(range(len(batch))))
-        with self.offload.phase("generate", [self.actor]), self.precision.autocast():
-            rollout = self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
-                                        total=len(batch))
+        if self.ppo.dynamic_sampling:
+            rollout, rewards, metrics = self.sample_kept_groups()
+        else:
+            rollout, rewards, metrics = self.draw_rollout(attempt=0), None, {}
         times["time/generate"], start = time.perf_counter() - start, time.perf_counter()
+        if rollout is None:  # dynamic sampling kept no group within max_gen_batches: no update this step
+            return mean_over_ranks({**metrics, **times, "skipped_steps": float(self.guard.skipped)})
+        times["time/generated_tokens_per_s"] = float(rollout.response_mask.sum()) / max(times["time/generate"], 1e-9)
+        self.generation_speed = {"gen": f"{times['time/generated_tokens_per_s']:.0f} tok/s"}  # this rank's
+        self.show_phase(phase="score", **self.generation_speed)
         with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model]), \
                 self.precision.autocast():
-            metrics = self.score(rollout)
+            metrics.update(self.score(rollout, rewards))
         metrics.update(self.compute_advantages(rollout))
         times["time/score"], start = time.perf_counter() - start, time.perf_counter()
+        self.show_phase(phase="train", **self.generation_speed)
         with self.offload.phase("train", [self.actor, self.critic.model], self.offload.optimizers):
             metrics.update(self.update(rollout))
         metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
@@ -146,11 +154,40 @@ class PPOTrainer(Trainer):
         times["time/train"] = time.perf_counter() - start
         return mean_over_ranks({**metrics, **times})
 
+    def draw_rollout(self, attempt: int):
+        """Responses to the next prompt batch of the stream. Sampling noise is seeded per (step, attempt) and drawn
+        per row of the global batch: the same rollout whether one process or several (any data / tensor-parallel
+        split) generate it, and after a resume (which skips every batch drawn)."""
+        self.drawn["prompts"] += 1
+        paddle.seed(ds.generation_seed(self.args.seed, self.global_step, attempt))
+        batch = next(self.prompt_batches)
+        positions = shard(list(range(len(batch))))
+        self.show_phase(phase="generate", **({"try": str(attempt + 1)} if attempt else {}), **self.generation_speed)
+        with self.offload.phase("generate", [self.actor]), self.precision.autocast():
+            return self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
+                                     total=len(batch))
+
+    def sample_kept_groups(self):
+        """Dynamic sampling (dynamic_sampling.py): the kept groups as one rollout (None: none kept), their (end
+        rewards [N], reward parts averaged over the generation batches) and the dynamic_sampling/* metrics."""
+        def draw(attempt):
+            rollout = self.draw_rollout(attempt)
+            with self.offload.phase("reward", [self.reward.model]), self.precision.autocast():
+                rewards, parts = self.end_rewards(rollout)
+            every = gather_lists(rewards.numpy().tolist())  # one data rank: every row (the leader's under tp)
+            return (rollout, rewards, parts), every
+
+        target = self.ppo.per_device_prompt_batch_size
+        sampled = ds.accumulate(draw, self.ppo.num_return_sequences, target, self.ppo.max_gen_batches)
+        return (*ds.kept_rollout(sampled, self.tokenizer.pad_token_id), sampled.metrics(target))
+
     def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
         """Responses to the prompt items (num_return_sequences each when sampling, one each when greedy);
         positions / total: the items' places in the step's global batch (see sample_rollout)."""
         budget = self.max_length - max(len(item["input_ids"]) for item in items)
-        config = dataclasses.replace(self.gen_config, max_new_tokens=min(budget, self.ppo.max_new_tokens or budget))
+        longest = min(budget, self.ppo.max_new_tokens or budget)
+        config = dataclasses.replace(self.gen_config, max_new_tokens=longest,
+                                     min_new_tokens=min(self.ppo.min_new_tokens, longest))
         if greedy:
             config = dataclasses.replace(config, do_sample=False, repetition_penalty=1.0)
         actor = self.rollout_actor()
@@ -169,8 +206,21 @@ class PPOTrainer(Trainer):
         return self.generation_copy.refreshed(self.actor, version=self.global_step)
 
     @paddle.no_grad()
-    def score(self, rollout) -> Dict[str, float]:
-        """Old and reference log-probs, old values and end rewards of the rollout (in place)."""
+    def end_rewards(self, rollout):
+        """End rewards [N] of the rollout (reward model / server / functions, + DAPO's overlong penalty) and the
+        mean of each part (for logging)."""
+        end_rewards, parts = self.reward(rollout)
+        if self.ppo.enable_overlong_reward_buffer:  # DAPO: responses near the length budget lose reward
+            penalty = dapo.overlong_penalty(rollout.response_mask.sum(axis=1), self.ppo.max_new_tokens,
+                                            self.ppo.overlong_reward_buffer, self.ppo.overlong_penalty_factor)  # [N]
+            end_rewards = end_rewards + penalty
+            parts["reward/overlong_penalty"] = float(penalty.mean())
+        return end_rewards, parts
+
+    @paddle.no_grad()
+    def score(self, rollout, rewards=None) -> Dict[str, float]:
+        """Old and reference log-probs, old values and end rewards of the rollout (in place); rewards: its
+        (end rewards, parts) when already computed (dynamic sampling)."""
         ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
         self.actor.eval()
         if not self.reuse_update_log_probs:
@@ -178,13 +228,8 @@ class PPOTrainer(Trainer):
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
         rollout.old_values = self.critic.old_values(rollout, version=self.global_step)
-        end_rewards, parts = self.reward(rollout)
+        end_rewards, parts = rewards if rewards is not None else self.end_rewards(rollout)
         lengths = rollout.response_mask.sum(axis=1)  # [N]
-        if self.ppo.enable_overlong_reward_buffer:  # DAPO: responses near the length budget lose reward
-            penalty = dapo.overlong_penalty(lengths, self.ppo.max_new_tokens, self.ppo.overlong_reward_buffer,
-                                            self.ppo.overlong_penalty_factor)  # [N]
-            end_rewards = end_rewards + penalty
-            parts["reward/overlong_penalty"] = float(penalty.mean())
         every = paddle.to_tensor(gather_lists(end_rewards.numpy().tolist()), dtype="float32")  # the global batch's
         metrics = {"reward/mean": float(every.mean()), "reward/std": float(every.std(unbiased=False)), **parts}
         if self.ppo.normalize_reward:  # statistics of the whole batch, identical on every rank
@@ -195,7 +240,9 @@ class PPOTrainer(Trainer):
         if gold is not None:
             metrics["gold_reward/mean"] = float(gold.mean())
         eos = set(self.gen_config.eos_ids)  # the ids generation stops on, not only the tokenizer's eos
-        ended = [not eos.isdisjoint(row) for row in rollout.input_ids[:, p:].numpy().tolist()]
+        last = rl.last_valid_index(rollout.response_mask)  # [N]: the last response token (-1: none)
+        tokens = paddle.take_along_axis(ids[:, p:], last.clip(min=0).unsqueeze(1), axis=1).squeeze(1)  # [N]
+        ended = [int(i) >= 0 and int(t) in eos for i, t in zip(last.numpy(), tokens.numpy())]
         metrics.update({"response_length": float(lengths.mean()), "truncated": 1.0 - float(np.mean(ended))})
         if self.ppo.mask_truncated_responses:  # DAPO's overlong filtering: cut-off answers teach nothing
             rollout.response_mask = dapo.mask_truncated_responses(
@@ -321,6 +368,11 @@ class PPOTrainer(Trainer):
         self.logger.log(self.global_step, results, echo=tqdm.write)
         self.logger.write_rows("eval_generations.jsonl", records)
         return results
+
+    def log_row(self, window: List[Dict[str, float]]) -> Dict[str, float]:
+        """Key-wise means over the steps that have each key (a step dynamic sampling skipped has no losses)."""
+        keys = dict.fromkeys(k for row in window for k in row)
+        return {k: float(np.mean([r[k] for r in window if k in r])) for k in keys}
 
     def trainer_state(self) -> dict:
         return {**super().trainer_state(), "drawn": self.drawn, "reward_stats": self.reward_stats.state_dict()}

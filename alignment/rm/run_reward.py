@@ -74,7 +74,7 @@ def main(argv=None) -> dict:
     else:
         print(f"  checkpoint: {final} (HF LlamaForSequenceClassification layout + score_normalizer.json)")
     print(f"  use it in PPO: \"reward_model_name_or_path\": \"{final}\" in ppo_argument.json")
-    end_processes()  # a multi-process run exits here
+    end_processes(train_args)  # prints the wall time; a multi-process run exits here
     return {**results, **{f"start_{k}": v for k, v in before.items()}}
 
 

@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
               f"--adapter {final} --output {final}-merged")
         final += "-merged"
     print(f"next: use it as model_name_or_path of the reward model, or actor_model_name_or_path of PPO ({final})")
-    end_processes()  # a multi-process run exits here
+    end_processes(train_args)  # prints the wall time; a multi-process run exits here
     return results
 
 

@@ -5,6 +5,7 @@ batches it already drew.
 """
 from __future__ import annotations
 
+import math
 import random
 from typing import Dict, Iterator, List
 
@@ -20,12 +21,22 @@ def set_seed(seed: int) -> None:
     paddle.seed(seed)
 
 
+def batches_per_epoch(num_items: int, batch_size: int, drop_last: bool = False) -> int:
+    """Batches in one pass over the data: a last, shorter batch counts unless it is dropped."""
+    return num_items // batch_size if drop_last else math.ceil(num_items / batch_size)
+
+
 def epoch_batches(num_items: int, batch_size: int, seed: int, shuffle: bool = True,
-                  min_size: int = 1) -> Iterator[np.ndarray]:
+                  min_size: int = 1, drop_last: bool = False) -> Iterator[np.ndarray]:
     """Index batches forever, a fresh seeded permutation each epoch. The last batch of an epoch may be short;
-    one shorter than `min_size` (the world size: every rank needs an item) is skipped."""
+    one shorter than `min_size` (the world size: every rank needs an item) is skipped, and with `drop_last`
+    (PaddleNLP's dataloader_drop_last) any shorter one is."""
+    if drop_last:
+        min_size = batch_size
     if num_items < min_size:
-        raise ValueError(f"{num_items} samples cannot be shared by {min_size} data-parallel processes")
+        raise ValueError(f"{num_items} samples cannot be shared by {min_size} data-parallel processes" if not
+                         drop_last else f"{num_items} samples do not fill one batch of {batch_size} "
+                                        "(dataloader_drop_last drops shorter ones)")
     epoch = 0
     while True:
         order = np.random.default_rng(seed + epoch).permutation(num_items) if shuffle else np.arange(num_items)

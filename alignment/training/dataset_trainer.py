@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from alignment.parallel.distributed import (barrier, data_world_size, is_main_process, mean_over_ranks, shard,
                                             share_of_data_ranks)
-from alignment.training.batches import epoch_batches, eval_shards, skip_batches, to_tensors
+from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
 from alignment.training.trainer import Trainer, mean_rows
 from alignment.wrappers.pipeline import PipelineModel, micro_batch_lists, pipeline_forward, pipeline_step
 
@@ -37,8 +37,9 @@ class DatasetTrainer(Trainer):
         super().__init__(args, tokenizer, effective_args)
         self.model, self.collate_fn = model, collate_fn
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * data_world_size()
-        steps_per_epoch = math.ceil(len(train_dataset) / samples_per_step)
+        batches = batches_per_epoch(len(train_dataset), args.per_device_train_batch_size * data_world_size(),
+                                    args.dataloader_drop_last)
+        steps_per_epoch = math.ceil(batches / args.gradient_accumulation_steps)
         self.total_steps = args.max_steps if args.max_steps > 0 else \
             max(1, int(steps_per_epoch * args.num_train_epochs))
         self.optimizer = self.add_trained("model", model, self.total_steps).optimizer
@@ -71,7 +72,7 @@ class DatasetTrainer(Trainer):
     def start_data_streams(self) -> None:
         world = data_world_size()
         self.batches = epoch_batches(len(self.train_dataset), self.args.per_device_train_batch_size * world,
-                                     self.args.seed, min_size=world)
+                                     self.args.seed, min_size=world, drop_last=self.args.dataloader_drop_last)
         skip_batches(self.batches, self.batches_drawn)  # a resumed run goes on where the checkpoint stopped
         self.model.train()
         self._window_tokens, self._window_start = 0, time.perf_counter()

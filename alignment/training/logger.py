@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict
+from typing import Dict, List, Tuple
 
 from alignment.fileio import write_json_atomic, write_text_atomic
 
@@ -69,7 +69,8 @@ class MetricsLogger:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._writer is not None:
-            for key, value in row.items():
+            for key in visualdl_order(row):
+                value = row[key]
                 if key != "step" and isinstance(value, float) and math.isfinite(value):
                     self._writer.add_scalar(tag=visualdl_tag(key), value=value, step=step)
         if echo is not None:
@@ -103,6 +104,20 @@ class MetricsLogger:
 VISUALDL_GROUPS = ("eval", "time", "memory")  # a metric "group/name" of these keeps its group
 
 
+FIRST_CHARTS = ("reward", "gold_reward", "kl")  # what a user looks at first: shown first in their group
+
+
+def visualdl_order(keys) -> list:
+    """The keys in the order to write them: VisualDL lists a group's charts in the order their tags first appear
+    (and the groups alphabetically: eval, memory, time, train), so rewards and KL come first in each group."""
+    def first(key: str) -> bool:
+        name = key.split("/", 1)[1] if key.startswith(tuple(g + "/" for g in VISUALDL_GROUPS)) else key
+        return name.split("/")[0] in FIRST_CHARTS
+
+    keys = list(keys)
+    return [k for k in keys if first(k)] + [k for k in keys if not first(k)]
+
+
 def visualdl_tag(key: str) -> str:
     """VisualDL groups scalars by the text before the first '/': every training metric goes to one open 'train'
     group ('reward/mean' -> 'train/reward_mean'), evaluation, timing and memory keep theirs."""
@@ -111,3 +126,19 @@ def visualdl_tag(key: str) -> str:
         return key
     return "train/" + key.replace("/", "_")
 
+
+def read_series(path: str) -> Dict[str, List[Tuple[int, float]]]:
+    """{metric: [(step, value), ...]} for the numeric metrics of a metrics.jsonl file."""
+    series: Dict[str, List[Tuple[int, float]]] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path} line {number}: not JSON ({err.msg})") from None
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    series.setdefault(key, []).append((row["step"], float(value)))
+    return series

@@ -24,8 +24,9 @@ from tqdm import tqdm
 
 from alignment.parallel.distributed import (average_gradients, barrier, init_distributed, is_main_process,
                                             layout_name)
+from alignment.training.best_model import BestModel
 from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint
-from alignment.training.guard import NonFiniteGuard
+from alignment.training.guard import NonFiniteGuard, TrainingStopped
 from alignment.training.logger import MetricsLogger
 from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
 from alignment.training.precision import Precision
@@ -57,6 +58,8 @@ class Trainer:
         self.global_step = 0
         self.total_steps = 1
         self.window: List[Dict[str, float]] = []  # metric rows of the steps since the last logged row
+        self.best = BestModel(args.output_dir, args.metric_for_best_model or "loss", args.greater_is_better) \
+            if args.load_best_model_at_end else None
 
     def add_trained(self, name: str, model, optimizer_steps: int, args=None) -> Trained:
         """Train `model` with AdamW under `args` (default: the run's training arguments) for `optimizer_steps`."""
@@ -82,16 +85,28 @@ class Trainer:
 
     def trainer_state(self) -> dict:
         return {"nonfinite": self.guard.state_dict(), "log_window": self.window,
-                "loss_scaler": self.precision.state_dict()}
+                "loss_scaler": self.precision.state_dict(),
+                "best_model": self.best.state_dict() if self.best is not None else None}
 
     def load_trainer_state(self, state: dict) -> None:
         self.global_step = state["global_step"]
         self.guard.load_state_dict(state["nonfinite"])
         self.window = state.get("log_window", [])  # the next logged row averages the same steps as without a stop
         self.precision.load_state_dict(state.get("loss_scaler", {}))
+        if self.best is not None and state.get("best_model"):
+            self.best.load_state_dict(state["best_model"])
 
     def log_row(self, window: List[Dict[str, float]]) -> Dict[str, float]:
         return mean_rows(window)
+
+    progress = None  # the run's tqdm bar while train() runs
+    shown: Dict[str, str] = {}  # the last logged metrics on the bar
+
+    def show_phase(self, **fields: str) -> None:
+        """Put what the step is doing now (e.g. phase='generate', gen='512 tok/s') on the progress bar, after the
+        last logged metrics; the bar's own ETA covers the run."""
+        if self.progress is not None and not self.progress.disable:
+            self.progress.set_postfix({**fields, **self.shown}, refresh=True)
 
     # --- the loop ------------------------------------------------------------------------------------------------
     def train(self) -> Dict[str, dict]:
@@ -99,9 +114,13 @@ class Trainer:
         the evaluation before training (evaluate_at_start, fresh runs), "end": of the final one} (keys present
         when those evaluations ran)."""
         args = self.args
+        if self.best is not None and not self.has_eval_data():
+            self.best = None
+            if is_main_process():
+                print("load_best_model_at_end: no evaluation data, so the final model is the last step's")
         self.start_data_streams()
-        progress = tqdm(total=self.total_steps, initial=self.global_step, desc=self.progress_name,
-                        dynamic_ncols=True, disable=args.disable_tqdm or not is_main_process())
+        progress = self.progress = tqdm(total=self.total_steps, initial=self.global_step, desc=self.progress_name,
+                                        dynamic_ncols=True, disable=args.disable_tqdm or not is_main_process())
         results = {}
         if self.evaluate_at_start and self.global_step == 0 and self.has_eval_data() and args.do_eval:
             results["start"] = self.evaluate()
@@ -113,19 +132,36 @@ class Trainer:
             if self.due(args.logging_steps) or last:
                 row = self.log_row(self.window)
                 self.logger.log(self.global_step, row, echo=progress.write)
-                progress.set_postfix({k: f"{row[k]:.4g}" for k in ("loss", "reward/mean", "kl") if k in row})
+                self.shown = {k: f"{row[k]:.4g}" for k in ("loss", "reward/mean", "kl") if k in row}
+                progress.set_postfix(self.shown)
                 self.window = []
             if self.due(args.eval_steps) and not last:
-                self.evaluate()
+                self.consider_best(self.evaluate())
             if self.due(args.save_steps) and not last:
                 self.save_step_checkpoint()
         progress.close()
         if self.has_eval_data() and args.do_eval:
             results["end"] = self.evaluate()
         self.save(args.output_dir)
+        if self.best is not None:
+            self.consider_best(results.get("end", {}), saved=True)
+            line = self.best.restore(self.global_step, is_main_process())
+            barrier()
+            if line and is_main_process():
+                print(line)
         self.logger.close()
         barrier()  # every rank ends together: none tears down while another still talks to it
         return results
+
+    def consider_best(self, metrics: Dict[str, float], saved: bool = False) -> None:
+        """load_best_model_at_end: save the models to output_dir/best when this evaluation is the best so far
+        (`saved`: the final models are already written; the best then stays where it is)."""
+        if self.best is None or not metrics:
+            return
+        try:
+            self.best.consider(metrics, self.global_step, (lambda folder: None) if saved else self.save)
+        except ValueError as err:
+            raise TrainingStopped(str(err)) from None
 
     def due(self, every: int) -> bool:
         return every > 0 and self.global_step % every == 0

@@ -1,0 +1,86 @@
+"""Console commands (pyproject.toml [project.scripts]) and `python -m alignment.<stage>`.
+
+Each command runs a stage's or a tool's `main()` and exits 0 when it returns: the `main()` functions return their
+results (metrics, paths) to tests and programs that call them, and `sys.exit` would take such a value for an
+error. The tools live in the checkout's `tools/` folder, installed as the package `alignment.tools`.
+"""
+from __future__ import annotations
+
+import importlib
+
+
+def _run(module: str) -> int:
+    importlib.import_module(module).main()
+    return 0
+
+
+def sft() -> int:
+    return _run("alignment.sft.run_sft")
+
+
+def rm() -> int:
+    return _run("alignment.rm.run_reward")
+
+
+def ppo() -> int:
+    return _run("alignment.ppo.run_ppo")
+
+
+def dpo() -> int:
+    return _run("alignment.dpo.run_dpo")
+
+
+TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_lora", "generate", "judge_policy",
+         "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny")
+
+
+def predict() -> int:
+    return _run("alignment.tools.predict")
+
+
+def export_model() -> int:
+    return _run("alignment.tools.export_model")
+
+
+def import_gguf() -> int:
+    return _run("alignment.tools.import_gguf")
+
+
+def convert_checkpoint() -> int:
+    return _run("alignment.tools.convert_checkpoint")
+
+
+def merge_lora() -> int:
+    return _run("alignment.tools.merge_lora")
+
+
+def generate() -> int:
+    return _run("alignment.tools.generate")
+
+
+def judge_policy() -> int:
+    return _run("alignment.tools.judge_policy")
+
+
+def show_generations() -> int:
+    return _run("alignment.tools.show_generations")
+
+
+def plot_run() -> int:
+    return _run("alignment.tools.plot_run")
+
+
+def plot_overoptimization() -> int:
+    return _run("alignment.tools.plot_overoptimization")
+
+
+def plan_layout() -> int:
+    return _run("alignment.tools.plan_layout")
+
+
+def reward_server() -> int:
+    return _run("alignment.tools.reward_server")
+
+
+def make_tiny() -> int:
+    return _run("alignment.tools.make_tiny")

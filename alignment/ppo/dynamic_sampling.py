@@ -1,0 +1,100 @@
+"""DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476), the loop around dapo.groups_with_reward_spread.
+
+A step needs `target` prompt groups (per_device_prompt_batch_size prompts x num_return_sequences responses). It
+draws the next prompt batch of the data stream, generates and rewards it, keeps the groups whose rewards are not
+all equal (a group of equal rewards has zero group advantage: it teaches nothing), and repeats with the next
+batch until `target` groups are kept or `max_gen_batches` batches were drawn (0 = no bound, as verl's
+max_num_gen_batches). The kept groups are then cut to exactly `target`, in generation order (verl and PaddleNLP
+truncate the same way), and only they are scored (old / reference log-probs) and trained on.
+
+When the bound is reached first (verl and PaddleNLP stop the run with an error there), the step trains on the
+groups it kept (`dynamic_sampling/filled` < 1), or, when it kept none, makes no update at all
+(`dynamic_sampling/skipped_update` 1); the prompts drawn are used up either way.
+
+Each generation batch is sampled with noise seeded by (seed, step, try), and every batch drawn counts in the
+data-stream position a checkpoint stores, so a resumed run draws and samples the same batches. The keep decision
+is made on the rewards of the whole global batch; the kept rows are not moved between processes, so only one
+data-parallel process is supported (tensor parallelism, which shares the rows, is fine).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+import paddle
+
+from alignment.ppo import dapo
+from alignment.ppo.rollout import concat_rollouts
+from alignment.training.trainer import mean_rows
+
+PLAIN_SEED_STRIDE = 1_000_003  # the first try of a step uses the plain trainer's seed, seed + stride x (step + 1)
+
+
+@dataclasses.dataclass
+class Sampled:
+    """What one step's dynamic sampling kept."""
+    parts: List[Tuple[object, np.ndarray]]  # (a generation batch's payload, its kept rows [k_i * G] ascending)
+    gen_batches: int  # generation batches drawn
+    kept_groups: int  # groups trained on: min(target, spread_groups)
+    spread_groups: int  # groups whose rewards differ, over all generation batches (before the cut to target)
+    generated_groups: int  # groups generated
+
+    def metrics(self, target: int) -> Dict[str, float]:
+        return {"dynamic_sampling/gen_batches": float(self.gen_batches),
+                "dynamic_sampling/kept_groups_frac": self.spread_groups / max(self.generated_groups, 1),
+                "dynamic_sampling/filled": self.kept_groups / target,
+                "dynamic_sampling/skipped_update": float(self.kept_groups == 0)}
+
+
+def accumulate(draw: Callable[[int], Tuple[object, Sequence[float]]], group_size: int, target: int,
+               max_gen_batches: int) -> Sampled:
+    """Call draw(try) -> (payload, rewards [P_i * G], group by group) for try = 0, 1, ... until `target` groups
+    with reward spread are kept or `max_gen_batches` tries were made (<= 0: no bound); the groups are kept in
+    generation order and the last try's cut so that exactly min(target, groups with spread) are kept."""
+    if target < 1:
+        raise ValueError(f"dynamic sampling needs a target of at least one group, got {target}")
+    parts, kept, spread, generated, tries = [], 0, 0, 0, 0
+    while kept < target and (max_gen_batches <= 0 or tries < max_gen_batches):
+        payload, rewards = draw(tries)
+        tries += 1
+        mask = dapo.groups_with_reward_spread(np.asarray(rewards, dtype="float64"), group_size).numpy()  # [P_i]
+        groups = np.flatnonzero(mask)  # [s_i]
+        generated, spread = generated + len(mask), spread + len(groups)
+        take = groups[: target - kept]  # [k_i]
+        if len(take):
+            rows = (take[:, None] * group_size + np.arange(group_size)[None]).reshape([-1])  # [k_i * G]
+            parts.append((payload, rows))
+            kept += len(take)
+    return Sampled(parts, tries, kept, spread, generated)
+
+
+def kept_rollout(sampled: Sampled, pad_id: int):
+    """The kept rows of every generation batch as one rollout, with (their end rewards [N], the reward parts
+    averaged over the generation batches); (None, None) when no group was kept. Payloads are (rollout,
+    end rewards [N_i], parts) per generation batch."""
+    if not sampled.parts:
+        return None, None
+    rollout = concat_rollouts([r.take(rows.tolist()) for (r, _, _), rows in sampled.parts], pad_id)
+    rewards = paddle.concat([paddle.gather(w, paddle.to_tensor(rows)) for (_, w, _), rows in sampled.parts])  # [N]
+    return rollout, (rewards, mean_rows([parts for (_, _, parts), _ in sampled.parts]))
+
+
+def generation_seed(seed: int, step: int, attempt: int) -> int:
+    """The sampling seed of generation batch `attempt` of step `step` (0-based global step before the update): try
+    0 is the plain trainer's, so dynamic sampling that keeps every group of its first batch samples the same
+    rollout; later tries get independent seeds from a SeedSequence of (seed, step, try)."""
+    if attempt == 0:
+        return seed + PLAIN_SEED_STRIDE * (step + 1)
+    return int(np.random.SeedSequence([seed, step + 1, attempt]).generate_state(1)[0] % (2 ** 31 - 1))
+
+
+def check_layout(data_world: int, pipelined: bool) -> None:
+    """The layouts dynamic sampling runs in: one data-parallel process (tensor parallel allowed), no pipeline."""
+    if data_world > 1:
+        raise ValueError(f"key 'dynamic_sampling' runs with one data-parallel process only (this layout has "
+                         f"{data_world} data-parallel / sharding ranks): kept groups are not moved between ranks. "
+                         "Use tensor_parallel_degree for several processes, or set dynamic_sampling false")
+    if pipelined:
+        raise ValueError("key 'dynamic_sampling' does not run with pipeline_parallel_degree > 1 (a step's row "
+                         "count may vary); use tensor_parallel_degree, or set dynamic_sampling false")
