@@ -7,7 +7,7 @@ Exports --model (default: the tiny model of tools/make_tiny.py, built in a temp 
 then decodes the same --prompts chat prompts of different lengths (left-padded batches of --batch-size, greedy,
 stopping at eos) through the exported program with paddle.inference (tools/predict.py's path) and with
 `generate(model, ..., use_cache=True)` on the dynamic model. Both run under the thread settings the predictor
-sets for the whole process (MKL and OpenMP: --threads, default 1 as in predict.py). After a
+sets for the whole process (MKL and OpenMP: --threads, default 1; predict.py keeps the process's own unless told). After a
 warm-up batch each, the two take turns decoding the whole set, --repeats times. Prints the CPU, the load average,
 the best new tokens/s of each, the median of the per-repeat speed ratios and whether the tokens are the same;
 writes benchmarks/results/predict_<timestamp>.md unless --no-save.

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from types import SimpleNamespace
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,7 +50,7 @@ class ExportedLM:
     lm(input_ids, attention_mask=, position_ids=, past_key_values=) -> .logits [b, 1, vocab], .past_key_values.
     Without past_key_values it is the prefill (empty caches, positions from the mask, as the dynamic model)."""
 
-    def __init__(self, predictor, info: dict, device: str, threads: int = 1):
+    def __init__(self, predictor, info: dict, device: str, threads: Optional[int] = None):
         self.predictor, self.info, self.device, self.threads = predictor, info, device, threads
         self.config = SimpleNamespace(vocab_size=info["vocab_size"])  # all `generate` reads of the config
 
@@ -99,11 +99,13 @@ def pick_device(device: str = "auto") -> str:
     return "gpu" if device == "gpu" or (device == "auto" and has_gpu) else "cpu"
 
 
-def load(model_dir: str, device: str = "auto", threads: int = 1) -> ExportedLM:
+def load(model_dir: str, device: str = "auto", threads: Optional[int] = None) -> ExportedLM:
     """The exported program of model_dir as an ExportedLM on the chosen device. threads: the CPU predictor's math
-    threads, which Paddle applies to MKL and OpenMP alike, process-wide. 1 by default: measured on 2 cores
-    (benchmarks/bench_predict.py), 2 threads decoded slower (SmolLM2 0.89x of the dynamic model's speed vs 1.03x
-    with 1; the tiny model 0.44x vs 0.68x), OpenMP's threads competing with MKL's as alignment/cpu_env.py notes."""
+    threads, which Paddle applies to MKL and OpenMP alike, process-wide; None keeps the process's MKL_NUM_THREADS,
+    so the numbers of anything else the process computes do not change (a predictor made with 1 thread turned
+    later in-process training runs' results into a 1-thread MKL's). Measured on 2 cores
+    (benchmarks/bench_predict.py): 1 thread decoded faster (SmolLM2 1.03x of the dynamic model's speed vs 0.89x
+    with 2; the tiny model 0.68x vs 0.44x): pass --threads 1 for a process that only predicts."""
     from paddle import inference
 
     folder = find_export(model_dir)
@@ -122,7 +124,9 @@ def load(model_dir: str, device: str = "auto", threads: int = 1) -> ExportedLM:
         # measured (paddle 3.3.1): with oneDNN the CPU predictor gave all-zero logits for the old fixed-width graph
         # and crashes ("corrupted double-linked list") on this program; the plain kernels match the dynamic model
         config.disable_mkldnn()
-        config.set_cpu_math_library_num_threads(threads)
+        # the predictor sets its math threads for the whole process (MKL and OpenMP); unless asked, keep the
+        # process's own, so a program that also trains (or a test) computes as before
+        config.set_cpu_math_library_num_threads(threads or int(os.environ.get("MKL_NUM_THREADS") or 1))
     config.disable_glog_info()
     return ExportedLM(inference.create_predictor(config), info, device, threads)
 
@@ -244,7 +248,8 @@ def parse_args(argv=None):
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
     p.add_argument("--seed", type=int, default=None, help="paddle.seed for sampling")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
-    p.add_argument("--threads", type=int, default=1, help="CPU math threads (MKL and OpenMP) of the predictor")
+    p.add_argument("--threads", type=int, default=None, help="CPU math threads (MKL and OpenMP) of the predictor, "
+                   "set for the whole process; default: leave them as they are (1 decoded fastest on 2 cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off when stderr is no TTY)")
     args = p.parse_args(argv)
     if args.batch_size < 1:
