@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import textwrap
 from typing import List, Optional, Sequence
 
@@ -45,8 +46,6 @@ def dashed(args: Optional[Sequence[str]]) -> List[str]:
     """['--max_new_tokens', '8', '--out_dir=x', 'a_b'] -> ['--max-new-tokens', '8', '--out-dir=x', 'a_b']: only the
     names of long options change, never values."""
     if args is None:
-        import sys
-
         args = sys.argv[1:]
     out = []
     for arg in args:
