@@ -122,3 +122,16 @@ def test_every_tool_help_has_a_usage_line_and_fits_100_columns(name, capsys):
     text = capsys.readouterr().out
     assert done.value.code == 0 and text.startswith("usage: ")
     assert max(len(line) for line in text.splitlines()) <= 100, name
+
+
+def test_tool_help_refills_prose_and_list_items_but_keeps_commands_on_their_lines():
+    from alignment.config.tool_parser import ToolParser, paragraphs
+
+    doc = ("Prose that a writer wrapped\nat 120 columns goes on.\n\n    python tools/x.py --a 1 \\\n"
+           "        --b 2\n\n- an item\n  continued\n- next item\n1. numbered\n   more\n")
+    assert paragraphs(doc) == [
+        ("", "Prose that a writer wrapped at 120 columns goes on."), ("", ""),
+        ("    ", "python tools/x.py --a 1 \\"), ("        ", "--b 2"), ("", ""),
+        ("", "- an item continued"), ("", "- next item"), ("", "1. numbered more")]
+    text = ToolParser("PKU-SafeRLHF " + "word " * 30).format_help()
+    assert "PKU-\n" not in text and max(len(line) for line in text.splitlines()) <= 100

@@ -1,4 +1,4 @@
-"""Gold judges (alignment/judges.py) and judge-labelled preference data (tools/make_preference_data.py)."""
+"""Gold judges (alignment/rewards/judges.py) and judge-labelled preference data (tools/make_preference_data.py)."""
 import json
 import os
 from pathlib import Path

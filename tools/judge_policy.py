@@ -59,7 +59,7 @@ def main(argv=None) -> float:
     p = ToolParser(__doc__)
     p.add_argument("--model", required=True, help="policy checkpoint directory (HF layout)")
     p.add_argument("--prompts", default="prompt-only:1.0:data/prompts/eval.jsonl", help="dataset spec or JSONL path")
-    p.add_argument("--judge", default="combined", help="judge name (alignment/judges.py) or module:function")
+    p.add_argument("--judge", default="combined", help="judge name (alignment/rewards/judges.py) or module:function")
     p.add_argument("--max-length", type=int, default=160)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=20)

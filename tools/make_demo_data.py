@@ -361,6 +361,10 @@ multi-turn (an earlier exchange, or an arithmetic follow-up such as `And if I ad
 Prompts join instruction and input as `instruction + "\\n\\n" + input`, the way the `alpaca` loader
 does, so SFT, RL and preference prompts look alike. Later stages may add model-sampled,
 judge-labelled preference pairs: add a task family or a new file and document it here.
+
+Model-sampled, judge-labelled pairs live in their own folders, each with a README giving the exact commands:
+`judged/` (sampled from SmolLM2-135M-Instruct, for the SmolLM2 demo) and `judged_tiny/` (sampled from the tiny
+pipeline's SFT model, for the tiny reward model).
 """
 
 

@@ -1,5 +1,5 @@
 """Build judge-labelled preference pairs: sample two responses per prompt from a policy, score both with a gold
-judge (alignment/judges.py), keep the pairs whose scores differ clearly, write PKU-SafeRLHF rows.
+judge (alignment/rewards/judges.py), keep the pairs whose scores differ clearly, write PKU-SafeRLHF rows.
 
     python tools/make_preference_data.py --model checkpoints/smollm2-135m-instruct \\
         --prompts data/prompts/train.jsonl --output data/judged/train.jsonl [--pairs-per-prompt 2]
@@ -235,7 +235,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompts", required=True, help="prompt-only JSON/JSONL file (a 'prompt' column)")
     parser.add_argument("--output", required=True, help="output JSONL file (PKU-SafeRLHF rows)")
     parser.add_argument("--judge", default="combined", choices=sorted(JUDGES),
-                        help="gold judge from alignment/judges.py (default: combined)")
+                        help="gold judge from alignment/rewards/judges.py (default: combined)")
     parser.add_argument("--num-prompts", type=int, default=None, help="a seeded subset of this many prompts")
     parser.add_argument("--pairs-per-prompt", type=int, default=1, help="candidate pairs per prompt (default 1)")
     parser.add_argument("--batch-size", type=int, default=16)

@@ -3,8 +3,9 @@
     python tools/make_tiny.py [--output checkpoints/tiny] [--force]
 
 The tokenizer is a byte-level BPE trained with the `tokenizers` library on the text of the shipped data under
-data/, with a ChatML chat template (<|im_start|>role ... <|im_end|>). The model is a LLaMA with the config
-below, randomly initialised from a fixed seed. Idempotent: an existing output made from the same recipe is kept.
+data/ (except data/judged_tiny: text the tiny model sampled itself), with a ChatML chat template
+(<|im_start|>role ... <|im_end|>). The model is a LLaMA with the config below, randomly initialised from a fixed
+seed. Idempotent: an existing output made from the same recipe is kept.
 """
 from __future__ import annotations
 
@@ -36,8 +37,14 @@ VOCAB_SIZE = 1024
 SEED = 1234
 
 
+# Text the tiny model itself sampled must not shape its tokenizer: the pairs would change the tokenizer, hence the
+# SFT model that samples them, and no longer be that model's own samples.
+SAMPLED_BY_THE_TINY_MODEL = ("judged_tiny",)
+
+
 def corpus_files(data_dir: str) -> list:
-    files = sorted(glob.glob(os.path.join(data_dir, "**", "*.jsonl"), recursive=True))
+    files = sorted(file for file in glob.glob(os.path.join(data_dir, "**", "*.jsonl"), recursive=True)
+                   if os.path.relpath(file, data_dir).split(os.sep)[0] not in SAMPLED_BY_THE_TINY_MODEL)
     if not files:
         raise FileNotFoundError(f"{data_dir}: no .jsonl files to train the tiny tokenizer on")
     return files

@@ -5,8 +5,9 @@
 
 Reads each run's metrics.jsonl (`kl`: the per-response KL to the reference, batch mean; `reward/mean`;
 `gold_reward/mean`) and args.json (its `kl_coeff` labels the curves). Points are running means over `--smooth`
-steps (per-step values from a few prompts are noisy). Prints, per run, where the gold reward peaked and where the
-run ended: the proxy still rising while the gold falls is over-optimisation.
+steps (per-step values from a few prompts are noisy). A run's evaluations (`eval/reward`, `eval/gold_reward`) are
+drawn as dots at the KL its policy had reached (step 0: the reference itself). Prints, per run, where the gold
+reward peaked and where the run ended: the proxy still rising while the gold falls is over-optimisation.
 """
 from __future__ import annotations
 
@@ -47,16 +48,28 @@ def curve(run_dir: str, smooth: int) -> Dict[str, object]:
     if os.path.exists(args_file):
         with open(args_file, encoding="utf-8") as f:
             label += f" (kl_coeff {json.load(f).get('kl_coeff', '?')})"
-    return {"label": label, "steps": steps, "sqrt_kl": [math.sqrt(v) for v in kl],
+    sqrt_kl = [math.sqrt(v) for v in kl]
+    held_out = []  # (sqrt KL of the policy evaluated, held-out proxy, held-out gold); step 0 is the reference itself
+    if "eval/reward" in series and "eval/gold_reward" in series:
+        gold_at = dict(series["eval/gold_reward"])
+        for step, proxy in series["eval/reward"]:
+            if step in gold_at:
+                done = [i for i, s in enumerate(steps) if s <= step]
+                held_out.append((sqrt_kl[done[-1]] if step > 0 and done else 0.0, proxy, gold_at[step]))
+    return {"label": label, "steps": steps, "sqrt_kl": sqrt_kl, "held_out": held_out,
             "proxy": running_mean([at["reward/mean"][s] for s in steps], smooth),
             "gold": running_mean([at["gold_reward/mean"][s] for s in steps], smooth)}
 
 
 def summary(c: Dict[str, object]) -> str:
     best = max(range(len(c["gold"])), key=lambda i: c["gold"][i])
-    return (f"{c['label']}: gold peaked at {c['gold'][best]:.3f} (step {c['steps'][best]}, sqrt KL "
+    text = (f"{c['label']}: gold peaked at {c['gold'][best]:.3f} (step {c['steps'][best]}, sqrt KL "
             f"{c['sqrt_kl'][best]:.3f}); ended at sqrt KL {c['sqrt_kl'][-1]:.3f} with proxy {c['proxy'][-1]:.3f}, "
             f"gold {c['gold'][-1]:.3f}")
+    if len(c["held_out"]) >= 2:
+        (_, proxy_0, gold_0), (_, proxy_1, gold_1) = c["held_out"][0], c["held_out"][-1]
+        text += f"; held-out proxy {proxy_0:.3f} -> {proxy_1:.3f}, gold {gold_0:.3f} -> {gold_1:.3f}"
+    return text
 
 
 def plot(curves: List[Dict[str, object]], output: str) -> str:
@@ -65,16 +78,22 @@ def plot(curves: List[Dict[str, object]], output: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # two panels on one sqrt(KL) axis: the reward model's scale is its own, so proxy and gold get their own y-axes
+    fig, (proxy_ax, gold_ax) = plt.subplots(1, 2, figsize=(10, 4.2), sharex=True)
     for index, c in enumerate(curves):
-        color = f"C{index}"
-        ax.plot(c["sqrt_kl"], c["proxy"], "-", color=color, label=f"{c['label']}: proxy")
-        ax.plot(c["sqrt_kl"], c["gold"], "--", color=color, label=f"{c['label']}: gold")
-    ax.set_xlabel("sqrt(KL to the reference policy)")
-    ax.set_ylabel("reward")
-    ax.set_title("proxy (reward model) vs gold (judge) reward")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        proxy_ax.plot(c["sqrt_kl"], c["proxy"], "-", color=f"C{index}", label=c["label"])
+        gold_ax.plot(c["sqrt_kl"], c["gold"], "--", color=f"C{index}", label=c["label"])
+        if c["held_out"]:
+            x, proxy, gold = zip(*c["held_out"])
+            proxy_ax.plot(x, proxy, "o", color=f"C{index}", markersize=6)
+            gold_ax.plot(x, gold, "o", color=f"C{index}", markersize=6)
+    for ax, title in ((proxy_ax, "proxy reward (the reward model)"), (gold_ax, "gold reward (the judge)")):
+        ax.set_xlabel("sqrt(KL to the reference policy)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    proxy_ax.set_ylabel("reward")
+    fig.suptitle("lines: training batches (running mean over steps); dots: held-out evaluation", fontsize=9)
+    gold_ax.legend(fontsize=7)
     fig.tight_layout()
     tmp = output + ".tmp.png"
     fig.savefig(tmp, dpi=90)

@@ -1,8 +1,9 @@
 """The command-line parser of the tools (tools/*.py): argparse, with the stages' conventions.
 
 - `--key-name` and `--key_name` are the same flag (the stages' argument files use underscores, argparse dashes);
-- `--help` fits 100 columns: the tool's docstring is kept as written (its command examples stay on their lines)
-  and any longer line is wrapped under its own indentation; argparse's own text wraps at 100 too.
+- `--help` fits 100 columns: the tool's docstring is refilled paragraph by paragraph (prose and list items), while
+  lines indented 4+ spaces (command examples, formulas) stay on their own lines, wrapped under their indentation
+  only when longer; argparse's own text wraps at 100 too.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import argparse
 import re
 import sys
 import textwrap
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 WIDTH = 100
 
@@ -21,10 +22,35 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         lines = []
-        for line in text.splitlines():
-            own = re.match(r"\s*", line).group(0)
-            lines += textwrap.wrap(line, width=WIDTH, initial_indent="", subsequent_indent=own + "    ") or [""]
+        for own, words in paragraphs(text):
+            follow = own + "    " if own.startswith("    ") else _continuation(own, words)
+            lines += textwrap.wrap(words, width=WIDTH, initial_indent=own, subsequent_indent=follow,
+                                   break_on_hyphens=False) or [""]
         return "\n".join(indent + line for line in lines)
+
+
+_ITEM = re.compile(r"([-*]|\d+[.)])\s")
+
+
+def _continuation(own: str, words: str) -> str:
+    item = _ITEM.match(words)
+    return own + " " * item.end() if item else own
+
+
+def paragraphs(text: str) -> List[Tuple[str, str]]:
+    """(indentation, text) per paragraph of a docstring. Prose lines and list items (with their continuation lines)
+    are joined so they can be refilled to 100 columns; lines indented 4+ spaces (commands, formulas) stay alone."""
+    out: List[Tuple[str, str]] = []
+    joinable = False
+    for line in text.splitlines():
+        own, words = re.match(r"\s*", line).group(0), line.strip()
+        if (joinable and words and not _ITEM.match(words) and not own.startswith("    ")
+                and own == _continuation(out[-1][0], out[-1][1])):
+            out[-1] = (out[-1][0], out[-1][1] + " " + words)
+            continue
+        out.append((own, words))
+        joinable = bool(words) and not own.startswith("    ")
+    return out
 
 
 class ToolParser(argparse.ArgumentParser):
