@@ -38,6 +38,7 @@ def ppo_args(tiny_model_dir, tiny_reward_dir, out):
     return [*PPO, "--actor_model_name_or_path", tiny_model_dir, "--reward_model_name_or_path", tiny_reward_dir,
             "--eval_datasets", "", "--max_steps", "4", "--max_new_tokens", "12", "--disable_tqdm",
             "--adam_epsilon", "1.0", "--learning_rate", "0.02", "--critic_learning_rate", "0.02",
+            "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "8",  # later flags win
             "--output_dir", str(out)]
 
 
