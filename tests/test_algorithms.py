@@ -70,6 +70,29 @@ def test_entropy_from_logits():
     close(lp.entropy_from_logits(t([[[1000.0, 0.0, -1000.0], [500.0, 500.0, -500.0]]])), [[0.0, math.log(2)]])
 
 
+def test_log_probs_and_entropy_from_one_softmax():
+    # probs [1/6, 1/3, 1/2], label 0: log p = ln 1/6, entropy h as above; a certain token -> entropy 0
+    h = -(1 / 6 * math.log(1 / 6) + 1 / 3 * math.log(1 / 3) + 1 / 2 * math.log(1 / 2))
+    third = math.log(3.0)
+    logits = t([[[0.0, math.log(2.0), third], [0.0, math.log(2.0), third]], [[1000.0, 0.0, -1000.0], [0.0, 0, 0]]])
+    logits.stop_gradient = False
+    log_probs, entropy = lp.log_probs_and_entropy(logits, t([[0, 2], [0, 1]], "int64"))
+    close(log_probs, [[math.log(1 / 6), math.log(1 / 2)], [0.0, math.log(1 / 3)]])
+    close(entropy, [[h, h], [0.0, math.log(3)]])
+    assert entropy.stop_gradient  # a logged statistic
+    log_probs.sum().backward()  # the gradient of gather_log_probs: one-hot - softmax
+    close(logits.grad[0, 0], [1 - 1 / 6, -2 / 6, -3 / 6])
+    # random logits against the two separate functions; an ignored label (-100) gives 0 and the same entropy
+    rng = np.random.default_rng(2)
+    z = t(rng.normal(size=(3, 4, 50)) * 3)
+    labels = rng.integers(0, 50, size=(3, 4))
+    for case in (labels, np.where(np.arange(4) == 3, -100, labels)):
+        out, ent = lp.log_probs_and_entropy(z, t(case, "int64"))
+        close(out, lp.gather_log_probs(z, t(case, "int64")), atol=1e-5)
+        close(ent, lp.entropy_from_logits(z), atol=1e-5)
+    assert float(out[0, 3]) == 0.0
+
+
 # ---------------------------------------------------------------- KL estimators
 def test_kl_estimators_hand_values():
     # p = 0.5, q = 0.25: k1 = ln 2; k2 = (ln 2)^2 / 2; k3 = q/p - ln(q/p) - 1 = 0.5 + ln 2 - 1

@@ -5,6 +5,8 @@ via LlamaForCausalLM.token_log_probs), so they live with the models, not with an
 """
 from __future__ import annotations
 
+import warnings
+
 import paddle
 import paddle.nn.functional as F
 
@@ -29,6 +31,34 @@ def gather_log_probs(logits, labels):
     flat_labels = labels.astype("int64").reshape([-1, 1])  # [B*T, 1]
     nll = F.cross_entropy(flat, flat_labels, reduction="none")  # [B*T, 1]
     return -nll.reshape(labels.shape)  # [B, T]
+
+
+def log_probs_and_entropy(logits, labels):
+    """(log p(label) [B,T], differentiable as gather_log_probs; entropy [B,T], a logged statistic without
+    gradient) from one softmax. [B,T,V], [B,T]; a label of -100 gives log-prob 0, as in gather_log_probs.
+
+    The cross-entropy kernel returns the softmax it computes anyway, so H = logsumexp(z) - sum_v p_v z_v costs one
+    product and one sum, with logsumexp(z) = z[label] - log p(label) (entropy_from_logits' max, exp and two sums
+    over the vocabulary: 54 -> 35 ms forward + backward on [16, 32, 8000], measured; the same error against a
+    float64 reference).
+    """
+    if bool((labels < 0).any()):  # no label to recover logsumexp from on those rows
+        with paddle.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+        return gather_log_probs(logits, labels), entropy
+    logits = _f32(logits)
+    vocab = logits.shape[-1]
+    flat = logits.reshape([-1, vocab])  # [B*T, V]
+    flat_labels = labels.astype("int64").reshape([-1, 1])  # [B*T, 1]
+    with warnings.catch_warnings():  # deprecated in favour of F.cross_entropy, which cannot return the softmax
+        warnings.simplefilter("ignore", DeprecationWarning)
+        nll, probs = F.softmax_with_cross_entropy(flat, flat_labels, return_softmax=True)  # [B*T, 1], [B*T, V]
+    with paddle.no_grad():
+        z = flat.detach()
+        picked = paddle.take_along_axis(z, flat_labels, axis=1)  # [B*T, 1]
+        expected = paddle.bmm(probs.detach().unsqueeze(1), z.unsqueeze(2)).reshape([-1, 1])  # [B*T, 1]
+        entropy = nll.detach() + picked - expected  # logsumexp - E_p[z]
+    return -nll.reshape(labels.shape), entropy.reshape(labels.shape)  # [B, T] each
 
 
 def entropy_from_logits(logits):
