@@ -81,6 +81,32 @@ def apply_cpu_defaults() -> Dict[str, str]:
     return dict(_applied)
 
 
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel",
+            "FLAGS_new_executor_serial_run")
+
+
+def machine_facts() -> Dict[str, object]:
+    """What a benchmark result must record about where it ran: CPU vendor and model, the ISA flags that decide
+    GEMM and elementwise kernels, usable cores, and the settings in force (unset ones left out)."""
+    vendor, model = cpu_model()
+    flags = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        pass
+    return {"vendor": vendor, "model": model, "isa": [f for f in ISA_FLAGS if f in flags],
+            "usable_cores": usable_cores(), "settings": {k: os.environ[k] for k in SETTINGS if k in os.environ}}
+
+
+def describe_machine(facts: Dict[str, object]) -> str:
+    """machine_facts() in one line, for the head of a benchmark's printout and its markdown."""
+    settings = " ".join(f"{k}={v}" for k, v in facts["settings"].items()) or "no CPU settings"
+    return (f"{facts['model'] or facts['vendor'] or 'unknown CPU'} ({facts['vendor']}), ISA "
+            f"{' '.join(facts['isa']) or '-'}, {facts['usable_cores']} usable cores; {settings}")
+
+
 def describe() -> str:
     """One line for the log: the CPU and the settings in effect (ours or the user's)."""
     vendor, model = cpu_model()

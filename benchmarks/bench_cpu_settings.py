@@ -3,8 +3,9 @@ each candidate setting, each measured in a fresh process (the variables only act
 
     python benchmarks/bench_cpu_settings.py [--repeats 3] [--rounds 2] [--json out.json]
 
-Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5, and
-OpenMP threads instead of MKL threads. Prints one row per candidate with ratios to the chosen setting, so the choice
+Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5, OpenMP
+threads instead of MKL threads, one MKL thread, and Paddle's strided views left on (identical candidates are
+measured once). Prints one row per candidate with ratios to the chosen setting, so the choice
 can be re-checked on any new machine (the CPU model is printed with the figures).
 """
 from __future__ import annotations
@@ -18,10 +19,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import cpu_defaults, cpu_model, usable_cores  # noqa: E402
-
-MANAGED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel",
-           "FLAGS_new_executor_serial_run")
+from alignment.cpu_env import SETTINGS, cpu_defaults, cpu_model, machine_facts, usable_cores  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -61,14 +59,21 @@ def candidates() -> dict:
     cores = usable_cores()
     chosen = cpu_defaults(vendor, cores)
     without = {k: v for k, v in chosen.items() if k != "MKL_DEBUG_CPU_TYPE"}
-    return {"chosen for this CPU": chosen,
-            "without MKL_DEBUG_CPU_TYPE": without,
-            "with MKL_DEBUG_CPU_TYPE=5": {**without, "MKL_DEBUG_CPU_TYPE": "5"},
-            "OpenMP threads (OMP=cores, MKL=1)": {**without, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": "1"}}
+    found = {"chosen for this CPU": chosen,
+             "without MKL_DEBUG_CPU_TYPE": without,
+             "with MKL_DEBUG_CPU_TYPE=5": {**without, "MKL_DEBUG_CPU_TYPE": "5"},
+             "OpenMP threads (OMP=cores, MKL=1)": {**chosen, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": "1"},
+             "one MKL thread": {**chosen, "MKL_NUM_THREADS": "1"},
+             "strided views on (Paddle's default)": {**chosen, "FLAGS_use_stride_kernel": "1"}}
+    unique = {}
+    for name, settings in found.items():  # on AMD the chosen setting already has MKL_DEBUG_CPU_TYPE=5
+        if settings not in unique.values():
+            unique[name] = settings
+    return unique
 
 
 def measure(settings: dict, repeats: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in MANAGED}
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS}
     env.update(settings)
     code = CHILD.replace("ROOT", repr(ROOT)).replace("REPEATS", str(repeats))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -96,9 +101,13 @@ def main(argv=None) -> dict:
     for name, r in results.items():
         print(f"{name:36s} {r['gemm_gflops']:13.1f} {r['gemm_gflops'] / base['gemm_gflops']:9.2f} "
               f"{r['train_tokens_per_s']:12.0f} {r['train_tokens_per_s'] / base['train_tokens_per_s']:9.2f}")
+    fastest = max(results, key=lambda name: results[name]["train_tokens_per_s"])
+    print(f"fastest training step: {fastest}" + ("" if fastest == "chosen for this CPU" else
+                                                  " (not the chosen setting: alignment/cpu_env.py should change)"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"cpu": model, "vendor": vendor, "cores": usable_cores(), "results": results}, f, indent=2)
+            facts = {k: v for k, v in machine_facts().items() if k != "settings"}  # settings: per candidate
+            json.dump({"machine": facts, "results": results}, f, indent=2)
     return results
 
 

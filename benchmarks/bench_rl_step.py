@@ -32,12 +32,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import write_reports  # noqa: E402
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from report import write_reports  # noqa: E402
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+from alignment.cpu_env import apply_cpu_defaults, machine_facts  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
@@ -272,7 +271,7 @@ def run(args):
             "learning_rate": train_args.learning_rate, "kl_coeff": ppo_args.kl_coeff,
             "kl_estimator": ppo_args.kl_estimator, "kl_in_loss": ppo_args.kl_in_loss,
             "max_grad_norm": train_args.max_grad_norm},
-        "load_before": load_before, "load_after": load_after,
+        "load_before": load_before, "load_after": load_after, "machine": machine_facts(),
         "env": {"python": platform.python_version(), "paddle": paddle.__version__,
                 **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE")},
                 "FLAGS_use_stride_kernel (timed steps)": bool(paddle.get_flags(["FLAGS_use_stride_kernel"])[

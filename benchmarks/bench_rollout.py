@@ -20,7 +20,7 @@ import time
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
@@ -74,7 +74,7 @@ def main(argv=None) -> list:
               f"{r['none_tokens_per_s']:.0f} | {r['kv_over_none']:.1f}x | {r['static_over_kv']:.2f}x | "
               f"{r['same_tokens']} |" for r in rows]
     table = "\n".join(lines) + f"\n\n(new tokens per second; greedy, {args.new_tokens} new tokens after " \
-        f"prompts of the given length, best of {args.repeats})\n"
+        f"prompts of the given length, best of {args.repeats}; {describe_machine(machine_facts())})\n"
     print(table)
     if not args.no_save:
         for path in save(rows, table, args.results_dir):

@@ -30,26 +30,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import apply_cpu_defaults, cpu_model, describe, usable_cores  # noqa: E402
+from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts, usable_cores  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 DEFAULT_MODEL = os.path.join(ROOT, "checkpoints", "smollm2-135m-instruct")
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 BATCH, SEQ, PROMPT, NEW_TOKENS, MAX_GRAD_NORM, LR = 8, 128, 32, 64, 1.0, 1e-5
-
-
-def machine() -> Dict[str, object]:
-    """CPU vendor/model, the ISA flags that matter for GEMM and elementwise kernels, cores, thread settings."""
-    vendor, model = cpu_model()
-    flags = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        pass
-    return {"vendor": vendor, "model": model, "isa": [f for f in ISA_FLAGS if f in flags],
-            "usable_cores": usable_cores(), "settings": describe()}
 
 
 def raise_malloc_thresholds() -> None:
@@ -238,10 +224,10 @@ def main(argv=None) -> dict:
 
     if args.mallopt:
         raise_malloc_thresholds()
-    info = machine()
+    info = machine_facts()
+    print(f"{describe_machine(info)}; torch threads {args.torch_threads}; mallopt {'on' if args.mallopt else 'off'}",
+          flush=True)
     info.update(mallopt=args.mallopt, torch_threads=args.torch_threads, repeats=args.repeats)
-    print(f"{info['model']} ({info['vendor']}), ISA {' '.join(info['isa'])}; {info['settings']}; "
-          f"torch threads {args.torch_threads}; mallopt {'on' if args.mallopt else 'off'}", flush=True)
     ours = Ours(ensure_checkpoint(args.model))
     theirs, why = load_transformers(args.model, ours, args.torch_threads, not args.no_torch)
     if theirs is None:

@@ -5,6 +5,8 @@ import datetime
 import json
 import os
 
+from alignment.cpu_env import describe_machine
+
 
 def result_tag(result: dict) -> str:
     return result["algo"] if result.get("variant", "default") == "default" else f"{result['algo']}-{result['variant']}"
@@ -45,6 +47,7 @@ def render_markdown(result: dict, rows, stamp: str) -> str:
         f"| update fraction of peak, matmul FLOPs only (no embedding tables; LM head on response tokens) | "
         f"{100 * result['update_matmul_fraction_of_peak']:.1f}% |" if "update_matmul_fraction_of_peak" in result
         else "| update fraction of peak, matmul FLOPs only | (not recorded) |",
+        f"| machine | {describe_machine(result['machine']) if 'machine' in result else '(not recorded)'} |",
         f"| load average before / after (1 min, {result['load_before'].get('cpu_count')} CPUs) | "
         f"{result['load_before'].get('loadavg_1m')} / {result['load_after'].get('loadavg_1m')} |",
         "",

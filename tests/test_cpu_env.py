@@ -1,0 +1,59 @@
+"""CPU settings chosen from the machine (alignment/cpu_env.py) and what benchmarks record about where they ran."""
+import json
+import os
+import subprocess
+import sys
+
+from alignment import cpu_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_mkl_debug_cpu_type_is_set_on_amd_only_and_threads_follow_the_cores():
+    amd, intel = cpu_env.cpu_defaults("AuthenticAMD", 4), cpu_env.cpu_defaults("GenuineIntel", 4)
+    assert amd["MKL_DEBUG_CPU_TYPE"] == "5" and "MKL_DEBUG_CPU_TYPE" not in intel  # it halves GEMM on Intel
+    for settings in (amd, intel):
+        assert settings["OMP_NUM_THREADS"] == "1" and settings["MKL_NUM_THREADS"] == "4"
+        assert settings["FLAGS_use_stride_kernel"] == "0"
+    assert cpu_env.cpu_defaults("", 0)["MKL_NUM_THREADS"] == "1"
+
+
+def test_a_fresh_process_gets_the_defaults_and_keeps_what_the_user_set():
+    code = ("import json, os; from alignment.cpu_env import apply_cpu_defaults, machine_facts; "
+            "set_now = apply_cpu_defaults(); print(json.dumps([set_now, machine_facts()]))")
+    env = {k: v for k, v in os.environ.items() if k not in cpu_env.SETTINGS}
+    env.update(MKL_NUM_THREADS="7", PYTHONPATH=REPO)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=REPO)
+    set_now, facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "MKL_NUM_THREADS" not in set_now and set_now["OMP_NUM_THREADS"] == "1"
+    assert facts["settings"]["MKL_NUM_THREADS"] == "7"  # the user's value is what is in force and recorded
+    assert facts["settings"]["OMP_NUM_THREADS"] == "1"
+    vendor, model = cpu_env.cpu_model()
+    assert (facts["vendor"], facts["model"]) == (vendor, model)
+    assert facts["usable_cores"] == cpu_env.usable_cores() >= 1
+    assert set(facts["isa"]) <= set(cpu_env.ISA_FLAGS)
+
+
+def test_describe_machine_names_the_cpu_isa_cores_and_settings():
+    facts = {"vendor": "GenuineIntel", "model": "Intel Xeon", "isa": ["avx2", "avx512f"], "usable_cores": 2,
+             "settings": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2"}}
+    assert cpu_env.describe_machine(facts) == ("Intel Xeon (GenuineIntel), ISA avx2 avx512f, 2 usable cores; "
+                                               "OMP_NUM_THREADS=1 MKL_NUM_THREADS=2")
+    assert "no CPU settings" in cpu_env.describe_machine({**facts, "settings": {}})
+
+
+def test_the_settings_benchmark_measures_each_distinct_candidate_once(monkeypatch):
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks import bench_cpu_settings as bench
+
+    monkeypatch.setattr(bench, "usable_cores", lambda: 2)
+    monkeypatch.setattr(bench, "cpu_model", lambda: ("AuthenticAMD", "AMD EPYC"))
+    amd = bench.candidates()
+    assert list(amd)[0] == "chosen for this CPU" and "with MKL_DEBUG_CPU_TYPE=5" not in amd  # same as chosen
+    monkeypatch.setattr(bench, "cpu_model", lambda: ("GenuineIntel", "Intel Xeon"))
+    intel = bench.candidates()
+    assert "without MKL_DEBUG_CPU_TYPE" not in intel and intel["with MKL_DEBUG_CPU_TYPE=5"]["MKL_DEBUG_CPU_TYPE"] == "5"
+    for found in (amd, intel):
+        values = [json.dumps(s, sort_keys=True) for s in found.values()]
+        assert len(values) == len(set(values))
+        assert found["strided views on (Paddle's default)"]["FLAGS_use_stride_kernel"] == "1"
