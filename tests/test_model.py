@@ -209,3 +209,29 @@ def test_min_new_tokens_blocks_eos_until_that_many_tokens():
             assert lengths[0] == 1
     with pytest.raises(ValueError, match="min_new_tokens"):
         GenerationConfig(max_new_tokens=4, min_new_tokens=5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_token_log_probs_at_a_temperature_equal_log_softmax_of_the_divided_logits(tied):
+    """The temperature is applied to the hidden states ((h / T) W = (h W) / T for the bias-free head); the
+    log-probs, their gradient and the logged entropy equal the definition on logits / T."""
+    model = tiny_model(tie_word_embeddings=tied)
+    ids, _ = left_padded_batch()
+    hidden, _ = model.model(ids)  # [3, 6, 32]
+    states = hidden[:, :-1].detach()
+    states.stop_gradient = False
+    labels = ids[:, 1:]
+    log_probs, entropy = model.token_log_probs(states, labels, temperature=0.7, with_entropy=True)  # [3, 5] each
+    logits = (model.compute_logits(states.detach()) / 0.7).numpy().astype(np.float64)  # [3, 5, 97]
+    logits -= logits.max(-1, keepdims=True)
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    want = np.take_along_axis(log_softmax, labels.numpy()[..., None], -1)[..., 0]
+    np.testing.assert_allclose(log_probs.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(entropy.numpy(), -(np.exp(log_softmax) * log_softmax).sum(-1), rtol=1e-5, atol=1e-5)
+    assert entropy.stop_gradient and not log_probs.stop_gradient
+    log_probs.sum().backward()  # d/dh of sum log p = ((onehot - p) / T) W^T: the same as the divided logits give
+    reference = states.detach()
+    reference.stop_gradient = False
+    plain = paddle.nn.functional.log_softmax(model.compute_logits(reference) / 0.7, axis=-1)
+    paddle.take_along_axis(plain, labels.unsqueeze(-1), -1).sum().backward()
+    np.testing.assert_allclose(states.grad.numpy(), reference.grad.numpy(), rtol=1e-4, atol=1e-5)
