@@ -70,27 +70,14 @@ def test_entropy_from_logits():
     close(lp.entropy_from_logits(t([[[1000.0, 0.0, -1000.0], [500.0, 500.0, -500.0]]])), [[0.0, math.log(2)]])
 
 
-def test_log_probs_and_entropy_from_one_softmax():
-    # probs [1/6, 1/3, 1/2], label 0: log p = ln 1/6, entropy h as above; a certain token -> entropy 0
-    h = -(1 / 6 * math.log(1 / 6) + 1 / 3 * math.log(1 / 3) + 1 / 2 * math.log(1 / 2))
-    third = math.log(3.0)
-    logits = t([[[0.0, math.log(2.0), third], [0.0, math.log(2.0), third]], [[1000.0, 0.0, -1000.0], [0.0, 0, 0]]])
-    logits.stop_gradient = False
-    log_probs, entropy = lp.log_probs_and_entropy(logits, t([[0, 2], [0, 1]], "int64"))
-    close(log_probs, [[math.log(1 / 6), math.log(1 / 2)], [0.0, math.log(1 / 3)]])
-    close(entropy, [[h, h], [0.0, math.log(3)]])
-    assert entropy.stop_gradient  # a logged statistic
-    log_probs.sum().backward()  # the gradient of gather_log_probs: one-hot - softmax
-    close(logits.grad[0, 0], [1 - 1 / 6, -2 / 6, -3 / 6])
-    # random logits against the two separate functions; an ignored label (-100) gives 0 and the same entropy
-    rng = np.random.default_rng(2)
-    z = t(rng.normal(size=(3, 4, 50)) * 3)
-    labels = rng.integers(0, 50, size=(3, 4))
-    for case in (labels, np.where(np.arange(4) == 3, -100, labels)):
-        out, ent = lp.log_probs_and_entropy(z, t(case, "int64"))
-        close(out, lp.gather_log_probs(z, t(case, "int64")), atol=1e-5)
-        close(ent, lp.entropy_from_logits(z), atol=1e-5)
-    assert float(out[0, 3]) == 0.0
+def test_entropy_stays_accurate_for_large_logits_over_a_large_vocabulary():
+    # SmolLM2-like: 49152 entries with logits around 40. Summing p * z uncentred in float32 was off by 1.1e-3 here
+    # (and by 4.5e-3 on real SmolLM2 logits); centred on the max it is within 1.2e-4 of float64.
+    rng = np.random.default_rng(3)
+    z = (40 + 4 * rng.standard_normal((4, 49152))).astype(np.float32)
+    shifted = z.astype(np.float64) - z.max(-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    close(lp.entropy_from_logits(t(z)), -(np.exp(log_p) * log_p).sum(-1), atol=3e-4)
 
 
 # ---------------------------------------------------------------- KL estimators
