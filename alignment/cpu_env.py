@@ -24,22 +24,25 @@ from typing import Dict, Tuple
 _applied: Dict[str, str] = {}
 
 
-def cpu_model() -> Tuple[str, str]:
-    """(vendor id, model name) from /proc/cpuinfo ('', '' where there is none)."""
-    vendor = model = ""
+def cpuinfo_fields() -> Dict[str, str]:
+    """The first CPU's fields of /proc/cpuinfo ({} where there is none)."""
+    fields: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "vendor_id" and not vendor:
-                    vendor = value.strip()
-                elif key.strip() == "model name" and not model:
-                    model = value.strip()
-                if vendor and model:
+                if not key.strip():  # the blank line after the first processor
                     break
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return vendor, model
+    return fields
+
+
+def cpu_model() -> Tuple[str, str]:
+    """(vendor id, model name) from /proc/cpuinfo ('', '' where there is none)."""
+    fields = cpuinfo_fields()
+    return fields.get("vendor_id", ""), fields.get("model name", "")
 
 
 def usable_cores() -> int:
@@ -89,14 +92,10 @@ SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_u
 def machine_facts() -> Dict[str, object]:
     """What a benchmark result must record about where it ran: CPU vendor and model, the ISA flags that decide
     GEMM and elementwise kernels, usable cores, and the settings in force (unset ones left out)."""
-    vendor, model = cpu_model()
-    flags = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        pass
-    return {"vendor": vendor, "model": model, "isa": [f for f in ISA_FLAGS if f in flags],
+    fields = cpuinfo_fields()
+    flags = set(fields.get("flags", "").split())
+    return {"vendor": fields.get("vendor_id", ""), "model": fields.get("model name", ""),
+            "isa": [f for f in ISA_FLAGS if f in flags],
             "usable_cores": usable_cores(), "settings": {k: os.environ[k] for k in SETTINGS if k in os.environ}}
 
 

@@ -272,8 +272,7 @@ def run(args):
             "kl_estimator": ppo_args.kl_estimator, "kl_in_loss": ppo_args.kl_in_loss,
             "max_grad_norm": train_args.max_grad_norm},
         "load_before": load_before, "load_after": load_after, "machine": machine_facts(),
-        "env": {"python": platform.python_version(), "paddle": paddle.__version__,
-                **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE")},
+        "env": {"python": platform.python_version(), "paddle": paddle.__version__,  # thread settings: "machine"
                 "FLAGS_use_stride_kernel (timed steps)": bool(paddle.get_flags(["FLAGS_use_stride_kernel"])[
                     "FLAGS_use_stride_kernel"]) if args.stride_kernel == "default" else True},
     }
