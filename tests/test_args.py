@@ -115,6 +115,8 @@ def test_every_shipped_argument_file_parses():
                                             TrainingArguments),
         "grpo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments,
                                              TrainingArguments),
+        "rloo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments,
+                                             TrainingArguments),
         "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, LoRAArguments,
                                             TrainingArguments),
     }

@@ -3,10 +3,18 @@
     python tools/judge_policy.py --model outputs/smollm2-dpo/model [--prompts data/prompts/eval.jsonl]
         [--judge combined] [--max-length 160] [--max-new-tokens 32] [--batch-size 20] [--output answers.jsonl]
 
+Several policies side by side (the main job's RL-vs-DPO table):
+
+    python tools/judge_policy.py --model outputs/smollm2-sft/model outputs/smollm2-ppo/policy \
+        outputs/smollm2-dpo/model --label SFT PPO DPO --wall-seconds - 408 495 --show 5
+
 Same prompts, same settings, same judge as `eval/gold_reward` in run_ppo.py (config/smollm2/ppo_argument.json:
 greedy, batches of per_device_eval_batch_size = 20 in file order, each batch's new-token budget
 min(max_new_tokens, max_length - its longest prompt)), so the numbers of SFT, DPO and PPO policies compare
-directly. Prints the mean gold score; --output writes every prompt, answer and score as JSONL.
+directly. Prints the mean gold score; --output writes every prompt, answer and score as JSONL (with several
+models, one row per prompt and model, with its `label`). With several models it prints a table of gold score, mean
+answer length (words) and the wall time of its run given by --wall-seconds ("-": none), then the first --show
+prompts with every model's answer and score.
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import dataclasses
 import json
 import os
 import sys
+from typing import List, Optional, Tuple
 
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,9 +64,50 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
     return float(np.mean([row["gold_reward"] for row in rows])), rows
 
 
-def main(argv=None) -> float:
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def comparison_table(labels: List[str], results: List[Tuple[float, List[dict]]],
+                     seconds: List[Optional[float]]) -> str:
+    """Markdown table: one line per policy with its mean gold score, mean answer length and wall time."""
+    lines = ["| policy | held-out gold | mean answer length (words) | wall time of its run |",
+             "| --- | ---: | ---: | ---: |"]
+    for label, (mean, rows), wall in zip(labels, results, seconds):
+        length = sum(words(row["completion"]) for row in rows) / max(1, len(rows))
+        time = "-" if wall is None else f"{int(wall) // 60} min {int(wall) % 60:02d} s"
+        lines.append(f"| {label} | {mean:.4f} | {length:.1f} | {time} |")
+    return "\n".join(lines)
+
+
+def side_by_side(labels: List[str], results: List[Tuple[float, List[dict]]], count: int) -> str:
+    """The first `count` prompts, each with every policy's answer and gold score."""
+    out = []
+    for i in range(min(count, len(results[0][1]))):
+        out.append(f"prompt: {results[0][1][i]['prompt']!r}")
+        for label, (_, rows) in zip(labels, results):
+            out.append(f"  {label} ({rows[i]['gold_reward']:+.3f}): {rows[i]['completion']!r}")
+    return "\n".join(out)
+
+
+def _wall_seconds(values: Optional[List[str]], count: int, parser) -> List[Optional[float]]:
+    if values is None:
+        return [None] * count
+    if len(values) != count:
+        parser.error(f"--wall-seconds: {len(values)} values for {count} models")
+    try:
+        return [None if v == "-" else float(v) for v in values]
+    except ValueError:
+        parser.error(f"--wall-seconds: numbers of seconds or '-' expected, got {values}")
+
+
+def main(argv=None) -> List[float]:
     p = ToolParser(__doc__)
-    p.add_argument("--model", required=True, help="policy checkpoint directory (HF layout)")
+    p.add_argument("--model", required=True, nargs="+", help="policy checkpoint directories (HF layout)")
+    p.add_argument("--label", nargs="+", default=None, help="a name per model for the table (default: its path)")
+    p.add_argument("--wall-seconds", nargs="+", default=None,
+                   help="the wall time of each model's run, in seconds ('-': none), shown in the table")
+    p.add_argument("--show", type=int, default=0, help="with several models: print this many prompts side by side")
     p.add_argument("--prompts", default="prompt-only:1.0:data/prompts/eval.jsonl", help="dataset spec or JSONL path")
     p.add_argument("--judge", default="combined", help="judge name (alignment/rewards/judges.py) or module:function")
     p.add_argument("--max-length", type=int, default=160)
@@ -65,13 +115,28 @@ def main(argv=None) -> float:
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--output", default=None, help="write prompts, answers and scores here (JSONL)")
     args = p.parse_args(argv)
+    labels = args.label or list(args.model)
+    if len(labels) != len(args.model):
+        p.error(f"--label: {len(labels)} labels for {len(args.model)} models")
+    seconds = _wall_seconds(args.wall_seconds, len(args.model), p)
     spec = args.prompts if ":" in args.prompts else f"prompt-only:1.0:{args.prompts}"
-    mean, rows = judge_policy(args.model, spec, args.judge, args.max_length, args.max_new_tokens, args.batch_size)
+    results = []
+    for model in args.model:
+        results.append(judge_policy(model, spec, args.judge, args.max_length, args.max_new_tokens,
+                                    args.batch_size))
+        mean, rows = results[-1]
+        print(f"{model}: gold reward ({args.judge}) {mean:.4f} on {len(rows)} prompts, greedy")
     if args.output:
         from alignment.fileio import write_text_atomic
+        rows = [dict(row, label=label) if len(results) > 1 else row
+                for label, (_, model_rows) in zip(labels, results) for row in model_rows]
         write_text_atomic(args.output, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    print(f"{args.model}: gold reward ({args.judge}) {mean:.4f} on {len(rows)} prompts, greedy")
-    return mean
+    if len(results) > 1:
+        print(f"\nheld-out gold reward ({args.judge}, greedy, {len(results[0][1])} prompts):\n")
+        print(comparison_table(labels, results, seconds))
+        if args.show > 0:
+            print("\n" + side_by_side(labels, results, args.show))
+    return [mean for mean, _ in results]
 
 
 if __name__ == "__main__":
