@@ -107,16 +107,14 @@ def test_every_shipped_argument_file_parses():
     from alignment.config.reward import RewardArguments
     from tests.helpers import REPO
 
+    rl = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments)
     parsers = {
         "sft_argument.json": ArgumentParser(ModelArguments, DataArguments, LoRAArguments, TrainingArguments),
         "rm_argument.json": ArgumentParser(ModelArguments, DataArguments, RewardArguments, LoRAArguments,
                                            TrainingArguments),
-        "ppo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments,
-                                            TrainingArguments),
-        "grpo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments,
-                                             TrainingArguments),
-        "rloo_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments,
-                                             TrainingArguments),
+        "ppo_argument.json": rl,
+        "grpo_argument.json": rl,
+        "rloo_argument.json": rl,
         "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, LoRAArguments,
                                             TrainingArguments),
     }
