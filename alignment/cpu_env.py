@@ -12,10 +12,17 @@ any machine):
   whose backward took most of the gap to torch on CPU (one PPO step 2.857 s -> 2.021 s).
 - FLAGS_new_executor_serial_run=1: a static program's ops run on the calling thread instead of executor threads
   competing with MKL's (a static decode step 9.1 ms -> 4.6 ms).
+- ALIGNMENT_MALLOC=heap: glibc's malloc serves every size from its heap and never hands freed memory back
+  (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=max; Paddle's CPU tensors come straight from malloc). By default every
+  buffer above 32 MB (logits, the LM head's gradient) and, after a trim, every activation is a fresh mapping whose
+  pages fault in on first write: 300-390k page faults per SmolLM2 training step, 35k with the heap kept, and the
+  step 5-10% faster. The process keeps its peak memory instead of returning it between steps.
+  ALIGNMENT_MALLOC=system leaves glibc's defaults; a malloc setting in GLIBC_TUNABLES is also left alone.
 Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import os
 import sys
@@ -65,7 +72,7 @@ def has_cuda_paddle() -> bool:
 def cpu_defaults(vendor: str, cores: int) -> Dict[str, str]:
     """The settings for a CPU of this vendor with this many usable cores."""
     settings = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": str(max(1, cores)),
-                "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1"}
+                "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1", "ALIGNMENT_MALLOC": "heap"}
     if vendor == "AuthenticAMD":
         settings["MKL_DEBUG_CPU_TYPE"] = "5"
     return settings
@@ -77,16 +84,43 @@ def apply_cpu_defaults() -> Dict[str, str]:
     if _applied or "paddle" in sys.modules or has_cuda_paddle():
         return dict(_applied)
     vendor, _ = cpu_model()
-    for key, value in cpu_defaults(vendor, usable_cores()).items():
+    defaults = cpu_defaults(vendor, usable_cores())
+    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        defaults.pop("ALIGNMENT_MALLOC")  # the user tuned malloc already
+    for key, value in defaults.items():
         if key not in os.environ:
             os.environ[key] = value
             _applied[key] = value
+    configure_malloc(os.environ.get("ALIGNMENT_MALLOC", "system"))
     return dict(_applied)
+
+
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt(3) parameter numbers from glibc's malloc.h
+
+
+def configure_malloc(mode: str) -> bool:
+    """'heap': glibc serves every allocation from its heap (no per-buffer mmap) and never trims it, so freed
+    tensors' pages are reused instead of faulting in again; 'system': glibc's defaults. Returns whether the
+    setting was applied (False on a C library other than glibc, or for 'system')."""
+    if mode not in ("heap", "system"):
+        raise ValueError(f"ALIGNMENT_MALLOC must be 'heap' or 'system', got {mode!r}")
+    if mode == "system" or not _is_glibc():
+        return False
+    libc = ctypes.CDLL(None)
+    # -1 as an int is SIZE_MAX inside glibc: never trim
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, -1))
+
+
+def _is_glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (ValueError, OSError, AttributeError):
+        return False
 
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel",
-            "FLAGS_new_executor_serial_run")
+            "FLAGS_new_executor_serial_run", "ALIGNMENT_MALLOC")
 
 
 def machine_facts() -> Dict[str, object]:
@@ -109,7 +143,7 @@ def describe_machine(facts: Dict[str, object]) -> str:
 def describe() -> str:
     """One line for the log: the CPU and the settings in effect (ours or the user's)."""
     vendor, model = cpu_model()
-    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE")
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "ALIGNMENT_MALLOC")
     values = ", ".join(f"{k}={os.environ[k]}" + ("" if k in _applied else " (yours)")
                        for k in keys if k in os.environ)
     return f"cpu: {model or vendor or 'unknown'}, {usable_cores()} usable cores; {values or 'no thread settings'}"

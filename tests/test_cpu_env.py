@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from alignment import cpu_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,3 +59,48 @@ def test_the_settings_benchmark_measures_each_distinct_candidate_once(monkeypatc
         values = [json.dumps(s, sort_keys=True) for s in found.values()]
         assert len(values) == len(set(values))
         assert found["strided views on (Paddle's default)"]["FLAGS_use_stride_kernel"] == "1"
+        assert found["glibc's default allocator"]["ALIGNMENT_MALLOC"] == "system"
+
+
+def _fresh_process(code, **env_overrides):
+    env = {k: v for k, v in os.environ.items() if k not in cpu_env.SETTINGS and k != "GLIBC_TUNABLES"}
+    env.update(PYTHONPATH=REPO, **env_overrides)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+
+
+ALLOCATION_FAULTS = """
+import ctypes, json, resource
+from alignment.cpu_env import apply_cpu_defaults
+set_now = apply_cpu_defaults()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+faults = []
+for _ in range(6):  # 64 MB buffers: above glibc's largest mmap threshold, so by default each one is a new mapping
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    buffer = libc.malloc(64 << 20); ctypes.memset(buffer, 1, 64 << 20); libc.free(buffer)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps([set_now, faults]))
+"""
+
+
+def test_the_heap_allocator_setting_reuses_freed_buffers_instead_of_faulting_them_in_again():
+    if not cpu_env._is_glibc():
+        pytest.skip("mallopt settings are glibc's")
+    heap = _fresh_process(ALLOCATION_FAULTS)
+    system = _fresh_process(ALLOCATION_FAULTS, ALIGNMENT_MALLOC="system")
+    (set_heap, heap_faults), (set_system, system_faults) = (json.loads(p.stdout.strip().splitlines()[-1])
+                                                            for p in (heap, system))
+    assert set_heap["ALIGNMENT_MALLOC"] == "heap" and "ALIGNMENT_MALLOC" not in set_system
+    assert min(system_faults[1:]) >= 32  # every 64 MB buffer faulted in again (a fresh mapping; >= 2 MB a fault)
+    assert max(heap_faults[1:]) <= 2  # the freed heap memory was reused
+
+
+def test_a_bad_allocator_setting_is_refused_with_the_variable_named_and_tuned_glibc_is_left_alone():
+    bad = _fresh_process("from alignment.cpu_env import apply_cpu_defaults; apply_cpu_defaults()",
+                         ALIGNMENT_MALLOC="fast")
+    assert bad.returncode != 0 and "ALIGNMENT_MALLOC must be 'heap' or 'system', got 'fast'" in bad.stderr
+    tuned = _fresh_process("import json; from alignment.cpu_env import apply_cpu_defaults; "
+                           "print(json.dumps(apply_cpu_defaults()))", GLIBC_TUNABLES="glibc.malloc.trim_threshold=1")
+    assert "ALIGNMENT_MALLOC" not in json.loads(tuned.stdout.strip().splitlines()[-1])
+    assert cpu_env.configure_malloc("system") is False

@@ -56,7 +56,7 @@ class DecoderStage(DecoderLayer):
         x, attention_mask = args
         attn = self.self_attn
         rope = rotary_tables(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope_theta,
-                             x.dtype, attn.num_heads + attn.num_kv_heads)
+                             x.dtype, attn.num_heads, attn.num_kv_heads)
         bias = attention_bias(attention_mask, x.shape[1], x.dtype, attn.num_heads)
         if self.config.recompute and self.training:  # as LlamaModel: keep only the layer's input for backward
             return recompute(lambda h: DecoderLayer.forward(self, h, rope, bias)[0], x, use_reentrant=False), \
