@@ -68,13 +68,14 @@ class Rotary(NamedTuple):
 
 def rotary_tables(position_ids, head_dim: int, theta: float, dtype, q_heads: int, kv_heads: int) -> Rotary:
     """position_ids [b, s] -> Rotary for q_heads + kv_heads heads; q's tables scaled by 1 / sqrt(head_dim)."""
-    cos, sin = rope_cos_sin(position_ids, head_dim, theta, dtype)  # [b, s, 1, d]
+    cos, sin = rope_cos_sin(position_ids, head_dim, theta, paddle.float32)  # [b, s, 1, d]
     b, s = position_ids.shape
     scale = 1.0 / math.sqrt(head_dim)
 
-    def per_head(table):  # [b, s, 1, d] -> [b, s, q_heads + kv_heads, d]
+    def per_head(table):  # [b, s, 1, d] float32 -> [b, s, q_heads + kv_heads, d] in dtype (scaled before the cast)
         q_part = paddle.expand(paddle.scale(table, scale), [b, s, q_heads, head_dim])
-        return paddle.concat([q_part, paddle.expand(table, [b, s, kv_heads, head_dim])], axis=2)
+        table = paddle.concat([q_part, paddle.expand(table, [b, s, kv_heads, head_dim])], axis=2)
+        return table if dtype == paddle.float32 else table.astype(dtype)
 
     half = head_dim // 2
     rotate = np.zeros([head_dim, head_dim], dtype="float32")
