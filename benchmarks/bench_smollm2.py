@@ -2,8 +2,8 @@
 
     python benchmarks/bench_smollm2.py [--model DIR] [--repeats 5] [--no-torch] [--torch-in-process] [--json out.json]
 
-Three workloads, each run for ours and then for transformers, back to back in one process, --repeats times
-(after one warm-up each); medians are reported with the ratio ours / transformers:
+Three workloads, each run for ours and then for transformers, alternating, --repeats times (after one warm-up
+each, with an untimed 0.5 s pause before each call); medians are reported with the ratio ours / transformers:
 - train_step: one step on 8 x 128 tokens: forward, next-token loss, backward, global-norm clip (1.0), AdamW
   (ours: build_optimizer's AdamW, global_grad_norm, clip_gradients; torch: AdamW fused=True where it exists)
 - score: the per-token log-probs of 8 x 128 tokens without gradients (what PPO's reference / old policy pass does)
