@@ -16,7 +16,7 @@ any machine):
   (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=max; Paddle's CPU tensors come straight from malloc). By default every
   buffer above 32 MB (logits, the LM head's gradient) and, after a trim, every activation is a fresh mapping whose
   pages fault in on first write: 300-390k page faults per SmolLM2 training step, 35k with the heap kept, and the
-  step 5-10% faster. The process keeps its peak memory instead of returning it between steps.
+  step about 5% faster. The process keeps its peak memory instead of returning it between steps.
   ALIGNMENT_MALLOC=system leaves glibc's defaults; a malloc setting in GLIBC_TUNABLES is also left alone.
 Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone.
 """

@@ -11,6 +11,13 @@ from alignment import cpu_env
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _fresh_process(code, **env_overrides):
+    """Run code in a new interpreter without any CPU setting (or GLIBC_TUNABLES) inherited from this one."""
+    env = {k: v for k, v in os.environ.items() if k not in cpu_env.SETTINGS and k != "GLIBC_TUNABLES"}
+    env.update(PYTHONPATH=REPO, **env_overrides)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+
+
 def test_mkl_debug_cpu_type_is_set_on_amd_only_and_threads_follow_the_cores():
     amd, intel = cpu_env.cpu_defaults("AuthenticAMD", 4), cpu_env.cpu_defaults("GenuineIntel", 4)
     assert amd["MKL_DEBUG_CPU_TYPE"] == "5" and "MKL_DEBUG_CPU_TYPE" not in intel  # it halves GEMM on Intel
@@ -23,9 +30,8 @@ def test_mkl_debug_cpu_type_is_set_on_amd_only_and_threads_follow_the_cores():
 def test_a_fresh_process_gets_the_defaults_and_keeps_what_the_user_set():
     code = ("import json, os; from alignment.cpu_env import apply_cpu_defaults, machine_facts; "
             "set_now = apply_cpu_defaults(); print(json.dumps([set_now, machine_facts()]))")
-    env = {k: v for k, v in os.environ.items() if k not in cpu_env.SETTINGS}
-    env.update(MKL_NUM_THREADS="7", PYTHONPATH=REPO)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=REPO)
+    done = _fresh_process(code, MKL_NUM_THREADS="7")
+    done.check_returncode()
     set_now, facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert "MKL_NUM_THREADS" not in set_now and set_now["OMP_NUM_THREADS"] == "1"
     assert facts["settings"]["MKL_NUM_THREADS"] == "7"  # the user's value is what is in force and recorded
@@ -60,12 +66,6 @@ def test_the_settings_benchmark_measures_each_distinct_candidate_once(monkeypatc
         assert len(values) == len(set(values))
         assert found["strided views on (Paddle's default)"]["FLAGS_use_stride_kernel"] == "1"
         assert found["glibc's default allocator"]["ALIGNMENT_MALLOC"] == "system"
-
-
-def _fresh_process(code, **env_overrides):
-    env = {k: v for k, v in os.environ.items() if k not in cpu_env.SETTINGS and k != "GLIBC_TUNABLES"}
-    env.update(PYTHONPATH=REPO, **env_overrides)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
 
 
 ALLOCATION_FAULTS = """

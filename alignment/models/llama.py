@@ -146,25 +146,26 @@ class Attention(nn.Layer):
             v = paddle.concat([past[1], v], axis=2)
         present = (k, v)
         groups = self.num_heads // self.num_kv_heads
-        if s == 1 and groups > 1:
+        folded = s == 1 and groups > 1
+        if folded:
             # a decode step attends without repeating the cache: q head i uses kv head i // groups (HF's
             # repeat_kv), so one kv head's q heads are consecutive and fold into its query rows (measured on
             # SmolLM2's shape, [8, 9 -> 3, 1, 64] against 200 cached positions: 983 -> 212 us per layer). Training
             # shapes keep the repeat: the folded product rounds differently per batch shape, and the layout tests
             # compare a batch split over processes with the whole batch to 1e-5.
             q = q.reshape([b, self.num_kv_heads, groups, self.head_dim])  # [b, kv_heads, groups, d]
-            scores = paddle.matmul(q, k, transpose_y=True) + bias.reshape([b, self.num_kv_heads, groups, -1])
-            probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)  # [b, kv_heads, groups, t]
-            out = paddle.matmul(probs, v).reshape([b, 1, self.num_heads * self.head_dim])
-            return self.o_proj(out), present
-        if groups > 1:
+            bias = bias.reshape([b, self.num_kv_heads, groups, -1])  # [b, kv_heads, groups, t]
+        elif groups > 1:
             k = k.repeat_interleave(groups, axis=1)  # [b, h, t, d]
             v = v.repeat_interleave(groups, axis=1)
         # plain matmul-softmax: ~3x faster than F.scaled_dot_product_attention for CPU generation (measured);
         # q carries 1 / sqrt(d) from its rotary tables
-        scores = paddle.matmul(q, k, transpose_y=True) + bias  # [b, h, s, t]
+        scores = paddle.matmul(q, k, transpose_y=True) + bias  # [b, h, s, t] (folded: [b, kv_heads, groups, t])
         probs = F.softmax(scores.astype("float32"), axis=-1).astype(q.dtype)
-        out = paddle.matmul(probs, v).transpose([0, 2, 1, 3]).reshape([b, s, self.num_heads * self.head_dim])
+        out = paddle.matmul(probs, v)  # [b, h, s, d] (folded: [b, kv_heads, groups, d], the heads in order)
+        if not folded:
+            out = out.transpose([0, 2, 1, 3])  # [b, s, h, d]
+        out = out.reshape([b, s, self.num_heads * self.head_dim])
         return self.o_proj(out), present
 
 
