@@ -124,6 +124,23 @@ def test_an_update_that_makes_weights_non_finite_stops_before_saving(tmp_path, t
     assert not out.exists() or os.listdir(out) in ([".run.lock"], [".run.lock", "args.json"])  # nothing saved
 
 
+@pytest.mark.parametrize("bad, expected", [(None, True), (float("nan"), False), (float("inf"), False),
+                                           (-float("inf"), False), (3e20, True)])
+def test_all_finite_weights_check(bad, expected):
+    """The fast sum of squares says finite, or falls back to the exact check: 3e20 squares to inf in float32, yet
+    it is a finite weight; NaN and +-inf anywhere are caught."""
+    import paddle
+    from alignment.training.guard import all_finite
+
+    params = [paddle.ones([3, 4]), paddle.zeros([5]), paddle.full([2], 2.0, dtype="float64")]
+    if bad is not None:
+        values = np.ones([3, 4], dtype="float32")
+        values[1, 2] = bad
+        params[0] = paddle.to_tensor(values)
+    assert all_finite(params) is expected
+    assert all_finite([]) is True
+
+
 def test_a_resumed_run_logs_the_same_windows_as_the_run_that_never_stopped(tmp_path, tiny_model_dir):
     """logging_steps 3 and save_steps 2: the row of step 3 averages steps 1-3 in both runs."""
     flags = ("--logging_steps", "3", "--save_steps", "2")

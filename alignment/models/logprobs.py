@@ -31,19 +31,28 @@ def gather_log_probs(logits, labels):
     return -nll.reshape(labels.shape)  # [B, T]
 
 
+def sum_last_axis(x):
+    """x [..., n] -> [...]: the sum over the last axis as a product with a column of ones. On CPU Paddle's sum
+    over a [512, 8000] float32 row took 3.5 ms and was off by up to 1.6e-2 (one running float32 sum per row); the
+    product took 0.4 ms and was off by 1.3e-3 (measured against float64). Differentiable."""
+    ones = paddle.ones([x.shape[-1], 1], dtype=x.dtype)
+    return paddle.matmul(x, ones).squeeze(-1)
+
+
 def entropy_from_logits(logits):
     """H = -sum_v p_v log p_v = log sum_v e^(s_v) - sum_v softmax(s)_v * s_v with s = z - max(z).  [B,T,V] -> [B,T].
 
     One exp over the vocabulary, shared by both terms (paddle.logsumexp + softmax took ~1.9x as long on CPU).
-    Centring before the product matters: Paddle's float32 sums over a 49152-entry vocabulary of p * z with logits
-    up to ~50 (SmolLM2) were off by up to 9e-3; with s = z - max(z) the heavy terms are small and the entropy is
-    within 3e-4 of a float64 reference (4.5e-3 uncentred; measured). The shift is detached: H does not depend on it.
+    Centring before the product matters: float32 sums over a 49152-entry vocabulary of p * z with logits up to ~50
+    (SmolLM2) were off by up to 9e-3; with s = z - max(z) the heavy terms are small. The sums are products with
+    ones (sum_last_axis): the whole entropy of [512, 8000] logits 18 -> 11 ms on CPU, and closer to float64.
+    The shift is detached: H does not depend on it.
     """
     logits = _f32(logits)
     shifted = logits - logits.max(axis=-1, keepdim=True).detach()  # [B, T, V], <= 0
     exp = paddle.exp(shifted)  # [B, T, V]
-    total = exp.sum(axis=-1)  # [B, T]
-    return paddle.log(total) - (exp * shifted).sum(axis=-1) / total  # [B, T]
+    total = sum_last_axis(exp)  # [B, T]
+    return paddle.log(total) - sum_last_axis(exp * shifted) / total  # [B, T]
 
 
 def answer_token_loss(model, input_ids, attention_mask, labels):
