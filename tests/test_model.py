@@ -102,6 +102,32 @@ def test_kv_cache_greedy_generation_equals_recomputation(penalty):
     assert cached.sequences.shape == [3, 18]
 
 
+@pytest.mark.parametrize("options", [dict(), dict(repetition_penalty=1.3, top_k=5, min_new_tokens=4),
+                                     dict(eos_token_id=[0], pad_token_id=0)])
+def test_sampled_log_probs_equal_a_whole_sequence_forward(options):
+    """generate(log_prob_temperature=T): each drawn token's log softmax(logits / T) from the sampling pass itself
+    equals the trainer's forward pass over prompt + response (left-padded rows, temperature 0.7; penalties, top-k
+    and the min-length eos block change what is drawn, not the score; eos == pad pads finished rows)."""
+    from alignment.ppo.rollout import response_log_probs
+
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    paddle.seed(3)
+    config = GenerationConfig(max_new_tokens=10, do_sample=True, temperature=0.7, **options)
+    out = generate(model, ids, mask, config, log_prob_temperature=0.7)
+    response_mask = out.response_mask
+    full_mask = paddle.concat([mask, response_mask], axis=1)
+    scored, _ = response_log_probs(model, out.sequences, full_mask, ids.shape[1], temperature=0.7)  # [3, R]
+    assert out.log_probs.shape == scored.shape == response_mask.shape
+    valid = response_mask.numpy().astype(bool)
+    sampled = out.log_probs.numpy()
+    assert (sampled[valid] < 0).all() and np.isfinite(sampled).all()
+    np.testing.assert_allclose(sampled[valid], scored.numpy()[valid], rtol=1e-5, atol=1e-5)
+    if "eos_token_id" in options:
+        assert not valid.all()  # some row ended early: its padded tail is masked out
+    assert generate(model, ids, mask, config).log_probs is None  # not asked: not computed
+
+
 def test_eos_stops_rows_independently_and_pads_after():
     model = tiny_model()
     ids, mask = left_padded_batch()

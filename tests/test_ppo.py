@@ -39,10 +39,20 @@ def test_ppo_steps_change_actor_and_critic_and_log_the_metrics(tmp_path, tiny_mo
     for key in ("reward/mean", "kl", "actor_loss", "critic_loss", "entropy", "response_length", "gold_reward/mean",
                 "time/generate", "time/train", "clip_frac", "approx_kl", "explained_variance", "truncated"):
         assert all(np.isfinite(r[key]) for r in rows), key
-    assert rows[0]["kl"] == 0.0  # the first rollout comes from the reference policy itself
+    # the first rollout comes from the reference policy itself: KL 0 up to the rounding between the sampling pass
+    # (old log-probs, rollout_log_probs) and the reference's whole-sequence pass
+    assert abs(rows[0]["kl"]) < 1e-5
     for row in rows:  # generation speed: the step's response tokens over its generation time
         assert 0 < row["time/generated_tokens_per_s"] < 1e6
     assert json.load(open(out / "args.json"))["advantage_estimator"] == "gae"
+
+
+def test_old_log_probs_from_a_second_forward_pass_start_at_zero_kl(tmp_path, tiny_model_dir, tiny_reward_dir):
+    """rollout_log_probs false: the actor scores the rollout with the same whole-sequence pass as the reference,
+    so the first step's KL is exactly 0."""
+    run_ppo.main([PPO_CONFIG, *common(tmp_path, tiny_model_dir, "--reward_model_name_or_path", tiny_reward_dir,
+                                      "--max_steps", "1", "--rollout_log_probs", "false")])
+    assert read_metrics(tmp_path / "out")[0]["kl"] == 0.0
 
 
 def test_grpo_with_a_rule_reward_builds_no_critic(tmp_path, tiny_model_dir, capsys):

@@ -181,6 +181,13 @@ class PPOArguments:
                                               "cache width over a preallocated KV cache; the same tokens). On a 2-core "
                                               "CPU static ran at 0.5-0.85x of eager (benchmarks/bench_rollout.py), "
                                               "hence the default.")
+    rollout_log_probs: bool = field(True, help="Take the old log-probs PPO's ratio and KL start from from the "
+                                               "logits the rollout sampled each token with (as TRL's PPO does), "
+                                               "instead of a second forward pass of the actor over the rollout "
+                                               "(false). They differ by float rounding (KV-cache decode vs one "
+                                               "whole-sequence pass); the pass saved was ~2.5% of a PPO step on "
+                                               "the TRL peer's shape. Critic-free estimators with one pass and one "
+                                               "optimizer step take them from the update itself either way.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
                                          "so only false is accepted.")
     eval_mode: Optional[str] = field(None, help="Which actor layout generates rollouts: null or 'tensor_parallel' = "

@@ -11,6 +11,8 @@ from typing import List, NamedTuple, Optional, Union
 import paddle
 import paddle.nn.functional as F
 
+from alignment.models.logprobs import gather_log_probs
+
 
 @dataclasses.dataclass
 class GenerationConfig:
@@ -46,6 +48,7 @@ class GenerationConfig:
 class GenerationOutput(NamedTuple):
     sequences: paddle.Tensor  # [b, prompt_len + new_len]: the left-padded prompt, then the response
     response_mask: paddle.Tensor  # [b, new_len] int64: 1 for generated tokens up to and including eos
+    log_probs: Optional[paddle.Tensor] = None  # [b, new_len] float32 when asked: log softmax(logits / T)[token]
 
 
 def apply_repetition_penalty(logits, seen, penalty: float):
@@ -121,15 +124,24 @@ def mark_seen(seen, ids, mask):
     return paddle.logical_or(seen, counts > 0)
 
 
+def token_log_prob(logits, token, temperature: float):
+    """log softmax(logits / temperature)[token]: logits [b, vocab] float32 (before any penalty, filter or eos
+    block), token [b] -> [b]. The distribution the trainer's forward pass scores the token under."""
+    return gather_log_probs(paddle.scale(logits, 1.0 / temperature), token.unsqueeze(-1)).squeeze(-1)
+
+
 @paddle.no_grad()
 def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True,
-             static=None, rows: Optional[SampleRows] = None) -> GenerationOutput:
+             static=None, rows: Optional[SampleRows] = None,
+             log_prob_temperature: Optional[float] = None) -> GenerationOutput:
     """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens.
 
     use_cache=False recomputes the whole sequence every step: the reference path, with the same tokens under
     greedy decoding. static: a StaticDecoder (static_decode.py) running the decode steps as a compiled program
     over a preallocated cache (the prompt is still prefilled eagerly). rows: sample by row position in a batch
-    split over processes (SampleRows), else with paddle.multinomial.
+    split over processes (SampleRows), else with paddle.multinomial. log_prob_temperature: also return each
+    drawn token's log-prob under the model's logits divided by it (token_log_prob), from the same logits the
+    token was drawn from, so no second forward pass is needed to score the response.
     """
     b = input_ids.shape[0]
     attention_mask = attention_mask.astype("int64")
@@ -142,13 +154,16 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
     logits, stepper = out.logits[:, -1], None
     if static is not None:
         stepper = _StaticSteps(static, out.past_key_values, attention_mask, config.max_new_tokens)
-    sequences, tokens, alive = input_ids, [], []
+    sequences, tokens, alive, log_probs = input_ids, [], [], []
     position = attention_mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
     for _ in range(config.max_new_tokens):
+        raw = logits
         if len(tokens) < config.min_new_tokens:
             logits = block_tokens(logits, config.eos_ids)
         token = next_token(logits, config, seen, rows)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
+        if log_prob_temperature is not None:
+            log_probs.append(token_log_prob(raw, token, log_prob_temperature))
         alive.append(paddle.logical_not(finished))
         tokens.append(token)
         finished = paddle.logical_or(finished, paddle.isin(token, eos))
@@ -170,7 +185,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
         logits = out.logits[:, -1]
     response = paddle.stack(tokens, axis=1)  # [b, new_len]
     response_mask = paddle.stack(alive, axis=1).astype("int64")
-    return GenerationOutput(paddle.concat([input_ids, response], axis=1), response_mask)
+    return GenerationOutput(paddle.concat([input_ids, response], axis=1), response_mask,
+                            paddle.stack(log_probs, axis=1) if log_probs else None)
 
 
 def generate_without_cache(model, input_ids, attention_mask, config: GenerationConfig) -> GenerationOutput:

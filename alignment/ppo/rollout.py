@@ -160,12 +160,13 @@ def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool) -> 
 @paddle.no_grad()
 def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig, num_return_sequences: int,
                    collate, positions: Optional[List[int]] = None, total: Optional[int] = None,
-                   static=None) -> Rollout:
+                   static=None, log_prob_temperature: Optional[float] = None) -> Rollout:
     """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous.
 
     positions / total: the items' positions in a global batch of `total` prompts shared by several processes;
     each response is then sampled with that row's random numbers, the same as in a one-process run.
     static: a StaticDecoder of `actor` to run the decode steps with (see generate).
+    log_prob_temperature: set old_log_probs from the sampling pass (see generate); None leaves them unset.
     """
     items = [item for item in prompt_items for _ in range(num_return_sequences)]
     positions = list(range(len(prompt_items))) if positions is None else positions
@@ -176,7 +177,8 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
     prompt_ids = paddle.to_tensor(batch["input_ids"])  # [N, P]
     prompt_mask = paddle.to_tensor(batch["attention_mask"])  # [N, P]
     actor.eval()
-    out = generate(actor, prompt_ids, prompt_mask, gen_config, static=static, rows=rows)
+    out = generate(actor, prompt_ids, prompt_mask, gen_config, static=static, rows=rows,
+                   log_prob_temperature=log_prob_temperature)
     response_mask = out.response_mask  # [N, R]
     responses = out.sequences[:, prompt_ids.shape[1]:].numpy()
     completions = [tokenizer.decode(row[: int(n)]) for row, n in zip(responses, response_mask.sum(axis=1).numpy())]
@@ -188,6 +190,7 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
         prompts=[item["prompt"] for item in items],
         completions=completions,
         labels={"answer": [item.get("answer") for item in items]},
+        old_log_probs=out.log_probs,
     )
 
 

@@ -196,8 +196,11 @@ class PPOTrainer(Trainer):
             if id(actor) not in self.static_decoders:
                 self.static_decoders[id(actor)] = StaticDecoder(actor)
             static = self.static_decoders[id(actor)]
+        # old log-probs from the sampling pass itself, when the trainer needs them from the rollout
+        from_rollout = self.ppo.rollout_log_probs and not greedy and not self.reuse_update_log_probs
         return sample_rollout(actor, self.tokenizer, items, config, 1 if greedy else self.ppo.num_return_sequences,
-                              self.data.collate_prompts, positions, total, static)
+                              self.data.collate_prompts, positions, total, static,
+                              self.ppo.temperature if from_rollout else None)
 
     def rollout_actor(self):
         """The actor that generates and scores: the trained one, or its whole copy (eval_mode single, pipeline)."""
@@ -223,7 +226,7 @@ class PPOTrainer(Trainer):
         (end rewards, parts) when already computed (dynamic sampling)."""
         ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
         self.actor.eval()
-        if not self.reuse_update_log_probs:
+        if not self.reuse_update_log_probs and rollout.old_log_probs is None:  # else: from the sampling pass
             rollout.old_log_probs, _ = response_log_probs(self.rollout_actor(), ids, mask, p, self.ppo.temperature)
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
