@@ -18,10 +18,15 @@ any machine):
   pages fault in on first write: 300-390k page faults per SmolLM2 training step, 35k with the heap kept, and the
   step about 5% faster. The process keeps its peak memory instead of returning it between steps.
   ALIGNMENT_MALLOC=system leaves glibc's defaults; a malloc setting in GLIBC_TUNABLES is also left alone.
+- ALIGNMENT_OPTIMIZER_THREADS = the usable cores: the optimizer step runs Paddle's OpenMP loops (its CPU AdamW
+  kernel is an `omp parallel for` over 512-element chunks, memory-bound) on that many threads, and everything
+  else keeps OMP_NUM_THREADS (`optimizer_threads()`). AdamW of the 8.3M-parameter peer policy 15.6 -> 9.1 ms,
+  of SmolLM2-135M 227 -> 123 ms; element-wise loops give the same bits on any thread count. 1 turns it off.
 Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.metadata
 import os
@@ -72,7 +77,8 @@ def has_cuda_paddle() -> bool:
 def cpu_defaults(vendor: str, cores: int) -> Dict[str, str]:
     """The settings for a CPU of this vendor with this many usable cores."""
     settings = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": str(max(1, cores)),
-                "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1", "ALIGNMENT_MALLOC": "heap"}
+                "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1", "ALIGNMENT_MALLOC": "heap",
+                "ALIGNMENT_OPTIMIZER_THREADS": str(max(1, cores))}
     if vendor == "AuthenticAMD":
         settings["MKL_DEBUG_CPU_TYPE"] = "5"
     return settings
@@ -92,6 +98,7 @@ def apply_cpu_defaults() -> Dict[str, str]:
             os.environ[key] = value
             _applied[key] = value
     configure_malloc(os.environ.get("ALIGNMENT_MALLOC", "system"))
+    optimizer_thread_count()  # a bad value fails at start-up, not at the first optimizer step
     return dict(_applied)
 
 
@@ -118,9 +125,46 @@ def _is_glibc() -> bool:
         return False
 
 
+def _paddle_openmp():
+    """Paddle's OpenMP runtime (the libiomp5 its CPU wheel ships, which its kernels and MKL share), or None."""
+    paddle = sys.modules.get("paddle")
+    path = os.path.join(os.path.dirname(getattr(paddle, "__file__", "") or ""), "libs", "libiomp5.so")
+    if paddle is None or has_cuda_paddle() or not os.path.exists(path):
+        return None
+    return ctypes.CDLL(path)  # the library paddle already loaded: the same handle
+
+
+def optimizer_thread_count():
+    """ALIGNMENT_OPTIMIZER_THREADS as a number (None when unset); anything but a positive integer is refused."""
+    value = os.environ.get("ALIGNMENT_OPTIMIZER_THREADS", "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"ALIGNMENT_OPTIMIZER_THREADS must be a positive number of threads, got {value!r}")
+    return int(value)
+
+
+@contextlib.contextmanager
+def optimizer_threads():
+    """Inside the block Paddle's OpenMP loops run on ALIGNMENT_OPTIMIZER_THREADS threads, after it on
+    OMP_NUM_THREADS again (MKL's own count is untouched). Nothing changes when the variable is unset or not above
+    OMP_NUM_THREADS, or when paddle's OpenMP runtime is not there (a CUDA build: the optimizer runs on the GPU)."""
+    wanted = optimizer_thread_count()
+    usual = int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else 1
+    runtime = _paddle_openmp() if wanted is not None and wanted > usual else None
+    if runtime is None:
+        yield
+        return
+    runtime.omp_set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        runtime.omp_set_num_threads(usual)
+
+
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_use_stride_kernel",
-            "FLAGS_new_executor_serial_run", "ALIGNMENT_MALLOC")
+            "FLAGS_new_executor_serial_run", "ALIGNMENT_MALLOC", "ALIGNMENT_OPTIMIZER_THREADS")
 
 
 def machine_facts() -> Dict[str, object]:
@@ -143,7 +187,8 @@ def describe_machine(facts: Dict[str, object]) -> str:
 def describe() -> str:
     """One line for the log: the CPU and the settings in effect (ours or the user's)."""
     vendor, model = cpu_model()
-    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "ALIGNMENT_MALLOC")
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "ALIGNMENT_MALLOC",
+            "ALIGNMENT_OPTIMIZER_THREADS")
     values = ", ".join(f"{k}={os.environ[k]}" + ("" if k in _applied else " (yours)")
                        for k in keys if k in os.environ)
     return f"cpu: {model or vendor or 'unknown'}, {usable_cores()} usable cores; {values or 'no thread settings'}"

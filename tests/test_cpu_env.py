@@ -66,6 +66,14 @@ def test_the_settings_benchmark_measures_each_distinct_candidate_once(monkeypatc
         assert len(values) == len(set(values))
         assert found["strided views on (Paddle's default)"]["FLAGS_use_stride_kernel"] == "1"
         assert found["glibc's default allocator"]["ALIGNMENT_MALLOC"] == "system"
+        assert found["optimizer step on one thread"]["ALIGNMENT_OPTIMIZER_THREADS"] == "1"
+    figures = {"chosen for this CPU": {"train_tokens_per_s": 100.0, "spread": 0.03},
+               "one MKL thread": {"train_tokens_per_s": 102.0, "spread": 0.01}}
+    assert "a tie with the chosen setting" in bench.verdict(figures)  # 2% ahead, rounds 3% apart
+    figures["one MKL thread"]["train_tokens_per_s"] = 110.0
+    assert "should change" in bench.verdict(figures)
+    figures["chosen for this CPU"]["train_tokens_per_s"] = 120.0
+    assert bench.verdict(figures) == "fastest training step: chosen for this CPU"
 
 
 ALLOCATION_FAULTS = """
@@ -104,3 +112,48 @@ def test_a_bad_allocator_setting_is_refused_with_the_variable_named_and_tuned_gl
                            "print(json.dumps(apply_cpu_defaults()))", GLIBC_TUNABLES="glibc.malloc.trim_threshold=1")
     assert "ALIGNMENT_MALLOC" not in json.loads(tuned.stdout.strip().splitlines()[-1])
     assert cpu_env.configure_malloc("system") is False
+
+
+OPTIMIZER_THREADS = """
+import json, os
+from alignment.cpu_env import apply_cpu_defaults, optimizer_threads, _paddle_openmp
+set_now = apply_cpu_defaults()
+import numpy as np, paddle
+omp = _paddle_openmp()
+def one_step(threaded):
+    paddle.seed(0)
+    layer = paddle.nn.Linear(300, 700)  # 210,700 weights: over 400 of AdamW's 512-element OpenMP chunks
+    optimizer = paddle.optimizer.AdamW(learning_rate=0.1, parameters=layer.parameters(), weight_decay=0.01)
+    for _ in range(3):
+        layer(paddle.ones([4, 300])).square().sum().backward()
+        if threaded:
+            with optimizer_threads():
+                inside = omp.omp_get_max_threads() if omp else None
+                optimizer.step()
+        else:
+            inside = omp.omp_get_max_threads() if omp else None
+            optimizer.step()
+        optimizer.clear_grad()
+    return layer.weight.numpy(), inside
+(plain, outside), (threaded, inside) = one_step(False), one_step(True)
+after = omp.omp_get_max_threads() if omp else None
+print(json.dumps([set_now, bool((plain == threaded).all()), outside, inside, after]))
+"""
+
+
+def test_the_optimizer_step_runs_on_the_optimizer_threads_with_the_same_bits():
+    done = _fresh_process(OPTIMIZER_THREADS, ALIGNMENT_OPTIMIZER_THREADS="2")
+    done.check_returncode()
+    set_now, same, outside, inside, after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set_now["OMP_NUM_THREADS"] == "1" and "ALIGNMENT_OPTIMIZER_THREADS" not in set_now  # the user's 2
+    assert same  # AdamW's element-wise loop gives the same weights on 1 and 2 threads
+    if outside is not None:  # paddle's CPU wheel with its libiomp5
+        assert (outside, inside, after) == (1, 2, 1)
+    assert cpu_env.cpu_defaults("GenuineIntel", 4)["ALIGNMENT_OPTIMIZER_THREADS"] == "4"
+
+
+def test_a_bad_optimizer_threads_setting_fails_at_start_up_with_the_variable_named():
+    bad = _fresh_process("from alignment.cpu_env import apply_cpu_defaults; apply_cpu_defaults()",
+                         ALIGNMENT_OPTIMIZER_THREADS="all")
+    assert bad.returncode != 0 and "ALIGNMENT_OPTIMIZER_THREADS must be a positive number of threads, got 'all'" \
+        in bad.stderr

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from tqdm import tqdm
 
+from alignment.cpu_env import optimizer_threads
 from alignment.parallel.distributed import (average_gradients, barrier, init_distributed, is_main_process,
                                             layout_name)
 from alignment.training.best_model import BestModel
@@ -185,7 +186,8 @@ class Trainer:
         for t, norm in zip(trained, norms):
             if finite:
                 clip_gradients(t.model.parameters(), self.args.max_grad_norm, norm)
-                self.precision.step(t.optimizer)
+                with optimizer_threads():  # CPU: AdamW's OpenMP loops on every core (cpu_env.py)
+                    self.precision.step(t.optimizer)
                 t.scheduler.step()
             t.optimizer.clear_grad()  # a skipped step's gradients are dropped too
         self.precision.update()
