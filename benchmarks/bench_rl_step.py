@@ -71,6 +71,8 @@ def make_arguments(args, paths: dict, output_dir: str):
         clip_range_score=1e6,  # TRL does not clip reward-model scores
         gamma=1.0, gae_lambda=0.95, normalize_reward=False, normalize_advantage=True,
         critic_learning_rate=args.learning_rate, critic_lr_scheduler_type="linear",
+        # TRL's PPO takes the old log-probs from the generation logits; --recompute-old-log-probs: our default
+        rollout_log_probs=not args.recompute_old_log_probs,
     )
     train_args = TrainingArguments(
         output_dir=output_dir, seed=args.seed, max_steps=args.steps,
@@ -270,6 +272,7 @@ def run(args):
             "micro_batch": train_args.per_device_train_batch_size, "temperature": ppo_args.temperature,
             "learning_rate": train_args.learning_rate, "kl_coeff": ppo_args.kl_coeff,
             "kl_estimator": ppo_args.kl_estimator, "kl_in_loss": ppo_args.kl_in_loss,
+            "rollout_log_probs": ppo_args.rollout_log_probs,
             "max_grad_norm": train_args.max_grad_norm},
         "load_before": load_before, "load_after": load_after, "machine": machine_facts(),
         "env": {"python": platform.python_version(), "paddle": paddle.__version__,  # thread settings: "machine"
@@ -294,6 +297,9 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.0, help="0 = TRL's default (PPO 0.7, GRPO 1.0)")
     p.add_argument("--max-grad-norm", type=float, default=-1.0,
                    help="-1 = as TRL: PPO no clipping (0), GRPO 1.0")
+    p.add_argument("--recompute-old-log-probs", action="store_true",
+                   help="PPO: score the rollout with a second actor pass (rollout_log_probs false, the toolkit's "
+                        "default) instead of taking the old log-probs from the sampling pass as TRL does")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 2048])
     p.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))

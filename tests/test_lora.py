@@ -173,8 +173,7 @@ def test_ppo_and_reward_model_train_with_lora_and_merge(tmp_path, tiny_model_dir
                   tiny_model_dir, "--reward_model_name_or_path", merged, "--output_dir", str(tmp_path / "ppo"),
                   "--disable_tqdm", "--train_datasets", f"prompt-only:1.0:{REPO}/data/prompts/train.jsonl",
                   "--eval_datasets", "", "--max_steps", "2", "--max_new_tokens", "8",
-                  "--per_device_prompt_batch_size", "4", *LORA, "--critic_lora", "true",
-                  "--rollout_log_probs", "false"])  # old log-probs from the pass the reference makes: KL exactly 0
+                  "--per_device_prompt_batch_size", "4", *LORA, "--critic_lora", "true"])
     rows = read_metrics(tmp_path / "ppo")
     assert rows[0]["kl"] == 0.0 and rows[1]["kl"] != 0.0  # the reference (adapters off) stays the start policy
     for part in ("policy", "value"):

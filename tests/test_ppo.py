@@ -39,20 +39,34 @@ def test_ppo_steps_change_actor_and_critic_and_log_the_metrics(tmp_path, tiny_mo
     for key in ("reward/mean", "kl", "actor_loss", "critic_loss", "entropy", "response_length", "gold_reward/mean",
                 "time/generate", "time/train", "clip_frac", "approx_kl", "explained_variance", "truncated"):
         assert all(np.isfinite(r[key]) for r in rows), key
-    # the first rollout comes from the reference policy itself: KL 0 up to the rounding between the sampling pass
-    # (old log-probs, rollout_log_probs) and the reference's whole-sequence pass
-    assert abs(rows[0]["kl"]) < 1e-5
+    assert rows[0]["kl"] == 0.0  # the first rollout comes from the reference policy itself
     for row in rows:  # generation speed: the step's response tokens over its generation time
         assert 0 < row["time/generated_tokens_per_s"] < 1e6
     assert json.load(open(out / "args.json"))["advantage_estimator"] == "gae"
 
 
-def test_old_log_probs_from_a_second_forward_pass_start_at_zero_kl(tmp_path, tiny_model_dir, tiny_reward_dir):
-    """rollout_log_probs false: the actor scores the rollout with the same whole-sequence pass as the reference,
-    so the first step's KL is exactly 0."""
-    run_ppo.main([PPO_CONFIG, *common(tmp_path, tiny_model_dir, "--reward_model_name_or_path", tiny_reward_dir,
-                                      "--max_steps", "1", "--rollout_log_probs", "false")])
-    assert read_metrics(tmp_path / "out")[0]["kl"] == 0.0
+def test_old_log_probs_from_the_sampling_pass_save_the_actors_scoring_pass(tmp_path, tiny_model_dir,
+                                                                           tiny_reward_dir, monkeypatch):
+    """rollout_log_probs true: the actor does not score the rollout a second time (one response_log_probs call a
+    step fewer) and the first step's KL to the reference, the same weights, is 0 up to float rounding."""
+    from alignment.ppo import trainer
+
+    calls, scored = [], trainer.response_log_probs
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return scored(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "response_log_probs", counting)
+    rows = {}
+    for flag in ("false", "true"):
+        calls.clear()
+        run_ppo.main([PPO_CONFIG, *common(tmp_path / flag, tiny_model_dir, "--reward_model_name_or_path",
+                                          tiny_reward_dir, "--rollout_log_probs", flag)])
+        rows[flag] = (len(calls), read_metrics(tmp_path / flag / "out"))
+    (recomputed, exact), (sampled, rounded) = rows["false"], rows["true"]
+    assert recomputed - sampled == 2  # one actor pass in each of the 2 steps' scoring
+    assert exact[0]["kl"] == 0.0 and abs(rounded[0]["kl"]) < 1e-5
 
 
 def test_grpo_with_a_rule_reward_builds_no_critic(tmp_path, tiny_model_dir, capsys):

@@ -181,13 +181,15 @@ class PPOArguments:
                                               "cache width over a preallocated KV cache; the same tokens). On a 2-core "
                                               "CPU static ran at 0.5-0.85x of eager (benchmarks/bench_rollout.py), "
                                               "hence the default.")
-    rollout_log_probs: bool = field(True, help="Take the old log-probs PPO's ratio and KL start from from the "
-                                               "logits the rollout sampled each token with (as TRL's PPO does), "
-                                               "instead of a second forward pass of the actor over the rollout "
-                                               "(false). They differ by float rounding (KV-cache decode vs one "
-                                               "whole-sequence pass); the pass saved was ~2.5% of a PPO step on "
-                                               "the TRL peer's shape. Critic-free estimators with one pass and one "
-                                               "optimizer step take them from the update itself either way.")
+    rollout_log_probs: bool = field(False, help="Take the old log-probs that PPO's ratio and KL start from from "
+                                                "the logits each token was sampled with (TRL's PPO does this), "
+                                                "instead of a second forward pass of the actor over the rollout "
+                                                "(PaddleNLP, OpenRLHF and verl recompute them). The two differ by "
+                                                "float rounding here (KV-cache decode vs one whole-sequence pass; "
+                                                "more if generation ever runs other kernels than training); the "
+                                                "pass saved was ~2.5% of a PPO step on the TRL peer's shape. "
+                                                "Critic-free estimators with one pass and one optimizer step take "
+                                                "them from the update itself either way.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
                                          "so only false is accepted.")
     eval_mode: Optional[str] = field(None, help="Which actor layout generates rollouts: null or 'tensor_parallel' = "
