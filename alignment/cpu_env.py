@@ -125,13 +125,20 @@ def _is_glibc() -> bool:
         return False
 
 
+_openmp: list = []  # [handle or None], found once paddle is imported
+
+
 def _paddle_openmp():
-    """Paddle's OpenMP runtime (the libiomp5 its CPU wheel ships, which its kernels and MKL share), or None."""
+    """Paddle's OpenMP runtime (the libiomp5 its CPU wheel ships, which its kernels and MKL share), or None.
+    Looked up once, at the first optimizer step after paddle is imported."""
     paddle = sys.modules.get("paddle")
-    path = os.path.join(os.path.dirname(getattr(paddle, "__file__", "") or ""), "libs", "libiomp5.so")
-    if paddle is None or has_cuda_paddle() or not os.path.exists(path):
+    if paddle is None:
         return None
-    return ctypes.CDLL(path)  # the library paddle already loaded: the same handle
+    if not _openmp:
+        path = os.path.join(os.path.dirname(paddle.__file__), "libs", "libiomp5.so")
+        usable = not has_cuda_paddle() and os.path.exists(path)
+        _openmp.append(ctypes.CDLL(path) if usable else None)  # the library paddle already loaded: same handle
+    return _openmp[0]
 
 
 def optimizer_thread_count():

@@ -5,7 +5,8 @@
 Three workloads, each run for ours and then for transformers, alternating, --repeats times (after one warm-up
 each, with an untimed 0.5 s pause before each call); medians are reported with the ratio ours / transformers:
 - train_step: one step on 8 x 128 tokens: forward, next-token loss, backward, global-norm clip (1.0), AdamW
-  (ours: build_optimizer's AdamW stepped under optimizer_threads, global_grad_norm, clip_gradients; torch: AdamW fused=True where it exists)
+  (ours: build_optimizer's AdamW stepped under optimizer_threads, global_grad_norm, clip_gradients; torch: AdamW
+  fused=True where it exists)
 - score: the per-token log-probs of 8 x 128 tokens without gradients (what PPO's reference / old policy pass does)
 - generate: greedy KV-cache decoding of exactly 64 new tokens for 8 prompts of 32 tokens (no eos stop)
 
