@@ -31,6 +31,7 @@ import ctypes
 import importlib.metadata
 import os
 import sys
+import warnings
 from typing import Dict, Tuple
 
 _applied: Dict[str, str] = {}
@@ -89,6 +90,9 @@ def apply_cpu_defaults() -> Dict[str, str]:
     install, or when paddle was already imported and it would be too late)."""
     if _applied or "paddle" in sys.modules or has_cuda_paddle():
         return dict(_applied)
+    # paddle's import warns that no ccache is installed (for compiling custom operators, which we never do): two
+    # lines of noise before every command's output, and before its one-line error
+    warnings.filterwarnings("ignore", message="No ccache found", module="paddle.utils.cpp_extension")
     vendor, _ = cpu_model()
     defaults = cpu_defaults(vendor, usable_cores())
     if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):

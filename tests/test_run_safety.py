@@ -39,8 +39,12 @@ def test_a_crafted_pickle_in_a_checkpoint_runs_nothing(tmp_path, tiny_model_dir,
     for name in ("rng_state.pkl", "model.optimizer", "model.scheduler"):  # what earlier versions unpickled
         with open(checkpoint / name, "wb") as f:
             pickle.dump(WritesAFile(marker), f)
-    run_sft.main(sft_args(out, tiny_model_dir, "--max_steps", "4", "--resume_from_checkpoint", "auto"))
-    assert not marker.exists()  # the files are never opened: RNG and optimizer states are JSON / safetensors
+    with pytest.raises(SystemExit) as stop:  # files the manifest does not list: refused, not skipped over
+        run_sft.main(sft_args(out, tiny_model_dir, "--max_steps", "4", "--resume_from_checkpoint", "auto"))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert "checkpoint-2: model.optimizer is not in its manifest.json" in err
+    assert not marker.exists() and not (out / "checkpoint-4").exists()
 
     (checkpoint / "rng_state.json").unlink()  # now it looks like an earlier version's checkpoint
     with pytest.raises(SystemExit) as stop:
@@ -48,6 +52,21 @@ def test_a_crafted_pickle_in_a_checkpoint_runs_nothing(tmp_path, tiny_model_dir,
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "earlier version" in err and "could run code" in err
     assert not marker.exists()
+
+
+def test_a_pdparams_dropped_into_a_checkpoint_is_refused_unread(tmp_path, tiny_model_dir, capsys):
+    """PaddleNLP's weight file beside our model's: from_pretrained would prefer it, so resume refuses the
+    checkpoint before any model is loaded (and the file could not run code anyway: tests/test_no_code_loading.py)."""
+    out = tmp_path / "out"
+    run_sft.main(sft_args(out, tiny_model_dir, "--max_steps", "3"))
+    marker = tmp_path / "pwned"
+    with open(out / "checkpoint-2" / "model" / "model_state.pdparams", "wb") as f:
+        pickle.dump({"llama.norm.weight": WritesAFile(marker)}, f)
+    with pytest.raises(SystemExit) as stop:
+        run_sft.main(sft_args(out, tiny_model_dir, "--max_steps", "4", "--resume_from_checkpoint", "auto"))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "model/model_state.pdparams is not in its manifest.json" in err
+    assert not marker.exists() and not (out / "checkpoint-4").exists()
 
 
 def test_latest_pointing_outside_the_output_dir_is_not_followed(tmp_path, tiny_model_dir, capsys):

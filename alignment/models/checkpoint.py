@@ -20,6 +20,7 @@ from alignment.fileio import atomic_directory
 from alignment.models import paddlenlp_checkpoint
 from alignment.models.lora import has_lora, load_adapter, save_adapter
 from alignment.models.tokenizer import copy_tokenizer_files
+from alignment.models.weight_index import read_weight_map
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.distributed import is_main_process, model_parallel_degree
 
@@ -49,11 +50,7 @@ def hf_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
 def _weight_files(path: str) -> Iterable[str]:
     index = os.path.join(path, WEIGHTS_INDEX_NAME)
     if os.path.exists(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as err:
-            raise ValueError(f"{index}: not a valid safetensors index ({err})") from err
+        weight_map = read_weight_map(index, ".safetensors")
         return [os.path.join(path, name) for name in sorted(set(weight_map.values()))]
     single = os.path.join(path, WEIGHTS_NAME)
     if not os.path.exists(single):

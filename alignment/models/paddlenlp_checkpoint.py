@@ -1,7 +1,8 @@
 """PaddleNLP-written LLaMA / Qwen2 checkpoints, read as our Hugging Face layout.
 
-PaddleNLP's `save_pretrained` writes `config.json` plus the weights as `model_state.pdparams` (a pickle, read with
-`paddle.load`), `model_state-0000i-of-0000n.pdparams` + `model_state.pdparams.index.json`, or with
+PaddleNLP's `save_pretrained` writes `config.json` plus the weights as `model_state.pdparams` (a pickle of numpy
+arrays, read by pdparams.py's restricted unpickler, never `paddle.load`: a crafted file cannot run code),
+`model_state-0000i-of-0000n.pdparams` + `model_state.pdparams.index.json`, or with
 `safe_serialization=True` `model.safetensors` (+ index). Tensor names carry the base model's prefix
 (`llama.layers.0.self_attn.q_proj.weight`, `qwen2.norm.weight`) and Linear weights are Paddle's [in, out], with
 `lm_head.weight` [hidden, vocab]; `fuse_attention_qkv` / `fuse_attention_ffn` store `qkv_proj` (per kv head: its
@@ -21,6 +22,9 @@ from typing import Callable, Dict, List
 
 import paddle
 from safetensors import SafetensorError, safe_open
+
+from alignment.models.pdparams import read_state_dict
+from alignment.models.weight_index import read_weight_map
 
 PDPARAMS_NAME = "model_state.pdparams"
 PDPARAMS_INDEX_NAME = "model_state.pdparams.index.json"
@@ -63,9 +67,8 @@ def _safetensors_names(path: str) -> List[str]:
     index = os.path.join(path, SAFE_INDEX_NAME)
     if os.path.exists(index):
         try:
-            with open(index, encoding="utf-8") as f:
-                return list(json.load(f)["weight_map"])
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+            return list(read_weight_map(index, ".safetensors"))
+        except ValueError:
             return []  # left to the HF loader, which names the problem
     single = os.path.join(path, SAFE_NAME)
     if not os.path.exists(single):
@@ -90,15 +93,8 @@ def _weights_source(path: str) -> str:
 
 
 def _weight_map(index_file: str) -> Dict[str, str]:
-    """{tensor name: file name} of a weight index."""
-    try:
-        with open(index_file, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError("weight_map is not an object")
-        return weight_map
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{index_file}: not a valid PaddleNLP weight index ({err})") from err
+    """{tensor name: file name} of a weight index (only files beside it, of the index's kind)."""
+    return read_weight_map(index_file, ".pdparams" if index_file.endswith(PDPARAMS_INDEX_NAME) else ".safetensors")
 
 
 def weight_files(path: str) -> List[str]:
@@ -118,16 +114,9 @@ def stored_names(path: str) -> List[str]:
 
 
 def read_pdparams(file: str) -> Dict[str, paddle.Tensor]:
-    """The tensors of one `.pdparams` file (paddle.load; no torch involved)."""
-    try:
-        state = paddle.load(file)
-    except Exception as err:  # paddle.load raises whatever the pickle or the reader hits on a damaged file
-        raise ValueError(f"{file}: cannot read PaddleNLP weights, truncated or corrupt? "
-                         f"({type(err).__name__}: {err})") from err
-    if not isinstance(state, dict):
-        raise ValueError(f"{file}: not a PaddleNLP state dict (a {type(state).__name__})")
-    return {name: value if isinstance(value, paddle.Tensor) else paddle.to_tensor(value)
-            for name, value in state.items() if not name.endswith("@@")}  # skip Paddle's name-table entry
+    """The tensors of one `.pdparams` file (uint16 arrays are Paddle's bfloat16 and become bfloat16 tensors, as
+    paddle.load makes them)."""
+    return {name: paddle.to_tensor(array) for name, array in read_state_dict(file).items()}
 
 
 def hf_name(name: str) -> str:

@@ -97,22 +97,45 @@ def _sha256(path: str) -> str:
 
 
 def verify_checkpoint(path: str) -> Optional[str]:
-    """None when every file the manifest lists is there with its size and hash; else what is wrong."""
+    """None when every file the manifest lists is there (a regular file) with its size and hash; else what is wrong.
+    A file the manifest does not list (a `.pdparams` dropped beside a model's weights, a link) raises ForeignFile:
+    nothing this program did not write is ever read on resume."""
     if not os.path.exists(os.path.join(path, RNG_FILE)) and os.path.exists(os.path.join(path, "rng_state.pkl")):
         return ("written by an earlier version (pickled optimizer and RNG states, which could run code when "
                 "loaded): resume it with that version, or start a new run from its model weights")
     try:
         with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
             files = json.load(f)["files"]
+        present = _files_under(path)
+        unlisted = sorted(set(present) - set(files) - {MANIFEST})
+        if unlisted:
+            raise ForeignFile(f"{path}: {unlisted[0]} is not in its {MANIFEST}: a file this program did not write "
+                              f"(remove it, or resume from another checkpoint)")
         for name, (size, digest) in files.items():
-            full = os.path.join(path, name)
-            if not os.path.isfile(full) or os.path.getsize(full) != size:
-                return f"{name} is missing or has the wrong size"
-            if _sha256(full) != digest:
+            if present.get(name) != "file" or os.path.getsize(os.path.join(path, name)) != size:
+                return f"{str(name)[:120]} is missing, not a regular file, or has the wrong size"
+            if _sha256(os.path.join(path, name)) != digest:
                 return f"{name} does not match its sha256"
+    except ForeignFile:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"unreadable {MANIFEST} ({err})"
     return None
+
+
+class ForeignFile(ValueError):
+    """A checkpoint holds a file its manifest does not list: someone else put it there. Resuming stops rather than
+    skip to an older checkpoint (which would then be overwritten)."""
+
+
+def _files_under(path: str) -> Dict[str, str]:
+    """{relative path: "file" or "link"} of everything under `path` but its directories (links are not followed)."""
+    found = {}
+    for root, dirs, names in os.walk(path):
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            full = os.path.join(root, name)
+            found[os.path.relpath(full, path)] = "link" if os.path.islink(full) else "file"
+    return found
 
 
 def save_checkpoint(output_dir: str, step: int, models: Dict[str, object], optimizers: Dict[str, Tuple],
@@ -165,17 +188,24 @@ def resolve_resume(output_dir: str, spec: Optional[str]) -> Optional[str]:
         if not os.path.exists(os.path.join(spec, STATE_FILE)):
             raise ValueError(f"key 'resume_from_checkpoint': {spec} is not a complete checkpoint (no {STATE_FILE}); "
                              f"give a checkpoint-N directory or \"auto\"")
-        problem = verify_checkpoint(spec)
+        problem = _verified(spec)
         if problem:
             raise ValueError(f"key 'resume_from_checkpoint': {spec}: {problem}")
         return spec
     for candidate in _auto_candidates(output_dir):
         path = os.path.join(output_dir, candidate)
-        problem = verify_checkpoint(path)
+        problem = _verified(path)
         if problem is None:
             return path
         print(f"resume: skipping {path}: {problem}")
     return None
+
+
+def _verified(path: str) -> Optional[str]:
+    try:
+        return verify_checkpoint(path)
+    except ForeignFile as err:
+        raise ValueError(f"key 'resume_from_checkpoint': {err}") from None
 
 
 def _auto_candidates(output_dir: str) -> List[str]:
