@@ -223,3 +223,21 @@ def test_paddlenlp_notices_are_one_line_each_and_only_for_values_that_ask_for_so
     assert "whole decoder layers ('full')" in lines[2] and "tensor_parallel_degree 1" in lines[3]
     with pytest.raises(ArgumentError, match=r"key 'do_train': the run_\*\.py entry points always train"):
         parser().parse_dict({**BASE, "do_train": False})
+
+
+def test_yaml_alias_bombs_huge_files_and_non_string_keys_are_refused_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(8)]
+    bomb = write(tmp_path, "\n".join(lines) + "\n", "bomb.yaml")  # 9**9 strings once expanded
+    tracemalloc.start()
+    with pytest.raises(ArgumentError, match=r"bomb\.yaml: line 2: YAML aliases \(\*a\) are not accepted"):
+        parser().parse_args([bomb])
+    assert tracemalloc.get_traced_memory()[1] < 20 * 2 ** 20
+    tracemalloc.stop()
+    huge = write(tmp_path, json.dumps({**BASE, "x": "y" * (1 << 20)}), "huge.json")
+    with pytest.raises(ArgumentError, match=r"huge\.json: larger than 1048576 bytes"):
+        parser().parse_args([huge])
+    with pytest.raises(ArgumentError, match=r"keys\.yaml: key 1 is not a string"):
+        parser().parse_args([write(tmp_path, "model_name_or_path: m\n1: 2\n", "keys.yaml")])

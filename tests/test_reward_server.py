@@ -309,6 +309,36 @@ def test_bad_requests_get_4xx_naming_the_field_and_the_server_keeps_serving(rm_s
     assert (health["device"], health["queue_depth"], health["tokenizer"]) == ("cpu", 0, fingerprint)
 
 
+def peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+
+
+def test_huge_texts_and_rows_beyond_the_models_positions_are_refused_with_bounded_memory(tiny_reward_dir, tmp_path):
+    """4 MB bodies (one text, or ~200k tokens over many rows) are refused from their sizes before any tokenising;
+    a row longer than the model's 512 positions gets 422 naming the row, not a score; the peak RSS stays put."""
+    server = Server(tmp_path, "--model", tiny_reward_dir).wait()
+    try:
+        ok = {"src": ["hi"], "response": ["a good answer"]}
+        assert httpx.post(server.url + "/", json=ok, timeout=30).status_code == 200
+        base = peak_rss_mib(server.proc.pid)
+        cases = [({"src": ["q"], "response": ["word " * 800_000]}, 413, "field 'response' item 0: 4000000 characters"),
+                 ({"src": ["q"] * 1000, "response": ["word " * 800] * 1000}, 413, "hold 4001000 characters"),
+                 ({"src": [["turn " * 20_000] * 4], "response": ["x"]}, 413, "field 'src' item 0: 400000 characters"),
+                 ({"src": ["q"], "response": ["word " * 3000]}, 422, "row 0 is 3")]
+        for body, status, fragment in cases:
+            start = time.monotonic()
+            answer = httpx.post(server.url + "/", json=body, timeout=60)
+            message = answer.json()["error_msg"]
+            assert (answer.status_code, fragment in message, "\n" in message) == (status, True, False), message
+            assert time.monotonic() - start < 20
+        assert "reads at most 512 positions" in message
+        assert httpx.post(server.url + "/", json=ok, timeout=30).status_code == 200
+        assert peak_rss_mib(server.proc.pid) - base < 150  # the 4 MB bodies' bytes and parsed lists, no more
+    finally:
+        server.stop()
+
+
 def test_a_server_without_health_is_accepted_and_a_wrong_token_stops_ppo_before_models_load(
         rm_server, tmp_path, tiny_model_dir, tiny_reward_dir, capsys):
     stub = Stub(valid)

@@ -39,12 +39,15 @@ def parse_args(argv=None):
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting before 503 + Retry-After")
     p.add_argument("--max-rows", type=int, default=1024, help="rows per request (more: 413)")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="request body size limit (more: 413)")
+    p.add_argument("--max-chars", type=int, default=65536, help="characters per text (more: 413)")
+    p.add_argument("--max-request-chars", type=int, default=2 ** 20,
+                   help="characters of all texts of one request (more: 413)")
     p.add_argument("--no-batching", action="store_true", help="score every request in a forward pass of its own")
     args = p.parse_args(argv)
-    for key in ("max_batch", "max_queue", "max_rows"):
+    for key in ("max_batch", "max_queue", "max_rows", "max_chars", "max_request_chars"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
-    if args.max_wait_ms < 0 or args.max_body_mb <= 0:
+    if not args.max_wait_ms >= 0 or not args.max_body_mb > 0:  # NaN fails both
         p.error("--max-wait-ms must be >= 0 and --max-body-mb > 0")
     if not args.model and not args.judge:
         p.error("give --model, --judge or both")
@@ -67,6 +70,7 @@ def main(argv=None) -> None:
 
     limits = ServerLimits(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                           max_rows=args.max_rows, max_body_bytes=int(args.max_body_mb * 2 ** 20),
+                          max_chars=args.max_chars, max_request_chars=args.max_request_chars,
                           batching=not args.no_batching, token=args.token)
     info = {"model": args.model, "judges": args.judge, "device": paddle.get_device()}
     serve(scorer, limits, info, args.host, args.port, args.port_file)

@@ -262,11 +262,16 @@ def _unique_keys(pairs):
     return out
 
 
+MAX_ARGUMENT_FILE_BYTES = 1 << 20  # PaddleNLP's longest argument files are a few kB
+
+
 def load_argument_file(path: str) -> Dict[str, Any]:
-    """One JSON or YAML (.yaml / .yml) object of key: value pairs."""
+    """One JSON or YAML (.yaml / .yml) object of key: value pairs, at most MAX_ARGUMENT_FILE_BYTES, no YAML aliases."""
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_ARGUMENT_FILE_BYTES + 1)
+        if len(text.encode("utf-8")) > MAX_ARGUMENT_FILE_BYTES:
+            raise ArgumentError(f"{path}: larger than {MAX_ARGUMENT_FILE_BYTES} bytes; not an argument file")
     except FileNotFoundError:
         raise ArgumentError(f"{path}: argument file not found") from None
     except IsADirectoryError:
@@ -287,6 +292,9 @@ def load_argument_file(path: str) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise ArgumentError(f"{path}: the argument file must hold one {'YAML mapping' if is_yaml else 'JSON object'} "
                             f"of key: value pairs")
+    for key in data:
+        if not isinstance(key, str):
+            raise ArgumentError(f"{path}: key {key!r} is not a string (quote it)")
     return data
 
 
@@ -294,6 +302,13 @@ def _load_yaml(text: str):
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):  # safe: plain data only, never Python objects
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):  # a few lines of aliases can expand to billions of values
+                event = self.peek_event()
+                raise ArgumentError(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not "
+                                    "accepted in argument files; write the value out")
+            return super().compose_node(parent, index)
+
         def construct_mapping(self, node, deep=False):
             keys = [self.construct_object(key_node, deep=deep) for key_node, _ in node.value]
             for key in keys:

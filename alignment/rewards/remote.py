@@ -86,12 +86,19 @@ def parse_scores(response: httpx.Response, url: str, rows: int) -> List[float]:
         raise RewardServerError(f"reward server {url}: the response has no 'score' list: {one_line(data, 80)}")
     if len(scores) != rows:
         raise RewardServerError(f"reward server {url}: {len(scores)} scores for {rows} rows")
+    out = []
     for i, value in enumerate(scores):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RewardServerError(f"reward server {url}: score {i} is {value!r}, not a number")
+            raise RewardServerError(f"reward server {url}: score {i} is {one_line(repr(value), 80)}, not a number")
+        try:
+            value = float(value)  # an integer too large for a float raises OverflowError
+        except OverflowError:
+            value = math.inf
         if not math.isfinite(value):
-            raise RewardServerError(f"reward server {url}: score {i} is {value}")
-    return [float(v) for v in scores]
+            raise RewardServerError(f"reward server {url}: score {i} is {one_line(str(scores[i]), 40)}, not a "
+                                    "finite float")
+        out.append(value)
+    return out
 
 
 class RewardServerClient:

@@ -139,19 +139,29 @@ class ServerScorer:
         self.weights = list(weights) or [1.0] * len(self.judges)
         self.fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
         self.vocab_size = tokenizer.vocab_size if tokenizer is not None else 0
+        self.max_positions = model.config.max_position_embeddings if model is not None else None
 
     def model_ids(self, row: ScoreRow) -> List[int]:
         if row.query is not None:
             return query_ids(self.tokenizer, row.query)
         return conversation_ids(self.tokenizer, [row.prompt], [row.response])[0]
 
+    def checked_ids(self, rows: Sequence[ScoreRow]) -> List[List[int]]:
+        """Each row's tokens; a row longer than the model's positions is a ValueError (refused, not scored with
+        positions the model never saw)."""
+        ids = [self.model_ids(row) for row in rows]
+        for i, row_ids in enumerate(ids):
+            if len(row_ids) > self.max_positions:
+                raise ValueError(f"row {i} is {len(row_ids)} tokens; the score model reads at most "
+                                 f"{self.max_positions} positions")
+        return ids
+
     @paddle.no_grad()
     def model_scores(self, rows: Sequence[ScoreRow], layout=None) -> np.ndarray:
         """End scores [N] float32: of `layout` (padded input_ids, attention_mask [N, W], the client's own
         tensors) in one forward pass as RewardComputer.model_scores runs them, else of the rows' tokens."""
         if layout is None:
-            return end_scores(self.model, [self.model_ids(row) for row in rows], self.tokenizer.pad_token_id,
-                              self.max_batch)
+            return end_scores(self.model, self.checked_ids(rows), self.tokenizer.pad_token_id, self.max_batch)
         self.model.eval()
         input_ids, attention_mask = (paddle.to_tensor(np.asarray(a, dtype="int64")) for a in layout)
         return self.model(input_ids, attention_mask).end_scores.numpy().astype("float32")

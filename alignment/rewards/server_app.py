@@ -41,6 +41,8 @@ class ServerLimits:
     max_queue: int = 64  # requests waiting; more get 503
     max_rows: int = 1024  # rows per request
     max_body_bytes: int = 16 * 2 ** 20
+    max_chars: int = 65536  # characters per text (a prompt's turns together); more: 413
+    max_request_chars: int = 2 ** 20  # characters of all texts of one request; more: 413
     batching: bool = True  # False: every request is a forward pass of its own
     token: Optional[str] = None  # bearer token POST and /metrics need
 
@@ -83,23 +85,38 @@ def _kind_name(kinds, nullable: bool) -> str:
 
 
 def _same_lengths(limits: ServerLimits, **lists) -> int:
+    """The row count of the request's text lists, after checking their lengths and sizes against `limits`."""
     (first, items), *others = [(k, v) for k, v in lists.items() if v is not None]
     for key, value in others:
         if len(value) != len(items):
             raise HTTPProblem(400, f"field {key!r} has {len(value)} items but {first!r} has {len(items)}")
     if len(items) > limits.max_rows:
         raise HTTPProblem(413, f"field {first!r} has {len(items)} rows; the limit is {limits.max_rows} (--max-rows)")
+    total = 0
+    for key, value in lists.items():
+        for i, item in enumerate(value or ()):
+            size = len(item) if isinstance(item, str) else sum(map(len, item or ()))
+            if size > limits.max_chars:
+                raise HTTPProblem(413, f"field {key!r} item {i}: {size} characters; the limit is {limits.max_chars} "
+                                      "(--max-chars)")
+            total += size
+    if total > limits.max_request_chars:
+        raise HTTPProblem(413, f"the request's texts hold {total} characters; the limit is "
+                              f"{limits.max_request_chars} (--max-request-chars)")
     return len(items)
 
 
-def _matrix(body: dict, key: str, rows: int, low: int, high: int) -> np.ndarray:
-    """A rectangular [rows, W] int matrix with values in [low, high)."""
+def _matrix(body: dict, key: str, rows: int, low: int, high: int, max_width: Optional[int] = None) -> np.ndarray:
+    """A rectangular [rows, W] int matrix with values in [low, high), W <= max_width."""
     value = body.get(key)
     if not isinstance(value, list) or len(value) != rows or not all(isinstance(r, list) for r in value):
         raise HTTPProblem(400, f"field {key!r} must be a list of {rows} lists of integers (one per row)")
     widths = {len(r) for r in value}
     if len(widths) != 1 or 0 in widths:
         raise HTTPProblem(400, f"field {key!r} must be padded to one width (got widths {sorted(widths)[:4]})")
+    if max_width is not None and widths.pop() > max_width:
+        raise HTTPProblem(413, f"field {key!r} rows are {len(value[0])} tokens wide; the score model reads at most "
+                              f"{max_width} positions")
     if not all(type(t) is int for r in value for t in r):
         raise HTTPProblem(400, f"field {key!r} must hold integers only")
     out = np.asarray(value, dtype="object")
@@ -108,7 +125,8 @@ def _matrix(body: dict, key: str, rows: int, low: int, high: int) -> np.ndarray:
     return out.astype("int64")
 
 
-def paddlenlp_work(body: dict, limits: ServerLimits, fingerprint: Optional[str], vocab_size: int) -> Work:
+def paddlenlp_work(body: dict, limits: ServerLimits, fingerprint: Optional[str], vocab_size: int,
+                   max_positions: Optional[int] = None) -> Work:
     src = _list(body, "src", (str, list))
     tgt = _list(body, "tgt", str, required=False, nullable=True)
     response = _list(body, "response", str)
@@ -121,7 +139,7 @@ def paddlenlp_work(body: dict, limits: ServerLimits, fingerprint: Optional[str],
         if not isinstance(token, str):
             raise HTTPProblem(400, "field 'tokenizer' (the client tokenizer's fingerprint) must come with 'input_ids'")
         if fingerprint is not None and hmac.compare_digest(token, fingerprint):  # else: re-tokenize the text
-            ids = _matrix(body, "input_ids", n, 0, vocab_size)
+            ids = _matrix(body, "input_ids", n, 0, vocab_size, max_positions)
             mask = _matrix(body, "attention_mask", n, 0, 2)
             if ids.shape != mask.shape or not mask.any(axis=1).all():
                 raise HTTPProblem(400, "field 'attention_mask' must match 'input_ids' and mark a token in every row")
@@ -281,6 +299,7 @@ class Metrics:
 
 # --- the app -------------------------------------------------------------------------------------------------------
 def error_response(status: int, message: str, retry_after: Optional[float] = None) -> JSONResponse:
+    message = " ".join(str(message).split())[:1000]  # one line, whatever raised it
     headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else {}
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
@@ -332,7 +351,7 @@ def create_app(scorer, limits: ServerLimits, info: dict) -> FastAPI:
     @app.post("/")
     async def paddlenlp(request: Request):
         return await scored(request, "/", lambda body: paddlenlp_work(body, limits, scorer.fingerprint,
-                                                                      scorer.vocab_size),
+                                                                      scorer.vocab_size, scorer.max_positions),
                             lambda total, parts: {"error_code": 0, "error_msg": "Success", "score": total.tolist()})
 
     @app.post("/get_reward")
