@@ -86,6 +86,8 @@ def test_client_retries_5xx_with_exponential_backoff_and_honours_retry_after():
     ('{"error_code": 0, "score": [1.0]}', "1 scores for 2 rows"),
     ('{"error_code": 0, "score": [NaN, 1.0]}', "score 0 is nan"),
     ('{"error_code": 0, "score": [1.0, Infinity]}', "score 1 is inf"),
+    ('{"error_code": 0, "score": [1.0, 1e400]}', "score 1 is inf"),
+    ('{"error_code": 0, "score": [1%s, 1.0]}' % ("0" * 400), "score 0 is 1000000000"),
     ('{"error_code": 0, "score": [null, 1.0]}', "score 0 is None, not a number"),
     ('{"error_code": 0, "score": ["0.5", 1.0]}', "score 0 is '0.5', not a number"),
     ('{"error_code": 0, "scores": [1.0, 2.0]}', "no 'score' list"),
