@@ -43,6 +43,8 @@ __all__ = [
     "import_user_module",
     "import_user_modules",
     "parse_dataset_specs",
+    "samples_with",
+    "user_code_error",
 ]
 
 
@@ -125,7 +127,12 @@ class RawDataset(Sequence):
         except (KeyError, TypeError):
             known = ", ".join(cls.registered_names())
             raise ValueError(f"Unknown dataset {name!r}. Registered datasets: {known}") from None
-        return dataset_cls(path=path, **kwargs)
+        try:
+            return dataset_cls(path=path, **kwargs)
+        except (DataFormatError, FileNotFoundError):
+            raise  # they name the file and line already
+        except Exception as err:  # noqa: BLE001 - a user dataset may raise anything: name it, in one line
+            raise user_code_error(f"dataset {name!r} ({_where_defined(dataset_cls)}) failed to load", err) from None
 
     @classmethod
     def registered_names(cls) -> list[str]:
@@ -290,9 +297,19 @@ class MixedRawDataset(RawDataset):
 
     def __getitem__(self, index: int) -> RawSample:
         position, inner = self._index[index]
-        sample = self.datasets[position][inner]
-        check_sample(sample, f"dataset {self.specs[position].name!r} sample {inner}")
+        try:
+            sample = self.datasets[position][inner]
+        except DataFormatError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a user dataset's row may raise anything: name it, in one line
+            raise user_code_error(self.where(index), err) from None
+        check_sample(sample, self.where(index))
         return sample
+
+    def where(self, index: int) -> str:
+        """'dataset NAME sample N' of the mixture's `index` (N: the index inside that dataset)."""
+        position, inner = self._index[index]
+        return f"dataset {self.specs[position].name!r} sample {inner}"
 
     def __len__(self) -> int:
         return len(self._index)
@@ -302,10 +319,18 @@ _FLAG_FIELDS = ("better", "safer", "is_safe", "is_other_safe", "desirable")
 MAX_MIXTURE_SAMPLES = 10_000_000  # the mixture's index is a Python list in memory
 
 
+MAX_SAMPLE_CHARS = 1_000_000  # text of one sample, all fields: checked before any tokeniser sees it
+
+
 def check_sample(sample: Any, where: str) -> None:
-    """A RawSample's fields have their types (a user dataset's `better: "false"` would silently read as True)."""
+    """A RawSample's fields have their types (a user dataset's `better: "false"` would silently read as True) and
+    its text is at most MAX_SAMPLE_CHARS characters."""
     if not isinstance(sample, dict):
         raise DataFormatError(f"{where}: a sample must be a dict (RawSample), got {type(sample).__name__}")
+    chars = sum(len(v) if isinstance(v, str) else sum(len(t) for t in v if isinstance(t, str))
+                for v in sample.values() if isinstance(v, (str, list)))
+    if chars > MAX_SAMPLE_CHARS:
+        raise DataFormatError(f"{where}: {chars} characters of text; a sample may hold at most {MAX_SAMPLE_CHARS}")
     for key in _FLAG_FIELDS:
         if key in sample and not isinstance(sample[key], (bool, np.bool_)):
             raise DataFormatError(f"{where}: {key!r} must be true or false, got {sample[key]!r}")
@@ -318,6 +343,18 @@ def check_sample(sample: Any, where: str) -> None:
                 isinstance(value, list) and all(isinstance(turn, str) for turn in value)):
             raise DataFormatError(f"{where}: {key!r} must be {'a string or ' if key == 'input' else ''}a list of "
                                   f"strings, got {type(value).__name__}")
+
+
+def samples_with(raw: Sequence, needs, advice: str) -> Iterator[RawSample]:
+    """Each sample of `raw`, checked to have the fields `needs(sample)` names: a missing one is a DataFormatError
+    naming the dataset, the sample and the field, with `advice` (not a KeyError deep in tokenisation)."""
+    for index in range(len(raw)):
+        sample = raw[index]
+        missing = [key for key in needs(sample) if sample.get(key) is None]
+        if missing:
+            where = raw.where(index) if isinstance(raw, MixedRawDataset) else f"sample {index}"
+            raise DataFormatError(f"{where}: no {missing[0]!r} field ({advice}; fields given: {sorted(sample)})")
+        yield sample
 
 
 def _select_indices(size: int, spec: DatasetSpec, rng: random.Random) -> list[int]:
@@ -338,6 +375,7 @@ def _select_indices(size: int, spec: DatasetSpec, rng: random.Random) -> list[in
 # --------------------------------------------------------------------------- user modules
 
 _USER_MODULE_PREFIX = "alignment_user_datasets"
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def import_user_module(path_or_module: str | os.PathLike, base_dir: str | os.PathLike | None = None) -> ModuleType:
@@ -349,7 +387,15 @@ def import_user_module(path_or_module: str | os.PathLike, base_dir: str | os.Pat
     """
     text = os.fspath(path_or_module)
     if not _looks_like_path(text):
-        return importlib.import_module(text)
+        try:
+            return importlib.import_module(text)
+        except ModuleNotFoundError as err:
+            if err.name and text.startswith(err.name):
+                raise DataFormatError(f"user module {text!r} not found (give a .py file or an importable module "
+                                      "name)") from None
+            raise user_code_error(f"user module {text!r} failed to import", err) from None
+        except Exception as err:  # noqa: BLE001 - the module's own code raised: name it, in one line
+            raise user_code_error(f"user module {text!r} failed to import", err) from None
     tried = [os.path.abspath(os.path.join(os.fspath(d), os.path.expanduser(text)))
              for d in dict.fromkeys(d for d in (base_dir, os.getcwd()) if d)]
     file_path = next((path for path in tried if os.path.isfile(path)), None)
@@ -366,10 +412,31 @@ def import_user_module(path_or_module: str | os.PathLike, base_dir: str | os.Pat
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException as err:
         del sys.modules[module_name]
+        if isinstance(err, Exception):
+            raise user_code_error(f"user module {file_path} failed to import", err) from None
         raise
     return module
+
+
+def user_code_error(what: str, err: BaseException) -> DataFormatError:
+    """One line for an exception user code raised: what failed, the exception, and the file and line it came from
+    (the innermost frame outside this package; a SyntaxError's own location)."""
+    location, frame = "", err.__traceback__
+    if isinstance(err, SyntaxError) and err.filename:
+        location, frame = f" ({err.filename} line {err.lineno})", None
+    while frame is not None:  # the innermost frame of user code (not this package's, not importlib's)
+        file = frame.tb_frame.f_code.co_filename
+        if not file.startswith((_PACKAGE_DIR, "<")):
+            location = f" ({file} line {frame.tb_lineno})"
+        frame = frame.tb_next
+    message = " ".join(str(err.msg if isinstance(err, SyntaxError) else err).split())[:300]
+    return DataFormatError(f"{what}: {type(err).__name__}: {message}{location}")
+
+
+def _where_defined(cls: type) -> str:
+    return f"{cls.__qualname__} in {getattr(sys.modules.get(cls.__module__), '__file__', None) or cls.__module__}"
 
 
 def import_user_modules(paths: Iterable[str | os.PathLike] | str | None,

@@ -12,6 +12,8 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
+from alignment.data.raw import samples_with
+
 IGNORE_INDEX = -100
 
 
@@ -71,7 +73,8 @@ class TokenizedDataset:
 class SupervisedDataset(TokenizedDataset):
     def __init__(self, raw, tokenizer, max_length: int):
         self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0}
-        for sample in raw:
+        needs = lambda sample: () if sample.get("dialogue") else ("input", "answer")  # noqa: E731
+        for sample in samples_with(raw, needs, "SFT needs 'input' and 'answer', or 'dialogue'"):
             if sample.get("dialogue"):
                 messages = tokenizer.chat_messages(sample["dialogue"])
             else:
@@ -90,9 +93,11 @@ class PreferenceDataset(TokenizedDataset):
     """Each item: better_input_ids, worse_input_ids (prompt + answer + end-of-turn), sharing the prompt tokens, and
     better_prompt_len, worse_prompt_len (where each answer starts)."""
 
-    def __init__(self, raw, tokenizer, max_length: int):
+    def __init__(self, raw, tokenizer, max_length: int, hint: str = ""):
         self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0, "identical_after_truncation": 0}
-        for sample in raw:
+        advice = ("preference datasets need samples with 'answer', 'other_answer' and 'better'; check the dataset "
+                  f"names in train_datasets / eval_datasets{hint}")
+        for sample in samples_with(raw, lambda sample: ("input", "answer", "other_answer"), advice):
             better, worse = sample["answer"], sample["other_answer"]
             if not sample.get("better", True):
                 better, worse = worse, better
@@ -117,13 +122,10 @@ class PreferenceDataset(TokenizedDataset):
 
 
 def preference_datasets(train_raw, eval_raw, tokenizer, max_length: int, hint: str = ""):
-    """(train, eval or None) PreferenceDatasets; samples that are not pairs raise a ValueError naming the keys."""
-    try:
-        train = PreferenceDataset(train_raw, tokenizer, max_length)
-        evaluation = PreferenceDataset(eval_raw, tokenizer, max_length) if eval_raw is not None else None
-    except KeyError as err:
-        raise ValueError(f"preference datasets need samples with 'answer', 'other_answer' and 'better' (missing "
-                         f"{err}); check the dataset names in train_datasets / eval_datasets{hint}") from None
+    """(train, eval or None) PreferenceDatasets; samples that are not pairs raise a DataFormatError naming the
+    sample and the field."""
+    train = PreferenceDataset(train_raw, tokenizer, max_length, hint)
+    evaluation = PreferenceDataset(eval_raw, tokenizer, max_length, hint) if eval_raw is not None else None
     return train, evaluation
 
 
@@ -136,7 +138,7 @@ class PromptOnlyDataset(TokenizedDataset):
 
     def __init__(self, raw, tokenizer, max_length: int, too_long: str = "drop"):
         self.items, self.stats, seen = [], {"duplicates": 0, "dropped_prompt_too_long": 0}, set()
-        for index, sample in enumerate(raw):
+        for index, sample in enumerate(samples_with(raw, lambda sample: ("input",), "RL prompts need 'input'")):
             text = format_prompt(tokenizer, sample)
             if text in seen:
                 self.stats["duplicates"] += 1
