@@ -17,14 +17,11 @@ Then `python tools/predict.py --model <output> --prompts prompts.jsonl` generate
 """
 from __future__ import annotations
 
-
 from alignment.config.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
-
-from alignment.inference.export import export  # noqa: E402
 
 
 def main(argv=None) -> str:
@@ -34,6 +31,7 @@ def main(argv=None) -> str:
     p.add_argument("--base", default=None, help="base checkpoint of a LoRA adapter")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or stage lines")
     args = p.parse_args(argv)
+    from alignment.inference.export import export
     from alignment.training.setup import user_errors
 
     with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
