@@ -1,5 +1,6 @@
-"""tools/plan_layout.py (alignment/planning/): parameter counts against the repo's own model, the sharding / tensor-parallel arithmetic,
-layout errors, the 7B x 8 x 80 GB PPO recommendation and the CLI's exit codes. Pure arithmetic, no downloads."""
+"""tools/plan_layout.py (alignment/planning/): parameter counts against the repo's own model, the sharding /
+tensor-parallel arithmetic, layout errors, the 7B x 8 x 80 GB PPO recommendation and the CLI's exit codes. Pure
+arithmetic, no downloads."""
 import json
 import os
 import subprocess

@@ -66,7 +66,8 @@ def ladder(p: Plan) -> list:
 def recommend(m: Model, lays: list, p: Plan, capacity: float, node: int, allow_unbuilt: bool) -> dict:
     """Fewest model-parallel ranks (tp x pp, tp <= GPUs per node), then pp 1 over pipelines, then the cheapest
     settings of the ladder, then the most headroom. None when nothing fits."""
-    for _, pp, tp in sorted({(lay.tensor * lay.pipeline, lay.pipeline, lay.tensor) for lay in lays if lay.tensor <= node}):
+    for _, pp, tp in sorted({(lay.tensor * lay.pipeline, lay.pipeline, lay.tensor) for lay in lays
+                             if lay.tensor <= node}):
         for rc, off in ladder(p):
             q = p._replace(recompute=rc, offload=off)
             fits = [(capacity - used, lay, phase, used) for lay in lays
