@@ -2,7 +2,7 @@
 
 Each command runs a stage's or a tool's `main()` and exits 0 when it returns: the `main()` functions return their
 results (metrics, paths) to tests and programs that call them, and `sys.exit` would take such a value for an
-error. The tools live in the checkout's `tools/` folder, installed as the package `alignment.tools`.
+error. The tools' programs live in alignment/commands/ (the checkout's tools/*.py scripts run the same `main()`).
 """
 from __future__ import annotations
 
@@ -35,52 +35,52 @@ TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_
 
 
 def predict() -> int:
-    return _run("alignment.tools.predict")
+    return _run("alignment.commands.predict")
 
 
 def export_model() -> int:
-    return _run("alignment.tools.export_model")
+    return _run("alignment.commands.export_model")
 
 
 def import_gguf() -> int:
-    return _run("alignment.tools.import_gguf")
+    return _run("alignment.commands.import_gguf")
 
 
 def convert_checkpoint() -> int:
-    return _run("alignment.tools.convert_checkpoint")
+    return _run("alignment.commands.convert_checkpoint")
 
 
 def merge_lora() -> int:
-    return _run("alignment.tools.merge_lora")
+    return _run("alignment.commands.merge_lora")
 
 
 def generate() -> int:
-    return _run("alignment.tools.generate")
+    return _run("alignment.commands.generate")
 
 
 def judge_policy() -> int:
-    return _run("alignment.tools.judge_policy")
+    return _run("alignment.commands.judge_policy")
 
 
 def show_generations() -> int:
-    return _run("alignment.tools.show_generations")
+    return _run("alignment.commands.show_generations")
 
 
 def plot_run() -> int:
-    return _run("alignment.tools.plot_run")
+    return _run("alignment.commands.plot_run")
 
 
 def plot_overoptimization() -> int:
-    return _run("alignment.tools.plot_overoptimization")
+    return _run("alignment.commands.plot_overoptimization")
 
 
 def plan_layout() -> int:
-    return _run("alignment.tools.plan_layout")
+    return _run("alignment.commands.plan_layout")
 
 
 def reward_server() -> int:
-    return _run("alignment.tools.reward_server")
+    return _run("alignment.commands.reward_server")
 
 
 def make_tiny() -> int:
-    return _run("alignment.tools.make_tiny")
+    return _run("alignment.commands.make_tiny")

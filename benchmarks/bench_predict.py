@@ -40,7 +40,7 @@ def make_prompts(n: int) -> list:
 
 def decode_all(lm, rows, config, batch_size: int):
     """(seconds, new token ids per prompt) for decoding all rows with lm, batch_size at a time."""
-    from tools.predict import generate_rows
+    from alignment.inference.batch_generation import generate_rows
 
     start = time.perf_counter()
     out = [ids for first in range(0, len(rows), batch_size)
@@ -51,7 +51,7 @@ def decode_all(lm, rows, config, batch_size: int):
 def timed(paths: dict, rows, config, batch_size: int, repeats: int) -> dict:
     """{name: [(seconds, new token ids per prompt) per repeat]}: a warm-up batch per path, then the paths take
     turns, repeat by repeat, so the load of a shared machine changes both alike."""
-    from tools.predict import generate_rows
+    from alignment.inference.batch_generation import generate_rows
 
     for lm in paths.values():
         generate_rows(lm, rows[:batch_size], config)
@@ -66,19 +66,19 @@ def run(model_dir: str, args) -> dict:
     """Export model_dir, decode the prompts both ways; the figures as a dict."""
     from alignment.cpu_env import describe
     from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
-    from tools import export_model, predict
+    from alignment.inference import batch_generation, export, exported_model
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        exported = export_model.export(model_dir, os.path.join(tmp, "export"), quiet=True)
+        exported = export.export(model_dir, os.path.join(tmp, "export"), quiet=True)
         export_s = time.perf_counter() - start
-        info = predict.read_info(predict.find_export(exported))
-        tokenizer = Tokenizer.from_pretrained(predict.find_export(exported))
+        info = exported_model.read_info(exported_model.find_export(exported))
+        tokenizer = Tokenizer.from_pretrained(exported_model.find_export(exported))
         records = [{"prompt": p} for p in make_prompts(args.prompts)]
-        rows = predict.encode(tokenizer, records, False, args.max_new_tokens, info["max_position_embeddings"])
+        rows = batch_generation.encode(tokenizer, records, False, args.max_new_tokens, info["max_position_embeddings"])
         config = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=False,
                                   eos_token_id=info["eos_token_ids"] or None, pad_token_id=info["pad_token_id"])
-        lm = predict.load(exported, "cpu", args.threads)  # sets MKL's and OpenMP's threads for both paths
+        lm = exported_model.load(exported, "cpu", args.threads)  # sets MKL's and OpenMP's threads for both paths
         model = LlamaForCausalLM.from_pretrained(model_dir)
         model.eval()
         runs = timed({"exported": lm, "dynamic": model}, rows, config, args.batch_size, args.repeats)
@@ -120,7 +120,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
-            from tools import make_tiny
+            from alignment.commands import make_tiny
 
             model_dir = make_tiny.main(["--output", os.path.join(tmp, "tiny")])
         result = run(model_dir, args)

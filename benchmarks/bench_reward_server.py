@@ -55,7 +55,7 @@ def ensure_model(kind: str, work: str) -> str:
     if kind == "tiny":
         if os.path.exists(os.path.join(REPO, "outputs", "tiny-rm", "model", "config.json")):
             return os.path.join(REPO, "outputs", "tiny-rm", "model")
-        from tools import make_tiny
+        from alignment.commands import make_tiny
         base = make_tiny.main(["--output", os.path.join(work, "tiny")])
     else:
         if os.path.exists(os.path.join(REPO, "outputs", "smollm2-rm", "model", "config.json")):

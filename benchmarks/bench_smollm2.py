@@ -51,7 +51,7 @@ def token_ids(vocab: int, seed: int = 0):
 
 def ensure_checkpoint(path: str) -> str:
     if not os.path.exists(os.path.join(path, "config.json")):
-        from tools import import_gguf
+        from alignment.commands import import_gguf
 
         import_gguf.main(["--output", path])
     return path

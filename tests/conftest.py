@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny LLaMA + tokenizer of tools/make_tiny.py, built once per test session."""
-    from tools import make_tiny
+    from alignment.commands import make_tiny
 
     return make_tiny.main(["--output", str(tmp_path_factory.mktemp("tiny") / "model")])
 

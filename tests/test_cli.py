@@ -37,7 +37,7 @@ def test_a_stage_ends_with_its_wall_time_and_where_to_look():
 def test_a_console_command_exits_0_although_main_returns_its_results(monkeypatch):
     calls = []
     module = types.SimpleNamespace(main=lambda: calls.append(1) or {"eval/loss": 1.0})
-    monkeypatch.setitem(sys.modules, "alignment.tools.plot_run", module)
+    monkeypatch.setitem(sys.modules, "alignment.commands.plot_run", module)
     assert cli.plot_run() == 0 and calls == [1]
 
 
@@ -46,16 +46,18 @@ def test_every_console_command_names_a_function_of_the_cli_module_and_an_existin
     for command, target in project["project"]["scripts"].items():
         module, _, function = target.partition(":")
         assert module == "alignment.cli" and callable(getattr(cli, function)), command
-    for name in ("predict", "export_model", "import_gguf", "merge_lora", "plot_run", "reward_server"):
+    for name in cli.TOOLS:  # the package's program, and the checkout's script running it
+        assert os.path.exists(os.path.join(REPO, "alignment", "commands", name + ".py")), name
         assert os.path.exists(os.path.join(REPO, "tools", name + ".py")), name
 
 
 def test_the_package_list_covers_every_folder_of_alignment():
     project = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))
     listed = set(project["tool"]["setuptools"]["packages"])
-    folders = {"alignment"} | {f"alignment.{d}" for d in os.listdir(os.path.join(REPO, "alignment"))
-                                if os.path.exists(os.path.join(REPO, "alignment", d, "__init__.py"))}
-    assert listed == folders | {"alignment.tools"}
+    folders = {os.path.relpath(root, REPO).replace(os.sep, ".") for root, _, names in
+               os.walk(os.path.join(REPO, "alignment")) if "__init__.py" in names}
+    assert "alignment.models.convert" in folders and listed == folders
+    assert "package-dir" not in project["tool"]["setuptools"]  # nothing from outside alignment/ is installed
 
 
 def _names(requirements):
@@ -112,16 +114,24 @@ def test_tool_flags_take_either_spelling():
         assert args.is_rm and args.max_new_tokens == 3
 
 
-@pytest.mark.parametrize("name", [*cli.TOOLS, "make_demo_data", "make_preference_data", "make_reasoning_data"])
+@pytest.mark.parametrize("name", [*cli.TOOLS, "make_preference_data"])
 def test_every_tool_help_has_a_usage_line_and_fits_100_columns(name, capsys):
     import importlib
 
-    module = importlib.import_module(f"tools.{name}")
+    module = importlib.import_module(f"alignment.commands.{name}")
     with pytest.raises(SystemExit) as done:
         module.main(["--help"])
     text = capsys.readouterr().out
     assert done.value.code == 0 and text.startswith("usage: ")
     assert max(len(line) for line in text.splitlines()) <= 100, name
+
+
+@pytest.mark.parametrize("name", ["make_demo_data", "make_reasoning_data", "predict"])
+def test_a_tools_script_shows_its_help_from_the_checkout(name):
+    shown = subprocess.run([sys.executable, os.path.join(REPO, "tools", name + ".py"), "--help"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"usage: {name}.py"), shown.stderr[-500:]
+    assert max(len(line) for line in shown.stdout.splitlines()) <= 100, name
 
 
 def test_tool_help_refills_prose_and_list_items_but_keeps_commands_on_their_lines():

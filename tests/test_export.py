@@ -10,7 +10,8 @@ import pytest
 
 from alignment.models import LlamaForCausalLM
 from alignment.models.static_decode import EXPORT_FORMAT
-from tools import export_model, predict
+from alignment.commands import export_model
+from alignment.inference import batch_generation, export, exported_model
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +24,9 @@ def test_prefill_and_decode_steps_equal_the_dynamic_model_with_left_padding(expo
     """One program, dynamic shapes: a prefill (empty caches) and steps (one token) at two batch sizes."""
     model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
     model.eval()
-    lm = predict.load(exported, "cpu")
+    lm = exported_model.load(exported, "cpu")
     for rows in ([[5, 6, 7, 8, 9], [10, 11]], [[12, 13, 14]]):
-        ids, mask = predict.left_pad(rows, 3)
+        ids, mask = batch_generation.left_pad(rows, 3)
         ours, ref = lm(ids, attention_mask=mask), model(ids, attention_mask=mask, use_cache=True, last_only=True)
         position = mask.sum(axis=1, keepdim=True)
         for token in (17, 42, 99):
@@ -75,7 +76,7 @@ def test_a_lora_adapter_exports_merged_with_a_line_per_stage(tmp_path, tiny_mode
     merged = LlamaForCausalLM.from_pretrained(os.path.join(out, "hf"))
     np.testing.assert_allclose(merged(ids).logits.numpy(), model(ids).logits.numpy(), atol=1e-5)
     err = capsys.readouterr().err  # stderr is no terminal here: stage lines instead of a bar
-    assert all(f"export: {stage}" in err for stage in export_model.STAGES), err
+    assert all(f"export: {stage}" in err for stage in export.STAGES), err
 
 
 @pytest.mark.parametrize("damage, fragment", [

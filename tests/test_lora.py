@@ -17,7 +17,7 @@ from alignment.ppo.rollout import response_log_probs
 from alignment.rm import run_reward
 from alignment.sft import run_sft
 from tests.helpers import REPO, read_metrics
-from tools import merge_lora
+from alignment.commands import merge_lora
 
 SFT_CONFIG = os.path.join(REPO, "config", "tiny", "sft_argument.json")
 LORA = ["--lora", "true", "--lora_rank", "4", "--lora_alpha", "8"]

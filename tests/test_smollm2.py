@@ -3,7 +3,7 @@ import importlib.util
 
 import pytest
 
-from tools import generate, import_gguf
+from alignment.commands import generate, import_gguf
 
 pytestmark = pytest.mark.slow
 

@@ -1,65 +1,12 @@
 """Side by side: the eval generations of a PPO/GRPO run before training (step 0) and after (last step).
 
-    python tools/show_generations.py outputs/smollm2-ppo [--samples 3]
-
-Reads `<output_dir>/eval_generations.jsonl` (written by run_ppo.py's evaluation) and prints the mean reward and
-gold reward at both steps, how many answers changed, then the changed answers whose (gold) reward moved most, before
-and after.
-"""
-from __future__ import annotations
-
-import json
+The command line of alignment/commands/show_generations.py (`python tools/show_generations.py --help`)."""
 import os
-import textwrap
 import sys
 
-if not __package__:  # run as a script from a checkout: make `alignment` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout's `alignment`
 
-from alignment.config.tool_parser import ToolParser  # noqa: E402
-
-
-def load(output_dir: str):
-    path = os.path.join(output_dir, "eval_generations.jsonl")
-    if not os.path.exists(path):
-        raise SystemExit(f"error: {path} not found (run PPO with eval_datasets set)")
-    by_step = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            by_step.setdefault(row["step"], []).append(row)
-    return by_step
-
-
-def mean(rows, key):
-    values = [r[key] for r in rows if key in r]
-    return sum(values) / len(values) if values else float("nan")
-
-
-def main(argv=None):
-    parser = ToolParser(__doc__)
-    parser.add_argument("output_dir")
-    parser.add_argument("--samples", type=int, default=3)
-    args = parser.parse_args(argv)
-    by_step = load(args.output_dir)
-    first, last = min(by_step), max(by_step)
-    before, after = by_step[first], by_step[last]
-    for key in ("reward", "gold_reward"):
-        print(f"{key:12s} step {first}: {mean(before, key):.4f}   step {last}: {mean(after, key):.4f}")
-    after_by_prompt = {json.dumps(r["prompt"]): r for r in after}
-    pairs = [(row, after_by_prompt.get(json.dumps(row["prompt"]))) for row in before]
-    changed = [(b, a) for b, a in pairs if a is not None and a["completion"] != b["completion"]]
-    print(f"{len(changed)} of {len(pairs)} answers changed; showing the {min(args.samples, len(changed))} whose "
-          f"{'gold ' if changed and 'gold_reward' in changed[0][0] else ''}reward moved most")
-    score = "gold_reward" if changed and "gold_reward" in changed[0][0] else "reward"
-    changed.sort(key=lambda pair: abs(pair[1][score] - pair[0][score]), reverse=True)
-    for row, other in changed[: args.samples]:
-        print("\n" + "=" * 100 + f"\nPROMPT: {row['prompt']}")
-        for label, r in (("BEFORE", row), ("AFTER", other)):
-            if r is not None:
-                gold = f", gold {r['gold_reward']:.3f}" if "gold_reward" in r else ""
-                print(f"--- {label} (reward {r['reward']:.3f}{gold})\n" + textwrap.fill(r["completion"], 100))
-
+from alignment.commands.show_generations import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

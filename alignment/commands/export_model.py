@@ -1,0 +1,41 @@
+"""Export a trained policy for inference: an HF-layout checkpoint and a static program with a KV cache.
+
+    python tools/export_model.py --model outputs/smollm2-ppo/policy --output exported/smollm2-ppo
+        [--base DIR] [--no-progress]
+
+--model is an HF-layout checkpoint or a LoRA adapter directory (merged onto --base, default the
+adapter's base_model_name_or_path). Writes
+    <output>/hf/         the merged checkpoint (config.json, model.safetensors, tokenizer files);
+                         loads in transformers' AutoModelForCausalLM and in our from_pretrained
+    <output>/inference/  model.json + model.pdiparams (paddle.jit.save of
+                         static_decode.CachedForward), the tokenizer files and export.json
+One program serves prefill and decoding: input_ids [b, s], attention_mask [b, t + s], position_ids
+[b, s] and 2 x layers caches [b, kv_heads, t, d] -> the logits [b, vocab] at the last position and
+the caches grown to t + s. Batch, width and cache length are dynamic: the prefill is the call with
+t = 0 (left-padded prompts), each decode step a call with s = 1. Weights are stored once.
+Then `python tools/predict.py --model <output> --prompts prompts.jsonl` generates with it.
+"""
+from __future__ import annotations
+
+from alignment.config.tool_parser import ToolParser
+
+from alignment.cpu_env import apply_cpu_defaults
+
+apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+
+
+def main(argv=None) -> str:
+    p = ToolParser(__doc__)
+    p.add_argument("--model", required=True, help="policy checkpoint (HF layout) or LoRA adapter directory")
+    p.add_argument("--output", required=True)
+    p.add_argument("--base", default=None, help="base checkpoint of a LoRA adapter")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or stage lines")
+    args = p.parse_args(argv)
+    from alignment.inference.export import export
+    from alignment.training.setup import user_errors
+
+    with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
+        path = export(args.model, args.output, args.base, args.no_progress)
+    print(f"exported {args.model} -> {path}/hf (HF layout) and {path}/inference (paddle.inference, KV cache)")
+    return path
+

@@ -1,0 +1,111 @@
+"""Batched generation for many prompts with an exported model: prompts read from JSON lines or text, encoded
+with the chat template, left-padded, decoded by `alignment.models.generate` and written back as JSON lines."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import List
+
+import paddle
+
+from alignment.data.tokenized import collate_prompts
+from alignment.models.generation import generate
+
+
+def parse_line(line: str, where: str):
+    """A JSON object with "prompt" (its record) or a plain text line ({"prompt": line}); None for a blank line."""
+    text = line.rstrip("\r\n")
+    if not text.strip():
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            if not isinstance(record.get("prompt"), (str, list)):
+                raise ValueError(f"{where}: a JSON line needs a \"prompt\" key (a string or a list of turns)")
+            return record
+    return {"prompt": text}
+
+
+def read_prompts(prompts: List[str], prompts_file: str = None, stdin=None) -> List[dict]:
+    """Records with a "prompt": the --prompt values, then the lines of prompts_file; stdin if neither is given."""
+    records = [{"prompt": p} for p in prompts or []]
+    if prompts_file:
+        with open(prompts_file, encoding="utf-8") as f:
+            lines = [(f"{prompts_file}:{i}", line) for i, line in enumerate(f, 1)]
+    elif not records:
+        lines = [(f"stdin:{i}", line) for i, line in enumerate(stdin or sys.stdin, 1)]
+    else:
+        lines = []
+    records += [r for r in (parse_line(line, where) for where, line in lines) if r is not None]
+    if not records:
+        raise ValueError("no prompts: give --prompt, --prompts FILE or lines on stdin")
+    return records
+
+
+def encode(tokenizer, records: List[dict], raw: bool, max_new_tokens: int, max_positions: int) -> List[List[int]]:
+    """Token ids of each record's prompt (chat template unless raw), checked against the model's positions."""
+    rows = []
+    for i, record in enumerate(records, 1):
+        prompt = record["prompt"]
+        if raw and not isinstance(prompt, str):
+            raise ValueError(f"prompt {i}: --raw needs a string prompt, not a list of turns")
+        text = prompt if raw else tokenizer.apply_chat_template(tokenizer.chat_messages(prompt))
+        ids = tokenizer.encode(text, add_special_tokens=True)
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if len(ids) + max_new_tokens > max_positions:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens; with --max-new-tokens {max_new_tokens} it "
+                             f"exceeds the model's max_position_embeddings {max_positions}")
+        rows.append(ids)
+    return rows
+
+
+def left_pad(rows: List[List[int]], pad: int):
+    """input_ids, attention_mask [b, longest] int64 tensors, the rows right-aligned (the training collator)."""
+    batch = collate_prompts([{"input_ids": row} for row in rows], pad)
+    return paddle.to_tensor(batch["input_ids"]), paddle.to_tensor(batch["attention_mask"])
+
+
+def generate_rows(lm, rows: List[List[int]], config) -> List[List[int]]:
+    """Each row's new token ids (up to and including an eos) by alignment.models.generate over lm."""
+    ids, mask = left_pad(rows, config.pad_token_id)
+    out = generate(lm, ids, mask, config)
+    response = out.sequences[:, ids.shape[1]:].numpy()
+    counts = out.response_mask.sum(axis=1).numpy()
+    return [response[i, : int(n)].tolist() for i, n in enumerate(counts)]
+
+
+def predict(lm, tokenizer, records: List[dict], config, rows: List[List[int]], batch_size: int = 8,
+            no_bar: bool = None) -> List[dict]:
+    """One output record per prompt, generated batch_size prompts at a time (in the given order), with a progress
+    bar (prompts, tokens/s) on stderr unless no_bar (None: a bar only when stderr is a terminal)."""
+    from tqdm import tqdm
+
+    eos, results, new_tokens, start = set(config.eos_ids), [], 0, time.perf_counter()
+    bar = tqdm(total=len(records), unit="prompt", desc="predict", file=sys.stderr, disable=no_bar)
+    for first in range(0, len(records), batch_size):
+        for record, prompt_ids, new in zip(records[first: first + batch_size], rows[first: first + batch_size],
+                                           generate_rows(lm, rows[first: first + batch_size], config)):
+            stopped = bool(new) and new[-1] in eos
+            results.append({**record, "response": tokenizer.decode([t for t in new if t not in eos]),
+                            "prompt_tokens": len(prompt_ids), "new_tokens": len(new),
+                            "finish_reason": "eos" if stopped else "length", "response_ids": new})
+            new_tokens += len(new)
+        bar.update(min(batch_size, len(records) - first))
+        bar.set_postfix_str(f"{new_tokens / (time.perf_counter() - start):.1f} tokens/s")
+    bar.close()
+    return results
+
+
+def write_jsonl(results: List[dict], output: str = None) -> None:
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
+    if output is None:
+        sys.stdout.write(lines)
+        sys.stdout.flush()
+    else:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(lines)

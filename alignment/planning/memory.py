@@ -1,0 +1,154 @@
+"""Device memory of one rank under a process layout, per phase (generate, score, train) of a training stage.
+
+The formulas (bytes per parameter, activations per layer and token, logits, KV cache, what each sharding stage
+splits, what each offload level moves to the host) are spelled out in `python tools/plan_layout.py --help`
+(alignment/commands/plan_layout.py). A layout is alignment.config.layout.Layout, as `plan()` builds it for a run.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+
+from alignment.config.layout import Layout
+
+GIB = 2 ** 30
+BYTES = {"bf16": {"w": 2, "g": 2, "opt": 12, "act": 2}, "fp32": {"w": 4, "g": 4, "opt": 8, "act": 4}}
+
+Model = collections.namedtuple("Model", "hidden inter layers heads kv_heads head_dim vocab tied qkv_bias o_bias "
+                                        "mlp_bias", defaults=(False, False, False, False))
+PLAN_DEFAULTS = dict(stage="ppo", seq=512, response=256, micro=8, rollout=8, dtype="bf16", lora_rank=0, recompute=False,
+                     offload=frozenset(), eval_mode="tensor_parallel", formula="eager", runtime_bytes=0, device="gpu")
+Plan = collections.namedtuple("Plan", PLAN_DEFAULTS, defaults=PLAN_DEFAULTS.values())
+
+
+class PlanError(ValueError):
+    """A bad input (the CLI exits 2)."""
+
+
+def load_model(path: str) -> Model:
+    """Read a Hugging Face config.json (or a directory holding one) into a Model."""
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise PlanError(f"{file}: no model config found (give a config.json or a Hugging Face checkpoint directory)")
+    try:
+        with open(file, encoding="utf-8") as f:
+            cfg = json.load(f)
+        h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        return Model(h, int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"]), heads,
+                     int(cfg.get("num_key_value_heads") or heads), int(cfg.get("head_dim") or h // heads),
+                     int(cfg["vocab_size"]), bool(cfg.get("tie_word_embeddings", False)),
+                     bool(cfg.get("attention_bias")) or cfg.get("model_type") == "qwen2",
+                     bool(cfg.get("attention_bias")), bool(cfg.get("mlp_bias")))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise PlanError(f"{file}: not a usable model config ({type(err).__name__}: {err})") from err
+
+
+def projections(m: Model):
+    """(in, out, has_bias, column_split) of the seven projections of one decoder layer."""
+    q, k = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    return [(m.hidden, q, m.qkv_bias, True), (m.hidden, k, m.qkv_bias, True), (m.hidden, k, m.qkv_bias, True),
+            (q, m.hidden, m.o_bias, False), (m.hidden, m.inter, m.mlp_bias, True),
+            (m.hidden, m.inter, m.mlp_bias, True), (m.inter, m.hidden, m.mlp_bias, False)]
+
+
+def layer_params(m: Model, tp: int = 1) -> int:
+    """Parameters of one decoder layer on one tensor-parallel rank (row-parallel biases are replicated)."""
+    n = 2 * m.hidden  # input and post-attention RMSNorm
+    for fan_in, fan_out, bias, column in projections(m):
+        n += fan_in * fan_out // tp + bias * (fan_out // tp if column else fan_out)
+    return n
+
+
+def model_params(m: Model, kind: str = "causal", tp: int = 1, layers: int = None, first=True, last=True) -> int:
+    """Parameters on one rank: `layers` decoder layers, embedding on the first stage, final norm and head on the last
+    (LM head unless tied, but a tied table is also held by a later stage; a score model's head is hidden x 1)."""
+    n = (m.layers if layers is None else layers) * layer_params(m, tp)
+    n += m.vocab * m.hidden // tp if first else 0
+    if last:
+        n += m.hidden + (m.hidden if kind == "score" else (0 if m.tied and first else m.vocab * m.hidden // tp))
+    return n
+
+
+def stage_params(m: Model, kind: str, tp: int, pp: int) -> int:
+    """Parameters of the largest pipeline stage (layers split evenly, as fleet's seg_method layer:...)."""
+    per = math.ceil(m.layers / pp)
+    return model_params(m, kind, tp) if pp == 1 else max(model_params(m, kind, tp, per, True, False),
+                                                          model_params(m, kind, tp, per, False, True))
+
+
+def lora_params(m: Model, rank: int) -> int:
+    """LoRA A and B of all seven projections of every layer."""
+    return m.layers * sum(rank * (fan_in + fan_out) for fan_in, fan_out, _, _ in projections(m))
+
+
+def layer_activation(m: Model, s: int, tp: int, b: int, formula: str) -> float:
+    """Bytes kept for backward by one decoder layer, per token (see the module docstring)."""
+    h, q, k, i, a = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim, m.inter, m.heads
+    if formula == "korthikanti":
+        return b / 2 * (h * (10 + 24 / tp) + 5 * a * s / tp)
+    gqa = 2 * q if m.kv_heads != m.heads else 0
+    split = (q + 2 * k) + 2 * (q + k) + (q + 2 * k) + gqa + 2 * q + 4 * i
+    return b * (10 * h + split / tp) + (4 + (b if b < 4 else 0)) * a * s / tp
+
+
+def logits_bytes(m: Model, tokens: int, tp: int, copies: int = 3) -> float:
+    """fp32 logits over `tokens` positions, vocabulary split over tp."""
+    return tokens * m.vocab / tp * 4 * copies
+
+
+def train_activations(m: Model, rows: int, s: int, head_tokens: int, tp: int, pp: int, b: int,
+                      recompute: bool, formula: str) -> float:
+    """Peak activation bytes of one training micro-batch on the busiest pipeline stage."""
+    one_layer = layer_activation(m, s, tp, b, formula) * rows * s
+    kept = b * m.hidden * rows * s if recompute else one_layer  # per layer, held until its backward
+    q, k = m.heads * m.head_dim, m.kv_heads * m.head_dim  # once per forward: RoPE cos/sin, bias, embedding, norm
+    extras = b * (2 * (q + k) / tp + m.heads * s / tp + 4 * m.hidden) * rows * s
+    held = math.ceil(m.layers / pp) * kept + extras  # one micro-batch on one stage
+    return max(pp * held, held + logits_bytes(m, head_tokens, tp)) + (one_layer if recompute else 0)
+
+
+def trained_model(m: Model, kind: str, lay: Layout, p: Plan) -> dict:
+    """Weights (base + adapters), gradients and AdamW states of one trained model on one GPU."""
+    by, whole, sd = BYTES[p.dtype], stage_params(m, kind, lay.tensor, lay.pipeline), lay.sharding
+    trainable = lora_params(m, p.lora_rank) + (m.hidden if kind == "score" else 0) if p.lora_rank else whole
+    weights = (whole + trainable) * by["w"] if p.lora_rank else whole * by["w"] / (sd if lay.stage == "stage3" else 1)
+    return {"trained_weights": weights, "grads": trainable * by["g"] / (sd if lay.stage in ("stage2", "stage3") else 1),
+            "adamw": trainable * by["opt"] / (sd if lay.stage else 1)}
+
+
+def memory(m: Model, lay: Layout, p: Plan) -> dict:
+    """Per-GPU components (bytes) and the device-resident total of every phase of the stage."""
+    b, w, ppo = BYTES[p.dtype]["act"], BYTES[p.dtype]["w"], p.stage == "ppo"
+    rows = p.micro * (2 if p.stage in ("rm", "dpo") else 1)  # preference stages: chosen + rejected rows
+    head = 0 if p.stage == "rm" else (p.response if ppo or p.stage == "dpo" else p.seq)
+    act = [train_activations(m, rows, p.seq, rows * head, lay.tensor, lay.pipeline, b, rc, p.formula) for rc in (0, 1)]
+    kinds = ("causal", "score") if ppo else ("score",) if p.stage == "rm" else ("causal",)
+    trained = [trained_model(m, kind, lay, p) for kind in kinds]
+    ref = model_params(m, "causal", lay.tensor) if (ppo or p.stage == "dpo") and not p.lora_rank else 0
+    frozen = (ref + (model_params(m, "score", lay.tensor) if ppo else 0)) * w
+    copies = (model_params(m, "causal") + model_params(m, "score")) * w if ppo and lay.pipeline > 1 else \
+        model_params(m, "causal") * w if ppo and lay.tensor > 1 and p.eval_mode == "single" else 0
+    gen_tp = 1 if copies else lay.tensor
+    c = {k: sum(t[k] for t in trained) for k in ("trained_weights", "grads", "adamw")}
+    c.update(activations=act[0], activations_recompute=act[1], frozen_models=frozen, whole_copies=copies,
+             kv_cache=2 * m.layers * m.kv_heads * m.head_dim * p.seq * p.rollout * b / gen_tp * ppo,  # K and V
+             runtime=p.runtime_bytes)
+    off = p.offload if p.device == "gpu" else frozenset()  # on CPU the host is the device: offload frees nothing
+    base = c["grads"] + copies + c["runtime"]  # gradients keep their buffers between steps
+    opt, cold = (0 if "optimizer" in off else c["adamw"]), (0 if "freeze_model" in off else frozen)
+    phases = {"train": base + c["adamw"] + c["trained_weights"] + act[p.recompute] + cold}
+    if ppo:
+        actor_w, critic_w = (t["trained_weights"] for t in trained)
+        phases = {"generate": base + opt + actor_w + (0 if "train_model" in off else critic_w) + cold
+                  + c["kv_cache"] + layer_activation(m, p.seq, gen_tp, b, p.formula) * p.rollout * p.seq,
+                  "score": base + opt + actor_w + critic_w + frozen  # this toolkit brings all four models
+                  + layer_activation(m, p.seq, lay.tensor, b, p.formula) * p.rollout * p.seq
+                  + logits_bytes(m, p.rollout * p.response, lay.tensor, copies=2), **phases}
+    return {"components": c, "phases": phases}
+
+
+def peak(mem: dict) -> tuple:
+    """(phase, bytes) of the phase with the most device memory."""
+    return max(mem["phases"].items(), key=lambda kv: kv[1])
