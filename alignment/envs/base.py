@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, NamedTuple, Optional, Union
+from typing import Any, ClassVar, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 from alignment.data import import_user_modules
 
@@ -85,10 +85,12 @@ class Environment(Registered):
 
     `reset(row)` gets the dataset row and returns the first messages (chat dicts with "role" and "content");
     `step(text)` gets the assistant's turn as text and returns a StepResult. An episode that never sets `done`
-    ends at the rollout's `max_turns`. The observation may be empty only when `done` is true.
+    ends at the rollout's `max_turns`. The observation may be empty only when `done` is true. A turn ends at eos,
+    at the per-turn token limit, or after one of `stop_strings`.
     """
 
     KIND = "environment"
+    stop_strings: Sequence[str] = ()  # text that ends an assistant turn besides eos (e.g. a tool call's close)
 
     def reset(self, row: Mapping[str, Any]) -> List[Message]:
         raise NotImplementedError
@@ -98,7 +100,7 @@ class Environment(Registered):
 
     @property
     def env_name(self) -> str:
-        return type(self).__dict__.get("NAME") or getattr(type(self), "NAME", type(self).__qualname__)
+        return getattr(type(self), "NAME", type(self).__qualname__)
 
 
 def make_environment(name: str, **kwargs: Any) -> Environment:
