@@ -42,9 +42,10 @@ if mode == "auto":
             isolation = "namespace"
     except (OSError, AttributeError):
         pass
-for limit, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu),
-                     (resource.RLIMIT_FSIZE, file_bytes), (resource.RLIMIT_CORE, 0)):
-    resource.setrlimit(limit, (value, value))
+# CPU: SIGXCPU at the soft limit (the hard one, a second later, would be SIGKILL)
+for limit, soft, hard in ((resource.RLIMIT_AS, memory, memory), (resource.RLIMIT_CPU, cpu, cpu + 1),
+                          (resource.RLIMIT_FSIZE, file_bytes, file_bytes), (resource.RLIMIT_CORE, 0, 0)):
+    resource.setrlimit(limit, (soft, hard))
 BLOCKED = ("socket.", "ctypes.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
            "os.forkpty", "resource.setrlimit", "resource.prlimit")
 def _hook(event, args):
@@ -168,8 +169,10 @@ def describe_failure(result: SandboxResult, limits: SandboxLimits) -> Optional[s
     """Why a run failed, with its output (None when it exited 0)."""
     if result.timed_out:
         reason = f"timed out after {limits.wall_seconds:g} s (wall time)"
-    elif result.returncode == -signal.SIGXCPU or result.returncode == -signal.SIGKILL:
+    elif result.returncode == -signal.SIGXCPU:
         reason = f"killed at the CPU-time limit ({limits.cpu_seconds} s)"
+    elif result.returncode is not None and result.returncode < 0:
+        reason = f"killed by signal {signal.Signals(-result.returncode).name}"
     elif result.returncode != 0:
         reason = f"exited with code {result.returncode}"
     else:
