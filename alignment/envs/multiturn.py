@@ -35,7 +35,7 @@ class Trajectory:
     turn_rewards: List[float]  # the environment's reward for each turn it stepped
     messages: List[Message]  # the conversation as text, for logs (training reads input_ids)
     metrics: Dict[str, float]  # StepResult metrics summed over turns: tool_calls, tool_errors, tool_time, ...
-    num_turns: int = 0  # assistant turns sampled
+    num_turns: int = 0  # assistant turns given to the environment (a turn cut by the budget is not)
     truncated: bool = False  # ended by max_turns or the token budget rather than by the environment
 
     @property
