@@ -238,3 +238,60 @@ def test_a_template_that_hides_assistant_content_is_refused(tiny):
     with pytest.raises(ValueError, match="its chat template does not render an assistant message's content "
                                          "verbatim once"):
         continuation_text(tokenizer, HISTORY, RESULTS)
+
+
+# --------------------------------------------------------------------------- tool calls end to end
+
+
+class Scripted:
+    """The tiny model with each forward's logits replaced by a one-hot of the next scripted token, so every row says
+    the same turns in lockstep (a test double passed in place of the model: the random tiny model never writes a
+    tool call). Forward i of the rollout predicts token i of the script (one prefill, then one step per token)."""
+
+    def __init__(self, model, script):
+        self.model, self.config, self.script, self.calls = model, model.config, script, 0
+
+    def __call__(self, input_ids, **kwargs):
+        out = self.model(input_ids, **kwargs)
+        token = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        logits = paddle.full_like(out.logits, -1e4)
+        logits[:, :, token] = 0.0
+        return out._replace(logits=logits)
+
+
+@pytest.mark.parametrize("call, result, errors", [
+    ('{"name": "calculator", "arguments": {"expression": "1234 * 5"}}', "6170", 0),
+    ('{"name": "python", "arguments": {"code": "print(1234 * 5)"}}', "6170\n", 0),
+    ('{"name": "calculator", "arguments": {"expression": "1234 *"}}',
+     "Error: tool 'calculator' raised CalculatorError: not an arithmetic expression (invalid syntax)", 1),
+    ('{"name": "calculator" "arguments": {}}', None, 1),
+])
+def test_a_tool_call_turn_stops_at_the_close_tag_and_its_result_is_the_next_observation(tiny, call, result, errors):
+    from alignment.envs import ToolEnvironment
+
+    model, tokenizer = tiny
+    first = f"<tool_call>\n{call}\n</tool_call>"
+    script = tokenizer.encode(first) + tokenizer.encode("It is 6170.") + [tokenizer.eos_token_id]
+    rows = [{"input": "What is 1234 * 5?", "answer": "6170"}] * 2
+    envs = [ToolEnvironment(tools=["calculator", "python"],
+                            reward_fn=lambda answer, row: float(row["answer"] in answer)) for _ in rows]
+    config = GenerationConfig(max_new_tokens=64, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    trajectories = multi_turn_rollout(Scripted(model, script), tokenizer, envs, rows, config, max_turns=4,
+                                      max_total_tokens=400)
+    for trajectory in trajectories:
+        assert trajectory.num_turns == 2 and trajectory.turn_rewards == [0.0, 1.0] and not trajectory.truncated
+        assert (trajectory.tool_calls, trajectory.tool_errors) == (1, errors) and trajectory.tool_time > 0
+        tool_message = trajectory.messages[3]
+        assert trajectory.messages[2] == {"role": "assistant", "content": first}
+        assert tool_message["role"] == "tool" and trajectory.messages[4] == {"role": "assistant",
+                                                                              "content": "It is 6170."}
+        if result is None:
+            assert tool_message["content"].startswith("Error: tool call is not valid JSON")
+        else:
+            assert tool_message["content"] == result
+        text = tokenizer.decode(trajectory.input_ids[trajectory.prompt_len:], skip_special_tokens=False)
+        assert text == (f"{first}<|im_end|>\n<|im_start|>tool\n{tool_message['content']}<|im_end|>\n"
+                        f"<|im_start|>assistant\nIt is 6170.<|im_end|>")
+        assert sum(trajectory.action_mask) == len(script)
