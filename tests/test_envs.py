@@ -157,6 +157,20 @@ def test_a_bad_reset_is_a_one_line_error_naming_the_environment(first, expected)
         checked_reset(Scripted(first=first), {})
 
 
+def test_stop_strings_must_be_a_list_of_strings():
+    from alignment.envs.base import checked_stop_strings
+
+    env = Scripted()
+    assert checked_stop_strings(env) == ()
+    env.stop_strings = ["</answer>"]
+    assert checked_stop_strings(env) == ("</answer>",)
+    for bad in ("</answer>", [""], [3]):
+        env.stop_strings = bad
+        with pytest.raises(EnvironmentFailure, match="environment 'test-scripted': stop_strings must be a list of "
+                                                     "non-empty strings"):
+            checked_stop_strings(env)
+
+
 def test_a_good_step_comes_back_normalised():
     result = checked_step(Scripted(([USER], 2, True)), "x")
     assert result == StepResult([USER], 2.0, True, {}) and type(result.reward) is float

@@ -185,9 +185,10 @@ def test_eos_and_stop_strings_end_a_turn(tiny):
     assert stopped.input_ids[stopped.prompt_len:] == turn[: j + 1]
     assert envs[0].texts == [tokenizer.decode(turn[:j], skip_special_tokens=False)]  # the eos text is not passed on
 
-    texts = [tokenizer.decode(turn[:k], skip_special_tokens=False) for k in range(1, 9)]
-    k = next(k for k in range(2, 8) if texts[k][len(texts[k - 1]):] and texts[k][len(texts[k - 1]):] not in texts[k - 1])
-    stop = texts[k][len(texts[k - 1]):]  # text that first appears with token k
+    texts = [tokenizer.decode(turn[: k + 1], skip_special_tokens=False) for k in range(8)]  # after token k
+    added = [texts[k][len(texts[k - 1]):] for k in range(1, 8)]
+    k = next(k for k in range(2, 8) if added[k - 1] and added[k - 1] not in texts[k - 1])
+    stop = added[k - 1]  # text that first appears with token k
     (ended,), envs = rollout(tiny, [1], greedy(tokenizer, max_new_tokens=8), env=lambda: Stopping(stop))
     assert ended.input_ids[ended.prompt_len:] == turn[: k + 1]
     assert envs[0].texts == [texts[k]] and envs[0].texts[0].endswith(stop)
@@ -295,3 +296,23 @@ def test_a_tool_call_turn_stops_at_the_close_tag_and_its_result_is_the_next_obse
         assert text == (f"{first}<|im_end|>\n<|im_start|>tool\n{tool_message['content']}<|im_end|>\n"
                         f"<|im_start|>assistant\nIt is 6170.<|im_end|>")
         assert sum(trajectory.action_mask) == len(script)
+
+
+def test_turn_ends_and_the_padded_batch_layout(tiny):
+    from alignment.envs.multiturn import Trajectory, pad_trajectories
+
+    _, tokenizer = tiny
+    trajectories, _ = rollout(tiny, [2, 1], greedy(tokenizer, max_new_tokens=3))
+    long = trajectories[0]
+    assert long.turn_ends == [long.prompt_len + 2, len(long.input_ids) - 1]
+    assert all(long.action_mask[i] == 1 for i in long.turn_ends) and long.action_mask[long.turn_ends[0] + 1] == 0
+
+    a = Trajectory([5, 6, 7, 8, 9, 10], [0, 0, 1, 0, 1, 1], [0, 0, -0.5, 0, -1.0, -2.0], 2, [1.0], [5], [], {})
+    b = Trajectory([1, 2, 3, 4], [0, 0, 0, 1], [0, 0, 0, -0.25], 3, [0.0], [3], [], {})
+    batch = pad_trajectories([a, b], pad_id=0)
+    assert batch["prompt_len"] == 3
+    assert batch["input_ids"].tolist() == [[0, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 0, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0]]
+    assert batch["response_mask"].tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
+    assert batch["action_mask"].tolist() == [[1, 0, 1, 1], [1, 0, 0, 0]]
+    assert batch["log_probs"].tolist() == [[-0.5, 0, -1.0, -2.0], [-0.25, 0, 0, 0]]

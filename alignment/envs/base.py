@@ -157,6 +157,16 @@ def checked_step(env: Environment, assistant_message: str) -> StepResult:
     return StepResult(observation, float(reward), done, dict(metrics))
 
 
+def checked_stop_strings(env: Environment) -> tuple:
+    """env.stop_strings as a tuple of non-empty strings, else an EnvironmentFailure naming the environment."""
+    stops = env.stop_strings
+    if isinstance(stops, str) or not isinstance(stops, (list, tuple)) or not all(
+            isinstance(stop, str) and stop for stop in stops):
+        raise EnvironmentFailure(f"environment {env.env_name!r}: stop_strings must be a list of non-empty strings, "
+                                 f"got {stops!r}")
+    return tuple(stops)
+
+
 def check_messages(messages: Any, where: str) -> List[Message]:
     """A list of {"role": one of ROLES, "content": str} dicts, else EnvironmentFailure saying what is wrong."""
     if not isinstance(messages, list):

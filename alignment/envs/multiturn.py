@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import paddle
 
-from alignment.envs.base import Environment, Message, checked_reset, checked_step
+from alignment.envs.base import Environment, Message, checked_reset, checked_step, checked_stop_strings
 from alignment.envs.chat import continuation_ids, prompt_text
 from alignment.models.generation import GenerationConfig, block_tokens, mark_seen, next_token, token_log_prob
 
@@ -33,6 +33,7 @@ class Trajectory:
     log_probs: List[float]  # the sampler's log p(token) on action tokens (logits / log_prob_temperature), else 0
     prompt_len: int
     turn_rewards: List[float]  # the environment's reward for each turn it stepped
+    turn_ends: List[int]  # index in input_ids of each stepped turn's last token (where a per-turn reward lands)
     messages: List[Message]  # the conversation as text, for logs (training reads input_ids)
     metrics: Dict[str, float]  # StepResult metrics summed over turns: tool_calls, tool_errors, tool_time, ...
     num_turns: int = 0  # assistant turns given to the environment (a turn cut by the budget is not)
@@ -109,8 +110,8 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
 def _start(env: Environment, row: Mapping[str, Any], tokenizer) -> _Row:
     messages = checked_reset(env, row)
     ids = tokenizer.encode(prompt_text(tokenizer, messages), add_special_tokens=True)
-    trajectory = Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), [], messages, {})
-    return _Row(env, tuple(env.stop_strings), trajectory, list(ids))
+    trajectory = Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), [], [], messages, {})
+    return _Row(env, checked_stop_strings(env), trajectory, list(ids))
 
 
 def _sample_turn(state, logits, batch: List[_Row], config: GenerationConfig, eos: set, max_total_tokens: int,
@@ -172,6 +173,7 @@ def _end_turn(row: _Row, tokenizer, max_turns: int, max_total_tokens: int) -> No
     result = checked_step(row.env, text)
     trajectory.num_turns += 1
     trajectory.turn_rewards.append(result.reward)
+    trajectory.turn_ends.append(len(trajectory.input_ids) - 1)
     for key, value in result.metrics.items():
         trajectory.metrics[key] = trajectory.metrics.get(key, 0.0) + float(value)
     history = trajectory.messages + [{"role": "assistant", "content": text}]
@@ -190,6 +192,28 @@ def _end_turn(row: _Row, tokenizer, max_turns: int, max_total_tokens: int) -> No
     trajectory.action_mask.extend([0] * len(observation))
     trajectory.log_probs.extend([0.0] * len(observation))
     row.pending.extend(observation)
+
+
+def pad_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Dict[str, Any]:
+    """Trajectories as one batch in the single-turn rollout layout (prompts left-padded to the widest P, what
+    follows right-padded to the longest R): numpy arrays input_ids, attention_mask [N, P + R]; response_mask
+    [N, R] (1 on every token after the prompt: turns, observations, template text), action_mask and log_probs
+    [N, R] (the policy's tokens only); prompt_len P."""
+    width_p = max(t.prompt_len for t in trajectories)
+    width_r = max(1, max(len(t.input_ids) - t.prompt_len for t in trajectories))
+    n = len(trajectories)
+    out = {"input_ids": np.full([n, width_p + width_r], pad_id, dtype="int64"),
+           "attention_mask": np.zeros([n, width_p + width_r], dtype="int64"),
+           "response_mask": np.zeros([n, width_r], dtype="int64"), "action_mask": np.zeros([n, width_r], "int64"),
+           "log_probs": np.zeros([n, width_r], dtype="float32"), "prompt_len": width_p}
+    for i, t in enumerate(trajectories):
+        p, r = t.prompt_len, len(t.input_ids) - t.prompt_len
+        out["input_ids"][i, width_p - p: width_p + r] = t.input_ids
+        out["attention_mask"][i, width_p - p: width_p + r] = 1
+        out["response_mask"][i, :r] = 1
+        out["action_mask"][i, :r] = t.action_mask[p:]
+        out["log_probs"][i, :r] = t.log_probs[p:]
+    return out
 
 
 class _Cache:
