@@ -126,6 +126,7 @@ USER = {"role": "user", "content": "hi"}
 
 @pytest.mark.parametrize("reply, expected", [
     (KeyError("secret"), "step raised KeyError: 'secret'"),
+    (ValueError("two\nlines"), "step raised ValueError: two lines"),
     ("more please", "step returned a str; it must return StepResult(observation, reward, done)"),
     (([USER], 1.0), "step returned a tuple; it must return StepResult"),
     (("hi", 1.0, False), "returned a str for the messages"),
@@ -409,5 +410,7 @@ def test_tool_environment_row_tools_and_limits():
         checked_reset(env, {"input": "x", "tools": ["python"]})
     with pytest.raises(EnvironmentFailure, match="environment 'tools': reset raised ValueError: row key 'input'"):
         checked_reset(env, {"input": 3})
-    with pytest.raises(ValueError, match="tools: 'nope' is neither a built-in tool"):
+    with pytest.raises(ValueError, match="environment 'tools': tools: 'nope' is neither a built-in tool"):
         ToolEnvironment(tools=["nope"])
+    with pytest.raises(ValueError, match="environment 'tools': unknown tool-call format 'json'; registered: hermes"):
+        ToolEnvironment(format="json")

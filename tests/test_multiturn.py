@@ -316,3 +316,25 @@ def test_turn_ends_and_the_padded_batch_layout(tiny):
     assert batch["response_mask"].tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
     assert batch["action_mask"].tolist() == [[1, 0, 1, 1], [1, 0, 0, 0]]
     assert batch["log_probs"].tolist() == [[-0.5, 0, -1.0, -2.0], [-0.25, 0, 0, 0]]
+
+
+def test_the_example_user_environment_loads_from_its_file_and_plays(tiny):
+    from alignment.envs import load_environment_modules, make_environment
+    from tests.helpers import REPO
+
+    model, tokenizer = tiny
+    load_environment_modules(["examples/guess_number_env.py"], base_dir=REPO)
+    env = make_environment("guess-number")
+    env.reset({"answer": 42})
+    assert env.step("50") == StepResult([{"role": "user", "content": "Lower."}], -0.1, False)
+    assert env.step("I say 42") == StepResult([], 1.0, True)
+
+    rows = [{"answer": 42}, {"answer": 7}]
+    envs = [make_environment("guess-number") for _ in rows]
+    trajectories = multi_turn_rollout(model, tokenizer, envs, rows, greedy(tokenizer, max_new_tokens=4), max_turns=3,
+                                      max_total_tokens=200)
+    for trajectory in trajectories:  # the random tiny model plays on until the turn limit (or guesses)
+        assert 1 <= trajectory.num_turns <= 3 and len(trajectory.turn_rewards) == trajectory.num_turns
+        assert trajectory.messages[0]["content"].startswith("I am thinking of a number")
+        feedback = [m["content"] for m in trajectory.messages[2::2]]
+        assert set(feedback) <= {"Higher.", "Lower.", "Please answer with a number."}

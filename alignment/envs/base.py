@@ -126,7 +126,7 @@ def checked_reset(env: Environment, row: Mapping[str, Any]) -> List[Message]:
     try:
         messages = env.reset(row)
     except Exception as err:  # a user environment's bug: name it, keep the cause
-        raise EnvironmentFailure(f"environment {env.env_name!r}: reset raised {type(err).__name__}: {err}") from err
+        raise EnvironmentFailure(f"environment {env.env_name!r}: reset raised {_one_line(err)}") from err
     messages = check_messages(messages, f"environment {env.env_name!r}: reset")
     if not messages:
         raise EnvironmentFailure(f"environment {env.env_name!r}: reset returned no messages")
@@ -139,7 +139,7 @@ def checked_step(env: Environment, assistant_message: str) -> StepResult:
     try:
         result = env.step(assistant_message)
     except Exception as err:
-        raise EnvironmentFailure(f"{where} raised {type(err).__name__}: {err}") from err
+        raise EnvironmentFailure(f"{where} raised {_one_line(err)}") from err
     if not isinstance(result, tuple) or len(result) not in (3, 4):
         raise EnvironmentFailure(f"{where} returned a {type(result).__name__}; it must return "
                                  f"StepResult(observation, reward, done)")
@@ -155,6 +155,10 @@ def checked_step(env: Environment, assistant_message: str) -> StepResult:
     if not isinstance(metrics, Mapping) or not all(isinstance(v, numbers.Real) for v in metrics.values()):
         raise EnvironmentFailure(f"{where} returned metrics {metrics!r}; they must be a dict of numbers")
     return StepResult(observation, float(reward), done, dict(metrics))
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def checked_stop_strings(env: Environment) -> tuple:

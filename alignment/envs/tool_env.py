@@ -39,8 +39,11 @@ class ToolEnvironment(Environment):
                  reward_fn: Optional[RewardHook] = None):
         if max_calls_per_turn < 1:
             raise ValueError(f"environment 'tools': max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
-        self.tools = resolve_tools(tools, BUILTIN_TOOLS)
-        self.format = tool_call_format(format)
+        try:
+            self.tools = resolve_tools(tools, BUILTIN_TOOLS)
+            self.format = tool_call_format(format)
+        except ValueError as err:
+            raise ValueError(f"environment 'tools': {err}") from None
         self.max_calls_per_turn = max_calls_per_turn
         self.system_prompt = system_prompt
         self.reward_fn = reward_fn
