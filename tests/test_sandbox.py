@@ -154,3 +154,16 @@ def test_the_environment_of_the_child_is_minimal():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError, match="python sandbox: network must be one of auto, audit-hook, got 'off'"):
         SandboxLimits(network="off")
+
+
+def test_a_python_tool_with_its_own_limits_cannot_be_given_others_by_the_policy():
+    from alignment.envs.sandbox import python_tool
+
+    tools = {"python": python_tool(SandboxLimits(wall_seconds=0.5))}
+    assert tools["python"].schema == BUILTIN_TOOLS["python"].schema and tools["python"].timeout == 5.5
+    start = time.perf_counter()
+    result = run_tool_call(ToolCall("python", {"code": "while True: pass"}), tools)
+    assert time.perf_counter() - start < 0.5 + 2.0
+    assert result.content == "Error: tool 'python' raised SandboxError: timed out after 0.5 s (wall time)"
+    sneaky = run_tool_call(ToolCall("python", {"code": "print(1)", "limits": None}), tools)
+    assert sneaky.content == "Error: tool 'python': bad arguments (got an unexpected keyword argument 'limits')"

@@ -28,6 +28,8 @@ import tempfile
 import time
 from typing import NamedTuple, Optional
 
+from alignment.envs.tools import Tool, tool_schema
+
 NETWORK_MODES = ("auto", "audit-hook")
 
 # The child's first lines (argv: status fd, network mode, memory, cpu seconds, file bytes). Kept in this file
@@ -187,11 +189,24 @@ def python(code: str) -> str:
     Args:
         code: The Python source to run; use print() to show results.
     """
+    return run_checked(code, SandboxLimits())
+
+
+def run_checked(code: str, limits: SandboxLimits) -> str:
+    """What the script prints; SandboxError (with its output) when it fails."""
     if not isinstance(code, str):
         raise SandboxError(f"code must be a string, got {type(code).__name__}")
-    limits = SandboxLimits()
     result = run_python(code, limits)
     failure = describe_failure(result, limits)
     if failure is not None:
         raise SandboxError(failure)
     return result.stdout if result.stdout else "(no output)"
+
+
+def python_tool(limits: SandboxLimits) -> Tool:
+    """The `python` tool with other limits, e.g. `ToolEnvironment(tools=[python_tool(SandboxLimits(wall_seconds=2))])`
+    (its call timeout leaves the sandbox 5 s to kill and clean up first)."""
+    def run(code: str) -> str:  # only `code`: the policy's arguments cannot reach the limits
+        return run_checked(code, limits)
+
+    return Tool("python", run, tool_schema(python), limits.wall_seconds + 5.0)

@@ -7,12 +7,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from alignment.envs.base import Environment, Message, StepResult
 from alignment.envs.calculator import calculator
 from alignment.envs.formats import tool_call_format
-from alignment.envs.sandbox import SandboxLimits, python
+from alignment.envs.sandbox import SandboxLimits, python_tool
 from alignment.envs.tools import Tool, ToolCall, ToolResult, as_tool, resolve_tools, run_tool_call
 
 BUILTIN_TOOLS: Dict[str, Tool] = {
     "calculator": as_tool(calculator, timeout=5.0),
-    "python": as_tool(python, timeout=SandboxLimits().wall_seconds + 5.0),  # the sandbox bounds itself first
+    "python": python_tool(SandboxLimits()),
 }
 
 RewardHook = Callable[[str, Mapping[str, Any]], float]

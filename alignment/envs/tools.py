@@ -13,7 +13,7 @@ import threading
 import time
 import types
 import typing
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Union
 
 from alignment.data import import_user_module
 
