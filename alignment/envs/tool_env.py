@@ -28,6 +28,9 @@ class ToolEnvironment(Environment):
     (or error text: unknown tool, bad JSON, bad arguments, a raise, a timeout) a `tool` message; reward 0. A turn
     without a call ends the episode with reward `final_reward(text)`.
 
+    tool_role: the role of result messages; "user" for a chat template that has no `tool` role (the fallback
+    template of checkpoints without one renders every other role as an assistant turn).
+
     Final reward hook: `reward_fn(final_answer, row) -> float` when given; by default 0.0, leaving the final
     answer to the caller's reward functions / reward model (as for single-turn rollouts).
     """
@@ -36,9 +39,11 @@ class ToolEnvironment(Environment):
 
     def __init__(self, tools: Sequence[Union[str, Tool, Callable[..., Any]]] = ("calculator",),
                  format: str = "hermes", max_calls_per_turn: int = 4, system_prompt: str = "",
-                 reward_fn: Optional[RewardHook] = None):
+                 reward_fn: Optional[RewardHook] = None, tool_role: str = "tool"):
         if max_calls_per_turn < 1:
             raise ValueError(f"environment 'tools': max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
+        if tool_role not in ("tool", "user"):
+            raise ValueError(f"environment 'tools': tool_role must be 'tool' or 'user', got {tool_role!r}")
         try:
             self.tools = resolve_tools(tools, BUILTIN_TOOLS)
             self.format = tool_call_format(format)
@@ -47,6 +52,7 @@ class ToolEnvironment(Environment):
         self.max_calls_per_turn = max_calls_per_turn
         self.system_prompt = system_prompt
         self.reward_fn = reward_fn
+        self.tool_role = tool_role
         self.active: Dict[str, Tool] = dict(self.tools)
         self.row: Mapping[str, Any] = {}
 
@@ -69,7 +75,7 @@ class ToolEnvironment(Environment):
         results = [run_tool_call(call, self.active) for call in calls[: self.max_calls_per_turn]]
         extra = ToolCall("", {}, f"at most {self.max_calls_per_turn} tool calls per turn; this one was not run")
         results += [run_tool_call(extra, self.active) for _ in calls[self.max_calls_per_turn:]]
-        return StepResult([{"role": "tool", "content": result.content} for result in results], 0.0, False,
+        return StepResult([{"role": self.tool_role, "content": result.content} for result in results], 0.0, False,
                           tool_metrics(results))
 
     def final_reward(self, answer: str) -> float:
