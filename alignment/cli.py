@@ -1,17 +1,22 @@
 """Console commands (pyproject.toml [project.scripts]) and `python -m alignment.<stage>`.
 
-Each command runs a stage's or a tool's `main()` and exits 0 when it returns: the `main()` functions return their
-results (metrics, paths) to tests and programs that call them, and `sys.exit` would take such a value for an
-error. The tools' programs live in alignment/commands/ (the checkout's tools/*.py scripts run the same `main()`).
+Each command runs a stage's or a tool's `main()` through alignment/exits.py's `run_program` and exits 0 when it
+returns: the `main()` functions return their results (metrics, paths) to tests and programs that call them, and
+`sys.exit` would take such a value for an error. The tools' programs live in alignment/commands/ (the checkout's tools/*.py scripts run the same `main()`).
 """
 from __future__ import annotations
 
 import importlib
 
+from alignment.exits import run_program
+
+NO_PADDLE = ("show_generations", "plot_run", "plot_overoptimization", "plan_layout")  # never import paddle
+
 
 def _run(module: str) -> int:
-    importlib.import_module(module).main()
-    return 0
+    """The exit code of the module's main() run as a program (alignment/exits.py: one line on error, no
+    traceback, 2 for bad input, 1 for failures, 130 / 143 for SIGINT / SIGTERM)."""
+    return run_program(importlib.import_module(module).main, uses_paddle=module.rsplit(".", 1)[-1] not in NO_PADDLE)
 
 
 def sft() -> int:

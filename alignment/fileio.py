@@ -115,3 +115,20 @@ def write_text_atomic(path: str, text: str) -> None:
 def write_json_atomic(path: str, data, indent: int = 2) -> None:
     """Write JSON to `path` via a temporary file and rename."""
     write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True, default=str) + "\n")
+
+
+class OutputExists(ValueError):
+    """An output path names something this program did not write (a ValueError: bad input, exit 2)."""
+
+
+def refuse_to_replace(path: str, overwrite: bool, flag: str = "--overwrite to replace it", ours=None) -> None:
+    """Stop before writing `path` when something is there already - a file, a link, a directory that is not empty -
+    unless `overwrite` (the user's `flag`) or `ours(path)` (this program wrote it before) says it may go."""
+    if overwrite or not os.path.lexists(path):
+        return
+    if os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+        return
+    if ours is not None and ours(path):
+        return
+    kind = "directory" if os.path.isdir(path) and not os.path.islink(path) else "file"
+    raise OutputExists(f"{path}: an existing {kind}; give a new path, or {flag}")

@@ -19,4 +19,4 @@ for kl in 0.01 0.05 0.3 1.0; do
         --disable_tqdm true
     runs+=("$out/kl$kl")
 done
-python tools/plot_overoptimization.py "${runs[@]}" --smooth 5 --output "$out/overoptimization.png"
+python tools/plot_overoptimization.py "${runs[@]}" --smooth 5 --output "$out/overoptimization.png" --overwrite

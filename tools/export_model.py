@@ -7,6 +7,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout's `alignment`
 
 from alignment.commands.export_model import main  # noqa: E402
+from alignment.exits import run_program  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_program(main))

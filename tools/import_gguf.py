@@ -7,10 +7,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # a checkout's `alignment`
 
 from alignment.commands.import_gguf import main  # noqa: E402
-from alignment.models.convert.from_gguf import ConversionError  # noqa: E402
+from alignment.exits import run_program  # noqa: E402
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConversionError as error:
-        sys.exit(f"error: {error}")
+    sys.exit(run_program(main))

@@ -25,11 +25,14 @@ def main(argv=None) -> str:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the written weights (default float32)")
     p.add_argument("--max_shard_mb", type=int, default=2048, help="largest safetensors shard, in MiB")
+    p.add_argument("--overwrite", action="store_true", help="replace what is at --output already")
     args = p.parse_args(argv)
+    from alignment.fileio import refuse_to_replace
     from alignment.models.convert.from_paddlenlp import convert
     from alignment.training.setup import user_errors
 
     with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
+        refuse_to_replace(args.output, args.overwrite)
         path = convert(args.input, args.output, args.dtype, args.max_shard_mb)
     print(f"converted {args.input} into {path}")
     return path

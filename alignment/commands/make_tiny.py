@@ -15,6 +15,7 @@ import json
 import os
 
 from alignment.config.tool_parser import ToolParser
+from alignment.fileio import refuse_to_replace
 
 from alignment.cpu_env import apply_cpu_defaults
 
@@ -114,6 +115,7 @@ def main(argv=None) -> str:
     if not args.force and os.path.exists(marker) and open(marker).read().strip() == recipe:
         print(f"{args.output} is up to date (recipe {recipe}); use --force to rebuild")
         return args.output
+    refuse_to_replace(args.output, args.force, "--force to replace it", ours=lambda path: os.path.exists(marker))
     write_tiny(args.output, files, recipe)
     return args.output
 

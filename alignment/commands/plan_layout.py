@@ -173,10 +173,12 @@ def main(argv=None) -> int:
         print(f"plan_layout.py: {err}", file=sys.stderr)
         return 1
     except PlanError as err:
-        print(f"plan_layout.py: error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from alignment.exits import run_program
+
+    sys.exit(run_program(main, uses_paddle=False))

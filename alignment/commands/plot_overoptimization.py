@@ -18,6 +18,7 @@ import sys
 from typing import Dict, List
 
 from alignment.config.tool_parser import ToolParser
+from alignment.fileio import refuse_to_replace
 
 from alignment.training.logger import read_series
 
@@ -104,8 +105,11 @@ def main(argv=None) -> str:
     parser.add_argument("runs", nargs="+", help="output_dirs of PPO/GRPO runs with a gold_judge")
     parser.add_argument("--output", default=None, help="PNG path (default: <first run>/overoptimization.png)")
     parser.add_argument("--smooth", type=int, default=3, help="running-mean window in steps")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
     try:
+        if args.output:
+            refuse_to_replace(args.output, args.overwrite)
         curves = [curve(run, max(1, args.smooth)) for run in args.runs]
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

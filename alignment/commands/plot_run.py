@@ -14,6 +14,7 @@ import sys
 from typing import Dict, List, Tuple
 
 from alignment.config.tool_parser import ToolParser
+from alignment.fileio import refuse_to_replace
 
 from alignment.training.logger import read_series
 
@@ -118,9 +119,12 @@ def plot_run(output_dir: str, output: str = None) -> Tuple[str, List[str]]:
 def main(argv=None) -> str:
     p = ToolParser(__doc__)
     p.add_argument("output_dir", help="a run's output_dir (holding metrics.jsonl)")
-    p.add_argument("--output", default=None, help="PNG path (default: <output_dir>/run_report.png)")
+    p.add_argument("--output", default=None, help="PNG path (default: <output_dir>/run_report.png, replaced)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = p.parse_args(argv)
     try:
+        if args.output:
+            refuse_to_replace(args.output, args.overwrite)
         path, lines = plot_run(args.output_dir, args.output)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

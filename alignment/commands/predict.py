@@ -23,6 +23,7 @@ from typing import List
 from alignment.config.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
+from alignment.fileio import refuse_to_replace
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
@@ -47,6 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompts", default=None, help="JSON lines with a \"prompt\" key, or plain text lines")
     p.add_argument("--output", default=None, help="JSON lines out (default stdout)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
@@ -72,6 +74,8 @@ def main(argv=None) -> List[dict]:
     from alignment.training.setup import user_errors
 
     with user_errors():  # a missing or old export, a bad prompt file or option: one line naming it, exit 2
+        if args.output:
+            refuse_to_replace(args.output, args.overwrite)
         records = read_prompts(args.prompt, args.prompts)
         start = time.perf_counter()
         lm = load(args.model, args.device, args.threads)

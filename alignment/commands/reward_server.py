@@ -14,6 +14,7 @@ import sys
 from alignment.config.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
+from alignment.fileio import refuse_to_replace
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
@@ -48,7 +49,18 @@ def parse_args(argv=None):
         p.error("--max-wait-ms must be >= 0 and --max-body-mb > 0")
     if not args.model and not args.judge:
         p.error("give --model, --judge or both")
+    if args.port_file:
+        refuse_to_replace(args.port_file, False, "delete it first", ours=_holds_a_port)
     return args
+
+
+def _holds_a_port(path: str) -> bool:
+    """A port file an earlier server wrote (one number), which a restart may replace."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(16).strip().isdigit()
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,7 @@
 """The command-line parser of the tools (tools/*.py): argparse, with the stages' conventions.
 
 - `--key-name` and `--key_name` are the same flag (the stages' argument files use underscores, argparse dashes);
+- a flag is never abbreviated (`--mode` is not `--model`), and a bad one is one `error:` line, exit 2;
 - `--help` fits 100 columns: the tool's docstring is refilled paragraph by paragraph (prose and list items), while
   lines indented 4+ spaces (command examples, formulas) stay on their own lines, wrapped under their indentation
   only when longer; argparse's own text wraps at 100 too.
@@ -58,7 +59,12 @@ class ToolParser(argparse.ArgumentParser):
 
     def __init__(self, description: str = "", **kwargs):
         kwargs.setdefault("formatter_class", _Formatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(description=description.strip(), **kwargs)
+
+    def error(self, message: str):
+        """One line (argparse prints its usage first): the problem and where the flags are listed."""
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
     def add_argument(self, *names, **kwargs):
         """Long options are declared with dashes whatever the tool wrote (`--is_rm` -> `--is-rm`, dest `is_rm`)."""

@@ -10,6 +10,7 @@ from typing import List
 import paddle
 
 from alignment.data.tokenized import collate_prompts
+from alignment.fileio import write_text_atomic
 from alignment.models.generation import generate
 
 
@@ -107,5 +108,4 @@ def write_jsonl(results: List[dict], output: str = None) -> None:
         sys.stdout.write(lines)
         sys.stdout.flush()
     else:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(lines)
+        write_text_atomic(output, lines)

@@ -31,6 +31,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from alignment.fileio import write_text_atomic
 from alignment.rewards.scoring import ScoreRow
 
 
@@ -406,8 +407,6 @@ def serve(scorer, limits: ServerLimits, info: dict, host: str, port: int, port_f
     print(f"reward server listening on http://{host}:{bound} (model {info.get('model')}, judges "
           f"{info.get('judges')}; max batch {limits.max_batch} rows, queue {limits.max_queue})", flush=True)
     if port_file:
-        with open(port_file + ".tmp", "w") as f:
-            f.write(str(bound))
-        os.replace(port_file + ".tmp", port_file)
+        write_text_atomic(port_file, str(bound))
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])

@@ -41,7 +41,7 @@ TOKEN_TYPE_CONTROL = int(gguf.TokenType.CONTROL)
 TOKEN_TYPE_USER_DEFINED = int(gguf.TokenType.USER_DEFINED)
 
 
-class ConversionError(Exception):
+class ConversionError(ValueError):
     """A problem with the input file or its contents; the message names the file."""
 
 

@@ -1,0 +1,101 @@
+"""How every program ends: scripts, `python -m`, console commands and the reward server share `run_program`.
+
+    exit 0    done
+    exit 2    bad input: a missing or malformed file, a bad flag or key (ValueError, FileNotFoundError, ...)
+    exit 1    a failure: a full disk, a run that stopped itself, a bug (any other exception)
+    exit 130  SIGINT (Ctrl-C);  exit 143  SIGTERM
+
+Whatever ends the program prints one line on stderr, `error: ...` or `stopped by SIGTERM ...`, never a traceback
+unless `--debug` is on the command line or ALIGNMENT_DEBUG=1 is set. The stages add where a run stopped and which
+checkpoint is intact (training/setup.py's `training_stops`).
+
+Paddle's import installs a C++ handler for SIGTERM that prints a stack dump; `run_program` imports paddle first
+(unless the program never uses it) and only then installs its own handlers, which raise `Interrupted` in the main
+thread so that `finally` blocks and atomic writes run as for any exception.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from typing import Callable, Optional
+
+BAD_INPUT, FAILURE = 2, 1
+BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)  # DataFormatError,
+# ArgumentError and every "key 'x': ..." refusal are ValueErrors
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived. A BaseException, like KeyboardInterrupt: `except Exception` lets it through."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def debug_requested(argv: Optional[list] = None) -> bool:
+    """--debug on the command line (removed from it) or ALIGNMENT_DEBUG=1 in the environment."""
+    argv = sys.argv if argv is None else argv
+    if "--debug" in argv[1:]:
+        argv.remove("--debug")
+        return True
+    return os.environ.get("ALIGNMENT_DEBUG", "") not in ("", "0")
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(signum)
+
+
+def install_signal_handlers(uses_paddle: bool = True) -> dict:
+    """SIGTERM and SIGINT raise Interrupted in the main thread (after paddle's import, which would replace them);
+    returns the handlers they replace."""
+    if uses_paddle and not _help_requested():
+        import paddle  # noqa: F401  (its import installs the C++ handler ours must come after)
+    return {signum: signal.signal(signum, _raise_interrupted) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _help_requested() -> bool:
+    return any(arg in ("-h", "--help") for arg in sys.argv[1:])
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text if text else type(error).__name__
+
+
+def run_program(main: Callable[[], object], uses_paddle: bool = True) -> int:
+    """Run `main()` as a program and return its exit code (for `sys.exit`). `main` may return anything (results
+    for callers); an int it returns is taken as the exit code."""
+    debug, replaced = debug_requested(), {}
+    try:
+        replaced = install_signal_handlers(uses_paddle)
+        result = main()
+    except SystemExit as stop:
+        return _code(stop.code)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        print(f"stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
+    except BaseException as err:  # noqa: BLE001 - the one place every program's errors end
+        if debug:
+            traceback.print_exc()
+        code = BAD_INPUT if isinstance(err, BAD_INPUT_ERRORS) else FAILURE
+        hint = "" if debug or code == BAD_INPUT else " (rerun with --debug for the traceback)"
+        print(f"error: {one_line(err)}{hint}", file=sys.stderr)
+        return code
+    finally:
+        for signum, handler in replaced.items():  # a caller in the same process (a test) gets its own back
+            signal.signal(signum, handler)
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _code(code) -> int:
+    """SystemExit's code as an exit status: None is 0, a message is printed as one line and is 2 (argparse-style)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(f"error: {' '.join(str(code).split())}", file=sys.stderr)
+    return BAD_INPUT
