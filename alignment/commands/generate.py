@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from alignment.config.tool_parser import ToolParser
+from alignment.config.tool_parser import ToolParser, positive_int
 
 from alignment.cpu_env import apply_cpu_defaults
 
@@ -43,7 +43,7 @@ def main(argv=None):
     parser = ToolParser(__doc__)
     parser.add_argument("--model", required=True, help="checkpoint directory (HF layout, with tokenizer.json)")
     parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)

@@ -22,7 +22,7 @@ import dataclasses
 import json
 from typing import List, Optional, Tuple
 
-from alignment.config.tool_parser import ToolParser
+from alignment.config.tool_parser import ToolParser, positive_int
 
 from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace
@@ -106,9 +106,9 @@ def main(argv=None) -> List[float]:
     p.add_argument("--show", type=int, default=0, help="with several models: print this many prompts side by side")
     p.add_argument("--prompts", default="prompt-only:1.0:data/prompts/eval.jsonl", help="dataset spec or JSONL path")
     p.add_argument("--judge", default="combined", help="judge name (alignment/rewards/judges.py) or module:function")
-    p.add_argument("--max-length", type=int, default=160)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=20)
+    p.add_argument("--max-length", type=positive_int, default=160)
+    p.add_argument("--max-new-tokens", type=positive_int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=20)
     p.add_argument("--output", default=None, help="write prompts, answers and scores here (JSONL)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = p.parse_args(argv)

@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 
-from alignment.config.tool_parser import ToolParser
+from alignment.config.tool_parser import ToolParser, fraction, positive_int, positive_number
 from alignment.config.choices import parse_offload_levels
 from alignment.planning.memory import GIB, Plan, PlanError, load_model, memory, model_params, peak
 from alignment.planning.search import (NoFit, degrees, describe, ladder, layouts, name, offload_effect, recommend,
@@ -72,14 +72,14 @@ def parse_args(argv):
     ap = ToolParser(__doc__)
     add = ap.add_argument
     add("--model", required=True, help="config.json or a Hugging Face checkpoint directory")
-    add("--gpus", type=int, required=True)
-    add("--gpu-memory-gib", type=float, required=True, help="memory per GPU (per process with --device cpu)")
-    add("--gpus-per-node", type=int, default=8, help="tensor parallelism stays within a node")
+    add("--gpus", type=positive_int, required=True)
+    add("--gpu-memory-gib", type=positive_number, required=True, help="memory per GPU (per process with --device cpu)")
+    add("--gpus-per-node", type=positive_int, default=8, help="tensor parallelism stays within a node")
     add("--stage", choices=("ppo", "sft", "rm", "dpo"), default="ppo")
-    add("--seq-len", type=int, default=512, help="tokens per row (PPO: prompt + response)")
-    add("--response-len", type=int, help="tokens generated / through the LM head (default: seq/2, SFT: seq)")
-    add("--micro-batch", type=int, default=8, help="rows per device per micro-batch (RM/DPO: pairs)")
-    add("--rollout-batch", type=int, default=8, help="PPO rollouts generated per device")
+    add("--seq-len", type=positive_int, default=512, help="tokens per row (PPO: prompt + response)")
+    add("--response-len", type=positive_int, help="tokens generated / through the LM head (default: seq/2, SFT: seq)")
+    add("--micro-batch", type=positive_int, default=8, help="rows per device per micro-batch (RM/DPO: pairs)")
+    add("--rollout-batch", type=positive_int, default=8, help="PPO rollouts generated per device")
     add("--dtype", choices=("bf16", "fp32"), default="bf16")
     add("--lora-rank", type=int, default=0, help="LoRA on all projections (PPO: actor and critic)")
     add("--recompute", action="store_true", help="require full recompute (otherwise added only when needed)")
@@ -87,12 +87,12 @@ def parse_args(argv):
     add("--eval-mode", choices=("tensor_parallel", "single"), default="tensor_parallel")
     add("--activations", choices=("eager", "korthikanti"), default="eager")
     add("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: fp32 + the measured Paddle runtime RSS")
-    add("--runtime-gib", type=float, help="CPU runtime RSS to use instead of measuring it")
-    add("--reserve", type=float, default=0.1, help="fraction kept free (CUDA context, NCCL, fragmentation)")
+    add("--runtime-gib", type=positive_number, help="CPU runtime RSS to use instead of measuring it")
+    add("--reserve", type=fraction, default=0.1, help="fraction kept free (CUDA context, NCCL, fragmentation)")
     for flag in ("--tp", "--pp", "--sharding-degree"):
-        add(flag, type=int, help="pin this degree")
+        add(flag, type=positive_int, help="pin this degree")
     add("--allow-unbuilt", action="store_true", help="also recommend sharding stage2/3 (not built in this toolkit)")
-    add("--top", type=int, default=30, help="rows of the printed table")
+    add("--top", type=positive_int, default=30, help="rows of the printed table")
     add("--json", action="store_true", help="machine-readable output")
     return ap.parse_args(argv)
 

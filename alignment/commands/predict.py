@@ -20,7 +20,7 @@ import sys
 import time
 from typing import List
 
-from alignment.config.tool_parser import ToolParser
+from alignment.config.tool_parser import ToolParser, positive_int
 
 from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace
@@ -49,8 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--prompts", default=None, help="JSON lines with a \"prompt\" key, or plain text lines")
     p.add_argument("--output", default=None, help="JSON lines out (default stdout)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--do-sample", action="store_true", help="sample (default greedy)")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
     p.add_argument("--seed", type=int, default=None, help="paddle.seed for sampling")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
-    p.add_argument("--threads", type=int, default=None, help="CPU math threads (MKL and OpenMP) of the predictor, "
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU math threads (MKL and OpenMP) of the predictor, "
                    "set for the whole process; default: leave them as they are (1 decoded fastest on 2 cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off when stderr is no TTY)")
     args = p.parse_args(argv)

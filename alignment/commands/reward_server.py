@@ -45,6 +45,8 @@ def parse_args(argv=None):
     for key in ("max_batch", "max_queue", "max_rows", "max_chars", "max_request_chars"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     if not args.max_wait_ms >= 0 or not args.max_body_mb > 0:  # NaN fails both
         p.error("--max-wait-ms must be >= 0 and --max-body-mb > 0")
     if not args.model and not args.judge:

@@ -86,3 +86,36 @@ def dashed(args: Optional[Sequence[str]]) -> List[str]:
             arg = "--" + name.replace("_", "-") + sep + value
         out.append(arg)
     return out
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """argparse type: a finite number > 0 (NaN and inf refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
+    return value

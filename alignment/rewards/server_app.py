@@ -401,7 +401,12 @@ def serve(scorer, limits: ServerLimits, info: dict, host: str, port: int, port_f
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse the port of a killed server
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as err:  # a busy port, an address this machine does not have
+        sock.close()
+        raise ValueError(f"--host {host} --port {port}: cannot listen there "
+                         f"({getattr(err, 'strerror', None) or err})") from None
     sock.listen(2048)
     bound = sock.getsockname()[1]
     print(f"reward server listening on http://{host}:{bound} (model {info.get('model')}, judges "
