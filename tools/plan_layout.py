@@ -37,7 +37,7 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.config.tool_parser import ToolParser  # noqa: E402
+from alignment.tool_parser import ToolParser  # noqa: E402
 from alignment.config.choices import OFFLOAD_LEVELS, SHARDING_STAGES, parse_offload_levels  # noqa: E402
 
 GIB = 2 ** 30

@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.config.tool_parser import ToolParser  # noqa: E402
+from alignment.tool_parser import ToolParser  # noqa: E402
 
 from alignment.training.logger import read_series  # noqa: E402
 

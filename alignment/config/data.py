@@ -5,7 +5,7 @@ import dataclasses
 from typing import List, Optional
 
 from alignment.config.parser import field
-from alignment.config.training import DatasetSpecs
+from alignment.config.training import DatasetSpecs, pipelined
 
 
 @dataclasses.dataclass
@@ -15,6 +15,10 @@ class ModelArguments:
     model_name_or_path: str = field(help="HF-layout checkpoint directory to start from (config.json + safetensors "
                                          "+ tokenizer.json), e.g. checkpoints/tiny after `python tools/make_tiny.py`.")
     tokenizer_name_or_path: Optional[str] = field(None, help="Tokenizer directory; null = model_name_or_path.")
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer_name_or_path or self.model_name_or_path
 
 
 @dataclasses.dataclass
@@ -69,3 +73,7 @@ class LoRAArguments:
             raise ValueError("key 'lora_target_modules' is empty")
         if self.lora_path and not self.lora:
             raise ValueError("key 'lora_path' needs 'lora': true")
+
+    def validate_with(self, *others) -> None:
+        if self.lora and pipelined(others):
+            raise ValueError("key 'lora': LoRA with pipeline_parallel_degree > 1 is not supported")

@@ -6,6 +6,7 @@ from typing import Optional
 
 from alignment.config.choices import DPO_LOSS_TYPES as LOSS_TYPES
 from alignment.config.parser import field
+from alignment.config.training import pipelined
 
 
 @dataclasses.dataclass
@@ -56,3 +57,7 @@ class DPOArguments:
             key = "ref_model_name_or_path" if self.ref_model_name_or_path else "precompute_ref_log_probs"
             why = "loss_type simpo" if self.loss_type == "simpo" else "reference_free true"
             raise ValueError(f"key {key!r} contradicts {why} (no reference model is used)")
+
+    def validate_with(self, *others) -> None:
+        if self.loss_type == "kto" and pipelined(others):
+            raise ValueError("key 'loss_type': 'kto' with pipeline_parallel_degree > 1 is not supported")

@@ -10,7 +10,7 @@ from alignment.config.choices import (ADVANTAGE_ESTIMATORS, EVAL_MODES, KL_ESTIM
                                       parse_offload_levels)
 from alignment.config.data import DataArguments
 from alignment.config.parser import field
-from alignment.config.training import DatasetSpecs
+from alignment.config.training import DatasetSpecs, pipelined
 
 
 @dataclasses.dataclass
@@ -256,10 +256,10 @@ class PPOArguments:
         self.validate_reward_server()
 
     def validate_reward_server(self) -> None:
-        urls = server_urls(self.reward_server)
-        if self.use_rm_server and not urls:
+        self.reward_server_urls = server_urls(self.reward_server)  # parsed once: the client takes these
+        if self.use_rm_server and not self.reward_server_urls:
             raise ValueError("key 'reward_server' must name at least one URL when 'use_rm_server' is true")
-        if urls and not self.use_rm_server:
+        if self.reward_server_urls and not self.use_rm_server:
             raise ValueError("key 'reward_server' is set but 'use_rm_server' is false: the server would be unused")
         if self.reward_server_timeout <= 0:
             raise ValueError(f"key 'reward_server_timeout' must be > 0, got {self.reward_server_timeout}")
@@ -276,6 +276,8 @@ class PPOArguments:
                              "set 'eval_mode': 'single'")
         if self.critic_lora_path and not self.critic_lora:
             raise ValueError("key 'critic_lora_path' needs 'critic_lora': true")
+        if self.critic_lora and pipelined(others):
+            raise ValueError("key 'critic_lora': LoRA with pipeline_parallel_degree > 1 is not supported")
         if self.critic_lora and not self.uses_critic:
             raise ValueError(f"key 'critic_lora': advantage_estimator {self.advantage_estimator!r} builds no critic")
         if not self.reward_funcs and model_args.reward_model_name_or_path is None and not self.use_rm_server:

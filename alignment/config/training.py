@@ -5,11 +5,15 @@ import dataclasses
 from typing import List, Optional, Union
 
 from alignment.config.choices import LR_SCHEDULERS
-from alignment.config.layout import plan
 from alignment.config.parser import field
 
 DatasetSpecs = Union[str, List[str], dict]
 REPORT_TO = ("visualdl", "none")
+
+
+def pipelined(instances) -> bool:
+    """Whether the parsed argument classes ask for pipeline stages (TrainingArguments.pipeline_parallel_degree)."""
+    return any(getattr(instance, "pipeline_parallel_degree", 1) > 1 for instance in instances)
 
 
 @dataclasses.dataclass
@@ -133,4 +137,3 @@ class TrainingArguments:
             raise ValueError(f"key 'report_to' must be one of {REPORT_TO}, got {self.report_to!r}")
         if self.fp16_opt_level not in ("O1", "O2"):
             raise ValueError(f"key 'fp16_opt_level' must be O1 or O2, got {self.fp16_opt_level!r}")
-        plan(self)  # degrees against the launched world size, before any model loads
