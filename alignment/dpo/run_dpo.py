@@ -39,14 +39,10 @@ def main(argv=None) -> dict:
         argv, ModelArguments, DataArguments, DPOArguments, LoRAArguments, TrainingArguments)
 
     from alignment.dpo.trainer import DPOTrainer, summarize
-    from alignment.models import Tokenizer
 
-    setup.start_processes(train_args, run.layout)
-    with setup.user_errors():
-        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_path)
-        train_set, eval_set, collate = build_datasets(
-            dpo_args, data_args, tokenizer, *setup.load_raw(data_args, train_args.seed, run.argument_dir),
-            train_args.seed)
+    with setup.started(train_args, run):
+        tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
+        train_set, eval_set, collate = build_datasets(dpo_args, data_args, tokenizer, *raw, train_args.seed)
         print(setup.datasets_line("rows", train_set, eval_set))
         policy = setup.load_trained_model("causal", model_args.model_name_or_path, run.layout, lora_args,
                                           recompute=train_args.recompute)

@@ -9,7 +9,6 @@ size 1 and none of this does anything.
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, List
 
 import paddle

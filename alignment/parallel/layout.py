@@ -41,9 +41,6 @@ class Layout:
 def plan(args, world: int) -> Layout:
     """The layout the training arguments ask for over `world` processes, or a ValueError naming the keys."""
     tp, pp = args.tensor_parallel_degree, args.pipeline_parallel_degree
-    for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp)):
-        if value < 1:
-            raise ValueError(f"key {key!r} must be >= 1, got {value}")
     stage = args.sharding.strip()
     if stage not in SHARDING_STAGES:
         raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")

@@ -52,19 +52,17 @@ def main(argv=None) -> dict:
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
-    from alignment.models import Tokenizer
     from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
     from alignment.rewards.functions import RewardFunctionError, load_reward_function
     from alignment.rewards.remote import RewardServerError
     from alignment.rewards.remote import RewardServerClient
     from alignment.rewards.scoring import RewardComputer
 
-    setup.start_processes(train_args, run.layout)
-    with setup.user_errors():
+    with setup.started(train_args, run):
         for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
             load_reward_function(spec)  # a typo fails here, before any model is loaded
-        tokenizer = Tokenizer.from_pretrained(model_args.actor_model_name_or_path)
-        train_raw, eval_raw = setup.load_raw(data_args, train_args.seed, run.argument_dir)
+        tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.actor_model_name_or_path, data_args,
+                                                           train_args.seed, run)
         prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
         eval_prompts = PromptOnlyDataset(eval_raw, tokenizer, data_args.max_length, too_long="error") \
             if eval_raw is not None else None

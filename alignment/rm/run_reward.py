@@ -25,14 +25,11 @@ def main(argv=None) -> dict:
         argv, ModelArguments, DataArguments, RewardArguments, LoRAArguments, TrainingArguments)
 
     from alignment.data.tokenized import collate_preference, preference_datasets
-    from alignment.models import Tokenizer
     from alignment.rm.trainer import RewardTrainer
 
-    setup.start_processes(train_args, run.layout)
-    with setup.user_errors():
-        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_path)
-        train_set, eval_set = preference_datasets(*setup.load_raw(data_args, train_args.seed, run.argument_dir),
-                                                  tokenizer, data_args.max_length)
+    with setup.started(train_args, run):
+        tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
+        train_set, eval_set = preference_datasets(train_raw, eval_raw, tokenizer, data_args.max_length)
         print(setup.datasets_line("pairs", train_set, eval_set))
         model = setup.load_trained_model(
             "score", model_args.model_name_or_path, run.layout, lora_args, trainable=("score.",),

@@ -24,15 +24,12 @@ def main(argv=None) -> dict:
         argv, ModelArguments, DataArguments, LoRAArguments, TrainingArguments)
 
     from alignment.data.tokenized import SupervisedDataset, collate_supervised
-    from alignment.models import Tokenizer
     from alignment.sft.trainer import SupervisedTrainer
 
-    setup.start_processes(train_args, run.layout)
-    with setup.user_errors():
-        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_path)
-        train_raw, eval_raw = setup.load_raw(data_args, train_args.seed, run.argument_dir)
-        train_set, eval_set = (SupervisedDataset(raw, tokenizer, data_args.max_length) if raw is not None else None
-                               for raw in (train_raw, eval_raw))
+    with setup.started(train_args, run):
+        tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
+        train_set, eval_set = (SupervisedDataset(r, tokenizer, data_args.max_length) if r is not None else None
+                               for r in raw)
         print(setup.datasets_line("samples", train_set, eval_set))
         model = setup.load_trained_model("causal", model_args.model_name_or_path, run.layout, lora_args,
                                          recompute=train_args.recompute)

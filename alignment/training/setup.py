@@ -159,6 +159,22 @@ def start_processes(train_args, layout: Layout) -> None:
     set_seed(train_args.seed)
 
 
+@contextlib.contextmanager
+def started(train_args, run: Invocation):
+    """Start the processes (`start_processes`); inside, errors of loading user inputs are a one-line exit."""
+    start_processes(train_args, run.layout)
+    with user_errors():
+        yield
+
+
+def load_inputs(tokenizer_path: str, data_args, seed: int, run: Invocation):
+    """(tokenizer, train raw dataset, eval raw dataset or None): what every stage reads first (`load_raw`)."""
+    from alignment.models import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(tokenizer_path)
+    return (tokenizer, *load_raw(data_args, seed, run.argument_dir))
+
+
 def _model_classes(head: str):
     """(config class, model class) of a model head: 'causal' (a language model) or 'score' (reward model, critic)."""
     from alignment.models import LlamaConfig, LlamaForCausalLM
