@@ -18,14 +18,15 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 from alignment.config.data import LoRAArguments  # noqa: E402
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
+from alignment.parallel.layout import Layout  # noqa: E402
 from alignment.training import setup  # noqa: E402
 
 
-def build_models(model_args, ppo_args, lora_args, train_args, layout):
-    """(actor, reference, critic or None, reward model or None, reward tokenizer or None). With LoRA on the actor
-    the reference is the actor itself (its base weights, adapters off). With pipeline stages, actor and critic
-    are pipeline models (alignment/wrappers/pipeline.py); the frozen reference and reward models stay whole (or
-    tensor-parallel)."""
+def build_models(model_args, ppo_args, lora_args, train_args, layout: Layout = Layout()):
+    """(actor, reference, critic or None, reward model or None, reward tokenizer or None) for `layout` (default:
+    one process). With LoRA on the actor the reference is the actor itself (its base weights, adapters off). With
+    pipeline stages, actor and critic are pipeline models (alignment/wrappers/pipeline.py); the frozen reference
+    and reward models stay whole (or tensor-parallel)."""
     from alignment.models import Tokenizer
     from alignment.ppo.pipeline_update import PolicyPipeLoss, ValuePipeLoss
 

@@ -1,4 +1,6 @@
-"""Start-of-run helpers shared by the entry points: argument echo, data loading, clean failures."""
+"""The skeleton every entry point (alignment/<stage>/run_*.py) shares: arguments parsed once with the process
+layout they ask for, processes started, inputs read, the models loaded (the one trained, frozen ones, the
+reference), clean failures and the run's last lines. Each run_*.py keeps only what its stage does differently."""
 from __future__ import annotations
 
 import contextlib
@@ -113,10 +115,10 @@ def parse_arguments(argv, *dataclass_types):
     parser = ArgumentParser(*dataclass_types)
     try:
         instances = parser.parse_args(argv, prog=program_name())
-        train_args = next(i for i in instances if isinstance(i, TrainingArguments))
-        layout = plan(train_args, launcher.world_size())  # degrees against the launch, before any model loads
     except ArgumentError as err:
         fail(err)
+    try:  # the degrees against the launch, before any model loads
+        layout = plan(next(i for i in instances if isinstance(i, TrainingArguments)), launcher.world_size())
     except ValueError as err:
         fail(f"{parser.source}: {err}")
     argument_dir = os.path.dirname(os.path.abspath(argv[0])) if argv and not argv[0].startswith("-") else None
