@@ -28,8 +28,8 @@ _started = None
 
 
 def _host_of(rank: int) -> str:
-    endpoints = endpoints()
-    return endpoints[rank].rsplit(":", 1)[0] if rank < len(endpoints) else "?"
+    hosts = endpoints()
+    return hosts[rank].rsplit(":", 1)[0] if rank < len(hosts) else "?"
 
 
 def _heartbeat_store(rank: int, timeout: float):
