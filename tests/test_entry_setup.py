@@ -28,6 +28,13 @@ def test_the_launcher_environment_is_read_in_one_place(monkeypatch):
         (4, 3, ["h1:6170", "h2:6171"], False)
 
 
+def test_the_watchdog_names_a_lost_rank_by_its_host_from_the_launch(monkeypatch):
+    from alignment.parallel.watchdog import _host_of
+
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "10.0.0.1:6170,10.0.0.2:6171")
+    assert (_host_of(0), _host_of(1), _host_of(2)) == ("10.0.0.1", "10.0.0.2", "?")
+
+
 def test_parse_arguments_plans_the_layout_once_and_keeps_the_argument_dir(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
     monkeypatch.setenv("PADDLE_TRAINER_ID", "1")  # not rank 0: prints nothing
