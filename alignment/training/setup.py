@@ -185,8 +185,7 @@ def _model_classes(head: str):
     return {"causal": (LlamaConfig, LlamaForCausalLM), "score": (ScoreConfig, ScoreModel)}[head]
 
 
-def load_trained_model(head: str, path: str, layout: Layout, lora_args=None, pipe_loss=None, trainable=(),
-                       **config):
+def load_trained_model(head: str, path: str, layout: Layout, lora_args, pipe_loss=None, trainable=(), **config):
     """The model a stage trains, from the checkpoint at `path`: this rank's pipeline stage (ending in `pipe_loss`)
     when the layout has pipeline stages, else the whole model with LoRA adapters when `lora_args.lora` is on
     (`trainable`: what trains besides the adapters). The arguments' validation refuses LoRA with pipelines."""
@@ -197,7 +196,7 @@ def load_trained_model(head: str, path: str, layout: Layout, lora_args=None, pip
     if layout.pipeline > 1:
         return load_pipeline_model(config_class, path, head, layout.pipeline, pipe_loss, **config)
     model = model_class.from_pretrained(path, **config)
-    return model if lora_args is None else with_lora(model, lora_args, trainable)
+    return with_lora(model, lora_args, trainable)
 
 
 def load_frozen_model(head: str, path: str):
