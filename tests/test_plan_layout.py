@@ -10,7 +10,7 @@ import pytest
 
 from alignment.commands import plan_layout
 from alignment.config.choices import OFFLOAD_LEVELS
-from alignment.config.layout import Layout
+from alignment.parallel.layout import Layout
 from alignment.planning import memory, search
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

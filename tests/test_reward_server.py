@@ -248,7 +248,7 @@ def test_concurrent_requests_share_a_batch_and_a_failing_one_gets_422_alone(judg
     assert "raised ValueError: boom" in answers[1].json()["error_msg"]
     assert [answers[0].json()["score"], answers[2].json()["score"]] == [[1.0], [3.0]]
     with pytest.raises(RewardServerError, match="HTTP 422: scoring failed"):  # not retried: it would fail again
-        RewardServerClient(judge_server.url, retries=3, sleep=lambda s: None).scores(["p"], ["boom"])
+        RewardServerClient([judge_server.url], retries=3, sleep=lambda s: None).scores(["p"], ["boom"])
 
 
 def test_a_full_queue_answers_503_with_retry_after_and_the_server_keeps_serving(judge_server):
@@ -259,7 +259,7 @@ def test_a_full_queue_answers_503_with_retry_after_and_the_server_keeps_serving(
         assert a.status_code == 503 or a.json()["score"] == [float(i + 1)]
     assert httpx.post(judge_server.url + "/", json={"src": ["p"], "response": ["ok"]}, timeout=30).json()["score"] \
         == [2.0]
-    client = RewardServerClient(judge_server.url, retries=8, backoff=0.1)  # our client rides out the overload
+    client = RewardServerClient([judge_server.url], retries=8, backoff=0.1)  # our client rides out the overload
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda i: client.scores(["p"], ["y" * i]), range(1, 9)))
     assert [list(s) for s, _ in results] == [[float(i)] for i in range(1, 9)]
@@ -300,7 +300,7 @@ def test_bad_requests_get_4xx_naming_the_field_and_the_server_keeps_serving(rm_s
         answer = httpx.post(rm_server.url + "/", json={"src": ["a"], "response": ["b"]}, headers=headers, timeout=30)
         assert answer.status_code == 401 and "bearer token" in answer.json()["error_msg"]
     with pytest.raises(RewardServerError, match="HTTP 401"):
-        RewardServerClient(rm_server.url, token="wrong", retries=3, sleep=lambda s: None).scores(["a"], ["b"])
+        RewardServerClient([rm_server.url], token="wrong", retries=3, sleep=lambda s: None).scores(["a"], ["b"])
     assert httpx.post(rm_server.url + "/", json={"src": ["a"], "response": ["b"]}, headers=AUTH,
                       timeout=30).status_code == 200
     after = httpx.get(rm_server.url + "/metrics", headers=AUTH, timeout=10).json()["responses"]

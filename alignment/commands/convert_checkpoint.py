@@ -12,7 +12,7 @@ Tokenizer files in our formats (tokenizer.json, tokenizer_config.json, ...) are 
 """
 from __future__ import annotations
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 from alignment.cpu_env import apply_cpu_defaults
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported

@@ -17,7 +17,7 @@ Then `python tools/predict.py --model <output> --prompts prompts.jsonl` generate
 """
 from __future__ import annotations
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from alignment.config.tool_parser import ToolParser, positive_int
+from alignment.tool_parser import ToolParser, positive_int
 
 from alignment.cpu_env import apply_cpu_defaults
 

@@ -22,7 +22,7 @@ import dataclasses
 import json
 from typing import List, Optional, Tuple
 
-from alignment.config.tool_parser import ToolParser, positive_int
+from alignment.tool_parser import ToolParser, positive_int
 
 from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace

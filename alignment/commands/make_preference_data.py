@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 from alignment.fileio import refuse_to_replace
 
 from alignment.cpu_env import apply_cpu_defaults

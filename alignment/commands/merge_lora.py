@@ -9,7 +9,7 @@ or critic) and restores the trained score head saved with the adapter. The resul
 """
 from __future__ import annotations
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
 

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Dict, List
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 from alignment.fileio import refuse_to_replace
 
 from alignment.training.logger import read_series

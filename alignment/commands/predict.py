@@ -20,7 +20,7 @@ import sys
 import time
 from typing import List
 
-from alignment.config.tool_parser import ToolParser, positive_int
+from alignment.tool_parser import ToolParser, positive_int
 
 from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 
 from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace

@@ -12,7 +12,7 @@ import json
 import os
 import textwrap
 
-from alignment.config.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser
 
 
 def load(output_dir: str):

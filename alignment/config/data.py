@@ -5,7 +5,7 @@ import dataclasses
 from typing import List, Optional
 
 from alignment.config.parser import field
-from alignment.config.training import DatasetSpecs
+from alignment.config.training import DatasetSpecs, pipelined
 
 
 @dataclasses.dataclass
@@ -15,6 +15,10 @@ class ModelArguments:
     model_name_or_path: str = field(help="HF-layout checkpoint directory to start from (config.json + safetensors "
                                          "+ tokenizer.json), e.g. checkpoints/tiny after `python tools/make_tiny.py`.")
     tokenizer_name_or_path: Optional[str] = field(None, help="Tokenizer directory; null = model_name_or_path.")
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer_name_or_path or self.model_name_or_path
 
 
 @dataclasses.dataclass
@@ -28,27 +32,25 @@ class DataArguments:
     eval_datasets: Optional[DatasetSpecs] = field(None, help="Evaluation data, same forms as train_datasets (PPO: "
                                                              "held-out prompts answered greedily every eval_steps "
                                                              "and at the start and end).")
-    max_length: int = field(512, help="Longest tokenized sample; longer ones are truncated, prompts that fill it "
-                                      "are dropped (counts are printed). PPO: longest prompt + response; a prompt "
-                                      "that leaves no room for a response is an error naming it.")
+    max_length: int = field(512, ge=8, help="Longest tokenized sample; longer ones are truncated, prompts that "
+                                            "fill it are dropped (counts are printed). PPO: longest prompt + "
+                                            "response; a prompt that leaves no room for a response is an error "
+                                            "naming it.")
     user_dataset_modules: List[str] = field([], help="Python files or modules defining RawDataset subclasses to "
                                                      "register before the datasets are loaded; a relative file "
                                                      "path is looked up beside the argument file, then in the "
                                                      "working directory.")
-
-    def validate(self) -> None:
-        if self.max_length < 8:
-            raise ValueError(f"key 'max_length' must be >= 8, got {self.max_length}")
 
 
 @dataclasses.dataclass
 class LoRAArguments:
     """Low-rank adapters instead of full fine-tuning."""
 
-    lora: bool = field(False, help="Train LoRA adapters instead of all weights: base weights stay frozen, only the "
-                                   "adapters (and a score model's head) are trained and saved, in PEFT's layout "
-                                   "(merge with tools/merge_lora.py). In PPO this is the actor.")
-    lora_rank: int = field(8, help="LoRA rank r.")
+    lora: bool = field(False, help="Train LoRA adapters instead of all weights: base weights stay frozen, only "
+                                   "the adapters (and a score model's head) are trained and saved, in PEFT's "
+                                   "layout (merge with tools/merge_lora.py). In PPO this is the actor (critic_lora: "
+                                   "the critic).")
+    lora_rank: int = field(8, ge=1, help="LoRA rank r.")
     lora_alpha: float = field(16.0, gt=0, help="LoRA alpha; the adapter output is scaled by lora_alpha / lora_rank.")
     lora_dropout: float = field(0.0, ge=0, lt=1, help="Dropout on the adapter input.")
     lora_target_modules: List[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
@@ -59,13 +61,11 @@ class LoRAArguments:
                                                 "adapter_config.json) instead of fresh ones; needs lora true.")
 
     def validate(self) -> None:
-        if self.lora_rank < 1:
-            raise ValueError(f"key 'lora_rank' must be >= 1, got {self.lora_rank}")
-        if self.lora_alpha <= 0:
-            raise ValueError(f"key 'lora_alpha' must be > 0, got {self.lora_alpha}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"key 'lora_dropout' must be in [0, 1), got {self.lora_dropout}")
         if not self.lora_target_modules:
             raise ValueError("key 'lora_target_modules' is empty")
         if self.lora_path and not self.lora:
             raise ValueError("key 'lora_path' needs 'lora': true")
+
+    def validate_with(self, *others) -> None:
+        if self.lora and pipelined(others):
+            raise ValueError("key 'lora': LoRA with pipeline_parallel_degree > 1 is not supported")

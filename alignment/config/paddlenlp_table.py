@@ -26,6 +26,23 @@ def _fused(what: str) -> str:
     return f"this toolkit has no fused kernel for {what}; plain Paddle ops run instead (same math)"
 
 
+# PaddleNLP's switches for fused kernels, each with what it fuses (key, then the words after the spaces)
+FUSED_KERNELS = dict(line.split(maxsplit=1) for line in """
+use_flash_attention              attention (flash attention)
+flash_mask                       masked attention (FlashMask)
+use_attn_mask_start_row_indices  masked attention (FlashMask row indices)
+use_fused_rms_norm               RMSNorm
+use_fused_rope                   rotary position embeddings
+use_fused_linear                 linear layers
+fused_linear                     linear layers (fused_gemm_epilogue)
+use_fused_linear_cross_entropy   linear + cross-entropy
+use_fused_dropout_add            dropout + residual add
+fuse_attention_qkv               the q/k/v projections
+fuse_attention_ffn               the gate/up projections
+use_fused_head_and_loss_fn       the LM head + loss
+use_quick_lora                   LoRA (quick LoRA)
+""".strip().splitlines())
+
 MEMORY_ONLY = "a speed / memory switch of PaddleNLP's implementation; it does not change what is computed here"
 COMM = "a communication-tuning option of PaddleNLP's fleet set-up; it does not change what is computed here"
 NO_WANDB = "this toolkit logs to VisualDL and metrics.jsonl only (report_to); no Weights & Biases run is made"
@@ -130,19 +147,7 @@ TABLE: Dict[str, Rule] = {
                      inert=lambda value, values: as_flag(value) is not False),
 
     # ---- kernels: nothing fused here (same math) ----
-    "use_flash_attention": Rule(NOTICE, None, _fused("attention (flash attention)")),
-    "flash_mask": Rule(NOTICE, None, _fused("masked attention (FlashMask)")),
-    "use_attn_mask_start_row_indices": Rule(NOTICE, None, _fused("masked attention (FlashMask row indices)")),
-    "use_fused_rms_norm": Rule(NOTICE, None, _fused("RMSNorm")),
-    "use_fused_rope": Rule(NOTICE, None, _fused("rotary position embeddings")),
-    "use_fused_linear": Rule(NOTICE, None, _fused("linear layers")),
-    "fused_linear": Rule(NOTICE, None, _fused("linear layers (fused_gemm_epilogue)")),
-    "use_fused_linear_cross_entropy": Rule(NOTICE, None, _fused("linear + cross-entropy")),
-    "use_fused_dropout_add": Rule(NOTICE, None, _fused("dropout + residual add")),
-    "fuse_attention_qkv": Rule(NOTICE, None, _fused("the q/k/v projections")),
-    "fuse_attention_ffn": Rule(NOTICE, None, _fused("the gate/up projections")),
-    "use_fused_head_and_loss_fn": Rule(NOTICE, None, _fused("the LM head + loss")),
-    "use_quick_lora": Rule(NOTICE, None, _fused("LoRA (quick LoRA)")),
+    **{key: Rule(NOTICE, None, _fused(what)) for key, what in FUSED_KERNELS.items()},
     "use_fusemt": Rule(NOTICE, None, "this toolkit has no fused-transformer rollout kernels; plain Paddle ops "
                                      "generate the rollouts (same sampling, slower)"),
 
@@ -284,38 +289,30 @@ TABLE: Dict[str, Rule] = {
     "label_names": Rule(NOTICE, None, "labels come from the dataset type here"),
     "past_index": Rule(NOTICE, None, "not used by decoder-only LLaMA-family models"),
     "skip_data_intervals": Rule(REFUSE, None, "skipping step intervals is not built; filter the dataset instead"),
-    "dataset_name_or_path": Rule(NOTICE, None, "the reward model reads train_datasets / eval_datasets"),
-    "task_name": Rule(NOTICE, None, "the reward model reads train_datasets / eval_datasets"),
+    **dict.fromkeys(("dataset_name_or_path", "task_name"),
+                    Rule(NOTICE, None, "the reward model reads train_datasets / eval_datasets")),
     "eval_split_ratio": Rule(REFUSE, None, "held-out data is not split off the training data here; name it in "
                                            "eval_datasets"),
     "prompt_key": Rule(NOTICE, None, COLUMNS, inert=one_of("prompt")),
-    "response_key": Rule(NOTICE, None, COLUMNS, inert=one_of("answer")),
-    "label_key": Rule(NOTICE, None, COLUMNS, inert=one_of("answer")),
-    "max_prompt_len": Rule(NOTICE, None, _prompt_cap),
-    "max_src_len": Rule(NOTICE, None, _prompt_cap),
+    **dict.fromkeys(("response_key", "label_key"), Rule(NOTICE, None, COLUMNS, inert=one_of("answer"))),
+    **dict.fromkeys(("max_prompt_len", "max_src_len"), Rule(NOTICE, None, _prompt_cap)),
     "chat_template": Rule(NOTICE, None, "prompts are formatted with the tokenizer's own chat template here (its "
                                         "tokenizer_config.json), when it has one"),
     "eos_token": Rule(REFUSE, None, "responses end at the tokenizer's own EOS token here; set eos_token in the "
                                     "tokenizer files instead"),
-    "actor_tokenizer_alpha": Rule(REFUSE, None, "tokenizer sampling (BPE dropout) is not built"),
-    "reward_tokenizer_alpha": Rule(REFUSE, None, "tokenizer sampling (BPE dropout) is not built"),
-    "reward_critic_tokenizer_alpha": Rule(REFUSE, None, "tokenizer sampling (BPE dropout) is not built"),
-    "critic_tokenizer_alpha": Rule(REFUSE, None, "tokenizer sampling (BPE dropout) is not built"),
+    **dict.fromkeys(("actor_tokenizer_alpha", "reward_tokenizer_alpha", "reward_critic_tokenizer_alpha",
+                     "critic_tokenizer_alpha"), Rule(REFUSE, None, "tokenizer sampling (BPE dropout) is not built")),
 
     # ---- RL rollouts and batches ----
     "min_dec_len": Rule(ALIAS, "min_new_tokens", "shortest response: eos is blocked before it"),
     "per_device_rollout_batch_size": Rule(NOTICE, None, "a step's per-device prompts (per_device_prompt_batch_size, "
                                                         "from global_batch_size) are generated in one call here; "
                                                         "same samples"),
-    "per_device_logprob_batch_size": Rule(NOTICE, None, CHUNKS),
-    "per_device_reward_batch_size": Rule(NOTICE, None, CHUNKS),
-    "per_device_value_batch_size": Rule(NOTICE, None, CHUNKS),
-    "rollout_logprob_batch_size": Rule(NOTICE, None, CHUNKS),
-    "rollout_max_num_seqs": Rule(NOTICE, None, CHUNKS),
-    "rollout_quant_type": Rule(REFUSE, None, "quantized rollouts are not built: rollouts sample from the trained "
-                                             "weights; remove the key"),
-    "quant_type": Rule(REFUSE, None, "quantized rollouts are not built: rollouts sample from the trained weights; "
-                                     "remove the key"),
+    **dict.fromkeys(("per_device_logprob_batch_size", "per_device_reward_batch_size", "per_device_value_batch_size",
+                     "rollout_logprob_batch_size", "rollout_max_num_seqs"), Rule(NOTICE, None, CHUNKS)),
+    **dict.fromkeys(("rollout_quant_type", "quant_type"), Rule(REFUSE, None, "quantized rollouts are not built: "
+                                                                       "rollouts sample from the trained weights; "
+                                                                       "remove the key")),
     "use_remove_padding": Rule(NOTICE, None, "forward passes keep their padding here (masked); same values"),
     "balance_batch": Rule(NOTICE, None, "rollouts are not rebalanced by token count across data-parallel ranks; "
                                         "with one data-parallel rank nothing differs"),
@@ -335,8 +332,8 @@ TABLE: Dict[str, Rule] = {
     "dropout_warmup_steps": Rule(REFUSE, None, "this toolkit's models train without dropout"),
     "hidden_dropout_prob": Rule(REFUSE, None, "this toolkit's models train without dropout (LoRA has lora_dropout)"),
     "attention_probs_dropout_prob": Rule(REFUSE, None, "this toolkit's models train without dropout"),
-    "autotuner_benchmark": Rule(REFUSE, None, "benchmark mode is not built; set max_steps and see benchmarks/"),
-    "benchmark": Rule(REFUSE, None, "benchmark mode is not built; set max_steps and see benchmarks/"),
+    **dict.fromkeys(("autotuner_benchmark", "benchmark"),
+                    Rule(REFUSE, None, "benchmark mode is not built; set max_steps and see benchmarks/")),
 
     # ---- DPO and LoRA ----
     "pref_loss_ratio": Rule(REFUSE, None, "the preference loss has weight 1 here; give the SFT term's relative "

@@ -2,8 +2,9 @@
 Plain Python (alignment.config is the bottom layer); used by the key table and by the translation."""
 from __future__ import annotations
 
-import os
 from typing import Optional
+
+from alignment.launcher import world_size
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
@@ -66,10 +67,6 @@ def get_int(values: dict, key: str, default: int) -> int:
 
 def get_degree(values: dict, key: str) -> int:
     return max(get_int(values, key, 1), 1)  # PaddleNLP writes -1 for "not used"
-
-
-def world_size() -> int:
-    return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
 
 
 def data_world_size(values: dict) -> int:

@@ -14,12 +14,12 @@ import dataclasses
 import difflib
 import json
 import math
-import os
 import textwrap
 import typing
 from typing import Any, Dict, List, Sequence, Tuple
 
 from alignment.config import paddlenlp
+from alignment.launcher import speaks_for_all
 
 
 class ArgumentError(ValueError):
@@ -134,6 +134,7 @@ class ArgumentParser:
     def __init__(self, *dataclass_types):
         self.dataclass_types = dataclass_types
         self.notices: List[str] = []  # the PaddleNLP notices of the last parse (printed on rank 0)
+        self.source = "arguments"  # where the values of the last parse_args came from: a file, flags or both
         self.owner = {}
         for cls in dataclass_types:
             for field in dataclasses.fields(cls):
@@ -182,7 +183,7 @@ class ArgumentParser:
             raise ArgumentError(f"{source}: {problems[0]}")
         if problems:
             raise ArgumentError(f"{source}: {len(problems)} problems: " + "; ".join(problems))
-        if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # under the launcher: rank 0 speaks for all
+        if speaks_for_all():
             for line in self.notices:
                 print(line)
         return tuple(results)
@@ -204,6 +205,7 @@ class ArgumentParser:
             for same in paddlenlp.same_setting(key) - {key}:
                 values.pop(same, None)
         values.update(flags)
+        self.source = source
         return self.parse_dict(values, source)
 
     def format_help(self, prog: str = "python run.py") -> str:

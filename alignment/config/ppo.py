@@ -10,7 +10,7 @@ from alignment.config.choices import (ADVANTAGE_ESTIMATORS, EVAL_MODES, KL_ESTIM
                                       parse_offload_levels)
 from alignment.config.data import DataArguments
 from alignment.config.parser import field
-from alignment.config.training import DatasetSpecs
+from alignment.config.training import DatasetSpecs, pipelined
 
 
 @dataclasses.dataclass
@@ -69,16 +69,17 @@ class PPOArguments:
 
     advantage_estimator: str = field("gae", help=f"One of {ADVANTAGE_ESTIMATORS}: gae = PPO with a critic; the "
                                                  "others are critic-free (no critic model is built).")
-    per_device_prompt_batch_size: int = field(8, help="Prompts per rollout step on each device.")
-    num_return_sequences: int = field(1, help="Responses sampled per prompt (the group size of grpo / rloo).")
-    max_new_tokens: Optional[int] = field(None, help="Cap on generated tokens; null = max_length - prompt length.")
+    per_device_prompt_batch_size: int = field(8, ge=1, help="Prompts per rollout step on each device.")
+    num_return_sequences: int = field(1, ge=1, help="Responses sampled per prompt (the group size of grpo / rloo).")
+    max_new_tokens: Optional[int] = field(None, ge=1, help="Cap on generated tokens; null = max_length - prompt "
+                                                           "length.")
     temperature: float = field(1.0, ge=1e-3, help="Sampling temperature for rollouts.")
-    top_p: float = field(1.0, help="Nucleus sampling threshold for rollouts (1.0 = off).")
+    top_p: float = field(1.0, gt=0, le=1, help="Nucleus sampling threshold for rollouts (1.0 = off).")
     top_k: int = field(0, ge=0, help="Top-k sampling for rollouts (0 = off).")
     repetition_penalty: float = field(1.0, gt=0, help="Repetition penalty for rollouts (1.0 = off).")
     min_new_tokens: int = field(0, ge=0, help="No response ends (eos) before this many tokens, in rollouts and "
                                               "evaluation; 0 = off (PaddleNLP: min_dec_len).")
-    update_iters: int = field(1, help="Passes (PPO epochs) over each rollout batch.")
+    update_iters: int = field(1, ge=1, help="Passes (PPO epochs) over each rollout batch.")
     group_by_length: bool = field(True, help="Put rollouts of similar length in the same update micro-batch "
                                              "(shuffled sorted groups, as HF's group_by_length), so packed micro-"
                                              "batches carry little padding. Matters only when a rollout batch "
@@ -98,9 +99,9 @@ class PPOArguments:
     kl_estimator: str = field("k1", help=f"KL estimator, one of {KL_ESTIMATORS}.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "
                                          "per-token reward.")
-    clip_range_ratio: float = field(0.2, help="PPO ratio clipping epsilon.")
+    clip_range_ratio: float = field(0.2, gt=0, help="PPO ratio clipping epsilon.")
     clip_range_ratio_low: Optional[float] = field(None, gt=0, lt=1, help="DAPO clip-higher: the ratio's lower clip "
-                                                                      "is 1 - this; null = clip_range_ratio.")
+                                                                         "is 1 - this; null = clip_range_ratio.")
     clip_range_ratio_high: Optional[float] = field(None, gt=0, help="DAPO clip-higher: the ratio's upper clip is "
                                                                     "1 + this (e.g. 0.28 with low 0.2); null = "
                                                                     "clip_range_ratio.")
@@ -131,8 +132,8 @@ class PPOArguments:
                                                        "overlong filtering).")
     clip_range_score: float = field(50.0, gt=0, help="Clip the reward model's end score to +/- this value.")
     clip_range_value: float = field(5.0, gt=0, help="Critic value clipping around the rollout's values.")
-    gamma: float = field(1.0, help="Discount factor of GAE / REINFORCE++ returns.")
-    gae_lambda: float = field(0.95, help="GAE lambda.")
+    gamma: float = field(1.0, ge=0, le=1, help="Discount factor of GAE / REINFORCE++ returns.")
+    gae_lambda: float = field(0.95, ge=0, le=1, help="GAE lambda.")
     normalize_reward: bool = field(False, help="Standardise end rewards with running statistics over training.")
     normalize_advantage: bool = field(True, help="Whiten advantages over the response tokens of each batch.")
     ptx_coeff: float = field(0.0, ge=0, help="Weight of the supervised (ptx) loss on ptx_datasets.")
@@ -149,17 +150,17 @@ class PPOArguments:
                                                                       "'http://127.0.0.1:8731'; a list (or comma-"
                                                                       "separated) spreads requests over them and "
                                                                       "fails over when one is down.")
-    reward_server_timeout: float = field(60.0, help="Seconds to wait for one reward-server response before it "
-                                                    "counts as failed (and is retried).")
-    reward_server_retries: int = field(8, help="Retries of a reward-server request after connection errors, "
-                                               "timeouts, 5xx and 503 (over all URLs); past them the run stops "
-                                               "with an error naming the URLs (the last checkpoint is intact).")
-    reward_server_backoff: float = field(0.5, help="Seconds before the first retry round; doubled each round "
-                                                   "(at most 16 s; longer when the server sends Retry-After).")
-    reward_server_batch_size: int = field(0, help="Rows per reward-server request; 0 = a whole rollout batch in "
-                                                  "one request, which the server scores as one forward pass "
-                                                  "(bitwise the in-process reward). Set it to spread large "
-                                                  "batches over several URLs.")
+    reward_server_timeout: float = field(60.0, gt=0, help="Seconds to wait for one reward-server response before it "
+                                                          "counts as failed (and is retried).")
+    reward_server_retries: int = field(8, ge=0, help="Retries of a reward-server request after connection errors, "
+                                                     "timeouts, 5xx and 503 (over all URLs); past them the run stops "
+                                                     "with an error naming the URLs (the last checkpoint is intact).")
+    reward_server_backoff: float = field(0.5, ge=0, help="Seconds before the first retry round; doubled each round "
+                                                         "(at most 16 s; longer when the server sends Retry-After).")
+    reward_server_batch_size: int = field(0, ge=0, help="Rows per reward-server request; 0 = a whole rollout batch in "
+                                                        "one request, which the server scores as one forward pass "
+                                                        "(bitwise the in-process reward). Set it to spread large "
+                                                        "batches over several URLs.")
     reward_server_token: Optional[str] = field(None, help="Bearer token the reward server wants; null = the "
                                                           "REWARD_SERVER_TOKEN environment variable (preferred: a "
                                                           "token given here is written to args.json).")
@@ -219,12 +220,6 @@ class PPOArguments:
                              f"got {self.advantage_estimator!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"key 'kl_estimator' must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
-        for key in ("per_device_prompt_batch_size", "num_return_sequences", "update_iters"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"key {key!r} must be >= 1, got {getattr(self, key)}")
-        for key in ("clip_range_ratio", "clip_range_score", "clip_range_value", "temperature"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"key {key!r} must be > 0, got {getattr(self, key)}")
         if self.advantage_estimator in ("grpo", "rloo") and self.num_return_sequences < 2:
             raise ValueError(f"advantage_estimator {self.advantage_estimator!r} compares responses within a "
                              "group: key 'num_return_sequences' must be >= 2")
@@ -233,14 +228,6 @@ class PPOArguments:
                              "needs a critic-free advantage_estimator (grpo, dr_grpo, rloo, reinforce_baseline, "
                              f"reinforce_plus_plus) and num_return_sequences >= 2, got {self.advantage_estimator!r} "
                              f"and {self.num_return_sequences}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"key 'max_new_tokens' must be >= 1, got {self.max_new_tokens}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"key 'top_p' must be in (0, 1], got {self.top_p}")
-        if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
-            raise ValueError("keys 'gamma' and 'gae_lambda' must be in [0, 1]")
-        if self.kl_coeff < 0 or self.ptx_coeff < 0:
-            raise ValueError("keys 'kl_coeff' and 'ptx_coeff' must be >= 0")
         if self.reward_weights and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"key 'reward_weights' has {len(self.reward_weights)} entries but 'reward_funcs' has "
                              f"{len(self.reward_funcs)}")
@@ -256,16 +243,11 @@ class PPOArguments:
         self.validate_reward_server()
 
     def validate_reward_server(self) -> None:
-        urls = server_urls(self.reward_server)
-        if self.use_rm_server and not urls:
+        self.reward_server_urls = server_urls(self.reward_server)  # parsed once: the client takes these
+        if self.use_rm_server and not self.reward_server_urls:
             raise ValueError("key 'reward_server' must name at least one URL when 'use_rm_server' is true")
-        if urls and not self.use_rm_server:
+        if self.reward_server_urls and not self.use_rm_server:
             raise ValueError("key 'reward_server' is set but 'use_rm_server' is false: the server would be unused")
-        if self.reward_server_timeout <= 0:
-            raise ValueError(f"key 'reward_server_timeout' must be > 0, got {self.reward_server_timeout}")
-        for key in ("reward_server_retries", "reward_server_backoff", "reward_server_batch_size"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"key {key!r} must be >= 0, got {getattr(self, key)}")
 
     def validate_with(self, model_args, data_args, *others):
         degree = max([getattr(o, "tensor_parallel_degree", 1) for o in others] + [1])
@@ -276,6 +258,8 @@ class PPOArguments:
                              "set 'eval_mode': 'single'")
         if self.critic_lora_path and not self.critic_lora:
             raise ValueError("key 'critic_lora_path' needs 'critic_lora': true")
+        if self.critic_lora and pipelined(others):
+            raise ValueError("key 'critic_lora': LoRA with pipeline_parallel_degree > 1 is not supported")
         if self.critic_lora and not self.uses_critic:
             raise ValueError(f"key 'critic_lora': advantage_estimator {self.advantage_estimator!r} builds no critic")
         if not self.reward_funcs and model_args.reward_model_name_or_path is None and not self.use_rm_server:

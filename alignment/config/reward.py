@@ -18,14 +18,10 @@ class RewardArguments:
                                                               "running statistics inside the loss.")
     normalizer_type: str = field("RunningMeanStd", help=f"Score normalizer, one of {NORMALIZER_TYPES}; its "
                                                         "statistics are saved with the model either way.")
-    normalizer_momentum: float = field(0.9, ge=0, lt=1, help="Momentum of the ExponentialMovingAverage normalizer.")
+    normalizer_momentum: float = field(0.9, gt=0, lt=1, help="Momentum of the ExponentialMovingAverage normalizer.")
 
     def validate(self) -> None:
         if self.loss_type not in REWARD_LOSS_TYPES:
             raise ValueError(f"key 'loss_type' must be one of {REWARD_LOSS_TYPES}, got {self.loss_type!r}")
-        if self.regularization < 0:
-            raise ValueError(f"key 'regularization' must be >= 0, got {self.regularization}")
         if self.normalizer_type not in NORMALIZER_TYPES:
             raise ValueError(f"key 'normalizer_type' must be one of {NORMALIZER_TYPES}, got {self.normalizer_type!r}")
-        if not 0 < self.normalizer_momentum < 1:
-            raise ValueError(f"key 'normalizer_momentum' must be in (0, 1), got {self.normalizer_momentum}")

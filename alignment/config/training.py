@@ -5,11 +5,15 @@ import dataclasses
 from typing import List, Optional, Union
 
 from alignment.config.choices import LR_SCHEDULERS
-from alignment.config.layout import plan
 from alignment.config.parser import field
 
 DatasetSpecs = Union[str, List[str], dict]
 REPORT_TO = ("visualdl", "none")
+
+
+def pipelined(instances) -> bool:
+    """Whether the parsed argument classes ask for pipeline stages (TrainingArguments.pipeline_parallel_degree)."""
+    return any(getattr(instance, "pipeline_parallel_degree", 1) > 1 for instance in instances)
 
 
 @dataclasses.dataclass
@@ -30,9 +34,9 @@ class TrainingArguments:
                       help="Seed for Python, numpy and Paddle RNGs (data order, dropout, sampling).")
     max_steps: int = field(-1, help="Total optimizer steps; -1 = derive from num_train_epochs.")
     num_train_epochs: float = field(1.0, ge=0, help="Passes over the training data when max_steps is -1.")
-    per_device_train_batch_size: int = field(8, help="Samples per forward/backward pass on each device.")
-    per_device_eval_batch_size: int = field(8, help="Samples per evaluation forward pass on each device.")
-    gradient_accumulation_steps: int = field(1, help="Micro-batches accumulated into one optimizer step.")
+    per_device_train_batch_size: int = field(8, ge=1, help="Samples per forward/backward pass on each device.")
+    per_device_eval_batch_size: int = field(8, ge=1, help="Samples per evaluation forward pass on each device.")
+    gradient_accumulation_steps: int = field(1, ge=1, help="Micro-batches accumulated into one optimizer step.")
     learning_rate: float = field(2e-5, gt=0, help="Peak learning rate of AdamW.")
     min_learning_rate: float = field(0.0, ge=0, help="Learning rate at the end of the linear/cosine decay.")
     weight_decay: float = field(0.0, ge=0, help="AdamW decoupled weight decay (not applied to norms and biases).")
@@ -42,20 +46,21 @@ class TrainingArguments:
     max_grad_norm: float = field(1.0, ge=0, help="Clip the global gradient norm to this value; 0 = no clipping.")
     lr_scheduler_type: str = field("cosine", help=f"Learning-rate schedule after warmup: one of {LR_SCHEDULERS}.")
     warmup_ratio: float = field(0.0, ge=0, lt=1, help="Fraction of the total steps spent in linear warmup.")
-    warmup_steps: int = field(0, help="Warmup steps; overrides warmup_ratio when > 0.")
-    logging_steps: int = field(10, help="Log loss, learning rate and throughput every N optimizer steps.")
+    warmup_steps: int = field(0, ge=0, help="Warmup steps; overrides warmup_ratio when > 0.")
+    logging_steps: int = field(10, ge=1, help="Log loss, learning rate and throughput every N optimizer steps.")
     do_eval: bool = field(True, help="Evaluate on eval_datasets (when given) every eval_steps and at the end.")
-    eval_steps: int = field(0, help="Evaluate every N optimizer steps; 0 = only at the end of training.")
-    save_steps: int = field(0, help="Save a checkpoint under output_dir/checkpoint-N every N steps; 0 = only the final one.")
+    eval_steps: int = field(0, ge=0, help="Evaluate every N optimizer steps; 0 = only at the end of training.")
+    save_steps: int = field(0, ge=0, help="Save a checkpoint under output_dir/checkpoint-N every N steps; 0 = only the final one.")
     load_best_model_at_end: bool = field(False, help="Keep the model of the best evaluation during training as the "
                                                      "final model (saved to output_dir/best when it is reached; "
                                                      "alignment/training/best_model.py).")
     metric_for_best_model: Optional[str] = field(None, help="The evaluation metric that picks the best model: "
-                                                            "'loss', 'accuracy', 'reward', 'gold_reward', ... "
-                                                            "('eval_' / 'eval/' prefixes allowed); null = 'loss'.")
+                                                            "'loss', 'accuracy', 'reward', 'gold_reward', ... ("
+                                                            "'eval_' / 'eval/' prefixes allowed); null = "
+                                                            "'loss'.")
     greater_is_better: Optional[bool] = field(None, help="Whether a larger metric_for_best_model is better; null = "
                                                          "true unless the metric ends in 'loss'.")
-    save_total_limit: int = field(0, help="Keep only the newest N step checkpoints; 0 = keep all.")
+    save_total_limit: int = field(0, ge=0, help="Keep only the newest N step checkpoints; 0 = keep all.")
     recompute: bool = field(False, help="Activation checkpointing: recompute each decoder layer in backward (saves memory).")
     dataloader_drop_last: bool = field(False, help="Drop the last, shorter batch of each pass over the training "
                                                    "data (PPO: over the prompts) instead of training on it.")
@@ -76,15 +81,17 @@ class TrainingArguments:
                                                    "checkpoints, metrics or arguments: they are removed first. "
                                                    "Without it (and without resume_from_checkpoint) such a "
                                                    "directory is refused, so no run is lost by mistake.")
-    resume_from_checkpoint: Optional[str] = field(None, help="Resume exactly from a checkpoint-N directory (written "
-                                                             "every save_steps), or \"auto\": the newest complete one "
-                                                             "in output_dir (a fresh start when there is none).")
-    tensor_parallel_degree: int = field(1, help="Split every model's layers over this many processes (Megatron-"
-                                                "style tensor parallelism on fleet's parallel layers); 1 = off.")
-    pipeline_parallel_degree: int = field(1, help="Split the trained models (PPO's policy and critic, the SFT / DPO "
-                                                  "policy, the reward model) into this many pipeline stages (1F1B "
-                                                  "over gradient_accumulation_steps micro-batches of "
-                                                  "per_device_train_batch_size).")
+    resume_from_checkpoint: Optional[str] = field(None, help="Resume exactly from a checkpoint-N directory "
+                                                             "(written every save_steps), or \"auto\": the newest "
+                                                             "complete one in output_dir (a fresh start when there "
+                                                             "is none).")
+    tensor_parallel_degree: int = field(1, ge=1, help="Split every model's layers over this many processes "
+                                                      "(Megatron-style tensor parallelism on fleet's parallel "
+                                                      "layers); 1 = off.")
+    pipeline_parallel_degree: int = field(1, ge=1, help="Split the trained models (PPO's policy and critic, the SFT "
+                                                        "/ DPO policy, the reward model) into this many pipeline "
+                                                        "stages (1F1B over gradient_accumulation_steps micro-batches "
+                                                        "of per_device_train_batch_size).")
     sharding: str = field("", help="Optimizer-state sharding over data-parallel processes: 'stage1' (fleet's "
                                    "sharding optimizer); '' = off. 'stage2'/'stage3' (GPU-only in Paddle) are "
                                    "refused with a clear error: not built yet.")
@@ -94,36 +101,18 @@ class TrainingArguments:
                                                        "waiting in a collective; 0 = off (Paddle's own timeouts only).")
     sharding_parallel_degree: int = field(-1, help="Processes in one sharding group; -1 = all processes left after "
                                                    "tensor and pipeline parallelism. Data parallelism fills the rest.")
-    max_nonfinite_steps: int = field(5, help="A step whose loss or gradients are NaN/inf is skipped and counted "
-                                             "(skipped_steps); after this many in a row the run stops.")
+    max_nonfinite_steps: int = field(5, ge=1, help="A step whose loss or gradients are NaN/inf is skipped and counted "
+                                                   "(skipped_steps); after this many in a row the run stops.")
 
     def validate(self) -> None:
-        positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                    "logging_steps")
-        for key in positive:
-            if getattr(self, key) < 1:
-                raise ValueError(f"key {key!r} must be >= 1, got {getattr(self, key)}")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"key 'max_steps' must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}")
         if self.max_steps == -1 and self.num_train_epochs <= 0:
             raise ValueError("key 'num_train_epochs' must be > 0 when max_steps is -1")
-        if self.learning_rate <= 0:
-            raise ValueError(f"key 'learning_rate' must be > 0, got {self.learning_rate}")
-        if not 0 <= self.min_learning_rate <= self.learning_rate:
+        if self.min_learning_rate > self.learning_rate:
             raise ValueError("key 'min_learning_rate' must be between 0 and learning_rate")
         if self.lr_scheduler_type not in LR_SCHEDULERS:
             raise ValueError(f"key 'lr_scheduler_type' must be one of {LR_SCHEDULERS}, got {self.lr_scheduler_type!r}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"key 'warmup_ratio' must be in [0, 1), got {self.warmup_ratio}")
-        for key in ("eval_steps", "save_steps", "save_total_limit", "warmup_steps"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"key {key!r} must be >= 0, got {getattr(self, key)}")
-        if not self.lost_rank_timeout >= 0:
-            raise ValueError(f"key 'lost_rank_timeout' must be >= 0 seconds, got {self.lost_rank_timeout}")
-        if self.max_grad_norm < 0:
-            raise ValueError(f"key 'max_grad_norm' must be >= 0, got {self.max_grad_norm}")
-        if self.max_nonfinite_steps < 1:
-            raise ValueError(f"key 'max_nonfinite_steps' must be >= 1, got {self.max_nonfinite_steps}")
         if self.load_best_model_at_end and not (self.do_eval and self.eval_steps > 0):
             raise ValueError("key 'load_best_model_at_end' needs evaluations during training: do_eval true and "
                              "eval_steps > 0 (evaluation_strategy steps)")
@@ -133,4 +122,3 @@ class TrainingArguments:
             raise ValueError(f"key 'report_to' must be one of {REPORT_TO}, got {self.report_to!r}")
         if self.fp16_opt_level not in ("O1", "O2"):
             raise ValueError(f"key 'fp16_opt_level' must be O1 or O2, got {self.fp16_opt_level!r}")
-        plan(self)  # degrees against the launched world size, before any model loads

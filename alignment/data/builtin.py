@@ -212,32 +212,18 @@ class _SafeRLHFBase(JsonRowsDataset):
         )
 
 
-class SafeRLHFTrain(_SafeRLHFBase):
-    NAME = "PKU-SafeRLHF/train"
-    ALIASES = ("PKU-SafeRLHF", "PKU-Alignment/PKU-SafeRLHF")
-    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF", "train"
+def _safe_rlhf(size: str, split: str) -> type:
+    """The registered dataset 'PKU-SafeRLHF{size}/{split}' (hub id PKU-Alignment/PKU-SafeRLHF{size}); a train split
+    also answers to the dataset's own name and hub id."""
+    name, hub_id = f"PKU-SafeRLHF{size}", f"PKU-Alignment/PKU-SafeRLHF{size}"
+    body = {"__module__": __name__, "NAME": f"{name}/{split}", "HUB_ID": hub_id, "SPLIT": split,
+            "ALIASES": (name, hub_id) if split == "train" else ()}
+    return type(f"SafeRLHF{size.lstrip('-')}{split.title()}", (_SafeRLHFBase,), body)
 
 
-class SafeRLHFTest(_SafeRLHFBase):
-    NAME = "PKU-SafeRLHF/test"
-    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF", "test"
-
-
-class SafeRLHF30KTrain(_SafeRLHFBase):
-    NAME = "PKU-SafeRLHF-30K/train"
-    ALIASES = ("PKU-SafeRLHF-30K", "PKU-Alignment/PKU-SafeRLHF-30K")
-    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF-30K", "train"
-
-
-class SafeRLHF30KTest(_SafeRLHFBase):
-    NAME = "PKU-SafeRLHF-30K/test"
-    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF-30K", "test"
-
-
-class SafeRLHF10KTrain(_SafeRLHFBase):
-    NAME = "PKU-SafeRLHF-10K/train"
-    ALIASES = ("PKU-SafeRLHF-10K", "PKU-Alignment/PKU-SafeRLHF-10K")
-    HUB_ID, SPLIT = "PKU-Alignment/PKU-SafeRLHF-10K", "train"
+SafeRLHFTrain, SafeRLHFTest, SafeRLHF30KTrain, SafeRLHF30KTest, SafeRLHF10KTrain = (
+    _safe_rlhf(size, split) for size, split in (("", "train"), ("", "test"), ("-30K", "train"), ("-30K", "test"),
+                                                ("-10K", "train")))
 
 
 class _HhRLHFBase(JsonRowsDataset):

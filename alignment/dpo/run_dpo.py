@@ -17,8 +17,7 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.dpo import DPOArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
-from alignment.training.setup import (  # noqa: E402
-    end_processes, load_raw, parse_arguments, start_processes, training_stops, user_errors)
+from alignment.training import setup  # noqa: E402
 
 
 def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
@@ -36,54 +35,28 @@ def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: in
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, dpo_args, lora_args, train_args, effective = parse_arguments(
+    model_args, data_args, dpo_args, lora_args, train_args, run = setup.parse_arguments(
         argv, ModelArguments, DataArguments, DPOArguments, LoRAArguments, TrainingArguments)
 
     from alignment.dpo.trainer import DPOTrainer, summarize
-    from alignment.models import LlamaForCausalLM, Tokenizer
-    from alignment.models.lora import with_lora
-    from alignment.training.batches import set_seed
 
-    layout = start_processes(train_args)
-    set_seed(train_args.seed)
-    with user_errors():
-        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
-        train_raw, eval_raw = load_raw(data_args, train_args.seed)
-        train_set, eval_set, collate = build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw,
-                                                      train_args.seed)
-        print(f"train: {len(train_set)} rows {train_set.stats}" +
-              (f"; eval: {len(eval_set)} rows {eval_set.stats}" if eval_set is not None else ""))
-        if layout.pipeline > 1:
-            from alignment.models import LlamaConfig
-            from alignment.wrappers.pipeline import load_pipeline_model
-
-            if lora_args.lora:
-                raise ValueError("key 'lora': LoRA with pipeline_parallel_degree > 1 is not supported")
-            if dpo_args.loss_type == "kto":
-                raise ValueError("key 'loss_type': 'kto' with pipeline_parallel_degree > 1 is not supported")
-            policy = load_pipeline_model(LlamaConfig, model_args.model_name_or_path, "causal", layout.pipeline,
-                                         recompute=train_args.recompute)
-        else:
-            policy = with_lora(LlamaForCausalLM.from_pretrained(model_args.model_name_or_path,
-                                                                recompute=train_args.recompute), lora_args)
-        reference = None
-        if lora_args.lora and dpo_args.needs_reference and not dpo_args.ref_model_name_or_path:
-            reference = policy  # the reference is the base model: the policy with its adapters off
-        elif dpo_args.needs_reference:
-            reference = LlamaForCausalLM.from_pretrained(dpo_args.ref_model_name_or_path or
-                                                         model_args.model_name_or_path)
-            reference.eval()
-            for param in reference.parameters():
-                param.stop_gradient = True
+    with setup.started(train_args, run):
+        tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
+        train_set, eval_set, collate = build_datasets(dpo_args, data_args, tokenizer, *raw, train_args.seed)
+        print(setup.datasets_line("rows", train_set, eval_set))
+        policy = setup.load_trained_model("causal", model_args.model_name_or_path, run.layout, lora_args,
+                                          recompute=train_args.recompute)
+        reference = setup.reference_model(policy, lora_args, model_args.model_name_or_path,
+                                          dpo_args.ref_model_name_or_path) if dpo_args.needs_reference else None
         trainer = DPOTrainer(dpo_args, train_args, policy, reference, tokenizer, train_set, eval_set, collate,
-                             effective)
+                             run.effective)
     if dpo_args.precompute_ref_log_probs:
         for dataset in (train_set, eval_set):
             if dataset is not None:
                 trainer.precompute_reference(dataset, train_args.per_device_eval_batch_size)
         trainer.reference = None  # every item now carries its reference log-probs
         del reference
-    with training_stops():
+    with setup.training_stops():
         results = trainer.train()
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
@@ -92,7 +65,7 @@ def main(argv=None) -> dict:
     if summary:
         print(summary)
     print(f"  policy: {final} (HF layout); judge it with: python tools/judge_policy.py --model {final}")
-    end_processes(train_args)  # prints the wall time; a multi-process run exits here
+    setup.end_processes(train_args)  # prints the wall time; a multi-process run exits here
     return {**results, **{f"start_{k}": v for k, v in before.items()}}
 
 

@@ -15,9 +15,9 @@ import paddle.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.paddle import save_file
 
-from alignment.config.layout import check_model
 from alignment.fileio import atomic_directory
 from alignment.models import paddlenlp_checkpoint
+from alignment.models.config import check_tensor_split
 from alignment.models.lora import has_lora, load_adapter, save_adapter
 from alignment.models.tokenizer import copy_tokenizer_files
 from alignment.models.weight_index import read_weight_map
@@ -177,7 +177,7 @@ class PretrainedMixin:
             if not hasattr(config, key):
                 raise ValueError(f"{path}: unknown config override {key!r}")
             setattr(config, key, value)
-        check_model(getattr(config, "tensor_parallel_degree", 1), config, os.path.join(path, "config.json"))
+        check_tensor_split(getattr(config, "tensor_parallel_degree", 1), config, os.path.join(path, "config.json"))
         model = cls(config)
         if dtype != "float32":
             model.to(dtype=dtype)

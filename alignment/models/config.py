@@ -146,3 +146,15 @@ class LlamaConfig:
 
 
 _ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+def check_tensor_split(tp: int, config, path: str) -> None:
+    """Tensor parallelism splits attention heads, key/value heads, the MLP and the vocabulary evenly."""
+    if tp == 1:
+        return
+    sizes = {"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
+             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
+    for name, size in sizes.items():
+        if size % tp:
+            raise ValueError(f"{path}: {name} {size} is not divisible by tensor_parallel_degree {tp} "
+                             "(key 'tensor_parallel_degree')")

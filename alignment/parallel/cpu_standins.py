@@ -59,55 +59,37 @@ def _slice_last_axis(tensor, group):
     return tensor[..., group.rank * width:(group.rank + 1) * width].contiguous()
 
 
-class _Identity(PyLayer):
-    """Forward: identity. Backward: sum the gradient over the model-parallel group (c_identity)."""
+def _collective_layer(name: str, forward, backward, doc: str) -> type:
+    """A PyLayer computing `forward(tensor, group)` and, for the gradient, `backward(grad, group)`."""
 
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return tensor.clone()
+    class CollectiveLayer(PyLayer):
+        @staticmethod
+        def forward(ctx, tensor, group):
+            ctx.group = group
+            return forward(tensor, group)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce_sum(grad, ctx.group)
+        @staticmethod
+        def backward(ctx, grad):
+            return backward(grad, ctx.group)
 
-
-class _AllReduce(PyLayer):
-    """Forward: sum over the group. Backward: identity (mp_allreduce_sum)."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        return _all_reduce_sum(tensor, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
+    CollectiveLayer.__doc__ = doc
+    CollectiveLayer.__name__ = CollectiveLayer.__qualname__ = name
+    return CollectiveLayer
 
 
-class _Concat(PyLayer):
-    """Forward: all-gather along the last axis. Backward: this rank's slice (c_concat)."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return _gather_last_axis(tensor, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _slice_last_axis(grad, ctx.group)
+def _unchanged(tensor, group):
+    return tensor
 
 
-class _Split(PyLayer):
-    """Forward: this rank's slice of the last axis. Backward: all-gather (c_split)."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return _slice_last_axis(tensor, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_last_axis(grad, ctx.group)
+_Identity = _collective_layer("_Identity", lambda tensor, group: tensor.clone(), _all_reduce_sum,
+                              "Forward: identity. Backward: sum the gradient over the model-parallel group "
+                              "(c_identity).")
+_AllReduce = _collective_layer("_AllReduce", _all_reduce_sum, _unchanged,
+                               "Forward: sum over the group. Backward: identity (mp_allreduce_sum).")
+_Concat = _collective_layer("_Concat", _gather_last_axis, _slice_last_axis,
+                            "Forward: all-gather along the last axis. Backward: this rank's slice (c_concat).")
+_Split = _collective_layer("_Split", _slice_last_axis, _gather_last_axis,
+                           "Forward: this rank's slice of the last axis. Backward: all-gather (c_split).")
 
 
 class _ParallelCrossEntropy(PyLayer):

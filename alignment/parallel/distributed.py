@@ -2,29 +2,22 @@
 
 Each data rank trains on its own slice of every global batch; gradients are averaged with all_reduce after
 backward (explicitly, so models can be called through any method, not only DataParallel's forward); rank 0 writes
-logs and checkpoints. With tensor / pipeline parallelism or sharding (alignment/config/layout.py) the processes
+logs and checkpoints. With tensor / pipeline parallelism or sharding (alignment/parallel/layout.py) the processes
 form fleet's hybrid groups: the ranks that hold parts of one model (its tensor slices and pipeline stages) are one
 data rank. A plain `python ...` run is world
 size 1 and none of this does anything.
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, List
 
 import paddle
 import paddle.distributed as dist
 from paddle import _C_ops
 
+from alignment.launcher import rank, world_size
+
 _hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up a hybrid layout
-
-
-def world_size() -> int:
-    return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-
-
-def rank() -> int:
-    return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
 
 
 def is_main_process() -> bool:

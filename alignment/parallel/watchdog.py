@@ -21,25 +21,22 @@ import sys
 import threading
 import time
 
+from alignment.launcher import endpoints
 from alignment.parallel.stores import rank_zero_store
 
 _started = None
 
 
-def _endpoints() -> list:
-    return [e for e in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
-
-
 def _host_of(rank: int) -> str:
-    endpoints = _endpoints()
-    return endpoints[rank].rsplit(":", 1)[0] if rank < len(endpoints) else "?"
+    hosts = endpoints()
+    return hosts[rank].rsplit(":", 1)[0] if rank < len(hosts) else "?"
 
 
 def _heartbeat_store(rank: int, timeout: float):
     """Rank 0 serves a fresh TCPStore, announced in the launch's store (created by init_parallel_env)."""
     from paddle.base import core
 
-    host = _host_of(0) if _endpoints() else "127.0.0.1"
+    host = _host_of(0) if endpoints() else "127.0.0.1"
     return rank_zero_store(rank, "/alignment/heartbeat_store", host, core.create_or_get_global_tcp_store(),
                            int(timeout))
 

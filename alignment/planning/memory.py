@@ -2,7 +2,7 @@
 
 The formulas (bytes per parameter, activations per layer and token, logits, KV cache, what each sharding stage
 splits, what each offload level moves to the host) are spelled out in `python tools/plan_layout.py --help`
-(alignment/commands/plan_layout.py). A layout is alignment.config.layout.Layout, as `plan()` builds it for a run.
+(alignment/commands/plan_layout.py). A layout is alignment.parallel.layout.Layout, as `plan()` builds it for a run.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import math
 import os
 
-from alignment.config.layout import Layout
+from alignment.parallel.layout import Layout
 
 GIB = 2 ** 30
 BYTES = {"bf16": {"w": 2, "g": 2, "opt": 12, "act": 2}, "fp32": {"w": 4, "g": 4, "opt": 8, "act": 4}}

@@ -3,7 +3,7 @@ the fewest model-parallel ranks, then the cheapest memory-saving settings, then 
 from __future__ import annotations
 
 from alignment.config.choices import OFFLOAD_LEVELS, SHARDING_STAGES
-from alignment.config.layout import Layout
+from alignment.parallel.layout import Layout
 from alignment.planning.memory import GIB, Model, Plan, PlanError, memory, peak
 
 BUILT_STAGES = ("", "stage1")  # this toolkit's layout check refuses stage2/3 (they need a GPU to be built)

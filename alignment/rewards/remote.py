@@ -22,7 +22,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import httpx
 import numpy as np
 
-from alignment.config.ppo import server_urls
 from alignment.rewards.functions import RewardFunctionError
 
 RETRYABLE_STATUS = (408, 429, 500, 502, 503, 504)
@@ -102,10 +101,10 @@ def parse_scores(response: httpx.Response, url: str, rows: int) -> List[float]:
 
 
 class RewardServerClient:
-    def __init__(self, urls, token: Optional[str] = None, timeout: float = 60.0, retries: int = 8,
+    def __init__(self, urls: Sequence[str], token: Optional[str] = None, timeout: float = 60.0, retries: int = 8,
                  backoff: float = 0.5, batch_size: int = 0, tokenizer_fingerprint: Optional[str] = None,
                  sleep=time.sleep):
-        self.urls = server_urls(urls)
+        self.urls = list(urls)  # base URLs without a trailing '/' (PPOArguments.reward_server_urls)
         if not self.urls:
             raise ValueError("key 'reward_server': no URL given")
         self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
@@ -123,7 +122,7 @@ class RewardServerClient:
         """The client PPO's arguments describe; checks that a server answers before any model is loaded."""
         from alignment.rewards.scoring import tokenizer_fingerprint
 
-        client = cls(ppo_args.reward_server, ppo_args.reward_server_token, ppo_args.reward_server_timeout,
+        client = cls(ppo_args.reward_server_urls, ppo_args.reward_server_token, ppo_args.reward_server_timeout,
                      ppo_args.reward_server_retries, ppo_args.reward_server_backoff,
                      ppo_args.reward_server_batch_size,
                      tokenizer_fingerprint(tokenizer) if tokenizer is not None else None)

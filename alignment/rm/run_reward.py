@@ -17,49 +17,31 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.reward import RewardArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
-from alignment.training.setup import (  # noqa: E402
-    end_processes, load_raw, parse_arguments, start_processes, training_stops, user_errors)
+from alignment.training import setup  # noqa: E402
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, reward_args, lora_args, train_args, effective = parse_arguments(
+    model_args, data_args, reward_args, lora_args, train_args, run = setup.parse_arguments(
         argv, ModelArguments, DataArguments, RewardArguments, LoRAArguments, TrainingArguments)
 
     from alignment.data.tokenized import collate_preference, preference_datasets
-    from alignment.models import Tokenizer
-    from alignment.models.score_model import ScoreModel
-    from alignment.models.lora import with_lora
     from alignment.rm.trainer import RewardTrainer
-    from alignment.training.batches import set_seed
 
-    layout = start_processes(train_args)
-    set_seed(train_args.seed)
-    with user_errors():
-        tokenizer = Tokenizer.from_pretrained(model_args.tokenizer_name_or_path or model_args.model_name_or_path)
-        train_raw, eval_raw = load_raw(data_args, train_args.seed)
+    with setup.started(train_args, run):
+        tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
         train_set, eval_set = preference_datasets(train_raw, eval_raw, tokenizer, data_args.max_length)
-        print(f"train: {len(train_set)} pairs {train_set.stats}" +
-              (f"; eval: {len(eval_set)} pairs {eval_set.stats}" if eval_set is not None else ""))
-        score_config = dict(recompute=train_args.recompute, score_type="reward",
-                            do_normalize=reward_args.normalize_score_during_training,
-                            normalizer_type=reward_args.normalizer_type,
-                            normalizer_momentum=reward_args.normalizer_momentum)
-        if layout.pipeline > 1:
-            from alignment.models.score_model import ScoreConfig
-            from alignment.wrappers.pipeline import load_pipeline_model
-
-            if lora_args.lora:
-                raise ValueError("key 'lora': LoRA with pipeline_parallel_degree > 1 is not supported")
-            model = load_pipeline_model(ScoreConfig, model_args.model_name_or_path, "score", layout.pipeline,
-                                        **score_config)
-        else:
-            model = ScoreModel.from_pretrained(model_args.model_name_or_path, **score_config)
-            with_lora(model, lora_args, trainable=("score.",))
+        print(setup.datasets_line("pairs", train_set, eval_set))
+        model = setup.load_trained_model(
+            "score", model_args.model_name_or_path, run.layout, lora_args, trainable=("score.",),
+            recompute=train_args.recompute, score_type="reward",
+            do_normalize=reward_args.normalize_score_during_training, normalizer_type=reward_args.normalizer_type,
+            normalizer_momentum=reward_args.normalizer_momentum)
+        if run.layout.pipeline == 1:
             print("score head: " + ("initialised (started from a causal LM)" if model.head_initialised
                                     else "restored"))
         trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
-                                lambda items: collate_preference(items, tokenizer.pad_token_id), effective)
-    with training_stops():
+                                lambda items: collate_preference(items, tokenizer.pad_token_id), run.effective)
+    with setup.training_stops():
         results = trainer.train()
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
@@ -74,7 +56,7 @@ def main(argv=None) -> dict:
     else:
         print(f"  checkpoint: {final} (HF LlamaForSequenceClassification layout + score_normalizer.json)")
     print(f"  use it in PPO: \"reward_model_name_or_path\": \"{final}\" in ppo_argument.json")
-    end_processes(train_args)  # prints the wall time; a multi-process run exits here
+    setup.end_processes(train_args)  # prints the wall time; a multi-process run exits here
     return {**results, **{f"start_{k}": v for k, v in before.items()}}
 
 

@@ -1,17 +1,23 @@
-"""Start-of-run helpers shared by the entry points: argument echo, data loading, clean failures."""
+"""The skeleton every entry point (alignment/<stage>/run_*.py) shares: arguments parsed once with the process
+layout they ask for, processes started, inputs read, the models loaded (the one trained, frozen ones, the
+reference), clean failures and the run's last lines. Each run_*.py keeps only what its stage does differently."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 import time
+from typing import Dict, Optional
 
+from alignment import launcher
 from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
+from alignment.config.training import TrainingArguments
 from alignment.data import MixedRawDataset, import_user_modules
+from alignment.parallel.layout import Layout, plan
 
 _STARTED = time.monotonic()  # imported first thing by every entry point: the stage's wall time starts here
-_argument_dir = None  # the directory of the argument file: relative user_dataset_modules paths start there
 
 
 @contextlib.contextmanager
@@ -91,41 +97,50 @@ def paths_beside_the_file(instance, base_dir: str) -> None:
                                          else f"{s.name}:{s.proportion}" for s in specs])
 
 
-def parse_arguments(argv, *dataclass_types):
-    """Parse an argument file + flags into the dataclasses and print the effective configuration.
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    """What one start of an entry point asks for besides its argument classes, worked out once when parsing."""
+    effective: Dict[str, object]  # the effective arguments, as args.json holds them (tokens masked)
+    layout: Layout  # the processes the training arguments ask for under this launch
+    argument_dir: Optional[str]  # the argument file's directory (relative user_dataset_modules start there)
 
-    Returns (instances..., effective dict); exits with a one-line message on bad arguments.
+
+def parse_arguments(argv, *dataclass_types):
+    """Parse an argument file + flags into the dataclasses, plan the process layout they ask for under this launch
+    and print the effective configuration.
+
+    Returns (instances..., Invocation); exits with a one-line message on bad arguments.
     """
-    global _argument_dir
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = ArgumentParser(*dataclass_types)
     try:
-        instances = ArgumentParser(*dataclass_types).parse_args(argv, prog=program_name())
+        instances = parser.parse_args(argv, prog=program_name())
     except ArgumentError as err:
         fail(err)
-    _argument_dir = os.path.dirname(os.path.abspath(argv[0])) if argv and not argv[0].startswith("-") else None
-    if _argument_dir is not None:
+    try:  # the degrees against the launch, before any model loads
+        layout = plan(next(i for i in instances if isinstance(i, TrainingArguments)), launcher.world_size())
+    except ValueError as err:
+        fail(f"{parser.source}: {err}")
+    argument_dir = os.path.dirname(os.path.abspath(argv[0])) if argv and not argv[0].startswith("-") else None
+    if argument_dir is not None:
         for instance in instances:
-            paths_beside_the_file(instance, _argument_dir)
+            paths_beside_the_file(instance, argument_dir)
     effective = {key: ("<set>" if value and key.endswith("_token") else value)  # secrets stay out of logs
                  for key, value in to_dict(*instances).items()}
-    if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":  # under the launcher: rank 0 speaks for all
+    if launcher.speaks_for_all():
         print("effective arguments:\n" + json.dumps(effective, indent=2, sort_keys=True, default=str))
-    return (*instances, effective)
+    return (*instances, Invocation(effective, layout, argument_dir))
 
 
-def start_processes(train_args):
-    """Start the process groups the launch and the parallel degrees ask for (fleet's hybrid groups for tensor /
-    pipeline parallelism or sharding), before any model is built: models built afterwards are split accordingly.
-    Then claim output_dir for this run (alignment/training/output_dir.py)."""
-    from alignment.config.layout import plan
+def start_processes(train_args, layout: Layout) -> None:
+    """Start the process groups `layout` asks for (fleet's hybrid groups for tensor / pipeline parallelism or
+    sharding), before any model is built: models built afterwards are split accordingly. Then claim output_dir
+    for this run (alignment/training/output_dir.py) and seed every random number generator."""
     from alignment.parallel.distributed import from_main_process, init_distributed, is_main_process, rank
     from alignment.parallel.watchdog import start_watchdog
+    from alignment.training.batches import set_seed
     from alignment.training.output_dir import claim_output_dir
 
-    try:
-        layout = plan(train_args)
-    except ValueError as err:
-        fail(err)
     init_distributed(layout)
     if is_main_process():
         from alignment.cpu_env import describe
@@ -143,15 +158,78 @@ def start_processes(train_args):
     if layout.world > 1:
         start_watchdog(rank(), layout.world, train_args.lost_rank_timeout)
         print(f"processes: {layout.describe()}")
-    return layout
+    set_seed(train_args.seed)
 
 
-def load_raw(data_args, seed: int):
-    """(train, eval or None) raw datasets from the argument specs; user modules are imported first.
+@contextlib.contextmanager
+def started(train_args, run: Invocation):
+    """Start the processes (`start_processes`); inside, errors of loading user inputs are a one-line exit."""
+    start_processes(train_args, run.layout)
+    with user_errors():
+        yield
+
+
+def load_inputs(tokenizer_path: str, data_args, seed: int, run: Invocation):
+    """(tokenizer, train raw dataset, eval raw dataset or None): what every stage reads first (`load_raw`)."""
+    from alignment.models import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(tokenizer_path)
+    return (tokenizer, *load_raw(data_args, seed, run.argument_dir))
+
+
+def _model_classes(head: str):
+    """(config class, model class) of a model head: 'causal' (a language model) or 'score' (reward model, critic)."""
+    from alignment.models import LlamaConfig, LlamaForCausalLM
+    from alignment.models.score_model import ScoreConfig, ScoreModel
+
+    return {"causal": (LlamaConfig, LlamaForCausalLM), "score": (ScoreConfig, ScoreModel)}[head]
+
+
+def load_trained_model(head: str, path: str, layout: Layout, lora_args, pipe_loss=None, trainable=(), **config):
+    """The model a stage trains, from the checkpoint at `path`: this rank's pipeline stage (ending in `pipe_loss`)
+    when the layout has pipeline stages, else the whole model with LoRA adapters when `lora_args.lora` is on
+    (`trainable`: what trains besides the adapters). The arguments' validation refuses LoRA with pipelines."""
+    from alignment.models.lora import with_lora
+    from alignment.wrappers.pipeline import load_pipeline_model
+
+    config_class, model_class = _model_classes(head)
+    if layout.pipeline > 1:
+        return load_pipeline_model(config_class, path, head, layout.pipeline, pipe_loss, **config)
+    model = model_class.from_pretrained(path, **config)
+    return with_lora(model, lora_args, trainable)
+
+
+def load_frozen_model(head: str, path: str):
+    """A model that only scores (a reference, a reward model): evaluation mode, no gradients."""
+    model = _model_classes(head)[1].from_pretrained(path)
+    model.eval()
+    for param in model.parameters():
+        param.stop_gradient = True
+    return model
+
+
+def reference_model(policy, lora_args, policy_path: str, own_path: Optional[str] = None):
+    """The frozen reference of a policy started from `policy_path`: with LoRA on the policy and no reference of its
+    own, the policy itself (its base weights, adapters off: no second copy of the model), else a frozen copy of
+    `own_path` or `policy_path`."""
+    if lora_args.lora and not own_path:
+        return policy
+    return load_frozen_model("causal", own_path or policy_path)
+
+
+def datasets_line(unit: str, train, evaluation) -> str:
+    """'train: 12 pairs {stats}; eval: 4 pairs {stats}' (no eval part without eval data)."""
+    return f"train: {len(train)} {unit} {train.stats}" + (
+        f"; eval: {len(evaluation)} {unit} {evaluation.stats}" if evaluation is not None else "")
+
+
+def load_raw(data_args, seed: int, argument_dir: Optional[str]):
+    """(train, eval or None) raw datasets from the argument specs; user modules are imported first (relative
+    paths from `argument_dir`).
 
     Bad specs or files raise DataFormatError / FileNotFoundError / ValueError: call it inside `user_errors()`.
     """
-    import_user_modules(data_args.user_dataset_modules, base_dir=_argument_dir)
+    import_user_modules(data_args.user_dataset_modules, base_dir=argument_dir)
     train = MixedRawDataset(data_args.train_datasets, seed=seed)
     evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed) if data_args.eval_datasets else None
     for name, dataset in (("train", train), ("eval", evaluation)):

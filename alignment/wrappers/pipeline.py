@@ -23,9 +23,9 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 from paddle.distributed.fleet.utils import recompute
 
-from alignment.config.layout import check_model
 from alignment.fileio import atomic_directory
 from alignment.models import checkpoint as ckpt
+from alignment.models.config import check_tensor_split
 from alignment.models.llama import (DecoderLayer, RMSNorm, attention_bias, init_weights, positions_from_mask,
                                     rotary_tables)
 from alignment.models.normalizer import load_normalizer, make_normalizer
@@ -248,7 +248,7 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
     if tied and config.tensor_parallel_degree > 1:
         raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline and tensor "
                          "parallelism together yet; use one of them")
-    check_model(config.tensor_parallel_degree, config, f"{path}/config.json")
+    check_tensor_split(config.tensor_parallel_degree, config, f"{path}/config.json")
     if config.num_hidden_layers < num_stages:
         raise ValueError(f"{path}: {config.num_hidden_layers} layers cannot fill {num_stages} pipeline stages")
 

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
 from alignment.models import LlamaForCausalLM  # noqa: E402
-from alignment.config.layout import Layout  # noqa: E402
+from alignment.parallel.layout import Layout  # noqa: E402
 from alignment.parallel.distributed import init_distributed, is_main_process  # noqa: E402
 
 model_dir, out = sys.argv[1], sys.argv[2]

@@ -9,7 +9,6 @@ by `plan()` before any model is loaded, so a wrong layout fails in a second with
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from alignment.config.choices import SHARDING_STAGES
 
@@ -39,13 +38,9 @@ class Layout:
                 f"{' (' + self.stage + ')' if self.stage else ''} x data {self.data}")
 
 
-def plan(args, world: int = None) -> Layout:
-    """The layout the training arguments ask for under this launch, or a ValueError naming the keys."""
-    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) if world is None else world
+def plan(args, world: int) -> Layout:
+    """The layout the training arguments ask for over `world` processes, or a ValueError naming the keys."""
     tp, pp = args.tensor_parallel_degree, args.pipeline_parallel_degree
-    for key, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp)):
-        if value < 1:
-            raise ValueError(f"key {key!r} must be >= 1, got {value}")
     stage = args.sharding.strip()
     if stage not in SHARDING_STAGES:
         raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")
@@ -69,15 +64,3 @@ def plan(args, world: int = None) -> Layout:
                          "states")
     return Layout(world, tp, pp, sharding, stage, micro_batch_size=args.per_device_train_batch_size,
                   accumulate_steps=args.gradient_accumulation_steps)
-
-
-def check_model(tp: int, config, path: str) -> None:
-    """Tensor parallelism splits attention heads, key/value heads, the MLP and the vocabulary evenly."""
-    if tp == 1:
-        return
-    sizes = {"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
-             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
-    for name, size in sizes.items():
-        if size % tp:
-            raise ValueError(f"{path}: {name} {size} is not divisible by tensor_parallel_degree {tp} "
-                             "(key 'tensor_parallel_degree')")

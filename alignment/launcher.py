@@ -1,0 +1,24 @@
+"""What `python -m paddle.distributed.launch` tells each process through its environment: the one place that
+reads it. A plain `python ...` run is one process, rank 0, with no endpoints."""
+from __future__ import annotations
+
+import os
+from typing import List
+
+
+def world_size() -> int:
+    return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+
+
+def speaks_for_all() -> bool:
+    """Rank 0 prints what every rank would print alike (arguments, notices)."""
+    return rank() == 0
+
+
+def endpoints() -> List[str]:
+    """host:port of every rank, in rank order."""
+    return [e for e in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
