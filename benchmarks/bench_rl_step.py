@@ -46,6 +46,7 @@ from peer_shape import MODEL_SHAPE, VOCAB_SIZE, build_checkpoints, build_tokeniz
 # --- arguments ----------------------------------------------------------------------------------------------------
 def make_arguments(args, paths: dict, output_dir: str):
     """(model, data, ppo, training) argument dataclasses for the peer's settings (see README for differences)."""
+    from alignment.config.parser import ArgumentParser, to_dict
     from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
     from alignment.config.training import TrainingArguments
 
@@ -83,10 +84,9 @@ def make_arguments(args, paths: dict, output_dir: str):
         max_grad_norm=args.max_grad_norm if args.max_grad_norm >= 0 else (0.0 if ppo else 1.0),
         logging_steps=1, do_eval=False, disable_tqdm=True,
     )
-    for a in (data_args, ppo_args, train_args):
-        a.validate()
-    ppo_args.validate_with(model_args, data_args)
-    return model_args, data_args, ppo_args, train_args
+    classes = (PPOModelArguments, PPODataArguments, PPOArguments, TrainingArguments)
+    settings = to_dict(model_args, data_args, ppo_args, train_args)
+    return ArgumentParser(*classes).parse_dict(settings, "benchmark settings")  # the checks an argument file gets
 
 
 # --- measurements -------------------------------------------------------------------------------------------------
