@@ -36,11 +36,16 @@ class Interrupted(BaseException):
 
 
 def debug_requested(argv: Optional[list] = None) -> bool:
-    """--debug on the command line (removed from it) or ALIGNMENT_DEBUG=1 in the environment."""
+    """--debug on the command line (removed from it, and kept as ALIGNMENT_DEBUG=1 for the rest of the program)
+    or ALIGNMENT_DEBUG=1 in the environment."""
     argv = sys.argv if argv is None else argv
     if "--debug" in argv[1:]:
         argv.remove("--debug")
-        return True
+        os.environ["ALIGNMENT_DEBUG"] = "1"
+    return debug_on()
+
+
+def debug_on() -> bool:
     return os.environ.get("ALIGNMENT_DEBUG", "") not in ("", "0")
 
 

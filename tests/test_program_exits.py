@@ -98,3 +98,23 @@ def test_a_signal_ends_a_program_with_one_line(tmp_path, signum, code):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err[-1500:]
     assert err.strip().splitlines() == [f"stopped by {signal.Signals(signum).name}"], err[-1500:]
+
+
+def test_sigterm_mid_training_names_the_step_and_the_intact_checkpoint(tmp_path, tiny_model_dir):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "alignment/sft/run_sft.py", "config/tiny/sft_argument.json",
+                             "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "400",
+                             "--save_steps", "2", "--eval_datasets", "", "--disable_tqdm"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (out / "latest").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-1500:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 143 and len(lines) == 1 and "Traceback" not in err, err[-1500:]
+    latest = (out / "latest").read_text().strip()
+    assert lines[0].startswith("stopped by SIGTERM at step ")
+    assert lines[0].endswith(f"the last complete checkpoint, {out / latest}, is intact (resume_from_checkpoint: auto "
+                             "continues from it)"), lines

@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
                 trainer.precompute_reference(dataset, train_args.per_device_eval_batch_size)
         trainer.reference = None  # every item now carries its reference log-probs
         del reference
-    with setup.training_stops():
+    with setup.training_stops(trainer):
         results = trainer.train()
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
@@ -70,4 +70,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from alignment.exits import run_program
+
+    sys.exit(run_program(main))

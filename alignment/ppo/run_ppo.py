@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward), data,
                              tokenizer, run.effective)
     try:
-        with setup.training_stops():
+        with setup.training_stops(trainer):
             results = trainer.train()
     except RewardServerError as err:  # unreachable past the retry budget: a run that failed mid-way
         setup.fail(err, code=1)
@@ -106,4 +106,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from alignment.exits import run_program
+
+    sys.exit(run_program(main))

@@ -1,4 +1,7 @@
 """`python -m alignment.rm ARGS.{json,yaml} [--key value ...]`: the same as `python alignment/rm/run_reward.py ...`."""
+import sys
+
+from alignment.exits import run_program
 from alignment.rm.run_reward import main
 
-main()  # returns the run's results to callers; as a program it exits 0 here
+sys.exit(run_program(main))  # main() returns the run's results to callers; a program exits with a status

@@ -41,7 +41,7 @@ def main(argv=None) -> dict:
                                     else "restored"))
         trainer = RewardTrainer(reward_args, train_args, model, tokenizer, train_set, eval_set,
                                 lambda items: collate_preference(items, tokenizer.pad_token_id), run.effective)
-    with setup.training_stops():
+    with setup.training_stops(trainer):
         results = trainer.train()
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
@@ -61,4 +61,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from alignment.exits import run_program
+
+    sys.exit(run_program(main))

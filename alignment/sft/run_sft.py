@@ -35,7 +35,7 @@ def main(argv=None) -> dict:
                                          recompute=train_args.recompute)
         trainer = SupervisedTrainer(train_args, model, tokenizer, train_set, eval_set,
                                     lambda items: collate_supervised(items, tokenizer.pad_token_id), run.effective)
-    with setup.training_stops():
+    with setup.training_stops(trainer):
         results = trainer.train().get("end", {})
     final = os.path.join(train_args.output_dir, "model")
     print(f"\nSFT done: {trainer.global_step} steps; model saved to {final}" +
@@ -50,4 +50,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from alignment.exits import run_program
+
+    sys.exit(run_program(main))

@@ -7,11 +7,14 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
+import traceback
 from typing import Dict, Optional
 
 from alignment import launcher
+from alignment.exits import Interrupted, debug_on
 from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
 from alignment.config.training import TrainingArguments
 from alignment.data import MixedRawDataset, import_user_modules
@@ -30,9 +33,10 @@ def user_errors():
 
 
 @contextlib.contextmanager
-def training_stops():
+def training_stops(trainer=None):
     """A run that stops itself on purpose (TrainingStopped: e.g. NaN/inf steps) or cannot write (OSError: e.g. a
-    full disk) exits 1 with a one-line message."""
+    full disk) exits 1 with a one-line message; SIGTERM / SIGINT (alignment/exits.py) exit 143 / 130 with one line
+    saying at which step, and which checkpoint is intact."""
     from safetensors import SafetensorError
 
     from alignment.training.guard import TrainingStopped
@@ -44,6 +48,25 @@ def training_stops():
     except (OSError, SafetensorError) as err:  # a full disk, an unwritable directory: what was saved is intact
         fail(f"{_described(err)}; checkpoints completed before this are intact (resume_from_checkpoint: auto)",
              code=1)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        where = f" at step {trainer.global_step}" if trainer is not None else ""
+        fail(interrupted_at(trainer), code=128 + signum, prefix=f"stopped by {signal.Signals(signum).name}{where}; ")
+
+
+def interrupted_at(trainer) -> str:
+    """Which checkpoint a resume continues from (the one `latest` names: complete, as every checkpoint is)."""
+    from alignment.training.checkpointing import LATEST
+
+    if trainer is None:
+        return "checkpoints completed before this are intact"
+    pointer = os.path.join(trainer.args.output_dir, LATEST)
+    if not os.path.exists(pointer):
+        return "no checkpoint was written yet (save_steps)"
+    with open(pointer, encoding="utf-8", errors="replace") as f:
+        name = f.read().strip()
+    return (f"the last complete checkpoint, {os.path.join(trainer.args.output_dir, name)}, is intact "
+            "(resume_from_checkpoint: auto continues from it)")
 
 
 def _described(err: Exception) -> str:
@@ -53,11 +76,13 @@ def _described(err: Exception) -> str:
     return str(err)
 
 
-def fail(error, code: int = 2) -> None:
-    """Exit non-zero with a one-line message (no traceback) for errors the user can fix."""
+def fail(error, code: int = 2, prefix: str = "error: ") -> None:
+    """Exit non-zero with a one-line message (the traceback too under --debug / ALIGNMENT_DEBUG=1)."""
     from alignment.training.output_dir import release_unused_output_dirs
 
-    print(f"error: {error}", file=sys.stderr)
+    if debug_on() and sys.exc_info()[0] is not None:
+        traceback.print_exc()
+    print(f"{prefix}{' '.join(str(error).split())}", file=sys.stderr)
     release_unused_output_dirs()
     raise SystemExit(code)
 
