@@ -19,33 +19,20 @@ Registering a dataset only takes a subclass with a ``NAME``::
 """
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import math
 import os
 import random
 import sys
 from dataclasses import dataclass
-from types import ModuleType
 from collections.abc import Sequence
 from typing import Any, ClassVar, Iterable, Iterator, Mapping, TypedDict, Union
 
 import numpy as np
 
-__all__ = [
-    "DataFormatError",
-    "DatasetSpec",
-    "MixSource",
-    "MixedRawDataset",
-    "RawDataset",
-    "RawSample",
-    "import_user_module",
-    "import_user_modules",
-    "parse_dataset_specs",
-    "samples_with",
-    "user_code_error",
-]
+from alignment.data.errors import DataFormatError, user_code_error
+
+__all__ = ["DataFormatError", "DatasetSpec", "MixSource", "MixedRawDataset", "RawDataset", "RawSample",
+           "parse_dataset_specs", "samples_with"]
 
 
 class RawSample(TypedDict, total=False):
@@ -73,19 +60,6 @@ class RawSample(TypedDict, total=False):
     is_other_safe: bool
     dialogue: list[str]
     desirable: bool
-
-
-class DataFormatError(ValueError):
-    """A data file (or hub row) does not match the schema a loader expects.
-
-    ``path`` and ``line`` (1-based) say where, when known; the message always
-    starts with the location, e.g. ``data/x.jsonl line 7: missing key 'response_1'``.
-    """
-
-    def __init__(self, message: str, path: str | None = None, line: int | None = None):
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 # --------------------------------------------------------------------------- registry
@@ -132,7 +106,9 @@ class RawDataset(Sequence):
         except (DataFormatError, FileNotFoundError):
             raise  # they name the file and line already
         except Exception as err:  # noqa: BLE001 - a user dataset may raise anything: name it, in one line
-            raise user_code_error(f"dataset {name!r} ({_where_defined(dataset_cls)}) failed to load", err) from None
+            where = getattr(sys.modules.get(dataset_cls.__module__), "__file__", None) or dataset_cls.__module__
+            raise user_code_error(f"dataset {name!r} ({dataset_cls.__qualname__} in {where}) failed to load",
+                                  err) from None
 
     @classmethod
     def registered_names(cls) -> list[str]:
@@ -370,89 +346,3 @@ def _select_indices(size: int, spec: DatasetSpec, rng: random.Random) -> list[in
     copies, remainder = divmod(target, size) if size else (0, 0)
     partial = sorted(rng.sample(range(size), remainder))
     return list(range(size)) * copies + partial
-
-
-# --------------------------------------------------------------------------- user modules
-
-_USER_MODULE_PREFIX = "alignment_user_datasets"
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def import_user_module(path_or_module: str | os.PathLike, base_dir: str | os.PathLike | None = None) -> ModuleType:
-    """Import a user ``.py`` file (path) or dotted module name so its datasets register.
-
-    A relative file path is resolved against ``base_dir`` (e.g. the argument file's
-    directory) when given, then the current directory. Importing the same file again
-    returns the already-imported module. Raises ``FileNotFoundError`` for a missing file.
-    """
-    text = os.fspath(path_or_module)
-    if not _looks_like_path(text):
-        try:
-            return importlib.import_module(text)
-        except ModuleNotFoundError as err:
-            if err.name and text.startswith(err.name):
-                raise DataFormatError(f"user module {text!r} not found (give a .py file or an importable module "
-                                      "name)") from None
-            raise user_code_error(f"user module {text!r} failed to import", err) from None
-        except Exception as err:  # noqa: BLE001 - the module's own code raised: name it, in one line
-            raise user_code_error(f"user module {text!r} failed to import", err) from None
-    tried = [os.path.abspath(os.path.join(os.fspath(d), os.path.expanduser(text)))
-             for d in dict.fromkeys(d for d in (base_dir, os.getcwd()) if d)]
-    file_path = next((path for path in tried if os.path.isfile(path)), None)
-    if file_path is None:
-        raise FileNotFoundError(f"User dataset module {text!r} not found (looked for {' and '.join(tried)})")
-    digest = hashlib.sha1(file_path.encode("utf-8")).hexdigest()[:12]
-    module_name = f"{_USER_MODULE_PREFIX}_{_identifier(file_path)}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, file_path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"Cannot import user dataset module {file_path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as err:
-        del sys.modules[module_name]
-        if isinstance(err, Exception):
-            raise user_code_error(f"user module {file_path} failed to import", err) from None
-        raise
-    return module
-
-
-def user_code_error(what: str, err: BaseException) -> DataFormatError:
-    """One line for an exception user code raised: what failed, the exception, and the file and line it came from
-    (the innermost frame outside this package; a SyntaxError's own location)."""
-    location, frame = "", err.__traceback__
-    if isinstance(err, SyntaxError) and err.filename:
-        location, frame = f" ({err.filename} line {err.lineno})", None
-    while frame is not None:  # the innermost frame of user code (not this package's, not importlib's)
-        file = frame.tb_frame.f_code.co_filename
-        if not file.startswith((_PACKAGE_DIR, "<")):
-            location = f" ({file} line {frame.tb_lineno})"
-        frame = frame.tb_next
-    message = " ".join(str(err.msg if isinstance(err, SyntaxError) else err).split())[:300]
-    return DataFormatError(f"{what}: {type(err).__name__}: {message}{location}")
-
-
-def _where_defined(cls: type) -> str:
-    return f"{cls.__qualname__} in {getattr(sys.modules.get(cls.__module__), '__file__', None) or cls.__module__}"
-
-
-def import_user_modules(paths: Iterable[str | os.PathLike] | str | None,
-                        base_dir: str | os.PathLike | None = None) -> list[ModuleType]:
-    """:func:`import_user_module` for each entry (e.g. ``user_dataset_modules`` of an argument file)."""
-    if paths is None:
-        return []
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    return [import_user_module(path, base_dir=base_dir) for path in paths]
-
-
-def _looks_like_path(text: str) -> bool:
-    return text.endswith(".py") or os.sep in text or "/" in text or os.path.isfile(text)
-
-
-def _identifier(file_path: str) -> str:
-    stem = os.path.splitext(os.path.basename(file_path))[0]
-    return "".join(char if char.isalnum() else "_" for char in stem) or "module"
