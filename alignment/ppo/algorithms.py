@@ -7,8 +7,8 @@ Values outside the mask never leak into results: they are selected away with `pa
 garbage at padded positions gives finite outputs. Everything is computed in float32.
 Conventions: p = current policy (actor), q = reference policy, rho = exp(log p_new - log p_old).
 Token log-probs and entropies from logits are the models' (alignment/models/logprobs.py); this module starts from
-log-probs. The policy losses built on these are in surrogate.py; the classes that the arguments name (estimators,
-losses, KL estimators) in estimators.py, losses.py and kl.py. It imports nothing of the package.
+log-probs. Built on these: the policy losses (surrogate.py), the KL estimators (kl.py) and the advantage estimators
+(estimators.py), whose classes the arguments name. It imports nothing of the package.
 """
 import paddle
 
@@ -29,38 +29,6 @@ def _safe_div(num, den):
     """num / den, and 0 where den == 0 (num is 0 there for masked sums)."""
     ok = den > 0
     return paddle.where(ok, num / paddle.where(ok, den, paddle.ones_like(den)), paddle.zeros_like(num))
-
-
-# ---------------------------------------------------------------- per-token estimates of KL(p || q) from samples of p
-# (Schulman, "Approximating KL divergence", 2020; verl core_algos.kl_penalty). All (log_probs, ref_log_probs)
-# [B, T] -> [B, T].
-def k1(log_probs, ref_log_probs):
-    """log p - log q."""
-    return _f32(log_probs) - _f32(ref_log_probs)  # [B, T]
-
-
-def k2(log_probs, ref_log_probs):
-    """0.5 (log p - log q)^2."""
-    return 0.5 * k1(log_probs, ref_log_probs).square()  # [B, T]
-
-
-def k3(log_probs, ref_log_probs):
-    """exp(log q - log p) - (log q - log p) - 1  (>= 0, unbiased, low variance)."""
-    log_ratio = k1(log_probs, ref_log_probs)  # [B, T]  log p - log q
-    return paddle.exp(-log_ratio) + log_ratio - 1.0  # [B, T]
-
-
-def low_var_kl(log_probs, ref_log_probs):
-    """k3 with log q - log p clamped to [-20, 20] and the result to [-10, 10] (verl's "low_var_kl")."""
-    log_ratio = paddle.clip(_f32(ref_log_probs) - _f32(log_probs), -20.0, 20.0)  # [B, T]  log q - log p
-    return paddle.clip(paddle.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)  # [B, T]
-
-
-def with_k2_gradient(kl, log_probs, ref_log_probs):
-    """The value of `kl` [B, T] with the gradient of k2, (log p - log q) grad log p, whose expectation under p is
-    the gradient of KL(p || q) (straight-through: k2 - sg(k2) + sg(kl); verl's "k1+", "k3+", ...)."""
-    k2_value = k2(log_probs, ref_log_probs)  # [B, T]
-    return k2_value - k2_value.detach() + kl.detach()  # [B, T]
 
 
 def masked_sum(x, mask, axis=None):
@@ -137,17 +105,17 @@ def _end_reward(end_scores, mask):
     return at_end * _f32(end_scores).reshape([-1, 1])  # [B, T]
 
 
-def reward_with_kl(end_scores, log_probs, ref_log_probs, mask, kl_coeff, clip_range_score, kl_estimate=k1):
+def reward_with_kl(end_scores, log_probs, ref_log_probs, mask, kl_coeff, clip_range_score, kl_estimate):
     """Token rewards r_t = -kl_coeff * KL_t * m_t + [t == last valid] * clip(score, -c, c). -> (rewards, kl) [B,T].
 
-    `kl` is the masked per-token KL estimate (kl_estimate: k1, k3, ...; 0 outside the mask). end_scores: [B].
+    `kl` is the masked per-token KL estimate (kl_estimate: one of kl.py's; 0 outside the mask). end_scores: [B].
     """
     kl = _masked(kl_estimate(log_probs, ref_log_probs), mask)  # [B, T]
     scores = paddle.clip(_f32(end_scores), -clip_range_score, clip_range_score)  # [B]
     return -kl_coeff * kl + _end_reward(scores, mask), kl  # [B, T], [B, T]
 
 
-def sequence_kl(log_probs, ref_log_probs, mask, kl_estimate=k1):
+def sequence_kl(log_probs, ref_log_probs, mask, kl_estimate):
     """The logged KL: per-token estimate summed over each response, averaged over rows. [B, T] -> scalar."""
     return masked_sum(kl_estimate(log_probs, ref_log_probs), mask, axis=1).mean()
 
@@ -160,54 +128,25 @@ def critic_loss(values, old_values, returns, mask, clip_range_value):
     return 0.5 * masked_mean(losses, mask)
 
 
-def _std(x, axis=None, keepdim=False):
+def sample_std(x, axis=None, keepdim=False):
     """Sample std (ddof=1); 0 when there is a single element."""
     n = x.size if axis is None else x.shape[axis]
     centered = x - x.mean(axis=axis, keepdim=True)
     return (centered.square().sum(axis=axis, keepdim=keepdim) / max(n - 1, 1)).sqrt()
 
 
-# ---------------------------------------------------------------- one advantage per response from its prompt's group
-# rewards [N] are ordered group by group (each prompt's group_size samples contiguous) -> advantages [N].
-def _centered_groups(rewards, group_size, smallest=1):
-    """(rewards [P, G], rewards minus their group's mean [P, G]); ValueError unless N is whole groups of
-    group_size >= smallest."""
+def centered_groups(rewards, group_size):
+    """rewards [N], ordered group by group (each prompt's group_size samples contiguous) -> (rewards [P, G],
+    rewards minus their group's mean [P, G]); ValueError unless N is a whole number of groups."""
     rewards = _f32(rewards).reshape([-1])  # [N]
     n = rewards.shape[0]
     if group_size < 1 or n % group_size:
         raise ValueError(f"{n} rewards are not a whole number of groups of num_return_sequences={group_size}")
-    if group_size < smallest:
-        raise ValueError(f"this estimator needs num_return_sequences >= {smallest}, got {group_size}")
     grouped = rewards.reshape([-1, group_size])  # [P, G]
     return grouped, grouped - grouped.mean(axis=1, keepdim=True)  # [P, G], [P, G]
 
 
-def grpo_advantages(rewards, group_size, eps=1e-6):
-    """GRPO (Shao et al. 2024, arXiv 2402.03300): (r - mean_g) / (std_g + eps), std with ddof=1; group_size >= 2."""
-    grouped, centered = _centered_groups(rewards, group_size, smallest=2)
-    return (centered / (_std(grouped, axis=1, keepdim=True) + eps)).reshape([-1])  # [N]
-
-
-def dr_grpo_advantages(rewards, group_size):
-    """Dr.GRPO (Liu et al. 2025, arXiv 2503.20783): r - mean_g (no std division); all 0 for group_size 1."""
-    return _centered_groups(rewards, group_size)[1].reshape([-1])  # [N]
-
-
-def rloo_advantages(rewards, group_size):
-    """RLOO (Ahmadian et al. 2024, arXiv 2402.14740): r - mean of the other G-1 members = (G r - sum_g) / (G - 1);
-    group_size >= 2."""
-    _, centered = _centered_groups(rewards, group_size, smallest=2)
-    return (centered * group_size / (group_size - 1)).reshape([-1])  # [N]
-
-
-def reinforce_baseline_advantages(rewards, group_size, eps=1e-6):
-    """REINFORCE with the group mean as baseline (OpenRLHF): (r - mean_g) / (std over the whole batch of
-    (r - mean_g), ddof=1, + eps); all 0 for group_size 1."""
-    _, centered = _centered_groups(rewards, group_size)
-    return (centered / (_std(centered) + eps)).reshape([-1])  # [N]
-
-
-def reinforce_plus_plus_advantages(end_scores, log_probs, ref_log_probs, mask, kl_coeff, gamma=1.0, kl_estimate=k1,
+def reinforce_plus_plus_advantages(end_scores, log_probs, ref_log_probs, mask, kl_coeff, gamma, kl_estimate,
                                    reduce_sum=None):
     """REINFORCE++ (Hu 2025; OpenRLHF). r_t = -kl_coeff * KL_t + [t == last valid] * score (no score clipping),
     G_t = sum_{s >= t, masked} gamma^(s-t) r_s  (returns-to-go), A = masked_whiten(G, mask) over all masked

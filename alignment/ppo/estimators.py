@@ -1,6 +1,7 @@
 """Advantage estimators, registered by name (`advantage_estimator`; alignment/config/registry.py). An estimator
 turns a scored rollout (end rewards, old and reference log-probs, old values) into per-token advantages, and says
-what it needs, so neither the arguments nor the trainer ask which one they have. The math is algorithms.py's.
+what it needs, so neither the arguments nor the trainer ask which one they have. Pure math on paddle tensors with
+the building blocks of algorithms.py.
 
 Adding one is one class here (or in any module the run imports) plus its golden test::
 
@@ -10,7 +11,8 @@ Adding one is one class here (or in any module the run imports) plus its golden 
         uses_old_log_probs = False
 
         def __call__(self, rollout, ppo, reduce_sum):
-            per_response = 0.5 * rl.dr_grpo_advantages(rollout.end_rewards, ppo.num_return_sequences)  # [N]
+            _, centered = rl.centered_groups(rollout.end_rewards, ppo.num_return_sequences)  # [P, G]
+            per_response = 0.5 * centered.reshape([-1])  # [N]
             return rl.broadcast_sequence_advantages(per_response, rollout.response_mask), None
 """
 from __future__ import annotations
@@ -73,10 +75,18 @@ class GroupEstimator(AdvantageEstimator):
 
     uses_old_log_probs = False
 
-    @staticmethod
-    def per_response(rewards, group_size):
-        """rewards [N] (group by group) -> advantages [N]."""
+    @classmethod
+    def per_response(cls, rewards, group_size):
+        """rewards [N], ordered group by group (each prompt's group_size samples contiguous) -> advantages [N]."""
         raise NotImplementedError
+
+    @classmethod
+    def groups(cls, rewards, group_size):
+        """(rewards [P, G], rewards minus their group's mean [P, G]); ValueError unless whole groups of at least
+        min_group_size."""
+        if group_size < cls.min_group_size:
+            raise ValueError(f"{cls.NAME} needs num_return_sequences >= {cls.min_group_size}, got {group_size}")
+        return rl.centered_groups(rewards, group_size)
 
     def __call__(self, rollout, ppo, reduce_sum):
         per_response = self.per_response(rollout.end_rewards, ppo.num_return_sequences)  # [N]
@@ -84,22 +94,47 @@ class GroupEstimator(AdvantageEstimator):
 
 
 class GRPO(GroupEstimator):
+    """GRPO (Shao et al. 2024, arXiv 2402.03300): (r - mean_g) / (std_g + eps), std with ddof=1."""
+
     NAME = "grpo"
     min_group_size = 2
-    per_response = staticmethod(rl.grpo_advantages)
+
+    @classmethod
+    def per_response(cls, rewards, group_size, eps=1e-6):
+        grouped, centered = cls.groups(rewards, group_size)  # [P, G], [P, G]
+        return (centered / (rl.sample_std(grouped, axis=1, keepdim=True) + eps)).reshape([-1])  # [N]
 
 
 class DrGRPO(GroupEstimator):
+    """Dr.GRPO (Liu et al. 2025, arXiv 2503.20783): r - mean_g, no division by the std (0 for groups of 1)."""
+
     NAME = "dr_grpo"
-    per_response = staticmethod(rl.dr_grpo_advantages)
+
+    @classmethod
+    def per_response(cls, rewards, group_size):
+        return cls.groups(rewards, group_size)[1].reshape([-1])  # [N]
 
 
 class RLOO(GroupEstimator):
+    """RLOO (Ahmadian et al. 2024, arXiv 2402.14740): r - the mean of the other G - 1 rewards of the group
+    = (G r - sum_g) / (G - 1)."""
+
     NAME = "rloo"
     min_group_size = 2
-    per_response = staticmethod(rl.rloo_advantages)
+
+    @classmethod
+    def per_response(cls, rewards, group_size):
+        _, centered = cls.groups(rewards, group_size)  # [P, G]
+        return (centered * group_size / (group_size - 1)).reshape([-1])  # [N]
 
 
 class ReinforceBaseline(GroupEstimator):
+    """REINFORCE with the group mean as baseline (OpenRLHF's reinforce_baseline): (r - mean_g) / (std over the
+    whole batch of r - mean_g, ddof=1, + eps); 0 for groups of 1."""
+
     NAME = "reinforce_baseline"
-    per_response = staticmethod(rl.reinforce_baseline_advantages)
+
+    @classmethod
+    def per_response(cls, rewards, group_size, eps=1e-6):
+        _, centered = cls.groups(rewards, group_size)  # [P, G]
+        return (centered / (rl.sample_std(centered) + eps)).reshape([-1])  # [N]

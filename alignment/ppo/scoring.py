@@ -1,6 +1,6 @@
-"""The phases of scoring a rollout that are not model passes: the end rewards' statistics and normalisation, the
-gold reward, whether each response ended, and the length metrics. ppo/trainer.py's score() runs them in order
-after the log-prob and value passes; DAPO's masking of truncated responses is dapo.py's.
+"""The phases of scoring a rollout that are not model passes: DAPO's overlong penalty on the end rewards, their
+statistics and normalisation, the gold reward, whether each response ended, and the length metrics. ppo/trainer.py's
+score() runs them in order after the log-prob and value passes; the DAPO math is dapo.py's.
 """
 from __future__ import annotations
 
@@ -11,7 +11,19 @@ import paddle
 
 from alignment.parallel.distributed import gather_lists
 from alignment.ppo import algorithms as rl
+from alignment.ppo import dapo
 from alignment.rewards.functions import gold_scores
+
+
+def with_overlong_penalty(end_rewards, parts: Dict[str, float], rollout, ppo) -> Tuple[paddle.Tensor, Dict]:
+    """With enable_overlong_reward_buffer (DAPO's soft overlong punishment), responses near the length budget lose
+    reward: (end rewards [N] + penalty, parts + reward/overlong_penalty); else both unchanged."""
+    if not ppo.enable_overlong_reward_buffer:
+        return end_rewards, parts
+    penalty = dapo.overlong_penalty(rollout.response_mask.sum(axis=1), ppo.max_new_tokens,
+                                    ppo.overlong_reward_buffer, ppo.overlong_penalty_factor)  # [N]
+    parts["reward/overlong_penalty"] = float(penalty.mean())
+    return end_rewards + penalty, parts
 
 
 def reward_statistics(end_rewards, parts: Dict[str, float], normalizer=None) -> Tuple[paddle.Tensor, Dict]:

@@ -12,7 +12,7 @@ algorithms.py and the names of the aggregation modes.
 import paddle
 
 from alignment.config.choices import LOSS_AGG_MODES
-from alignment.ppo.algorithms import _f32, _masked, low_var_kl, masked_mean, masked_sum
+from alignment.ppo.algorithms import _f32, _masked, masked_mean, masked_sum
 
 
 def aggregate_loss(per_token_loss, mask, mode, constant=None):
@@ -105,10 +105,10 @@ def entropy_bonus_loss(policy_loss, entropy, mask, entropy_coeff, loss_agg_mode=
     return _f32(policy_loss) - entropy_coeff * entropy, entropy.detach()
 
 
-def kl_loss(log_probs, ref_log_probs, mask, kl_estimate=low_var_kl, loss_agg_mode="token-mean",
+def kl_loss(log_probs, ref_log_probs, mask, kl_estimate, loss_agg_mode="token-mean",
             loss_agg_constant=None):
     """GRPO's KL loss term (to be scaled by kl_loss_coeff): aggregate_loss(kl_estimate(p, q), mask, loss_agg_mode)
-    with kl_estimate one of algorithms.k1 ... low_var_kl. Log-probs outside the mask are zeroed first, so garbage
+    with kl_estimate a per-token estimate of kl.py. Log-probs outside the mask are zeroed first, so garbage
     there gives no NaN gradient. -> scalar."""
     log_probs, ref_log_probs = _masked(log_probs, mask), _masked(ref_log_probs, mask)  # [B, T]
     return aggregate_loss(kl_estimate(log_probs, ref_log_probs), mask, loss_agg_mode, loss_agg_constant)

@@ -88,11 +88,10 @@ class PPOTrainer(Trainer):
                 weight_decay=ppo_args.critic_weight_decay, lr_scheduler_type=ppo_args.critic_lr_scheduler_type,
                 warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
             self.add_trained("value", models.critic, optimizer_steps, critic_args)
-        pipelined = isinstance(self.actor, PipelineModel)
+        pipelined, self.estimator = isinstance(self.actor, PipelineModel), ppo_args.estimator()
         # one pass and one optimizer step over a rollout whose advantages do not use the old log-probs: the policy
         # that sampled it is the one being updated, so old log-probs = the update's own (detached); score() skips
         # that forward pass (as TRL's GRPO does with num_iterations 1)
-        self.estimator = ppo_args.estimator()
         self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs
                                        and ppo_args.update_iters == 1 and not pipelined
                                        and micro_batches <= train_args.gradient_accumulation_steps)
@@ -218,13 +217,7 @@ class PPOTrainer(Trainer):
     def end_rewards(self, rollout):
         """End rewards [N] of the rollout (reward model / server / functions, + DAPO's overlong penalty) and the
         mean of each part (for logging)."""
-        end_rewards, parts = self.reward(rollout)
-        if self.ppo.enable_overlong_reward_buffer:  # DAPO: responses near the length budget lose reward
-            penalty = dapo.overlong_penalty(rollout.response_mask.sum(axis=1), self.ppo.max_new_tokens,
-                                            self.ppo.overlong_reward_buffer, self.ppo.overlong_penalty_factor)  # [N]
-            end_rewards = end_rewards + penalty
-            parts["reward/overlong_penalty"] = float(penalty.mean())
-        return end_rewards, parts
+        return scoring.with_overlong_penalty(*self.reward(rollout), rollout, self.ppo)
 
     @paddle.no_grad()
     def score(self, rollout, rewards=None) -> Dict[str, float]:
