@@ -7,9 +7,9 @@ from typing import List, Optional, Union
 from urllib.parse import urlsplit
 
 from alignment.config.choices import EVAL_MODES, LOSS_AGG_MODES, LR_SCHEDULERS, ROLLOUT_DECODES, parse_offload_levels
-from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from alignment.config.data import DataArguments
 from alignment.config.parser import field
+from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from alignment.config.training import DatasetSpecs
 
 
@@ -71,7 +71,8 @@ class PPOArguments:
                                                  "gae = PPO with a critic; the others are critic-free (no critic "
                                                  "model is built).")
     per_device_prompt_batch_size: int = field(8, help="Prompts per rollout step on each device.")
-    num_return_sequences: int = field(1, help="Responses sampled per prompt (the group size of grpo / rloo).")
+    num_return_sequences: int = field(1, help="Responses sampled per prompt (the group size of the estimators "
+                                              "that compare a prompt's responses).")
     max_new_tokens: Optional[int] = field(None, help="Cap on generated tokens; null = max_length - prompt length.")
     temperature: float = field(1.0, ge=1e-3, help="Sampling temperature for rollouts.")
     top_p: float = field(1.0, help="Nucleus sampling threshold for rollouts (1.0 = off).")
@@ -96,7 +97,8 @@ class PPOArguments:
                                          "first the step trains on the groups kept so far, or makes no update "
                                          "when there are none.")
     kl_coeff: float = field(0.02, ge=0, help="Weight of the KL(actor || reference) penalty.")
-    kl_estimator: str = field("k1", help="KL estimator (alignment/ppo/kl.py): k1, k2 or k3.")
+    kl_estimator: str = field("k1", help="KL estimator of the reward, kl_in_loss and the logged kl: one registered "
+                                         "in alignment/ppo/kl.py that is not loss-only.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "
                                          "per-token reward.")
     clip_range_ratio: float = field(0.2, help="PPO ratio clipping epsilon.")
@@ -117,9 +119,9 @@ class PPOArguments:
     entropy_coeff: float = field(0.0, ge=0, help="Entropy bonus: actor loss - entropy_coeff x aggregated entropy.")
     kl_loss_coeff: float = field(0.0, ge=0, help="Weight of a KL(actor || reference) loss term (GRPO style), "
                                                  "aggregated like the policy loss; independent of kl_coeff.")
-    kl_loss_estimator: str = field("low_var_kl", help="Estimator of the KL loss term (alignment/ppo/kl.py): those "
-                                                      "of kl_estimator, low_var_kl, or k1+ / k3+ / low_var_kl+ (the "
-                                                      "value of the estimator with k2's gradient).")
+    kl_loss_estimator: str = field("low_var_kl", help="Estimator of the KL loss term: any registered in "
+                                                      "alignment/ppo/kl.py ('+': the value of the estimator with "
+                                                      "k2's gradient).")
     enable_overlong_reward_buffer: bool = field(False, help="DAPO soft overlong punishment: responses longer than "
                                                             "max_new_tokens - overlong_reward_buffer lose reward "
                                                             "linearly, up to overlong_penalty_factor at "

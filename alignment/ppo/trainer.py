@@ -27,6 +27,7 @@ from alignment.models.static_decode import StaticDecoder
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
                                             mean_over_ranks, shard, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
+from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL estimators the arguments name
 from alignment.ppo import dapo
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo import scoring
