@@ -71,8 +71,7 @@ class PPOArguments:
                                                  "gae = PPO with a critic; the others are critic-free (no critic "
                                                  "model is built).")
     per_device_prompt_batch_size: int = field(8, help="Prompts per rollout step on each device.")
-    num_return_sequences: int = field(1, help="Responses sampled per prompt (the group size of the estimators "
-                                              "that compare a prompt's responses).")
+    num_return_sequences: int = field(1, help="Responses sampled per prompt (the group size of grpo / rloo).")
     max_new_tokens: Optional[int] = field(None, help="Cap on generated tokens; null = max_length - prompt length.")
     temperature: float = field(1.0, ge=1e-3, help="Sampling temperature for rollouts.")
     top_p: float = field(1.0, help="Nucleus sampling threshold for rollouts (1.0 = off).")
