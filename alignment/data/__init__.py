@@ -1,4 +1,4 @@
-"""Raw text datasets (pure Python + ``datasets``; no paddle): registry, specs, mixing, user modules.
+"""Raw text datasets (pure Python + ``datasets``; no paddle): registry, specs, mixing.
 
 Importing this package registers the built-in datasets (see :mod:`alignment.data.builtin`).
 """
@@ -9,9 +9,10 @@ from alignment.data.raw import (
     MixSource,
     RawDataset,
     RawSample,
+    import_user_module,
+    import_user_modules,
     parse_dataset_specs,
 )
-from alignment.data.user_modules import import_user_module, import_user_modules
 from alignment.data.builtin import (  # noqa: E402  (registers the built-ins)
     JsonRowsDataset,
     RowError,
