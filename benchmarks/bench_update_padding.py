@@ -39,6 +39,7 @@ def main(argv=None) -> dict:
     from alignment.models import LlamaConfig, LlamaForCausalLM
     from alignment.models.score_model import ScoreConfig, ScoreModel
     from alignment.ppo import algorithms as rl
+    from alignment.ppo import surrogate
     from alignment.ppo.rollout import Rollout, critic_values, response_log_probs, update_order
 
     shape = dict(vocab_size=8000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
@@ -68,8 +69,8 @@ def main(argv=None) -> dict:
             positions += int(np.prod(micro.input_ids.shape))
             log_probs, _ = response_log_probs(actor, micro.input_ids, micro.attention_mask, micro.prompt_len,
                                               response_index=micro.response_index)
-            loss, _ = rl.policy_loss_and_stats(log_probs, micro.old_log_probs, micro.advantages,
-                                               micro.response_mask, 0.2)
+            ratio, _ = surrogate.token_ratio(log_probs, micro.old_log_probs, micro.response_mask)
+            loss = surrogate.clipped_policy_loss(ratio, micro.advantages, micro.response_mask, 0.2, 0.2)
             values = critic_values(critic, micro.input_ids, micro.attention_mask, micro.prompt_len,
                                    micro.response_index)
             loss = loss + rl.critic_loss(values, micro.old_values, micro.returns, micro.response_mask, 5.0)

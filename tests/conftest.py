@@ -11,6 +11,8 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 
 import pytest  # noqa: E402
 
+import alignment.ppo.builtins  # noqa: E402,F401  the estimators, losses and KL estimators PPO arguments name
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

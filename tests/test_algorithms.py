@@ -8,8 +8,10 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
+from alignment.config.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from alignment.models import logprobs as lp
 from alignment.ppo import algorithms as alg
+from alignment.ppo.kl import kl_estimate
 from tests.golden import INF, close, ppo_case, response_mask, t
 
 
@@ -85,24 +87,22 @@ def test_kl_estimators_hand_values():
     # p = 0.5, q = 0.25: k1 = ln 2; k2 = (ln 2)^2 / 2; k3 = q/p - ln(q/p) - 1 = 0.5 + ln 2 - 1
     lp, ref = t([[math.log(0.5)]]), t([[math.log(0.25)]])
     ln2 = math.log(2)
-    close(alg.kl_penalty(lp, ref, "k1"), [[ln2]])
-    close(alg.kl_penalty(lp, ref, "k2"), [[0.5 * ln2 ** 2]])
-    close(alg.kl_penalty(lp, ref, "k3"), [[0.5 + ln2 - 1]])
+    close(kl_estimate("k1")(lp, ref), [[ln2]])
+    close(kl_estimate("k2")(lp, ref), [[0.5 * ln2 ** 2]])
+    close(kl_estimate("k3")(lp, ref), [[0.5 + ln2 - 1]])
     # reversed (p < q): k1 negative, k3 = 2 - ln 2 - 1
-    close(alg.kl_penalty(ref, lp, "k1"), [[-ln2]])
-    close(alg.kl_penalty(ref, lp, "k3"), [[2 - ln2 - 1]])
+    close(kl_estimate("k1")(ref, lp), [[-ln2]])
+    close(kl_estimate("k3")(ref, lp), [[2 - ln2 - 1]])
 
 
-def test_kl_k3_nonnegative_zero_at_equality_and_unknown_estimator():
+def test_kl_k3_nonnegative_and_zero_at_equality():
     rng = np.random.default_rng(2)
     a, b = t(rng.normal(size=(4, 9)) * 3), t(rng.normal(size=(4, 9)) * 3)
-    k3 = alg.kl_penalty(a, b, "k3").numpy()
+    k3 = kl_estimate("k3")(a, b).numpy()
     d = b.numpy() - a.numpy()
     close(k3, np.exp(d) - d - 1, atol=1e-4)
-    assert (k3 >= 0).all() and (alg.kl_penalty(a, b, "k2").numpy() >= 0).all()
-    close(alg.kl_penalty(a, a, "k3"), np.zeros((4, 9)))
-    with pytest.raises(ValueError, match="k4"):
-        alg.kl_penalty(a, b, "k4")
+    assert (k3 >= 0).all() and (kl_estimate("k2")(a, b).numpy() >= 0).all()
+    close(kl_estimate("k3")(a, a), np.zeros((4, 9)))
 
 
 # ---------------------------------------------------------------- masked statistics
@@ -193,14 +193,14 @@ def test_reward_with_kl_hand_worked():
     lp = t([[-1.0, -2, -3, 0], [-1, -1, -1, -1], [-1, -1, -1, -1], [0, 0, 0, 0]])
     ref = t([[-1.5, -2, -2, -50], [-1, -1, -1, -1], [-1, -1, -1, -1], [9, 9, 9, 9]])
     mask = t([[1.0, 1, 1, 0], [0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
-    rewards, kl = alg.reward_with_kl(t([10.0, -7, 0.5, 3]), lp, ref, mask, 0.1, 5.0)
+    rewards, kl = alg.reward_with_kl(t([10.0, -7, 0.5, 3]), lp, ref, mask, 0.1, 5.0, kl_estimate("k1"))
     close(kl, [[0.5, 0, -1, 0], [0] * 4, [0] * 4, [0] * 4])
     close(rewards, [[-0.05, 0, 0.1 + 5, 0],  # clipped +5 on the last valid token
                     [0, 0, -5, 0],  # left-padded block: -7 clipped to -5 at t=2
                     [0, 0, 0, 0.5],  # truncated (mask 1 to the end): score on the last column
                     [0, 0, 0, 0]])  # all-masked row: no end reward, no KL
     # k3 estimator on the first token: q/p = e^-0.5 -> e^-0.5 + 0.5 - 1
-    _, kl3 = alg.reward_with_kl(t([0.0] * 4), lp, ref, mask, 0.1, 5.0, estimator="k3")
+    _, kl3 = alg.reward_with_kl(t([0.0] * 4), lp, ref, mask, 0.1, 5.0, kl_estimate("k3"))
     close(kl3[0, 0], math.exp(-0.5) - 0.5)
 
 
@@ -212,7 +212,7 @@ def test_eos_equals_pad_mask_from_lengths_puts_score_on_eos():
     naive = ((ids != pad) & (np.arange(6) >= 2)).astype("float32")  # drops the eos token: [0, 0, 1, 0, 0, 0]
     assert good == [[0, 0, 1, 1, 0, 0]] and naive.tolist() == [[0, 0, 1, 0, 0, 0]]
     zeros = t(np.zeros((1, 6)))
-    rewards, _ = alg.reward_with_kl(t([0.7]), zeros, zeros, t(good), 0.1, 10.0)
+    rewards, _ = alg.reward_with_kl(t([0.7]), zeros, zeros, t(good), 0.1, 10.0, kl_estimate("k1"))
     close(rewards, [[0, 0, 0, 0.7, 0, 0]])  # end score on the eos token (index 3)
     assert alg.last_valid_index(t(naive)).numpy().tolist() == [2]  # the naive mask would miss it
     adv, ret = alg.compute_gae(zeros, rewards, t(good), 1.0, 1.0)
@@ -221,12 +221,16 @@ def test_eos_equals_pad_mask_from_lengths_puts_score_on_eos():
 
 
 # ---------------------------------------------------------------- PPO losses
+def ppo_loss(log_probs, old_log_probs, advantages, mask, eps):
+    """Plain PPO's loss and statistics: the registered token-ratio loss, clipped to [1 - eps, 1 + eps]."""
+    return POLICY_LOSSES["ppo"]()(log_probs, old_log_probs, advantages, mask, eps, eps, "token-mean", None, False)
+
+
 def test_actor_loss_clips_hand_worked_and_stats():
     lp, old, adv, mask = ppo_case()
-    loss, stats = alg.policy_loss_and_stats(lp, old, adv, mask, 0.2)
+    loss, stats = ppo_loss(lp, old, adv, mask, 0.2)
     close(loss, -0.32)
-    close(alg.actor_loss(lp, old, adv, mask, 0.2), -0.32)
-    close(alg.actor_loss(lp, old, adv, mask, 10.0), -0.44)  # huge eps: no clipping
+    close(ppo_loss(lp, old, adv, mask, 10.0)[0], -0.44)  # huge eps: no clipping
     close(stats["clip_frac"], 0.8)  # |rho - 1| > 0.2 for 4 of 5 tokens
     # approx_kl = mean((rho - 1) - ln rho) = (2 (0.5 - ln 1.5) + 2 (-0.5 + ln 2) + (0.1 - ln 1.1)) / 5
     kl = (2 * (0.5 - math.log(1.5)) + 2 * (-0.5 + math.log(2)) + (0.1 - math.log(1.1))) / 5
@@ -237,7 +241,7 @@ def test_actor_loss_clips_hand_worked_and_stats():
 def test_actor_loss_gradients():
     # d loss / d log p = -A rho / 5 on unclipped tokens, 0 on clipped and masked ones
     lp, old, adv, mask = ppo_case()
-    alg.actor_loss(lp, old, adv, mask, 0.2).backward()
+    ppo_loss(lp, old, adv, mask, 0.2)[0].backward()
     close(lp.grad, [[0, -0.5 / 5, 0, 1.5 / 5, -2.2 / 5, 0]])
     # near-on-policy random case: finite, non-zero where mask = 1, zero where 0 (incl. all-masked row, inf there)
     rng = np.random.default_rng(4)
@@ -245,7 +249,7 @@ def test_actor_loss_gradients():
     m = np.array([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]], dtype="float32")
     lp = t(np.where(m > 0, old + rng.normal(size=(3, 5)) * 0.01, INF))
     lp.stop_gradient = False
-    loss = alg.actor_loss(lp, t(old), t(rng.normal(size=(3, 5)) + 0.5), t(m), 0.2)
+    loss, _ = ppo_loss(lp, t(old), t(rng.normal(size=(3, 5)) + 0.5), t(m), 0.2)
     loss.backward()
     g = lp.grad.numpy()
     assert np.isfinite(loss.numpy()) and np.isfinite(g).all()
@@ -278,16 +282,21 @@ def test_explained_variance():
 
 
 # ---------------------------------------------------------------- group estimators
+def group_advantages(name):
+    """The per-response advantages [N] of the group estimator registered as `name`: (rewards [N], group size)."""
+    return ADVANTAGE_ESTIMATORS[name].per_response
+
+
 def test_group_advantages_hand_worked():
     r = t([1.0, 2, 3, 0, 0, 0])  # two prompts x 3 samples; group 1 mean 2, std (ddof 1) 1; group 2 constant
-    close(alg.group_advantages(r, 3, "grpo"), [-1 / (1 + 1e-6), 0, 1 / (1 + 1e-6), 0, 0, 0])
-    close(alg.group_advantages(r, 3, "dr_grpo"), [-1, 0, 1, 0, 0, 0])
+    close(group_advantages("grpo")(r, 3), [-1 / (1 + 1e-6), 0, 1 / (1 + 1e-6), 0, 0, 0])
+    close(group_advantages("dr_grpo")(r, 3), [-1, 0, 1, 0, 0, 0])
     # rloo: 1 - (2+3)/2 = -1.5, 2 - (1+3)/2 = 0, 3 - (1+2)/2 = 1.5
-    close(alg.group_advantages(r, 3, "rloo"), [-1.5, 0, 1.5, 0, 0, 0])
+    close(group_advantages("rloo")(r, 3), [-1.5, 0, 1.5, 0, 0, 0])
     # reinforce_baseline: centered [-1, 0, 1, 0, 0, 0], batch std (ddof 1) sqrt(2 / 5)
     s = math.sqrt(0.4) + 1e-6
-    close(alg.group_advantages(r, 3, "reinforce_baseline"), [-1 / s, 0, 1 / s, 0, 0, 0])
-    close(alg.group_advantages(t([1.0, 3, 5, 5]), 2, "rloo"), [-2, 2, 0, 0])
+    close(group_advantages("reinforce_baseline")(r, 3), [-1 / s, 0, 1 / s, 0, 0, 0])
+    close(group_advantages("rloo")(t([1.0, 3, 5, 5]), 2), [-2, 2, 0, 0])
 
 
 def test_group_advantages_numpy_reference():
@@ -295,26 +304,24 @@ def test_group_advantages_numpy_reference():
     r = rng.normal(size=12) * 3
     g = r.reshape(3, 4)
     c = g - g.mean(1, keepdims=True)
-    close(alg.group_advantages(t(r), 4, "grpo"), (c / (g.std(1, ddof=1, keepdims=True) + 1e-6)).ravel(), 1e-4)
-    close(alg.group_advantages(t(r), 4, "dr_grpo"), c.ravel(), 1e-4)
+    close(group_advantages("grpo")(t(r), 4), (c / (g.std(1, ddof=1, keepdims=True) + 1e-6)).ravel(), 1e-4)
+    close(group_advantages("dr_grpo")(t(r), 4), c.ravel(), 1e-4)
     loo = np.array([[row[i] - np.delete(row, i).mean() for i in range(4)] for row in g])
-    close(alg.group_advantages(t(r), 4, "rloo"), loo.ravel(), 1e-4)
-    close(alg.group_advantages(t(r), 4, "reinforce_baseline"), (c / (c.std(ddof=1) + 1e-6)).ravel(), 1e-4)
+    close(group_advantages("rloo")(t(r), 4), loo.ravel(), 1e-4)
+    close(group_advantages("reinforce_baseline")(t(r), 4), (c / (c.std(ddof=1) + 1e-6)).ravel(), 1e-4)
 
 
 def test_group_size_one_and_errors():
     r = t([1.0, 5, -2])
-    close(alg.group_advantages(r, 1, "dr_grpo"), [0, 0, 0])
-    out = alg.group_advantages(r, 1, "reinforce_baseline")
+    close(group_advantages("dr_grpo")(r, 1), [0, 0, 0])
+    out = group_advantages("reinforce_baseline")(r, 1)
     close(out, [0, 0, 0])
     assert np.isfinite(out.numpy()).all()
-    for est in ("grpo", "rloo"):
+    for estimate in (group_advantages("grpo"), group_advantages("rloo")):
         with pytest.raises(ValueError, match="num_return_sequences >= 2"):
-            alg.group_advantages(r, 1, est)
+            estimate(r, 1)
     with pytest.raises(ValueError, match="num_return_sequences=2"):
-        alg.group_advantages(r, 2, "grpo")  # 3 rewards are not whole groups of 2
-    with pytest.raises(ValueError, match="ppo_gae"):
-        alg.group_advantages(r, 3, "ppo_gae")
+        group_advantages("grpo")(r, 2)  # 3 rewards are not whole groups of 2
 
 
 def test_broadcast_sequence_advantages():
@@ -333,11 +340,11 @@ def test_reinforce_plus_plus_hand_worked():
     lp = t([[-1.0, -2, -3, 0], [-1, -1, -1, -1], [0, 0, 0, 0]])
     ref = t([[-1.5, -2, -2, 7], [-1, -1, -1, -1], [5, 5, 5, 5]])
     mask = t([[1.0, 1, 1, 0], [0, 1, 1, 0], [0, 0, 0, 0]])
-    adv = alg.reinforce_plus_plus_advantages(t([1.0, -1, 4]), lp, ref, mask, 0.1)
+    adv = alg.reinforce_plus_plus_advantages(t([1.0, -1, 4]), lp, ref, mask, 0.1, 1.0, kl_estimate("k1"))
     s = math.sqrt(1.3025 + 1e-8)
     close(adv, [[0.8 / s, 0.85 / s, 0.85 / s, 0], [0, -1.25 / s, -1.25 / s, 0], [0, 0, 0, 0]])
     # gamma 0.5, row 0: G2 = 1.1, G1 = 0 + 0.5 * 1.1 = 0.55, G0 = -0.05 + 0.5 * 0.55 = 0.225
-    adv = alg.reinforce_plus_plus_advantages(t([1.0, -1, 4]), lp, ref, mask, 0.1, gamma=0.5)
+    adv = alg.reinforce_plus_plus_advantages(t([1.0, -1, 4]), lp, ref, mask, 0.1, 0.5, kl_estimate("k1"))
     rtg = np.array([[0.225, 0.55, 1.1, 0], [0, -0.5, -1, 0], [0, 0, 0, 0]])
     close(adv, ref_whiten(rtg, mask.numpy()), 1e-4)
 
@@ -357,5 +364,5 @@ def test_reinforce_plus_plus_reference_random():
         for k in range(len(idx) - 1, -1, -1):
             running = r[k] + gamma * running
             rtg[b, idx[k]] = running
-    adv = alg.reinforce_plus_plus_advantages(t(scores), t(lp), t(ref), t(masks), coeff, gamma, "k3")
+    adv = alg.reinforce_plus_plus_advantages(t(scores), t(lp), t(ref), t(masks), coeff, gamma, kl_estimate("k3"))
     close(adv, ref_whiten(rtg, masks), 1e-4)

@@ -27,7 +27,7 @@ def assert_close(a, b, keys, rtol=1e-5):
 
 
 def test_the_general_objective_equals_the_default_where_they_coincide(tmp_path, tiny_model_dir, tiny_reward_dir):
-    """clip_range_ratio_low = high = clip_range_ratio with token-mean goes through asymmetric_policy_loss."""
+    """clip_range_ratio_low = high = clip_range_ratio with token-mean: the same clipped loss, the split statistics."""
     default, w_default = run(tmp_path, "default", tiny_model_dir, tiny_reward_dir)
     general, w_general = run(tmp_path, "general", tiny_model_dir, tiny_reward_dir, "--clip_range_ratio_low", "0.2",
                              "--clip_range_ratio_high", "0.2")

@@ -1,4 +1,5 @@
-"""Golden tests of the recipes of PaddleNLP's llm/alignment/rl and verl in alignment/ppo/algorithms.py and dapo.py:
+"""Golden tests of the recipes of PaddleNLP's llm/alignment/rl and verl in alignment/ppo/surrogate.py, losses.py,
+kl.py and dapo.py:
 loss aggregation modes, clip-higher, GSPO, the entropy bonus, KL as a loss term, dynamic sampling's group filter,
 overlong shaping and truncation masks. Hand-worked numbers and numpy references over padded layouts, eos == pad and
 all-masked rows."""
@@ -8,7 +9,10 @@ import numpy as np
 import paddle
 import pytest
 
+from alignment.config.registry import KL_ESTIMATORS, POLICY_LOSSES
 from alignment.ppo import algorithms as alg
+from alignment.ppo import surrogate as sur
+from alignment.ppo.kl import kl_estimate
 from tests.golden import INF, close, ppo_case, response_mask, t
 
 
@@ -35,20 +39,20 @@ def test_aggregate_loss_hand_values_all_masked_and_errors():
     # row 0 right-padded [1, 2], row 1 left-padded [6], row 2 all-masked; inf / NaN garbage outside the mask
     x = t([[1.0, 2, INF], [-INF, np.nan, 6], [np.nan, 8, 9]])
     mask = t([[1.0, 1, 0], [0, 0, 1], [0, 0, 0]])
-    close(alg.aggregate_loss(x, mask, "token-mean"), 3.0)  # (1 + 2 + 6) / 3
-    close(alg.aggregate_loss(x, mask, "seq-mean-token-mean"), 3.75)  # (1.5 + 6) / 2, the empty row not counted
-    close(alg.aggregate_loss(x, mask, "seq-mean-token-sum"), 4.5)  # (3 + 6) / 2
-    close(alg.aggregate_loss(x, mask, "seq-mean-token-sum-norm", 3), 1.5)  # (3 / 3 + 6 / 3) / 2
-    close(alg.aggregate_loss(x, mask.astype("bool"), "seq-mean-token-mean"), 3.75)  # bool masks too
+    close(sur.aggregate_loss(x, mask, "token-mean"), 3.0)  # (1 + 2 + 6) / 3
+    close(sur.aggregate_loss(x, mask, "seq-mean-token-mean"), 3.75)  # (1.5 + 6) / 2, the empty row not counted
+    close(sur.aggregate_loss(x, mask, "seq-mean-token-sum"), 4.5)  # (3 + 6) / 2
+    close(sur.aggregate_loss(x, mask, "seq-mean-token-sum-norm", 3), 1.5)  # (3 / 3 + 6 / 3) / 2
+    close(sur.aggregate_loss(x, mask.astype("bool"), "seq-mean-token-mean"), 3.75)  # bool masks too
     for mode in AGG_MODES:
-        out = alg.aggregate_loss(x, t(np.zeros((3, 3))), mode, 3)
+        out = sur.aggregate_loss(x, t(np.zeros((3, 3))), mode, 3)
         assert out.dtype == paddle.float32 and out.shape == []
         close(out, 0.0)  # all-masked batch: 0, not NaN
     with pytest.raises(ValueError, match="seq-mean"):
-        alg.aggregate_loss(x, mask, "sequence-mean")
+        sur.aggregate_loss(x, mask, "sequence-mean")
     for bad in (None, 0):
         with pytest.raises(ValueError, match="positive constant"):
-            alg.aggregate_loss(x, mask, "seq-mean-token-sum-norm", bad)
+            sur.aggregate_loss(x, mask, "seq-mean-token-sum-norm", bad)
 
 
 def test_aggregate_loss_gradients_weight_tokens_as_documented():
@@ -61,7 +65,7 @@ def test_aggregate_loss_gradients_weight_tokens_as_documented():
     for mode in AGG_MODES:
         x = t([[1.0, 2, 3], [4, 5, 6], [7, 8, INF]])
         x.stop_gradient = False
-        alg.aggregate_loss(x, t(mask), mode, 4).backward()
+        sur.aggregate_loss(x, t(mask), mode, 4).backward()
         close(x.grad, want[mode] + [[0, 0, 0]])
 
 
@@ -72,19 +76,29 @@ def test_aggregate_loss_numpy_reference_over_layouts():
     loss = rng.normal(size=(5, 8))
     garbage = np.where(mask > 0, loss, np.nan)
     for mode in AGG_MODES:
-        close(alg.aggregate_loss(t(garbage), t(mask), mode, 8), ref_aggregate(loss, mask, mode, 8), 1e-5)
+        close(sur.aggregate_loss(t(garbage), t(mask), mode, 8), ref_aggregate(loss, mask, mode, 8), 1e-5)
     # the modes really differ on uneven lengths (token-mean weighs the long row more)
-    means = [alg.aggregate_loss(t(loss), t(mask), m, 8).item() for m in AGG_MODES]
+    means = [sur.aggregate_loss(t(loss), t(mask), m, 8).item() for m in AGG_MODES]
     assert len({round(v, 4) for v in means}) == 4
 
 
 # ---------------------------------------------------------------- clip-higher (asymmetric clipping)
+def ppo_loss(lp, old, adv, mask, low, high, mode="token-mean", split=True):
+    """The registered token-ratio policy loss (policy_loss_mode 'ppo'), clipped to [1 - low, 1 + high]."""
+    return POLICY_LOSSES["ppo"]()(lp, old, adv, mask, low, high, mode, None, split)
+
+
+def gspo_loss(lp, old, adv, mask, low, high):
+    """The registered sequence-ratio policy loss (policy_loss_mode 'gspo')."""
+    return POLICY_LOSSES["gspo"]()(lp, old, adv, mask, low, high, "seq-mean-token-mean", None, True)
+
+
 def test_asymmetric_clip_hand_worked_stats_and_gradients():
     lp, old, adv, mask = ppo_case()
     # low 0.2, high 0.4 -> rho clipped to [0.8, 1.4]:
     # (1.5, +1): max(-1.5, -1.4) = -1.4 clipped | (0.5, +1): -0.5 | (0.5, -1): max(0.5, 0.8) = 0.8 clipped
     # (1.5, -1): max(1.5, 1.4) = 1.5 | (1.1, +2): -2.2   -> (-1.4 - 0.5 + 0.8 + 1.5 - 2.2) / 5 = -0.36
-    loss, stats = alg.asymmetric_policy_loss_and_stats(lp, old, adv, mask, 0.2, 0.4)
+    loss, stats = ppo_loss(lp, old, adv, mask, 0.2, 0.4)
     close(loss, -0.36)
     close(stats["clip_frac_low"], 0.4)  # rho = 0.5 twice < 0.8
     close(stats["clip_frac_high"], 0.4)  # rho = 1.5 twice > 1.4
@@ -95,15 +109,15 @@ def test_asymmetric_clip_hand_worked_stats_and_gradients():
     # unclipped tokens: -A rho / 5 -> (0.5, +1): -0.1, (1.5, -1): 0.3, (1.1, +2): -0.44; clipped and masked: 0
     close(lp.grad, [[0, -0.1, 0, 0.3, -0.44, 0]])
     # low 0.2, high 0.6 -> [0.8, 1.6]: (1.5, +1) no longer clipped: (-1.5 - 0.5 + 0.8 + 1.5 - 2.2) / 5 = -0.38
-    loss, stats = alg.asymmetric_policy_loss_and_stats(lp, old, adv, mask, 0.2, 0.6)
+    loss, stats = ppo_loss(lp, old, adv, mask, 0.2, 0.6)
     close(loss, -0.38)
     close(stats["clip_frac_high"], 0.0)
 
 
 def test_asymmetric_clip_symmetric_equals_policy_loss_and_reference():
     lp, old, adv, mask = ppo_case()
-    loss, stats = alg.asymmetric_policy_loss_and_stats(lp, old, adv, mask, 0.2, 0.2)
-    ref_loss, ref_stats = alg.policy_loss_and_stats(lp, old, adv, mask, 0.2)
+    loss, stats = ppo_loss(lp, old, adv, mask, 0.2, 0.2)
+    ref_loss, ref_stats = ppo_loss(lp, old, adv, mask, 0.2, 0.2, split=False)
     close(loss, ref_loss.numpy())
     for key in ("clip_frac", "approx_kl", "ratio"):
         close(stats[key], ref_stats[key].numpy())
@@ -117,7 +131,7 @@ def test_asymmetric_clip_symmetric_equals_policy_loss_and_reference():
     per_tok = np.maximum(-a * rho, -a * np.clip(rho, 0.9, 1.25))
     lp = t(np.where(m > 0, new, INF))
     lp.stop_gradient = False
-    loss, stats = alg.asymmetric_policy_loss_and_stats(lp, t(old), t(a), t(m), 0.1, 0.25, "seq-mean-token-mean")
+    loss, stats = ppo_loss(lp, t(old), t(a), t(m), 0.1, 0.25, "seq-mean-token-mean")
     close(loss, ref_aggregate(per_tok, m, "seq-mean-token-mean"), 1e-5)
     close(stats["clip_frac_low"], ((rho < 0.9) * m).sum() / m.sum())
     close(stats["clip_frac_high"], ((rho > 1.25) * m).sum() / m.sum())
@@ -144,7 +158,7 @@ def test_gspo_hand_worked_loss_gradients_and_stats():
     lp, old, adv, mask, log_rho = _gspo_case()
     # clip to [0.8, 1.28]: row 0: max(-sqrt 2, -1.28) = -1.28 clipped | row 1: max(-0.5, -0.8) = -0.5
     # row 3: max(e^.1, e^.1) = e^.1 | loss = (-1.28 - 0.5 + e^0.1) / 3 (the all-masked row is not counted)
-    loss, stats = alg.gspo_policy_loss_and_stats(lp, old, adv, mask, 0.2, 0.28)
+    loss, stats = gspo_loss(lp, old, adv, mask, 0.2, 0.28)
     e1 = math.exp(0.1)
     close(loss, (-1.28 - 0.5 + e1) / 3)
     loss.backward()
@@ -165,7 +179,7 @@ def test_gspo_clamps_the_log_ratio_at_10_like_verl():
     # log s = 12 > 10 -> s = e^10; A = -1: max(e^10, 1.28) = e^10, and the clamped ratio passes no gradient
     lp = t([[12.0]])
     lp.stop_gradient = False
-    loss, _ = alg.gspo_policy_loss_and_stats(lp, t([[0.0]]), t([[-1.0]]), t([[1.0]]), 0.2, 0.28)
+    loss, _ = gspo_loss(lp, t([[0.0]]), t([[-1.0]]), t([[1.0]]), 0.2, 0.28)
     close(loss, math.exp(10), 1e-2)
     loss.backward()
     close(lp.grad, [[0.0]])
@@ -179,7 +193,7 @@ def test_gspo_numpy_reference_with_token_advantages():
     a = rng.normal(size=(5, 6))  # token-level advantages (GSPO-token)
     lp = t(np.where(m > 0, new, INF))
     lp.stop_gradient = False
-    loss, stats = alg.gspo_policy_loss_and_stats(lp, t(old), t(a), t(m), 0.1, 0.15)
+    loss, stats = gspo_loss(lp, t(old), t(a), t(m), 0.1, 0.15)
     n = m.sum(1)
     s = np.exp(np.where(n > 0, ((new - old) * m).sum(1) / np.maximum(n, 1), 0.0))[:, None] * np.ones((1, 6))
     per_tok = np.maximum(-a * s, -a * np.clip(s, 0.9, 1.15))
@@ -200,16 +214,16 @@ def test_entropy_bonus_hand_worked_and_gradient():
     ent = t([[math.log(2), math.log(4), INF], [np.nan, 9, math.log(3)], [1, 1, 1]])
     ent.stop_gradient = False
     mask = t([[1.0, 1, 0], [0, 0, 1], [0, 0, 0]])
-    loss, h = alg.entropy_bonus_loss(t(0.5), ent, mask, 0.1)
+    loss, h = sur.entropy_bonus_loss(t(0.5), ent, mask, 0.1)
     close(h, math.log(24) / 3)
     close(loss, 0.5 - 0.1 * math.log(24) / 3)
     assert h.stop_gradient
     loss.backward()
     close(ent.grad, [[-0.1 / 3, -0.1 / 3, 0], [0, 0, -0.1 / 3], [0, 0, 0]])  # more entropy lowers the loss
-    loss, h = alg.entropy_bonus_loss(t(0.5), ent, mask, 0.1, "seq-mean-token-mean")
+    loss, h = sur.entropy_bonus_loss(t(0.5), ent, mask, 0.1, "seq-mean-token-mean")
     close(h, (1.5 * math.log(2) + math.log(3)) / 2)
     close(loss, 0.5 - 0.1 * (1.5 * math.log(2) + math.log(3)) / 2)
-    loss, h = alg.entropy_bonus_loss(t(0.5), ent, t(np.zeros((3, 3))), 0.1)
+    loss, h = sur.entropy_bonus_loss(t(0.5), ent, t(np.zeros((3, 3))), 0.1)
     close(loss, 0.5)  # all-masked: no bonus, no NaN
 
 
@@ -223,12 +237,12 @@ def test_kl_loss_estimates_hand_values_and_gradients():
     for est, (value, grad) in want.items():
         lp = t([[math.log(0.5)]])
         lp.stop_gradient = False
-        kl = alg.kl_loss_estimate(lp, t([[math.log(0.25)]]), est)
+        kl = kl_estimate(est)(lp, t([[math.log(0.25)]]))
         close(kl, [[value]])
         kl.sum().backward()
         close(lp.grad, [[grad]])
-    with pytest.raises(ValueError, match="k4"):
-        alg.kl_loss_estimate(lp, lp, "k4")
+    with pytest.raises(ValueError, match="'kl_loss_estimator' must be one of .*'low_var_kl\+'.*got 'k4'"):
+        KL_ESTIMATORS.check("kl_loss_estimator", "k4")
 
 
 def test_low_var_kl_clamps_like_verl():
@@ -236,9 +250,9 @@ def test_low_var_kl_clamps_like_verl():
     lp = t([[0.0, 25.0, 0.0]])
     lp.stop_gradient = False
     ref = t([[25.0, 0.0, 2.0]])
-    kl = alg.kl_loss_estimate(lp, ref, "low_var_kl")
+    kl = kl_estimate("low_var_kl")(lp, ref)
     close(kl, [[10.0, 10.0, math.exp(2) - 3]])
-    close(alg.kl_loss_estimate(lp, ref, "k3")[0, 1:], [24 + math.exp(-25), math.exp(2) - 3], 1e-4)  # k3 unclamped
+    close(kl_estimate("k3")(lp, ref)[0, 1:], [24 + math.exp(-25), math.exp(2) - 3], 1e-4)  # k3 unclamped
     kl.sum().backward()
     close(lp.grad, [[0, 0, 1 - math.exp(2)]], 1e-4)  # clamped entries pass no gradient
 
@@ -252,13 +266,13 @@ def test_kl_loss_aggregated_over_layouts_reference():
     for mode in ("token-mean", "seq-mean-token-mean"):
         lp = t(np.where(m > 0, p, INF))  # garbage outside the mask: inf - inf = NaN there
         lp.stop_gradient = False
-        loss = alg.kl_loss(lp, t(np.where(m > 0, q, INF)), t(m), "k3", mode)
+        loss = sur.kl_loss(lp, t(np.where(m > 0, q, INF)), t(m), kl_estimate("k3"), mode)
         close(loss, ref_aggregate(k3, m, mode), 1e-5)
         loss.backward()
         g = lp.grad.numpy()
         assert np.isfinite(g).all() and (g[m == 0] == 0).all() and (g[m > 0] != 0).all()
-    close(alg.kl_loss(t(p), t(q), t(m), "k1"), ref_aggregate(p - q, m, "token-mean"), 1e-5)
-    close(alg.kl_loss(t(p), t(q), t(np.zeros((5, 6))), "low_var_kl"), 0.0)
+    close(sur.kl_loss(t(p), t(q), t(m), kl_estimate("k1")), ref_aggregate(p - q, m, "token-mean"), 1e-5)
+    close(sur.kl_loss(t(p), t(q), t(np.zeros((5, 6))), kl_estimate("low_var_kl")), 0.0)
 
 
 # ---------------------------------------------------------------- DAPO: dynamic sampling, overlong, truncation
@@ -313,6 +327,6 @@ def test_truncation_and_overlong_with_eos_equal_to_pad():
     close(kept, np.array(response_mask([0, 0, 0, 1, 0], [4, 0, 2, 0, 0], 5)))
     # truncated rows leave the loss: the token mean is over rows 0 and 2 only, and stays finite
     loss = t(np.arange(25).reshape(5, 5))
-    close(alg.aggregate_loss(loss, kept, "token-mean"), (0 + 1 + 2 + 3 + 10 + 11) / 6)
-    close(alg.aggregate_loss(loss, kept, "seq-mean-token-mean"), (1.5 + 10.5) / 2)
+    close(sur.aggregate_loss(loss, kept, "token-mean"), (0 + 1 + 2 + 3 + 10 + 11) / 6)
+    close(sur.aggregate_loss(loss, kept, "seq-mean-token-mean"), (1.5 + 10.5) / 2)
     close(dapo.mask_truncated_responses(mask, [True] * 5), np.zeros((5, 5)))

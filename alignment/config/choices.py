@@ -1,13 +1,11 @@
 """The allowed values of the choice keys, in one place: argument validation reads them here, and the modules that
 act on a choice (the RL math, the losses, the optimizer, offload) take their names from here too, so a name cannot
-be accepted by the parser and unknown to the code, or the other way round. Plain Python, no imports."""
+be accepted by the parser and unknown to the code, or the other way round. Plain Python, no imports. What users
+extend (advantage estimators, policy losses, KL estimators) is named in registries instead (registry.py)."""
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_baseline")  # one scalar advantage per response
-ADVANTAGE_ESTIMATORS = ("gae", "reinforce_plus_plus") + GROUP_ESTIMATORS
 EVAL_MODES = (None, "single", "tensor_parallel")
 ROLLOUT_DECODES = ("eager", "static")
 OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
@@ -20,8 +18,6 @@ DPO_LOSS_TYPES = PAIRED_LOSS_TYPES + ("kto",)
 
 # verl's `loss_agg_mode` values (verl/trainer/ppo/core_algos.py agg_loss); semantics in ppo/algorithms.aggregate_loss
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-# verl's `kl_loss_type` values (core_algos.kl_penalty): "+" = that value with k2's gradient (straight-through)
-KL_LOSS_ESTIMATORS = KL_ESTIMATORS + ("low_var_kl", "k1+", "k3+", "low_var_kl+")
 
 
 def parse_offload_levels(value: str) -> frozenset:
@@ -32,4 +28,3 @@ def parse_offload_levels(value: str) -> frozenset:
         raise ValueError(f"key 'offload_level': unknown level(s) {unknown}; use any of {list(OFFLOAD_LEVELS)}, "
                          "space-separated, or ''")
     return words
-POLICY_LOSS_MODES = ("ppo", "gspo")  # token-level ratios (PPO / GRPO / DAPO) or GSPO's sequence-level ratio

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import List, Optional, Union
 from urllib.parse import urlsplit
 
-from alignment.config.choices import (ADVANTAGE_ESTIMATORS, EVAL_MODES, KL_ESTIMATORS, KL_LOSS_ESTIMATORS,
-                                      LOSS_AGG_MODES, LR_SCHEDULERS, POLICY_LOSS_MODES, ROLLOUT_DECODES,
-                                      parse_offload_levels)
+from alignment.config.choices import EVAL_MODES, LOSS_AGG_MODES, LR_SCHEDULERS, ROLLOUT_DECODES, parse_offload_levels
 from alignment.config.data import DataArguments
 from alignment.config.parser import field
+from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from alignment.config.training import DatasetSpecs, pipelined
 
 
@@ -67,10 +67,12 @@ class PPOArguments:
         "rollout_decode": "Rollout engine, evaluation and memory",
     }
 
-    advantage_estimator: str = field("gae", help=f"One of {ADVANTAGE_ESTIMATORS}: gae = PPO with a critic; the "
-                                                 "others are critic-free (no critic model is built).")
+    advantage_estimator: str = field("gae", help="A registered advantage estimator (alignment/ppo/estimators.py): "
+                                                 "gae = PPO with a critic; the others are critic-free (no critic "
+                                                 "model is built).")
     per_device_prompt_batch_size: int = field(8, ge=1, help="Prompts per rollout step on each device.")
-    num_return_sequences: int = field(1, ge=1, help="Responses sampled per prompt (the group size of grpo / rloo).")
+    num_return_sequences: int = field(1, ge=1, help="Responses sampled per prompt (the group size of the group "
+                                                    "estimators).")
     max_new_tokens: Optional[int] = field(None, ge=1, help="Cap on generated tokens; null = max_length - prompt "
                                                            "length.")
     temperature: float = field(1.0, ge=1e-3, help="Sampling temperature for rollouts.")
@@ -96,7 +98,8 @@ class PPOArguments:
                                          "first the step trains on the groups kept so far, or makes no update "
                                          "when there are none.")
     kl_coeff: float = field(0.02, ge=0, help="Weight of the KL(actor || reference) penalty.")
-    kl_estimator: str = field("k1", help=f"KL estimator, one of {KL_ESTIMATORS}.")
+    kl_estimator: str = field("k1", help="KL estimator of the reward, kl_in_loss and the logged kl: one registered "
+                                         "in alignment/ppo/kl.py that is not loss-only.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "
                                          "per-token reward.")
     clip_range_ratio: float = field(0.2, gt=0, help="PPO ratio clipping epsilon.")
@@ -105,9 +108,9 @@ class PPOArguments:
     clip_range_ratio_high: Optional[float] = field(None, gt=0, help="DAPO clip-higher: the ratio's upper clip is "
                                                                     "1 + this (e.g. 0.28 with low 0.2); null = "
                                                                     "clip_range_ratio.")
-    policy_loss_mode: str = field("ppo", help=f"Policy objective, one of {POLICY_LOSS_MODES}: 'ppo' (token ratios) "
-                                              f"or 'gspo' (one length-normalised ratio per sequence, clipped per "
-                                              f"sequence; its loss is seq-mean-token-mean).")
+    policy_loss_mode: str = field("ppo", help="A registered policy loss (alignment/ppo/losses.py): 'ppo' (token "
+                                              "ratios) or 'gspo' (one length-normalised ratio per sequence, clipped "
+                                              "per sequence; its loss is seq-mean-token-mean).")
     loss_agg_mode: str = field("token-mean", help=f"How per-token losses become one, one of {LOSS_AGG_MODES}: "
                                                   f"'token-mean' (DAPO: over all tokens of the optimizer step), "
                                                   f"'seq-mean-token-mean' (GRPO: each response's mean, then over "
@@ -117,9 +120,9 @@ class PPOArguments:
     entropy_coeff: float = field(0.0, ge=0, help="Entropy bonus: actor loss - entropy_coeff x aggregated entropy.")
     kl_loss_coeff: float = field(0.0, ge=0, help="Weight of a KL(actor || reference) loss term (GRPO style), "
                                                  "aggregated like the policy loss; independent of kl_coeff.")
-    kl_loss_estimator: str = field("low_var_kl", help=f"Estimator of the KL loss term, one of "
-                                                      f"{KL_LOSS_ESTIMATORS} ('+': the value of the estimator "
-                                                      f"with k2's gradient).")
+    kl_loss_estimator: str = field("low_var_kl", help="Estimator of the KL loss term: any registered in "
+                                                      "alignment/ppo/kl.py ('+': the value of the estimator with "
+                                                      "k2's gradient).")
     enable_overlong_reward_buffer: bool = field(False, help="DAPO soft overlong punishment: responses longer than "
                                                             "max_new_tokens - overlong_reward_buffer lose reward "
                                                             "linearly, up to overlong_penalty_factor at "
@@ -202,10 +205,10 @@ class PPOArguments:
                                         "critic weights); each moves to host memory outside the phases that use it.")
 
     def validate(self) -> None:
-        for key, allowed in (("policy_loss_mode", POLICY_LOSS_MODES), ("loss_agg_mode", LOSS_AGG_MODES),
-                             ("kl_loss_estimator", KL_LOSS_ESTIMATORS)):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"key {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
+        POLICY_LOSSES.check("policy_loss_mode", self.policy_loss_mode)
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"key 'loss_agg_mode' must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
+        KL_ESTIMATORS.check("kl_loss_estimator", self.kl_loss_estimator)
         if self.critic_min_learning_rate > self.critic_learning_rate:
             raise ValueError("key 'critic_min_learning_rate' must be at most critic_learning_rate")
         if self.enable_overlong_reward_buffer and self.overlong_reward_buffer < 1:
@@ -215,19 +218,18 @@ class PPOArguments:
         if self.enable_overlong_reward_buffer and self.overlong_reward_buffer > self.max_new_tokens:
             raise ValueError(f"key 'overlong_reward_buffer' ({self.overlong_reward_buffer}) must be <= "
                              f"max_new_tokens ({self.max_new_tokens})")
-        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"key 'advantage_estimator' must be one of {ADVANTAGE_ESTIMATORS}, "
-                             f"got {self.advantage_estimator!r}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"key 'kl_estimator' must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
-        if self.advantage_estimator in ("grpo", "rloo") and self.num_return_sequences < 2:
+        ADVANTAGE_ESTIMATORS.check("advantage_estimator", self.advantage_estimator)
+        KL_ESTIMATORS.check("kl_estimator", self.kl_estimator, where=lambda kl: not kl.loss_only)
+        smallest = self.estimator.min_group_size
+        if self.num_return_sequences < smallest:
             raise ValueError(f"advantage_estimator {self.advantage_estimator!r} compares responses within a "
-                             "group: key 'num_return_sequences' must be >= 2")
-        if self.dynamic_sampling and (self.advantage_estimator == "gae" or self.num_return_sequences < 2):
+                             f"group: key 'num_return_sequences' must be >= {smallest}")
+        if self.dynamic_sampling and (self.uses_critic or self.num_return_sequences < 2):
+            critic_free = ADVANTAGE_ESTIMATORS.names(where=lambda estimator: not estimator.needs_critic)
             raise ValueError("key 'dynamic_sampling' filters groups of responses to one prompt by their rewards: it "
-                             "needs a critic-free advantage_estimator (grpo, dr_grpo, rloo, reinforce_baseline, "
-                             f"reinforce_plus_plus) and num_return_sequences >= 2, got {self.advantage_estimator!r} "
-                             f"and {self.num_return_sequences}")
+                             f"needs a critic-free advantage_estimator ({', '.join(critic_free)}) and "
+                             f"num_return_sequences >= 2, got {self.advantage_estimator!r} and "
+                             f"{self.num_return_sequences}")
         if self.reward_weights and len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"key 'reward_weights' has {len(self.reward_weights)} entries but 'reward_funcs' has "
                              f"{len(self.reward_funcs)}")
@@ -239,7 +241,7 @@ class PPOArguments:
             raise ValueError(f"key 'rollout_decode' must be one of {ROLLOUT_DECODES}, got {self.rollout_decode!r}")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"key 'eval_mode' must be one of {EVAL_MODES}, got {self.eval_mode!r}")
-        parse_offload_levels(self.offload_level)
+        self.offload_levels  # noqa: B018  parsed here, so a bad level is an argument error
         self.validate_reward_server()
 
     def validate_reward_server(self) -> None:
@@ -271,5 +273,15 @@ class PPOArguments:
             raise ValueError("key 'ptx_datasets' is set but 'ptx_coeff' is 0: the ptx data would be unused")
 
     @property
+    def estimator(self) -> type:
+        """The advantage estimator's class (its traits: needs_critic, min_group_size, uses_old_log_probs)."""
+        return ADVANTAGE_ESTIMATORS[self.advantage_estimator]
+
+    @property
     def uses_critic(self) -> bool:
-        return self.advantage_estimator == "gae"
+        return self.estimator.needs_critic
+
+    @functools.cached_property
+    def offload_levels(self) -> frozenset:
+        """offload_level parsed, once: validate() parses it and the trainer reads the result."""
+        return parse_offload_levels(self.offload_level)

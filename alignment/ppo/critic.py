@@ -1,5 +1,6 @@
-"""The critic's part of a PPO step, as a strategy: `Critic` for gae (old values while scoring, the clipped value
-loss while updating) and `NoCritic` for the critic-free estimators, so the trainer never asks which it has."""
+"""The critic's part of a PPO step, as a strategy: `Critic` when the advantage estimator needs_critic (old values
+while scoring, the clipped value loss while updating) and `NoCritic` otherwise, so the trainer never asks which it
+has."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +13,7 @@ from alignment.ppo.rollout import critic_values
 
 
 class NoCritic:
-    """grpo / dr_grpo / rloo / reinforce_baseline / reinforce_plus_plus: no model, no values, no loss."""
+    """For the estimators that do not need a critic: no model, no values, no loss."""
 
     model = None
 

@@ -1,13 +1,15 @@
-"""PPO's update under pipeline parallelism: the same micro-batches as the eager update, run through fleet's 1F1B
-schedule with the actor and value losses on the last stage (the models are alignment/wrappers/pipeline.py's).
+"""PPO's update under pipeline parallelism: the micro-batches of update.py's loop, run through fleet's 1F1B
+schedule with the actor loss (objective.py's, as in the eager update) and the value loss on the last stage (the
+models are alignment/wrappers/pipeline.py's).
 
 Rollouts are generated and scored by whole copies of the models (alignment/wrappers/reshard.py); only the update
 goes through the pipeline.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
 
+import numpy as np
 import paddle
 from paddle.distributed import fleet
 
@@ -15,9 +17,7 @@ from alignment.models.logprobs import entropy_from_logits, gather_log_probs
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.distributed import data_world_size, model_parallel_degree, sum_over_data_ranks
 from alignment.ppo import algorithms as rl
-from alignment.ppo.objective import uses_defaults
-from alignment.ppo.rollout import update_order
-from alignment.training.trainer import mean_rows
+from alignment.ppo.objective import actor_objective, uses_defaults
 from alignment.wrappers.pipeline import pipeline_step
 
 
@@ -42,7 +42,7 @@ class PolicyPipeLoss:
     """PPO's actor loss on the last stage. labels: response ids, old log-probs, advantages, response mask,
     reference log-probs, all [b, R], and token_weight [b, 1]: data ranks x micro-batches / tokens of the optimizer
     step over all data ranks (the same in every row), so loss x tokens x weight / micro-batches (fleet's scaling)
-    is this micro-batch's share of the step's token mean, exactly as step_shares() (ppo/trainer.py) scales it
+    is this micro-batch's share of the step's token mean, exactly as step_shares() (update.py) scales it
     without a pipeline."""
 
     def __init__(self, ppo_args):
@@ -54,9 +54,8 @@ class PolicyPipeLoss:
         ppo, split = self.ppo, model_parallel_degree() > 1
         response = logits[:, logits.shape[1] - ids.shape[1] - 1: -1] / ppo.temperature  # [b, R, V(/n)]
         log_probs = tp.parallel_token_log_probs(response, ids) if split else gather_log_probs(response, ids)  # [b, R]
-        loss, stats = rl.policy_objective(log_probs, old_log_probs, advantages, mask, ref_log_probs,
-                                          ppo.clip_range_ratio, ppo.kl_coeff if ppo.kl_in_loss else None,
-                                          ppo.kl_estimator)
+        loss, stats = actor_objective(ppo, log_probs, old_log_probs, advantages, mask, ref_log_probs, None,
+                                      ppo.max_new_tokens or mask.shape[1])
         share = mask.astype("float32").sum() * token_weight[0, 0]  # this micro-batch's share of the batch mean
         with paddle.no_grad():
             entropy = rl.masked_mean(entropy_from_logits(
@@ -83,38 +82,33 @@ class ValuePipeLoss:
         return loss * share
 
 
-class PipelineUpdate:
-    """update() for pipeline models: per_device_train_batch_size rows per micro-batch, gradient_accumulation_steps
-    micro-batches per 1F1B run and optimizer step, grouped exactly as the eager update groups rows."""
+class PipelineMicroBatches:
+    """update.py's strategy for pipeline models: one optimizer step's micro-batches (per_device_train_batch_size
+    rows each) as one 1F1B run of gradient_accumulation_steps micro-batches."""
 
-    def __init__(self, actor, critic, ppo_args, train_args):
+    def __init__(self, actor, critic, ppo_args, train_args, precision, lr):
         self.actor, self.critic, self.ppo, self.args = actor, critic, ppo_args, train_args
+        self.precision, self.lr = precision, lr  # lr(): the actor's learning rate
         self.actor_pipe = fleet.distributed_model(actor)
         self.critic_pipe = fleet.distributed_model(critic) if critic is not None else None
 
-    def update(self, rollout, rng, optimizer_step, lr, scaler=None) -> Dict[str, float]:
-        """update_iters passes over the rollout; optimizer_step() after each 1F1B run; lr() is the actor's rate;
-        scaler: fp16's GradScaler (None: no loss scaling)."""
-        size, accum, ranks = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, \
-            data_world_size()
-        rows, lengths = [], rollout.attention_mask.sum(axis=1).numpy()
-        for _ in range(self.ppo.update_iters):
-            order = update_order(rng, lengths, size, self.ppo.group_by_length)  # the micro-batches update() forms
-            for start in range(0, len(rollout), size * accum):
-                batch = rollout.select(paddle.to_tensor(order[start: start + size * accum])).trimmed()
-                # the step's token mean over every micro-batch and data rank; x accum undoes fleet's 1/accum
-                total = float(sum_over_data_ranks(batch.response_mask.sum()))
-                weight = paddle.full([len(batch), 1], ranks * accum / max(total, 1e-12), dtype="float32")  # [n, 1]:
-                # fleet slices every label along a second axis
-                inputs = (batch.input_ids, batch.attention_mask)
-                stats = pipeline_step(self.actor_pipe, inputs, (
-                    batch.input_ids[:, batch.prompt_len:], batch.old_log_probs, batch.advantages,
-                    batch.response_mask, batch.ref_log_probs, weight), self.actor._loss_fn[0], accum, scaler)
-                stats["lr"] = lr()
-                if self.critic_pipe is not None:
-                    stats.update(pipeline_step(self.critic_pipe, inputs, (
-                        batch.old_values, batch.returns, batch.response_mask, weight), self.critic._loss_fn[0],
-                        accum, scaler))
-                optimizer_step()
-                rows.append(stats)
-        return mean_rows(rows)
+    def running(self):
+        return self.precision.autocast()
+
+    def run(self, rollout, micro_batches: List[np.ndarray]) -> Dict[str, float]:
+        accum, ranks, scaler = len(micro_batches), data_world_size(), self.precision.scaler
+        batch = rollout.select(paddle.to_tensor(np.concatenate(micro_batches))).trimmed()
+        # the step's token mean over every micro-batch and data rank; x accum undoes fleet's 1/accum
+        total = float(sum_over_data_ranks(batch.response_mask.sum()))
+        weight = paddle.full([len(batch), 1], ranks * accum / max(total, 1e-12), dtype="float32")  # [n, 1]:
+        # fleet slices every label along a second axis
+        inputs = (batch.input_ids, batch.attention_mask)
+        stats = pipeline_step(self.actor_pipe, inputs, (
+            batch.input_ids[:, batch.prompt_len:], batch.old_log_probs, batch.advantages,
+            batch.response_mask, batch.ref_log_probs, weight), self.actor._loss_fn[0], accum, scaler)
+        stats["lr"] = self.lr()
+        if self.critic_pipe is not None:
+            stats.update(pipeline_step(self.critic_pipe, inputs, (
+                batch.old_values, batch.returns, batch.response_mask, weight), self.critic._loss_fn[0],
+                accum, scaler))
+        return stats

@@ -15,6 +15,7 @@ from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
+import alignment.ppo.builtins  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.data import LoRAArguments  # noqa: E402
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402

@@ -1,24 +1,22 @@
 """The PPO-family step, top to bottom: rollout -> score -> advantages -> update. The math is in algorithms.py.
 
-advantage_estimator "gae" trains actor and critic (PPO); the critic-free estimators (grpo, dr_grpo, rloo,
-reinforce_baseline, reinforce_plus_plus) build no critic at all (critic.py: the two as strategies). Under pipeline
-parallelism the update runs through fleet's 1F1B schedule (pipeline_update.py) and whole copies of the models
-generate and score. dynamic_sampling: dynamic_sampling.py. The loop, optimizer steps, logging and checkpoints are
-the skeleton's (training/trainer.py).
+The advantage estimator (estimators.py) says whether a critic is trained; without one no critic is built at all
+(critic.py: the two as strategies). The update loop is update.py's; under pipeline parallelism it runs its
+micro-batches through fleet's 1F1B schedule (pipeline_update.py) and whole copies of the models generate and
+score. dynamic_sampling: dynamic_sampling.py. The loop, optimizer steps, logging and checkpoints are the
+skeleton's (training/trainer.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import paddle
 from tqdm import tqdm
 
-from alignment.config.choices import parse_offload_levels
 from alignment.models import LlamaForCausalLM
 from alignment.models.generation import GenerationConfig
 from alignment.models.logprobs import answer_token_loss
@@ -27,17 +25,22 @@ from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
 from alignment.models.static_decode import StaticDecoder
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
-                                            mean_over_ranks, shard, share_of_data_ranks, sum_over_data_ranks)
+                                            mean_over_ranks, shard, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
+from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL estimators the arguments name
 from alignment.ppo import dapo
 from alignment.ppo import dynamic_sampling as ds
+from alignment.ppo import scoring
 from alignment.ppo.critic import make_critic
-from alignment.ppo.objective import actor_objective, aggregation, step_weight
-from alignment.ppo.pipeline_update import PipelineUpdate, check_pipeline_run
-from alignment.ppo.rollout import response_log_probs, sample_rollout, update_order
+from alignment.ppo.kl import kl_estimate
+from alignment.ppo.objective import actor_objective
+from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
+from alignment.ppo.rollout import response_log_probs, sample_rollout
+from alignment.ppo.update import EagerMicroBatches, run_update
 from alignment.rewards.functions import gold_scores
 from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
-from alignment.training.trainer import Trainer, mean_rows
+from alignment.training.timing import PhaseTimer
+from alignment.training.trainer import Trainer
 from alignment.wrappers.offload import Offloader
 from alignment.wrappers.pipeline import PipelineModel
 from alignment.wrappers.reshard import WholeCopy
@@ -47,7 +50,7 @@ from alignment.wrappers.reshard import WholeCopy
 class PolicyModels:
     actor: object  # LlamaForCausalLM (or its pipeline stages): trained
     reference: object  # frozen; with LoRA the actor itself, its adapters switched off
-    critic: Optional[object]  # ScoreModel (or stages) for gae; None for the critic-free estimators
+    critic: Optional[object]  # ScoreModel (or stages) when the estimator needs_critic; else None
     reward: object  # alignment.rewards.scoring.RewardComputer: reward model score + reward functions
 
 
@@ -86,27 +89,29 @@ class PPOTrainer(Trainer):
                 weight_decay=ppo_args.critic_weight_decay, lr_scheduler_type=ppo_args.critic_lr_scheduler_type,
                 warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
             self.add_trained("value", models.critic, optimizer_steps, critic_args)
-        pipelined = isinstance(self.actor, PipelineModel)
+        pipelined, self.estimator = isinstance(self.actor, PipelineModel), ppo_args.estimator()
         # one pass and one optimizer step over a rollout whose advantages do not use the old log-probs: the policy
         # that sampled it is the one being updated, so old log-probs = the update's own (detached); score() skips
         # that forward pass (as TRL's GRPO does with num_iterations 1)
-        self.reuse_update_log_probs = (ppo_args.advantage_estimator in rl.GROUP_ESTIMATORS
+        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs
                                        and ppo_args.update_iters == 1 and not pipelined
                                        and micro_batches <= train_args.gradient_accumulation_steps)
-        self.offload = Offloader(parse_offload_levels(ppo_args.offload_level), [self.reference, self.reward.model],
+        self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
             split and ppo_args.eval_mode == "single") else None
-        self.pipeline = None
         if ppo_args.dynamic_sampling:
             ds.check_layout(data_world_size(), pipelined)
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
-            self.pipeline = PipelineUpdate(self.actor, models.critic, ppo_args, train_args)
+            self.micro_batches = PipelineMicroBatches(self.actor, models.critic, ppo_args, train_args,
+                                                      self.precision, self.policy.optimizer.get_lr)
         critic_copy = WholeCopy(models.critic, ScoreModel) if pipelined and models.critic is not None else None
         self.critic = make_critic(models.critic, ppo_args.clip_range_value, critic_copy, self.precision)
+        if not pipelined:
+            self.micro_batches = EagerMicroBatches(self.actor_step, self.critic, ppo_args)
         self.static_decoders = {}  # rollout_decode static: compiled decode steps per generating model
         self.reward_stats = RunningMeanStd()
         self.gen_config = GenerationConfig(  # max_new_tokens is set per batch from max_length
@@ -130,28 +135,29 @@ class PPOTrainer(Trainer):
 
     # --- one step: rollout -> score -> advantages -> update ---------------------------------------------------------
     def training_step(self) -> Dict[str, float]:
-        times, start = {}, time.perf_counter()
-        if self.ppo.dynamic_sampling:
-            rollout, rewards, metrics = self.sample_kept_groups()
-        else:
-            rollout, rewards, metrics = self.draw_rollout(attempt=0), None, {}
-        times["time/generate"], start = time.perf_counter() - start, time.perf_counter()
+        timer = PhaseTimer()
+        with timer.phase("generate"):
+            if self.ppo.dynamic_sampling:
+                rollout, rewards, metrics = self.sample_kept_groups()
+            else:
+                rollout, rewards, metrics = self.draw_rollout(attempt=0), None, {}
+        times = timer.times
         if rollout is None:  # dynamic sampling kept no group within max_gen_batches: no update this step
             return mean_over_ranks({**metrics, **times, "skipped_steps": float(self.guard.skipped)})
         times["time/generated_tokens_per_s"] = float(rollout.response_mask.sum()) / max(times["time/generate"], 1e-9)
         self.generation_speed = {"gen": f"{times['time/generated_tokens_per_s']:.0f} tok/s"}  # this rank's
         self.show_phase(phase="score", **self.generation_speed)
-        with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model]), \
-                self.precision.autocast():
-            metrics.update(self.score(rollout, rewards))
-        metrics.update(self.compute_advantages(rollout))
-        times["time/score"], start = time.perf_counter() - start, time.perf_counter()
+        with timer.phase("score"):
+            with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model]), \
+                    self.precision.autocast():
+                metrics.update(self.score(rollout, rewards))
+            metrics.update(self.compute_advantages(rollout))
         self.show_phase(phase="train", **self.generation_speed)
-        with self.offload.phase("train", [self.actor, self.critic.model], self.offload.optimizers):
-            metrics.update(self.update(rollout))
-        metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
-        metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
-        times["time/train"] = time.perf_counter() - start
+        with timer.phase("train"):
+            with self.offload.phase("train", [self.actor, self.critic.model], self.offload.optimizers):
+                metrics.update(self.update(rollout))
+            metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
+            metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
         return mean_over_ranks({**metrics, **times})
 
     def draw_rollout(self, attempt: int):
@@ -212,103 +218,50 @@ class PPOTrainer(Trainer):
     def end_rewards(self, rollout):
         """End rewards [N] of the rollout (reward model / server / functions, + DAPO's overlong penalty) and the
         mean of each part (for logging)."""
-        end_rewards, parts = self.reward(rollout)
-        if self.ppo.enable_overlong_reward_buffer:  # DAPO: responses near the length budget lose reward
-            penalty = dapo.overlong_penalty(rollout.response_mask.sum(axis=1), self.ppo.max_new_tokens,
-                                            self.ppo.overlong_reward_buffer, self.ppo.overlong_penalty_factor)  # [N]
-            end_rewards = end_rewards + penalty
-            parts["reward/overlong_penalty"] = float(penalty.mean())
-        return end_rewards, parts
+        return scoring.with_overlong_penalty(*self.reward(rollout), rollout, self.ppo)
 
     @paddle.no_grad()
     def score(self, rollout, rewards=None) -> Dict[str, float]:
-        """Old and reference log-probs, old values and end rewards of the rollout (in place); rewards: its
-        (end rewards, parts) when already computed (dynamic sampling)."""
-        ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
-        self.actor.eval()
-        if not self.reuse_update_log_probs and rollout.old_log_probs is None:  # else: from the sampling pass
-            rollout.old_log_probs, _ = response_log_probs(self.rollout_actor(), ids, mask, p, self.ppo.temperature)
-        with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
-            rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
+        """Score the rollout in place, phase by phase; rewards: its (end rewards, parts) when already computed
+        (dynamic sampling). -> the phases' metrics."""
+        self.score_log_probs(rollout)
         rollout.old_values = self.critic.old_values(rollout, version=self.global_step)
         end_rewards, parts = rewards if rewards is not None else self.end_rewards(rollout)
-        lengths = rollout.response_mask.sum(axis=1)  # [N]
-        every = paddle.to_tensor(gather_lists(end_rewards.numpy().tolist()), dtype="float32")  # the global batch's
-        metrics = {"reward/mean": float(every.mean()), "reward/std": float(every.std(unbiased=False)), **parts}
-        if self.ppo.normalize_reward:  # statistics of the whole batch, identical on every rank
-            self.reward_stats.update(every)
-            end_rewards = self.reward_stats.normalize(end_rewards)
-        rollout.end_rewards = end_rewards
-        gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
-        if gold is not None:
-            metrics["gold_reward/mean"] = float(gold.mean())
-        eos = set(self.gen_config.eos_ids)  # the ids generation stops on, not only the tokenizer's eos
-        last = rl.last_valid_index(rollout.response_mask)  # [N]: the last response token (-1: none)
-        tokens = paddle.take_along_axis(ids[:, p:], last.clip(min=0).unsqueeze(1), axis=1).squeeze(1)  # [N]
-        ended = [int(i) >= 0 and int(t) in eos for i, t in zip(last.numpy(), tokens.numpy())]
-        metrics.update({"response_length": float(lengths.mean()), "truncated": 1.0 - float(np.mean(ended))})
+        rollout.end_rewards, metrics = scoring.reward_statistics(
+            end_rewards, parts, self.reward_stats if self.ppo.normalize_reward else None)
+        metrics.update(scoring.gold_reward(self.ppo.gold_judge, rollout))
+        ended = scoring.ended_responses(rollout, self.gen_config.eos_ids)
+        metrics.update(scoring.length_metrics(rollout.response_mask.sum(axis=1), ended))
         if self.ppo.mask_truncated_responses:  # DAPO's overlong filtering: cut-off answers teach nothing
             rollout.response_mask = dapo.mask_truncated_responses(
                 rollout.response_mask, paddle.to_tensor([not e for e in ended]))
         return metrics
 
+    def score_log_probs(self, rollout) -> None:
+        """The old (unless the sampling pass gave them, or the update will) and reference log-probs [N, R]."""
+        ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
+        self.actor.eval()
+        if not self.reuse_update_log_probs and rollout.old_log_probs is None:
+            rollout.old_log_probs, _ = response_log_probs(self.rollout_actor(), ids, mask, p, self.ppo.temperature)
+        with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
+            rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
+
     @paddle.no_grad()
     def compute_advantages(self, rollout) -> Dict[str, float]:
-        mask, ppo = rollout.response_mask, self.ppo
-        kl_in_reward = 0.0 if ppo.kl_in_loss else ppo.kl_coeff
-        if ppo.advantage_estimator == "gae":
-            rewards, _ = rl.reward_with_kl(rollout.end_rewards, rollout.old_log_probs, rollout.ref_log_probs, mask,
-                                           kl_in_reward, math.inf, ppo.kl_estimator)  # [N, R]
-            advantages, rollout.returns = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, ppo.gae_lambda)
-            if ppo.normalize_advantage:
-                advantages = rl.masked_whiten(advantages, mask, reduce_sum=sum_over_data_ranks)
-        elif ppo.advantage_estimator == "reinforce_plus_plus":
-            advantages = rl.reinforce_plus_plus_advantages(rollout.end_rewards, rollout.old_log_probs,
-                                                           rollout.ref_log_probs, mask, kl_in_reward, ppo.gamma,
-                                                           ppo.kl_estimator, sum_over_data_ranks)
-        else:
-            per_sequence = rl.group_advantages(rollout.end_rewards, ppo.num_return_sequences, ppo.advantage_estimator)
-            advantages = rl.broadcast_sequence_advantages(per_sequence, mask)  # [N, R]
-        rollout.advantages = advantages
-        out = {"advantage/mean": float(rl.masked_mean(advantages, mask))}
+        mask = rollout.response_mask
+        rollout.advantages, rollout.returns = self.estimator(rollout, self.ppo, sum_over_data_ranks)  # [N, R]
+        out = {"advantage/mean": float(rl.masked_mean(rollout.advantages, mask))}
         if rollout.old_log_probs is not None:  # else actor_step reports it (reuse_update_log_probs)
-            out["kl"] = float(rl.sequence_kl(rollout.old_log_probs, rollout.ref_log_probs, mask, ppo.kl_estimator))
+            out["kl"] = float(rl.sequence_kl(rollout.old_log_probs, rollout.ref_log_probs, mask,
+                                             kl_estimate(self.ppo.kl_estimator)))
         return out
 
     def update(self, rollout) -> Dict[str, float]:
-        """`update_iters` passes over the rollout in micro-batches of similar length (actor step, then critic
-        step), gradient_accumulation_steps of them per optimizer step. Losses are token means over all the
-        micro-batches of an optimizer step on every data rank, so any split into micro-batches and processes
-        trains the same."""
-        args, ppo = self.args, self.ppo
+        """update.py's loop over the rollout, its micro-batches run eagerly or through the pipeline."""
         for t in self.trained.values():
             t.model.train()
-        rng = np.random.default_rng(args.seed + 7919 * self.global_step)
-        if self.pipeline is not None:
-            with self.precision.autocast():
-                return self.pipeline.update(rollout, rng, self.optimizer_step, self.policy.optimizer.get_lr,
-                                            scaler=self.precision.scaler)
-        size, accum, rows = args.per_device_train_batch_size, args.gradient_accumulation_steps, []
-        lengths = rollout.attention_mask.sum(axis=1).numpy()  # prompt + response tokens of each row
-        for _ in range(ppo.update_iters):
-            order = update_order(rng, lengths, size, ppo.group_by_length)
-            starts = list(range(0, len(rollout), size))
-            for first in range(0, len(starts), accum):  # one optimizer step
-                batches = [rollout.select(paddle.to_tensor(order[s: s + size])).packed()
-                           for s in starts[first: first + accum]]
-                shares = step_shares([float(batch.response_mask.astype("float32").sum()) for batch in batches])
-                actor_shares = shares if aggregation(ppo) == "token-mean" else step_shares(  # one collective less
-                    [step_weight(ppo, batch.response_mask) for batch in batches])
-                step = {}
-                for batch, share, actor_share in zip(batches, shares, actor_shares):
-                    stats = self.actor_step(batch, actor_share, ptx_scale=1.0 / len(batches))
-                    stats.update(self.critic.train_step(batch, share))
-                    for key, value in stats.items():  # token-weighted shares add up; per-row means average
-                        part = value / len(batches) if key in PER_MICRO_BATCH_MEANS else value
-                        step[key] = step.get(key, 0.0) + part
-                self.optimizer_step()
-                rows.append(step)
-        return mean_rows(rows)
+        rng = np.random.default_rng(self.args.seed + 7919 * self.global_step)
+        return run_update(rollout, self.micro_batches, self.optimizer_step, rng, self.ppo, self.args)
 
     def actor_step(self, batch, share: float, ptx_scale: float = 1.0) -> Dict[str, float]:
         """Backward of this micro-batch's `share` of the optimizer step's token-mean policy loss (+ ptx_scale of
@@ -322,7 +275,7 @@ class PPOTrainer(Trainer):
         old_log_probs, out = batch.old_log_probs, {}
         if old_log_probs is None:  # reuse_update_log_probs: this policy sampled the rollout
             old_log_probs = log_probs.detach()
-            out["kl"] = float(rl.sequence_kl(old_log_probs, batch.ref_log_probs, mask, ppo.kl_estimator))
+            out["kl"] = float(rl.sequence_kl(old_log_probs, batch.ref_log_probs, mask, kl_estimate(ppo.kl_estimator)))
         loss, stats = actor_objective(ppo, log_probs, old_log_probs, batch.advantages, mask, batch.ref_log_probs,
                                       entropy, ppo.max_new_tokens or mask.shape[1])
         entropy = entropy.detach()
@@ -394,17 +347,3 @@ class PPOTrainer(Trainer):
             for name, t in self.trained.items():  # every rank calls save_pretrained; rank 0 writes
                 t.model.save_pretrained(os.path.join(output_dir, name), tokenizer_dir=self.tokenizer.name_or_path)
             barrier()
-
-
-PER_MICRO_BATCH_MEANS = ("lr", "kl")  # actor_step statistics that are not token-weighted shares
-
-
-def step_shares(weights: List[float]) -> List[float]:
-    """For the micro-batches of one optimizer step, each the mean of a loss over `weights[i]` units (tokens, or
-    responses): the factors that turn each one's mean into its share of the mean over all of them on every data rank
-    (gradients are averaged over the ranks): w_i * ranks / sum of w over the micro-batches and ranks; [1.0] for one
-    micro-batch in one process."""
-    if len(weights) == 1 and data_world_size() == 1:
-        return [1.0]
-    total = share_of_data_ranks(sum(weights))  # = sum * ranks / global sum
-    return [w / max(sum(weights), 1e-12) * total for w in weights]

@@ -1,0 +1,74 @@
+"""Registries of what users extend, one pattern for all (as `RawDataset`'s, alignment/data/raw.py): a family is a
+base class `class Family(Registered, registry=SOME_REGISTRY)`, and a subclass that sets `NAME` in its own body
+registers itself under that name::
+
+    class Halved(AdvantageEstimator):      # alignment/ppo/estimators.py has the family and the built-ins
+        NAME = "halved"
+        def __call__(self, rollout, ppo, reduce_sum): ...
+
+The registries are plain Python, so the arguments validate names (and read a class's traits, e.g. whether an
+estimator needs a critic) without the framework. The classes live with the paddle code that runs them:
+
+    ADVANTAGE_ESTIMATORS  advantage_estimator   alignment/ppo/estimators.py
+    POLICY_LOSSES         policy_loss_mode      alignment/ppo/losses.py
+    KL_ESTIMATORS         kl_estimator, kl_loss_estimator   alignment/ppo/kl.py
+
+A stage imports its built-ins before it parses its arguments (alignment/ppo/builtins.py); a user's class
+registers when its module is imported.
+"""
+from __future__ import annotations
+
+from typing import Callable, ClassVar, Dict, List, Optional
+
+
+class Registry:
+    """name -> class for one family; `what` names the family in messages."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.classes: Dict[str, type] = {}
+
+    def register(self, cls: type) -> None:
+        name = cls.__dict__["NAME"]
+        if not isinstance(name, str) or not name.strip() or name != name.strip():
+            raise ValueError(f"{cls.__qualname__}: invalid {self.what} name {name!r}")
+        existing = self.classes.get(name)
+        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__,
+                                                                                     cls.__qualname__):
+            raise ValueError(f"{self.what} {name!r} is already registered by {existing.__module__}."
+                             f"{existing.__qualname__}; cannot register {cls.__module__}.{cls.__qualname__}")
+        self.classes[name] = cls  # a reloaded module redefines the same class: it replaces itself
+
+    def names(self, where: Optional[Callable[[type], bool]] = None) -> List[str]:
+        """The registered names (of the classes `where` accepts), in the order they registered."""
+        return [name for name, cls in self.classes.items() if where is None or where(cls)]
+
+    def __contains__(self, name) -> bool:
+        return name in self.classes
+
+    def __getitem__(self, name: str) -> type:
+        return self.classes[name]
+
+    def check(self, key: str, name, where: Optional[Callable[[type], bool]] = None) -> None:
+        """ValueError naming argument `key` unless `name` is registered (and `where` accepts its class)."""
+        if name not in self.classes or (where is not None and not where(self.classes[name])):
+            raise ValueError(f"key {key!r} must be one of {self.names(where)}, got {name!r}")
+
+
+class Registered:
+    """Base of a family's base class; see the module docstring."""
+
+    NAME: ClassVar[str]
+    REGISTRY: ClassVar[Registry]
+
+    def __init_subclass__(cls, registry: Optional[Registry] = None, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if registry is not None:
+            cls.REGISTRY = registry
+        if "NAME" in cls.__dict__:
+            cls.REGISTRY.register(cls)
+
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+POLICY_LOSSES = Registry("policy loss")
+KL_ESTIMATORS = Registry("KL estimator")

@@ -1,0 +1,71 @@
+"""PPO's update, one loop for every layout: `update_iters` passes over the rollout in micro-batches of similar
+length, gradient_accumulation_steps micro-batches per optimizer step. How one step's micro-batches are run is a
+strategy: `EagerMicroBatches` (forward and backward of each in turn, here) or, under pipeline parallelism,
+pipeline_update.PipelineMicroBatches (fleet's 1F1B schedule). Losses are means over all the micro-batches of an
+optimizer step on every data rank, so any split into micro-batches and processes trains the same.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, List
+
+import numpy as np
+import paddle
+
+from alignment.parallel.distributed import data_world_size, share_of_data_ranks
+from alignment.ppo.objective import aggregation, step_weight
+from alignment.ppo.rollout import update_order
+from alignment.training.trainer import mean_rows
+
+PER_MICRO_BATCH_MEANS = ("lr", "kl")  # actor_step statistics that are not token-weighted shares
+
+
+def run_update(rollout, micro_batches, optimizer_step: Callable[[], object], rng, ppo, train_args) -> Dict[str, float]:
+    """The update loop: per optimizer step, micro_batches.run(rollout, row indices of each micro-batch) (its
+    statistics), then optimizer_step(). -> the mean of the steps' statistics."""
+    size, accum, rows = train_args.per_device_train_batch_size, train_args.gradient_accumulation_steps, []
+    lengths = rollout.attention_mask.sum(axis=1).numpy()  # prompt + response tokens of each row
+    with micro_batches.running():
+        for _ in range(ppo.update_iters):
+            order = update_order(rng, lengths, size, ppo.group_by_length)
+            starts = list(range(0, len(rollout), size))
+            for first in range(0, len(starts), accum):
+                rows.append(micro_batches.run(rollout, [order[s: s + size] for s in starts[first: first + accum]]))
+                optimizer_step()
+    return mean_rows(rows)
+
+
+class EagerMicroBatches:
+    """Each micro-batch in turn: backward of its share of the step's actor loss (actor_step(batch, share,
+    ptx_scale) -> its share of each statistic) and of the critic's (critic: critic.py's strategy)."""
+
+    def __init__(self, actor_step: Callable, critic, ppo):
+        self.actor_step, self.critic, self.ppo = actor_step, critic, ppo
+
+    def running(self):
+        return contextlib.nullcontext()
+
+    def run(self, rollout, micro_batches: List[np.ndarray]) -> Dict[str, float]:
+        batches = [rollout.select(paddle.to_tensor(rows)).packed() for rows in micro_batches]
+        shares = step_shares([float(batch.response_mask.astype("float32").sum()) for batch in batches])
+        actor_shares = shares if aggregation(self.ppo) == "token-mean" else step_shares(  # one collective less
+            [step_weight(self.ppo, batch.response_mask) for batch in batches])
+        step = {}
+        for batch, share, actor_share in zip(batches, shares, actor_shares):
+            stats = self.actor_step(batch, actor_share, ptx_scale=1.0 / len(batches))
+            stats.update(self.critic.train_step(batch, share))
+            for key, value in stats.items():  # token-weighted shares add up; per-row means average
+                part = value / len(batches) if key in PER_MICRO_BATCH_MEANS else value
+                step[key] = step.get(key, 0.0) + part
+        return step
+
+
+def step_shares(weights: List[float]) -> List[float]:
+    """For the micro-batches of one optimizer step, each the mean of a loss over `weights[i]` units (tokens, or
+    responses): the factors that turn each one's mean into its share of the mean over all of them on every data rank
+    (gradients are averaged over the ranks): w_i * ranks / sum of w over the micro-batches and ranks; [1.0] for one
+    micro-batch in one process."""
+    if len(weights) == 1 and data_world_size() == 1:
+        return [1.0]
+    total = share_of_data_ranks(sum(weights))  # = sum * ranks / global sum
+    return [w / max(sum(weights), 1e-12) * total for w in weights]

@@ -1,0 +1,87 @@
+"""The registries of what users extend (alignment/config/registry.py): an advantage estimator added as one class
+in one file (this one) registers, is validated by the argument parser with its traits, and trains a PPO step on
+the tiny model; names are checked against the registries, and a name cannot be taken twice."""
+import os
+
+import numpy as np
+import pytest
+
+from alignment.config.data import LoRAArguments
+from alignment.config.parser import ArgumentError, ArgumentParser
+from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
+from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from alignment.config.training import TrainingArguments
+from alignment.ppo import algorithms as rl
+from alignment.ppo import run_ppo
+from alignment.ppo.estimators import AdvantageEstimator
+from alignment.ppo.rollout import Rollout
+from tests.golden import close, t
+from tests.helpers import REPO, read_metrics
+
+PARSER = (PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments)
+BASE = {"actor_model_name_or_path": "m", "train_datasets": "x", "reward_funcs": ["sentiment"]}
+
+
+class BestOfGroup(AdvantageEstimator):
+    """Toy estimator: +1 on every token of the responses with their group's highest reward, 0 elsewhere."""
+
+    NAME = "best_of_group"
+    min_group_size = 2
+    uses_old_log_probs = False
+    calls = []  # the rollout sizes it was asked about
+
+    def __call__(self, rollout, ppo, reduce_sum):
+        self.calls.append(len(rollout))
+        grouped = rollout.end_rewards.reshape([-1, ppo.num_return_sequences])  # [P, G]
+        best = (grouped == grouped.max(axis=1, keepdim=True)).astype("float32").reshape([-1])  # [N]
+        return rl.broadcast_sequence_advantages(best, rollout.response_mask), None  # [N, R]
+
+
+def test_the_toy_estimator_computes_its_golden_advantages():
+    ids = t(np.zeros((4, 3))).astype("int64")
+    rollout = Rollout(ids, ids, t([[1.0, 1, 0], [0, 1, 1], [1, 0, 0], [1, 1, 1]]), 0, [], [], {},
+                      end_rewards=t([0.5, 2.0, -1.0, -3.0]))
+    ppo = PPOArguments(advantage_estimator="best_of_group", num_return_sequences=2)
+    advantages, returns = ppo.estimator()(rollout, ppo, reduce_sum=None)
+    close(advantages, [[0, 0, 0], [0, 1, 1], [1, 0, 0], [0, 0, 0]])  # groups (0.5, 2) and (-1, -3)
+    assert returns is None and BestOfGroup.calls[-1] == 4
+
+
+def test_the_parser_validates_a_registered_estimator_and_its_traits():
+    _, _, ppo, _, _ = ArgumentParser(*PARSER).parse_dict(
+        {**BASE, "advantage_estimator": "best_of_group", "num_return_sequences": 2})
+    assert ppo.estimator is BestOfGroup and not ppo.uses_critic
+    with pytest.raises(ArgumentError, match="'num_return_sequences' must be >= 2"):
+        ArgumentParser(*PARSER).parse_dict({**BASE, "advantage_estimator": "best_of_group"})
+    with pytest.raises(ArgumentError, match=r"'advantage_estimator' must be one of \['gae', .*'best_of_group'\]"):
+        ArgumentParser(*PARSER).parse_dict({**BASE, "advantage_estimator": "best_of_groups"})
+
+
+def test_ppo_trains_a_step_with_the_toy_estimator(tmp_path, tiny_model_dir):
+    BestOfGroup.calls.clear()
+    run_ppo.main([os.path.join(REPO, "config", "tiny", "grpo_argument.json"),
+                  "--actor_model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "out"),
+                  "--disable_tqdm", "--train_datasets", f"prompt-only:1.0:{REPO}/data/prompts/train.jsonl",
+                  "--eval_datasets", "", "--max_steps", "1", "--max_new_tokens", "8",
+                  "--per_device_prompt_batch_size", "4", "--num_return_sequences", "2", "--reward_funcs", "sentiment",
+                  "--advantage_estimator", "best_of_group"])
+    row = read_metrics(tmp_path / "out")[0]
+    assert BestOfGroup.calls == [8]  # 4 prompts x 2 responses, once
+    assert np.isfinite(row["actor_loss"]) and row["advantage/mean"] > 0 and "critic_loss" not in row
+    assert not (tmp_path / "out" / "value").exists()  # no critic built: the estimator does not need one
+
+
+def test_the_built_in_names_and_traits():
+    assert ADVANTAGE_ESTIMATORS.names(where=lambda e: e.needs_critic) == ["gae"]
+    assert ADVANTAGE_ESTIMATORS.names(where=lambda e: e.min_group_size == 2)[:2] == ["grpo", "rloo"]
+    assert POLICY_LOSSES.names() == ["ppo", "gspo"]
+    assert KL_ESTIMATORS.names(where=lambda kl: not kl.loss_only) == ["k1", "k2", "k3"]
+    with pytest.raises(ArgumentError, match="'kl_estimator' must be one of \\['k1', 'k2', 'k3'\\], got 'low_var_kl'"):
+        ArgumentParser(*PARSER).parse_dict({**BASE, "kl_estimator": "low_var_kl"})
+
+
+def test_a_name_cannot_be_registered_twice():
+    with pytest.raises(ValueError, match="'gae' is already registered by alignment.ppo.estimators.GAE"):
+        class AnotherGAE(AdvantageEstimator):  # noqa: F841
+            NAME = "gae"
+    assert ADVANTAGE_ESTIMATORS["gae"].__name__ == "GAE"
