@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import textwrap
@@ -88,34 +89,21 @@ def dashed(args: Optional[Sequence[str]]) -> List[str]:
     return out
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+def _checked(convert, accept, wanted: str, name: str):
+    """An argparse type: `convert(text)` when `accept` takes the value, else one line saying what was wanted."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def positive_number(text: str) -> float:
-    """argparse type: a finite number > 0 (NaN and inf refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    """argparse type: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text!r}")
-    return value
+positive_int = _checked(int, lambda v: v >= 1, "an integer >= 1", "positive_int")
+positive_number = _checked(float, lambda v: 0 < v < math.inf, "a finite number > 0", "positive_number")  # no NaN
+fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "fraction")

@@ -12,28 +12,20 @@ Tokenizer files in our formats (tokenizer.json, tokenizer_config.json, ...) are 
 """
 from __future__ import annotations
 
-from alignment.tool_parser import ToolParser
-from alignment.cpu_env import apply_cpu_defaults
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+from alignment.commands import add_output, write_output
+from alignment.tool_parser import ToolParser, positive_int
 
 
 def main(argv=None) -> str:
     p = ToolParser(__doc__)
     p.add_argument("--input", required=True, help="checkpoint directory written by PaddleNLP (or an HF one)")
-    p.add_argument("--output", required=True, help="where to write the HF-layout checkpoint")
+    add_output(p, "where to write the HF-layout checkpoint")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype of the written weights (default float32)")
-    p.add_argument("--max_shard_mb", type=int, default=2048, help="largest safetensors shard, in MiB")
-    p.add_argument("--overwrite", action="store_true", help="replace what is at --output already")
+    p.add_argument("--max_shard_mb", type=positive_int, default=2048, help="largest safetensors shard, in MiB")
     args = p.parse_args(argv)
-    from alignment.fileio import refuse_to_replace
     from alignment.models.convert.from_paddlenlp import convert
-    from alignment.training.setup import user_errors
 
-    with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
-        refuse_to_replace(args.output, args.overwrite)
-        path = convert(args.input, args.output, args.dtype, args.max_shard_mb)
-    print(f"converted {args.input} into {path}")
-    return path
+    return write_output(args, lambda: convert(args.input, args.output, args.dtype, args.max_shard_mb),
+                        lambda path: f"converted {args.input} into {path}")
 

@@ -17,28 +17,20 @@ Then `python tools/predict.py --model <output> --prompts prompts.jsonl` generate
 """
 from __future__ import annotations
 
+from alignment.commands import add_output, write_output
 from alignment.tool_parser import ToolParser
-
-from alignment.cpu_env import apply_cpu_defaults
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 
 def main(argv=None) -> str:
     p = ToolParser(__doc__)
     p.add_argument("--model", required=True, help="policy checkpoint (HF layout) or LoRA adapter directory")
-    p.add_argument("--output", required=True)
     p.add_argument("--base", default=None, help="base checkpoint of a LoRA adapter")
+    add_output(p, "where to write hf/ and inference/")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or stage lines")
-    p.add_argument("--overwrite", action="store_true", help="replace what is at --output already")
     args = p.parse_args(argv)
-    from alignment.fileio import refuse_to_replace
     from alignment.inference.export import export
-    from alignment.training.setup import user_errors
 
-    with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
-        refuse_to_replace(args.output, args.overwrite)
-        path = export(args.model, args.output, args.base, args.no_progress)
-    print(f"exported {args.model} -> {path}/hf (HF layout) and {path}/inference (paddle.inference, KV cache)")
-    return path
+    return write_output(args, lambda: export(args.model, args.output, args.base, args.no_progress),
+                        lambda path: f"exported {args.model} -> {path}/hf (HF layout) and {path}/inference "
+                                     "(paddle.inference, KV cache)")
 

@@ -10,10 +10,6 @@ import time
 
 from alignment.tool_parser import ToolParser, positive_int
 
-from alignment.cpu_env import apply_cpu_defaults
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
-
 
 def complete(model_dir: str, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, repetition_penalty: float = 1.0, raw: bool = False, seed: int = 0):

@@ -13,10 +13,8 @@ from __future__ import annotations
 import os
 
 from alignment.tool_parser import ToolParser
-from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace
 
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported (alignment.models imports it)
 
 from alignment.models.convert.from_gguf import convert, default_gguf_path  # noqa: E402
 

@@ -24,10 +24,7 @@ from typing import List, Optional, Tuple
 
 from alignment.tool_parser import ToolParser, positive_int
 
-from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 
 def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int, max_new_tokens: int,

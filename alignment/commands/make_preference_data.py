@@ -32,9 +32,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from alignment.tool_parser import ToolParser
 
-from alignment.cpu_env import apply_cpu_defaults
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 from alignment.rewards.judges import JUDGES, get_judge, route  # noqa: E402
 

@@ -17,9 +17,6 @@ import os
 from alignment.tool_parser import ToolParser
 from alignment.fileio import refuse_to_replace
 
-from alignment.cpu_env import apply_cpu_defaults
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]

@@ -9,28 +9,19 @@ or critic) and restores the trained score head saved with the adapter. The resul
 """
 from __future__ import annotations
 
+from alignment.commands import add_output, write_output
 from alignment.tool_parser import ToolParser
-
-from alignment.cpu_env import apply_cpu_defaults
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 
 def main(argv=None) -> str:
     p = ToolParser(__doc__)
     p.add_argument("--adapter", required=True, help="directory with adapter_config.json + adapter_model.safetensors")
-    p.add_argument("--output", required=True, help="where to write the merged checkpoint")
+    add_output(p, "where to write the merged checkpoint")
     p.add_argument("--base", default=None, help="base checkpoint (default: the adapter's base_model_name_or_path)")
     p.add_argument("--is_rm", action="store_true", help="the adapter belongs to a score model (reward / critic)")
-    p.add_argument("--overwrite", action="store_true", help="replace what is at --output already")
     args = p.parse_args(argv)
-    from alignment.fileio import refuse_to_replace
     from alignment.models.convert.merge_adapter import merge
-    from alignment.training.setup import user_errors
 
-    with user_errors():  # a bad checkpoint or argument: one line naming it, exit 2
-        refuse_to_replace(args.output, args.overwrite)
-        path = merge(args.adapter, args.output, args.base, args.is_rm)
-    print(f"merged {args.adapter} into {path}")
-    return path
+    return write_output(args, lambda: merge(args.adapter, args.output, args.base, args.is_rm),
+                        lambda path: f"merged {args.adapter} into {path}")
 

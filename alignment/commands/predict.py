@@ -22,10 +22,8 @@ from typing import List
 
 from alignment.tool_parser import ToolParser, positive_int
 
-from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace
 
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 import paddle  # noqa: E402
 

@@ -13,10 +13,7 @@ import sys
 
 from alignment.tool_parser import ToolParser
 
-from alignment.cpu_env import apply_cpu_defaults
 from alignment.fileio import refuse_to_replace
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 
 def parse_args(argv=None):

@@ -11,7 +11,7 @@ from alignment.data.raw import (
     RawSample,
     parse_dataset_specs,
 )
-from alignment.data.user_modules import import_user_module, import_user_modules
+from alignment.data.user_modules import import_function, import_user_module, import_user_modules
 from alignment.data.builtin import (  # noqa: E402  (registers the built-ins)
     JsonRowsDataset,
     RowError,
@@ -31,6 +31,7 @@ __all__ = [
     "RawSample",
     "RowError",
     "UnreadableJsonError",
+    "import_function",
     "import_user_module",
     "import_user_modules",
     "load_json_file",

@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from alignment.data.errors import DataFormatError, user_code_error
 
@@ -74,3 +74,17 @@ def _looks_like_path(text: str) -> bool:
 def _identifier(file_path: str) -> str:
     stem = os.path.splitext(os.path.basename(file_path))[0]
     return "".join(char if char.isalnum() else "_" for char in stem) or "module"
+
+
+def import_function(spec: str, what: str) -> Callable[..., Any]:
+    """The function `spec` names, 'module:function' or 'file.py:function'; a ValueError starting with `what` (the
+    key or flag that named it) when it cannot be imported or is not a function."""
+    target, name = spec.rsplit(":", 1)
+    try:
+        module = import_user_module(target)
+    except (ImportError, FileNotFoundError) as err:
+        raise ValueError(f"{what}: cannot import {target!r} ({err})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{what}: {target!r} has no function {name!r}")
+    return fn

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import importlib
 import inspect
 import json
 import re
@@ -15,7 +14,7 @@ import types
 import typing
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Union
 
-from alignment.data import import_user_module
+from alignment.data import import_function
 
 MAX_RESULT_CHARS = 4000
 DEFAULT_TIMEOUT = 10.0
@@ -219,12 +218,4 @@ def _resolve_tool(spec: Union[str, Tool, Callable[..., Any]], builtins: Mapping[
     if ":" not in spec:
         raise ValueError(f"tools: {spec!r} is neither a built-in tool ({', '.join(sorted(builtins))}) nor "
                          f"'module:function' / 'file.py:function'")
-    target, name = spec.rsplit(":", 1)
-    try:
-        module = import_user_module(target) if target.endswith(".py") else importlib.import_module(target)
-    except (ImportError, FileNotFoundError) as err:
-        raise ValueError(f"tools: cannot import {target!r} ({err})") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"tools: {target!r} has no function {name!r}")
-    return as_tool(fn)
+    return as_tool(import_function(spec, "tools"))

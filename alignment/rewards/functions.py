@@ -5,12 +5,11 @@ dataset columns such as `answer`). A spec names a registered function (the judge
 """
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from alignment.data import import_user_module
+from alignment.data import import_function
 from alignment.rewards.judges import JUDGES
 from alignment.rewards.rules import accuracy, format_reward
 
@@ -27,15 +26,7 @@ def load_reward_function(spec: str) -> Callable:
     if ":" not in spec:
         raise ValueError(f"key 'reward_funcs' / 'gold_judge': {spec!r} is neither a registered reward function "
                          f"({', '.join(sorted(REWARD_FUNCTIONS))}) nor 'module:function' / 'file.py:function'")
-    target, name = spec.rsplit(":", 1)
-    try:
-        module = import_user_module(target) if target.endswith(".py") else importlib.import_module(target)
-    except (ImportError, FileNotFoundError) as err:
-        raise ValueError(f"key 'reward_funcs' / 'gold_judge': cannot import {target!r} ({err})") from err
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"key 'reward_funcs' / 'gold_judge': {target!r} has no function {name!r}")
-    return fn
+    return import_function(spec, "key 'reward_funcs' / 'gold_judge'")
 
 
 def prompt_text(prompt) -> str:

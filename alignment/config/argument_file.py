@@ -1,0 +1,82 @@
+"""Argument files: one JSON or YAML (.yaml / .yml) object of key: value pairs, read as plain data (YAML's safe
+loader, no aliases), at most MAX_ARGUMENT_FILE_BYTES, every key given once and a string."""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict
+
+
+class ArgumentError(ValueError):
+    """A bad argument file or flag; the message names the file and key."""
+
+
+def _unique_keys(pairs):
+    """json object_pairs_hook: a key given twice is an error (the last one would silently win)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ArgumentError(f"key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
+MAX_ARGUMENT_FILE_BYTES = 1 << 20  # PaddleNLP's longest argument files are a few kB
+
+
+def load_argument_file(path: str) -> Dict[str, Any]:
+    """One JSON or YAML (.yaml / .yml) object of key: value pairs, at most MAX_ARGUMENT_FILE_BYTES, no YAML aliases."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_ARGUMENT_FILE_BYTES + 1)
+        if len(text.encode("utf-8")) > MAX_ARGUMENT_FILE_BYTES:
+            raise ArgumentError(f"{path}: larger than {MAX_ARGUMENT_FILE_BYTES} bytes; not an argument file")
+    except FileNotFoundError:
+        raise ArgumentError(f"{path}: argument file not found") from None
+    except IsADirectoryError:
+        raise ArgumentError(f"{path}: is a directory, not an argument file") from None
+    except UnicodeDecodeError as err:
+        raise ArgumentError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise ArgumentError(f"{path}: cannot read the argument file ({err.strerror})") from None
+    is_yaml = path.endswith((".yaml", ".yml"))
+    try:
+        data = _load_yaml(text) if is_yaml else json.loads(text, object_pairs_hook=_unique_keys)
+    except ArgumentError as err:
+        raise ArgumentError(f"{path}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ArgumentError(f"{path}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise ArgumentError(f"{path}: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ArgumentError(f"{path}: the argument file must hold one {'YAML mapping' if is_yaml else 'JSON object'} "
+                            f"of key: value pairs")
+    for key in data:
+        if not isinstance(key, str):
+            raise ArgumentError(f"{path}: key {key!r} is not a string (quote it)")
+    return data
+
+
+def _load_yaml(text: str):
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):  # safe: plain data only, never Python objects
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):  # a few lines of aliases can expand to billions of values
+                event = self.peek_event()
+                raise ArgumentError(f"line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not "
+                                    "accepted in argument files; write the value out")
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):
+            keys = [self.construct_object(key_node, deep=deep) for key_node, _ in node.value]
+            for key in keys:
+                if keys.count(key) > 1:
+                    raise ArgumentError(f"key {key!r} is given twice (line {node.start_mark.line + 1})")
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ArgumentError(f"not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
