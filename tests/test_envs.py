@@ -15,7 +15,7 @@ from alignment.envs import (
     load_environment_modules,
     make_environment,
 )
-from alignment.envs.base import Registered
+from alignment.config.registry import Registered
 from alignment.envs.formats import ToolCallFormat
 
 
@@ -41,7 +41,7 @@ def test_a_subclass_with_a_name_registers_and_a_helper_base_does_not():
 
     assert Environment.lookup("test-named") is Named
     assert "test-echo" in Environment.registered_names()
-    assert Helper not in Environment._registry.values()
+    assert Helper not in Environment.REGISTRY.classes.values()
     assert isinstance(make_environment("test-echo"), Echo)
 
 
@@ -54,7 +54,7 @@ def test_unknown_environment_lists_the_known_names_on_one_line():
 
 
 def test_a_second_class_cannot_take_a_registered_name():
-    with pytest.raises(ValueError, match="environment name 'test-echo' is already registered by"):
+    with pytest.raises(ValueError, match="environment 'test-echo' is already registered by"):
         class Other(Environment):
             NAME = "test-echo"
 
@@ -63,7 +63,7 @@ def test_registries_are_separate_per_kind():
     assert "hermes" in ToolCallFormat.registered_names()
     assert "hermes" not in Environment.registered_names()
     assert "tools" not in ToolCallFormat.registered_names()
-    assert Registered.__dict__.get("_registry") is None
+    assert "REGISTRY" not in Registered.__dict__
 
 
 def test_user_env_modules_load_from_a_file_beside_the_argument_file(tmp_path):

@@ -12,6 +12,8 @@ estimator needs a critic) without the framework. The classes live with the paddl
     ADVANTAGE_ESTIMATORS  advantage_estimator   alignment/ppo/estimators.py
     POLICY_LOSSES         policy_loss_mode      alignment/ppo/losses.py
     KL_ESTIMATORS         kl_estimator, kl_loss_estimator   alignment/ppo/kl.py
+    ENVIRONMENTS          (multi-turn rollouts)             alignment/envs/base.py
+    TOOL_CALL_FORMATS     (multi-turn rollouts)             alignment/envs/formats.py
 
 A stage imports its built-ins before it parses its arguments (alignment/ppo/builtins.py); a user's class
 registers when its module is imported.
@@ -30,7 +32,7 @@ class Registry:
 
     def register(self, cls: type) -> None:
         name = cls.__dict__["NAME"]
-        if not isinstance(name, str) or not name.strip() or name != name.strip():
+        if not isinstance(name, str) or not name.strip() or name != name.strip() or "," in name:
             raise ValueError(f"{cls.__qualname__}: invalid {self.what} name {name!r}")
         existing = self.classes.get(name)
         if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__,
@@ -42,6 +44,13 @@ class Registry:
     def names(self, where: Optional[Callable[[type], bool]] = None) -> List[str]:
         """The registered names (of the classes `where` accepts), in the order they registered."""
         return [name for name, cls in self.classes.items() if where is None or where(cls)]
+
+    def lookup(self, name: str) -> type:
+        """The class registered as `name`; a one-line ValueError listing the registered names otherwise."""
+        try:
+            return self.classes[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown {self.what} {name!r}; registered: {', '.join(sorted(self.classes))}") from None
 
     def __contains__(self, name) -> bool:
         return name in self.classes
@@ -68,7 +77,17 @@ class Registered:
         if "NAME" in cls.__dict__:
             cls.REGISTRY.register(cls)
 
+    @classmethod
+    def lookup(cls, name: str) -> type:
+        return cls.REGISTRY.lookup(name)
+
+    @classmethod
+    def registered_names(cls) -> List[str]:
+        return sorted(cls.REGISTRY.classes)
+
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")
+ENVIRONMENTS = Registry("environment")
+TOOL_CALL_FORMATS = Registry("tool-call format")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
 
+from alignment.config.registry import ENVIRONMENTS, Registered
 from alignment.data import import_user_modules
 
 Message = Dict[str, str]  # {"role": ..., "content": ...}
@@ -28,45 +29,7 @@ class StepResult(NamedTuple):
     metrics: Mapping[str, float] = {}
 
 
-class Registered:
-    """A class registry by `NAME`: a subclass that sets `KIND` starts a registry, its subclasses with a `NAME` in
-    their own class body register in it (helper bases without a `NAME` stay out)."""
-
-    KIND: ClassVar[str]
-    NAME: ClassVar[str]
-    _registry: ClassVar[Dict[str, type]]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "KIND" in cls.__dict__:
-            cls._registry = {}
-            return
-        name = cls.__dict__.get("NAME")
-        if name is None:
-            return
-        if not isinstance(name, str) or not name.strip() or name != name.strip() or "," in name:
-            raise ValueError(f"{cls.__qualname__}: invalid {cls.KIND} name {name!r}")
-        existing = cls._registry.get(name)
-        # a re-executed module (reload) redefines the same class: allow re-registering it
-        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"{cls.KIND} name {name!r} is already registered by "
-                             f"{existing.__module__}.{existing.__qualname__}")
-        cls._registry[name] = cls
-
-    @classmethod
-    def lookup(cls, name: str) -> type:
-        """The class registered as `name`; ValueError listing the registered names otherwise."""
-        try:
-            return cls._registry[name]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown {cls.KIND} {name!r}; registered: {', '.join(cls.registered_names())}") from None
-
-    @classmethod
-    def registered_names(cls) -> List[str]:
-        return sorted(cls._registry)
-
-
-class Environment(Registered):
+class Environment(Registered, registry=ENVIRONMENTS):
     """One episode of a multi-turn task, one instance per rollout row. Subclass with a `NAME` to register::
 
         class GuessNumber(Environment):
@@ -89,7 +52,6 @@ class Environment(Registered):
     at the per-turn token limit, or after one of `stop_strings`.
     """
 
-    KIND = "environment"
     stop_strings: Sequence[str] = ()  # text that ends an assistant turn besides eos (e.g. a tool call's close)
 
     def reset(self, row: Mapping[str, Any]) -> List[Message]:

@@ -9,16 +9,15 @@ import json
 import re
 from typing import Any, ClassVar, Dict, List, Sequence, Tuple
 
-from alignment.envs.base import Registered
+from alignment.config.registry import TOOL_CALL_FORMATS, Registered
 from alignment.envs.tools import ToolCall
 
 
-class ToolCallFormat(Registered):
+class ToolCallFormat(Registered, registry=TOOL_CALL_FORMATS):
     """`parse(text)` -> the calls in an assistant turn (malformed ones as ToolCall with `error` set);
     `system_prompt(schemas)` -> the text that shows the tools to the policy; `format_call` writes one call (for
     tool-use traces); `stop_strings`: a turn that ends with one of them is over (the rollout stops there)."""
 
-    KIND = "tool-call format"
     stop_strings: ClassVar[Tuple[str, ...]] = ()
 
     def parse(self, text: str) -> List[ToolCall]:
