@@ -118,3 +118,14 @@ def test_sigterm_mid_training_names_the_step_and_the_intact_checkpoint(tmp_path,
     assert lines[0].startswith("stopped by SIGTERM at step ")
     assert lines[0].endswith(f"the last complete checkpoint, {out / latest}, is intact (resume_from_checkpoint: auto "
                              "continues from it)"), lines
+
+
+def test_no_progress_bar_when_the_output_is_not_a_terminal(tmp_path, tiny_model_dir):
+    """A stage whose output goes to a file or pipe (CI, nohup) writes one line per logging step, no bar updates."""
+    result = run(["alignment/sft/run_sft.py", "config/tiny/sft_argument.json", "--model_name_or_path", tiny_model_dir,
+                  "--output_dir", str(tmp_path / "out"), "--max_steps", "3", "--logging_steps", "1",
+                  "--eval_datasets", ""])
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert "\r" not in result.stderr + result.stdout and "it/s" not in result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("step ")] == [
+        "step 1", "step 2", "step 3"]

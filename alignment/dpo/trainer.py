@@ -17,6 +17,7 @@ from alignment.models.logprobs import response_log_probs_from_logits
 from alignment.models.lora import adapters_disabled
 from alignment.training.batches import to_tensors
 from alignment.training.dataset_trainer import DatasetTrainer
+from alignment.training.logger import hide_progress
 from alignment.wrappers.pipeline import is_last_stage
 
 
@@ -61,7 +62,7 @@ class DPOTrainer(DatasetTrainer):
         """Cache each item's reference log-probs (chosen, rejected) or (row, mismatched row) in the item."""
         kto = self.dpo.loss_type == "kto"
         for start in tqdm(range(0, len(dataset), batch_size), desc="reference log-probs", dynamic_ncols=True,
-                          disable=self.args.disable_tqdm):
+                          disable=hide_progress(self.args)):
             items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
             batch = to_tensors(self.collate_fn(items))
             first = self._reference_logps(batch["input_ids"], batch["attention_mask"], batch["response_mask"])

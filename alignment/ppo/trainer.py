@@ -24,8 +24,8 @@ from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
 from alignment.models.static_decode import StaticDecoder
-from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
-                                            mean_over_ranks, shard, sum_over_data_ranks)
+from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, mean_over_ranks, shard,
+                                            sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
 from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL estimators the arguments name
 from alignment.ppo import dapo
@@ -39,6 +39,7 @@ from alignment.ppo.rollout import response_log_probs, sample_rollout
 from alignment.ppo.update import EagerMicroBatches, run_update
 from alignment.rewards.functions import gold_scores
 from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
+from alignment.training.logger import hide_progress
 from alignment.training.timing import PhaseTimer
 from alignment.training.trainer import Trainer
 from alignment.wrappers.offload import Offloader
@@ -306,7 +307,7 @@ class PPOTrainer(Trainer):
         rewards, golds, lengths, records = [], [], [], []
         shards = list(eval_shards(len(self.data.eval_prompts), self.args.per_device_eval_batch_size))
         for indices in tqdm(shards, desc="evaluate (greedy answers)", leave=False, dynamic_ncols=True,
-                            disable=self.args.disable_tqdm or not is_main_process()):
+                            disable=hide_progress(self.args)):
             rollout = self.make_rollout([self.data.eval_prompts[i] for i in indices], greedy=True)
             reward, _ = self.reward(rollout)
             gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)

@@ -22,9 +22,9 @@ from typing import Callable, Dict, List, Optional
 import paddle
 from tqdm import tqdm
 
-from alignment.parallel.distributed import (barrier, data_world_size, is_main_process, mean_over_ranks, shard,
-                                            share_of_data_ranks)
+from alignment.parallel.distributed import barrier, data_world_size, mean_over_ranks, shard, share_of_data_ranks
 from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
+from alignment.training.logger import hide_progress
 from alignment.training.trainer import Trainer, mean_rows
 from alignment.wrappers.pipeline import PipelineModel, micro_batch_lists, pipeline_forward, pipeline_step
 
@@ -153,7 +153,7 @@ class DatasetTrainer(Trainer):
         records, pending = [], []
         shards = list(eval_shards(len(self.eval_dataset), self.args.per_device_eval_batch_size))
         for number, indices in enumerate(tqdm(shards, desc="evaluate", leave=False, dynamic_ncols=True,
-                                              disable=self.args.disable_tqdm or not is_main_process())):
+                                              disable=hide_progress(self.args))):
             batch = to_tensors(self.collate_fn([self.eval_dataset[i] for i in indices]))
             if self.pipe is None:
                 records.append(eager(batch))

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Dict, List, Tuple
 
 from alignment.fileio import write_json_atomic, write_text_atomic
+from alignment.parallel.distributed import is_main_process
 
 
 def _format(value) -> str:
@@ -142,3 +144,9 @@ def read_series(path: str) -> Dict[str, List[Tuple[int, float]]]:
                 if key != "step" and isinstance(value, (int, float)):
                     series.setdefault(key, []).append((row["step"], float(value)))
     return series
+
+
+def hide_progress(args) -> bool:
+    """Progress bars only on a terminal, on the main process, and unless disable_tqdm: where the output goes to a
+    file or a pipe (CI, nohup), a bar's updates would fill it; there the one line per logging step remains."""
+    return args.disable_tqdm or not is_main_process() or not sys.stderr.isatty()

@@ -28,7 +28,7 @@ from alignment.parallel.distributed import (average_gradients, barrier, init_dis
 from alignment.training.best_model import BestModel
 from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint
 from alignment.training.guard import NonFiniteGuard, TrainingStopped
-from alignment.training.logger import MetricsLogger
+from alignment.training.logger import MetricsLogger, hide_progress
 from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
 from alignment.training.precision import Precision
 
@@ -121,7 +121,7 @@ class Trainer:
                 print("load_best_model_at_end: no evaluation data, so the final model is the last step's")
         self.start_data_streams()
         progress = self.progress = tqdm(total=self.total_steps, initial=self.global_step, desc=self.progress_name,
-                                        dynamic_ncols=True, disable=args.disable_tqdm or not is_main_process())
+                                        dynamic_ncols=True, disable=hide_progress(args))
         results = {}
         if self.evaluate_at_start and self.global_step == 0 and self.has_eval_data() and args.do_eval:
             results["start"] = self.evaluate()
