@@ -11,6 +11,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer, pre_tokenizers
 
 from alignment.commands import import_gguf
+from alignment.fileio import OutputExists
 from alignment.models.convert import from_gguf
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, CONTEXT = 32, 64, 2, 4, 2, 8, 128
@@ -161,7 +162,9 @@ def test_tokenizer(imported):
 def test_no_leftover_temp_dirs_and_reimport_replaces(imported, tmp_path):
     _, output, _, _ = imported
     (output / "stale.txt").write_text("from an earlier import")
-    import_gguf.main(["--gguf", str(tmp_path / "tiny.gguf"), "--output", str(output)])
+    with pytest.raises(OutputExists, match="an existing directory"):  # nothing replaced unasked
+        import_gguf.main(["--gguf", str(tmp_path / "tiny.gguf"), "--output", str(output)])
+    import_gguf.main(["--gguf", str(tmp_path / "tiny.gguf"), "--output", str(output), "--overwrite"])
     assert os.listdir(output.parent) == [output.name]
     assert sorted(os.listdir(output)) == sorted([
         "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
