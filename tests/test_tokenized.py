@@ -1,4 +1,6 @@
 """Tokenized datasets and collators on the tiny tokenizer (ChatML template) with hand-checked expectations."""
+import re
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,16 @@ def test_default_template_for_checkpoints_without_one(tok):
     assert text == "BEGINNING OF CONVERSATION: USER: Hi ASSISTANT:Yo<|im_end|>"
     assert plain.apply_chat_template([{"role": "user", "content": "Hi"}]) == \
         "BEGINNING OF CONVERSATION: USER: Hi ASSISTANT:"
+
+
+@pytest.mark.parametrize("template, fragment", [
+    ("{{ ''.__class__.__mro__ }}", "the chat template failed: SecurityError: access to attribute '__class__'"),
+    ("{{ raise_exception('Conversation roles must alternate') }}", "failed: TemplateError: Conversation roles"),
+    ("{% for m in messages %}{{ m['content'] }", "the chat template does not compile: line 1:"),
+])
+def test_a_chat_template_that_fails_is_a_one_line_error_naming_the_tokenizer(tiny_model_dir, template, fragment):
+    tokenizer = Tokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = template
+    with pytest.raises(ValueError, match=re.escape(fragment)) as err:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert str(err.value).startswith(f"{tiny_model_dir}: ") and "\n" not in str(err.value)

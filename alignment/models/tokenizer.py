@@ -42,6 +42,7 @@ class Tokenizer:
         self.config = config
         self.name_or_path = name_or_path
         self.chat_template = config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
+        self._template, self._template_source = None, None  # the compiled chat template and its text
         self.bos_token = _token_string(config.get("bos_token"))
         self.eos_token = _token_string(config.get("eos_token"))
         self.pad_token = _token_string(config.get("pad_token")) or self.eos_token
@@ -113,12 +114,28 @@ class Tokenizer:
         return [self.decode(ids, skip_special_tokens) for ids in batch]
 
     def apply_chat_template(self, messages: List[Dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """Render a conversation to text with the checkpoint's chat template (as transformers does)."""
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
-        template = env.from_string(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        """Render a conversation to text with the checkpoint's chat template (as transformers does, in jinja2's
+        sandbox); a template that does not compile, raises or does what the sandbox refuses is a one-line
+        ValueError naming the tokenizer."""
+        try:
+            return self._compiled().render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except jinja2.exceptions.TemplateError as err:  # SecurityError, UndefinedError, raise_exception(...)
+            raise ValueError(f"{self.name_or_path}: the chat template failed: {type(err).__name__}: "
+                             f"{' '.join(str(err).split())}") from None
+
+    def _compiled(self) -> jinja2.Template:
+        """The chat template, compiled once (again only when `chat_template` is given another text)."""
+        if self._template_source != self.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_template_error
+            try:
+                self._template = env.from_string(self.chat_template)
+            except jinja2.exceptions.TemplateSyntaxError as err:
+                raise ValueError(f"{self.name_or_path}: the chat template does not compile: line {err.lineno}: "
+                                 f"{err.message}") from None
+            self._template_source = self.chat_template
+        return self._template
 
     def chat_messages(self, turns) -> List[Dict[str, str]]:
         """A prompt string or an alternating user/assistant list of turns -> chat messages."""
