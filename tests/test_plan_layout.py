@@ -162,3 +162,11 @@ def test_cli_exits_2_on_a_missing_config(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "no model config found" in done.stderr and "nowhere" in done.stderr
+
+
+def test_divisors_are_the_brute_force_ones_for_large_counts_too():
+    from alignment.planning.search import divisors
+
+    for n in (1, 2, 12, 36, 97, 720720, 2 ** 20):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert divisors(10 ** 12)[:5] == [1, 2, 4, 5, 8] and len(divisors(10 ** 12)) == 169  # (12 + 1) ** 2

@@ -2,6 +2,8 @@
 the fewest model-parallel ranks, then the cheapest memory-saving settings, then the most headroom."""
 from __future__ import annotations
 
+import math
+
 from alignment.config.choices import OFFLOAD_LEVELS, SHARDING_STAGES
 from alignment.parallel.layout import Layout
 from alignment.planning.memory import GIB, Model, Plan, PlanError, memory, peak
@@ -24,10 +26,15 @@ def name(lay: Layout) -> str:
     return f"tp{lay.tensor} pp{lay.pipeline} sd{lay.sharding}{'(' + lay.stage + ')' if lay.stage else ''} dp{lay.data}"
 
 
+def divisors(n: int) -> list:
+    """The divisors of n, ascending, in O(sqrt n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def allowed_tp(m: Model, n: int) -> list:
     """Tensor degrees dividing n, the heads, kv heads, MLP width and vocabulary."""
-    return [t for t in range(1, n + 1) if n % t == 0 and all(x % t == 0 for x in (m.heads, m.kv_heads, m.inter,
-                                                                                   m.vocab))]
+    return divisors(math.gcd(n, m.heads, m.kv_heads, m.inter, m.vocab))
 
 
 def layouts(m: Model, n: int, pipeline: bool = True, fixed: dict = None) -> list:
@@ -38,7 +45,7 @@ def layouts(m: Model, n: int, pipeline: bool = True, fixed: dict = None) -> list
     for tp in allowed_tp(m, n):
         for pp in [p for p in range(1, min(n // tp, m.layers) + 1) if (n // tp) % p == 0 and (pipeline or p == 1)]:
             rest = n // (tp * pp)
-            for sd in [d for d in range(1, rest + 1) if rest % d == 0]:
+            for sd in divisors(rest):
                 for stage in (SHARDING_STAGES[1:] if sd > 1 else ("",)):
                     lay = Layout(n, tp, pp, sd, stage)
                     if all(getattr(lay, PINNED[key]) == value for key, value in fixed.items()):
