@@ -96,6 +96,8 @@ def test_raw_prompts_skip_the_chat_template(exported):
     ("old export", "re-export"),
     ("no export", "no inference/export.json"),
     ("prompt without key", "prompts.jsonl:2: a JSON line needs a \"prompt\" key"),
+    ("turns that are not text", "prompts.jsonl:1: a JSON line needs a \"prompt\" key"),
+    ("a line too long to read", "prompts.jsonl:2: longer than 1000000 characters"),
     ("too long", "max_position_embeddings"),
     ("bad option", "top_p must be in (0, 1]"),
 ])
@@ -110,6 +112,12 @@ def test_bad_inputs_fail_with_one_line(exported, tmp_path, capsys, case, fragmen
         model = str(tmp_path)
     if case == "prompt without key":
         (tmp_path / "prompts.jsonl").write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
+        args = ["--prompts", str(tmp_path / "prompts.jsonl")]
+    if case == "turns that are not text":
+        (tmp_path / "prompts.jsonl").write_text('{"prompt": ["hi", 3]}\n')
+        args = ["--prompts", str(tmp_path / "prompts.jsonl")]
+    if case == "a line too long to read":
+        (tmp_path / "prompts.jsonl").write_text("ok\n" + "x" * 1_000_001 + "\n")
         args = ["--prompts", str(tmp_path / "prompts.jsonl")]
     if case == "too long":
         args = ["--prompt", "word " * 600]

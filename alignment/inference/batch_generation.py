@@ -25,10 +25,29 @@ def parse_line(line: str, where: str):
         except ValueError:
             record = None
         if isinstance(record, dict):
-            if not isinstance(record.get("prompt"), (str, list)):
+            prompt = record.get("prompt")
+            if not isinstance(prompt, str) and not (isinstance(prompt, list) and prompt
+                                                    and all(isinstance(turn, str) for turn in prompt)):
                 raise ValueError(f"{where}: a JSON line needs a \"prompt\" key (a string or a list of turns)")
             return record
     return {"prompt": text}
+
+
+MAX_PROMPT_CHARS, MAX_PROMPTS = 1_000_000, 1_000_000  # per line, per file: read without holding more
+
+
+def _records(stream, name: str) -> List[dict]:
+    """The prompt records of a file's lines, each line read at most MAX_PROMPT_CHARS far."""
+    records = []
+    for number, line in enumerate(iter(lambda: stream.readline(MAX_PROMPT_CHARS + 1), ""), 1):
+        if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
+            raise ValueError(f"{name}:{number}: longer than {MAX_PROMPT_CHARS} characters")
+        record = parse_line(line, f"{name}:{number}")
+        if record is not None:
+            records.append(record)
+        if len(records) > MAX_PROMPTS:
+            raise ValueError(f"{name}: more than {MAX_PROMPTS} prompts; split the file")
+    return records
 
 
 def read_prompts(prompts: List[str], prompts_file: str = None, stdin=None) -> List[dict]:
@@ -36,12 +55,9 @@ def read_prompts(prompts: List[str], prompts_file: str = None, stdin=None) -> Li
     records = [{"prompt": p} for p in prompts or []]
     if prompts_file:
         with open(prompts_file, encoding="utf-8") as f:
-            lines = [(f"{prompts_file}:{i}", line) for i, line in enumerate(f, 1)]
+            records += _records(f, prompts_file)
     elif not records:
-        lines = [(f"stdin:{i}", line) for i, line in enumerate(stdin or sys.stdin, 1)]
-    else:
-        lines = []
-    records += [r for r in (parse_line(line, where) for where, line in lines) if r is not None]
+        records += _records(stdin or sys.stdin, "stdin")
     if not records:
         raise ValueError("no prompts: give --prompt, --prompts FILE or lines on stdin")
     return records
