@@ -27,10 +27,14 @@ Regenerate (needs torch, transformers, safetensors and numpy; CPU is enough), fr
     /path/to/venv-with-torch-transformers/bin/python tools/make_hf_reference.py
 The outputs depend on the torch version (random init) and to a small degree on the transformers version.
 """
+import importlib.util
 import json
 import os
 import shutil
 import sys
+
+if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+    sys.exit("error: torch and transformers are needed: this script runs in their environment (see its docstring)")
 
 import numpy as np
 import torch

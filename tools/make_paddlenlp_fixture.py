@@ -23,10 +23,14 @@ Weights are redrawn after construction (seeded; Linear/Embedding ~ N(0, 0.2), bi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
 import sys
+
+if importlib.util.find_spec("paddlenlp") is None:  # a maintainer's script, for its own environment
+    sys.exit("error: paddlenlp is not installed: this script runs in a PaddleNLP environment (see its docstring)")
 
 try:  # paddle 2.6.2's bundled libraries break some C extensions imported after it (scipy, aiohttp: zlib.error)
     import datasets  # noqa: F401
