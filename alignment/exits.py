@@ -102,5 +102,6 @@ def _code(code) -> int:
         return 0
     if isinstance(code, int):
         return code
-    print(f"error: {' '.join(str(code).split())}", file=sys.stderr)
+    message = " ".join(str(code).split())
+    print(message if message.startswith("error: ") else f"error: {message}", file=sys.stderr)
     return BAD_INPUT
