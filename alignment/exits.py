@@ -32,7 +32,11 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-        self.exit_code = 128 + signum
+
+
+def signal_of(stop: BaseException) -> int:
+    """The signal that ended the program: an Interrupted's, or SIGINT for a KeyboardInterrupt."""
+    return stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
 
 
 def debug_requested(argv: Optional[list] = None) -> bool:
@@ -80,7 +84,7 @@ def run_program(main: Callable[[], object], uses_paddle: bool = True) -> int:
     except SystemExit as stop:
         return _code(stop.code)
     except (Interrupted, KeyboardInterrupt) as stop:
-        signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        signum = signal_of(stop)
         print(f"stopped by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
     except BaseException as err:  # noqa: BLE001 - the one place every program's errors end

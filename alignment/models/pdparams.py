@@ -22,7 +22,6 @@ try:  # numpy >= 2
 except ImportError:  # numpy 1.x
     from numpy.core.multiarray import _reconstruct
 
-NAME_TABLE = "StructuredToParameterName@@"
 BIG_PARAM_INFO = "UnpackBigParamInfor@@"  # Paddle's spelling
 NUMBER_KINDS = "biufc"  # numpy dtype kinds of bool, int, uint, float, complex
 

@@ -14,7 +14,7 @@ import traceback
 from typing import Dict, Optional
 
 from alignment import launcher
-from alignment.exits import Interrupted, debug_on
+from alignment.exits import Interrupted, debug_on, signal_of
 from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
 from alignment.config.training import TrainingArguments
 from alignment.data import MixedRawDataset, import_user_modules
@@ -49,7 +49,7 @@ def training_stops(trainer=None):
         fail(f"{_described(err)}; checkpoints completed before this are intact (resume_from_checkpoint: auto)",
              code=1)
     except (Interrupted, KeyboardInterrupt) as stop:
-        signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        signum = signal_of(stop)
         where = f" at step {trainer.global_step}" if trainer is not None else ""
         fail(interrupted_at(trainer), code=128 + signum, prefix=f"stopped by {signal.Signals(signum).name}{where}; ")
 
