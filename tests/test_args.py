@@ -107,7 +107,10 @@ def test_every_shipped_argument_file_parses():
     from alignment.config.reward import RewardArguments
     from tests.helpers import REPO
 
-    rl = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments)
+    from alignment.config.environment import EnvironmentArguments
+
+    rl = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
+                        TrainingArguments)
     parsers = {
         "sft_argument.json": ArgumentParser(ModelArguments, DataArguments, LoRAArguments, TrainingArguments),
         "rm_argument.json": ArgumentParser(ModelArguments, DataArguments, RewardArguments, LoRAArguments,
@@ -115,6 +118,7 @@ def test_every_shipped_argument_file_parses():
         "ppo_argument.json": rl,
         "grpo_argument.json": rl,
         "rloo_argument.json": rl,
+        "grpo_tools_argument.json": rl,
         "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, LoRAArguments,
                                             TrainingArguments),
     }

@@ -8,6 +8,10 @@ Several policies side by side (the main job's RL-vs-DPO table):
     python tools/judge_policy.py --model outputs/smollm2-sft/model outputs/smollm2-ppo/policy \
         outputs/smollm2-dpo/model --label SFT PPO DPO --wall-seconds - 408 495 --show 5
 
+Multi-turn (the evaluation of a run with an `environment`): `--environment tools --environment-args
+'{"tools": ["calculator"]}' --max-turns 4` plays each prompt's episode greedily, the judge scoring the final
+assistant message, as run_ppo.py's evaluation does (`--env-modules` imports user environments).
+
 Same prompts, same settings, same judge as `eval/gold_reward` in run_ppo.py (config/smollm2/ppo_argument.json:
 greedy, batches of per_device_eval_batch_size = 20 in file order, each batch's new-token budget
 min(max_new_tokens, max_length - its longest prompt)), so the numbers of SFT, DPO and PPO policies compare
@@ -28,8 +32,9 @@ from alignment.fileio import refuse_to_replace
 
 
 def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int, max_new_tokens: int,
-                 batch_size: int):
-    """(mean gold score, rows) for the policy's greedy answers."""
+                 batch_size: int, env_args=None):
+    """(mean gold score, rows) for the policy's greedy answers; with env_args (EnvironmentArguments naming an
+    environment), its greedy episodes, max_new_tokens capping each turn."""
     import numpy as np
     from tqdm import tqdm
 
@@ -37,6 +42,7 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
     from alignment.data.tokenized import PromptOnlyDataset, collate_prompts
     from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
     from alignment.rewards.functions import gold_scores
+    from alignment.ppo.episodes import sample_episodes
     from alignment.ppo.rollout import sample_rollout
 
     tokenizer = Tokenizer.from_pretrained(model_dir)
@@ -47,14 +53,43 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
     rows = []
     for start in tqdm(range(0, len(prompts), batch_size), desc="judging greedy answers", dynamic_ncols=True):
         items = [prompts[i] for i in range(start, min(start + batch_size, len(prompts)))]
-        budget = max_length - max(len(item["input_ids"]) for item in items)
-        config = dataclasses.replace(base, max_new_tokens=min(budget, max_new_tokens))
-        rollout = sample_rollout(model, tokenizer, items, config, 1,
-                                 lambda batch: collate_prompts(batch, tokenizer.pad_token_id))
+        if env_args is not None:
+            config = dataclasses.replace(base, max_new_tokens=min(max_length, max_new_tokens))
+            rollout = sample_episodes(model, tokenizer, items, config, env_args, max_length)
+        else:
+            budget = max_length - max(len(item["input_ids"]) for item in items)
+            config = dataclasses.replace(base, max_new_tokens=min(budget, max_new_tokens))
+            rollout = sample_rollout(model, tokenizer, items, config, 1,
+                                     lambda batch: collate_prompts(batch, tokenizer.pad_token_id))
         scores = gold_scores(judge, rollout.prompts, rollout.completions, rollout.labels)
-        rows += [{"prompt": p, "completion": c, "gold_reward": float(s)}
-                 for p, c, s in zip(rollout.prompts, rollout.completions, scores)]
+        rows += [dict({"prompt": p, "completion": c, "gold_reward": float(s)}, **episode)
+                 for p, c, s, episode in zip(rollout.prompts, rollout.completions, scores,
+                                             rollout.episodes or [{}] * len(scores))]
     return float(np.mean([row["gold_reward"] for row in rows])), rows
+
+
+def json_object(text: str) -> dict:
+    value = json.loads(text)  # a JSONDecodeError is a ValueError: argparse names the flag
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def environment_arguments(args):
+    """The run's EnvironmentArguments from the --environment flags (None without --environment), its user
+    modules imported and one environment built, so a bad name or argument fails before any model loads."""
+    if args.environment is None:
+        return None
+    from alignment.config.environment import EnvironmentArguments
+    from alignment.envs import load_environment_modules
+    from alignment.ppo.episodes import build_environments
+
+    env_args = EnvironmentArguments(environment=args.environment, environment_args=args.environment_args,
+                                    user_env_modules=args.env_modules, max_turns=args.max_turns,
+                                    max_trajectory_tokens=args.max_trajectory_tokens)
+    load_environment_modules(env_args.user_env_modules)
+    build_environments(env_args, 1)
+    return env_args
 
 
 def words(text: str) -> int:
@@ -106,6 +141,12 @@ def main(argv=None) -> List[float]:
     p.add_argument("--max-length", type=positive_int, default=160)
     p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--batch-size", type=positive_int, default=20)
+    p.add_argument("--environment", default=None, help="play multi-turn episodes with this registered environment")
+    p.add_argument("--environment-args", type=json_object, default={}, help="its constructor's arguments (JSON)")
+    p.add_argument("--env-modules", nargs="+", default=[], help="files or modules defining user environments")
+    p.add_argument("--max-turns", type=positive_int, default=4, help="assistant turns per episode")
+    p.add_argument("--max-trajectory-tokens", type=positive_int, default=None,
+                   help="tokens after the prompt per episode (default: what --max-length leaves)")
     p.add_argument("--output", default=None, help="write prompts, answers and scores here (JSONL)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = p.parse_args(argv)
@@ -116,10 +157,11 @@ def main(argv=None) -> List[float]:
         p.error(f"--label: {len(labels)} labels for {len(args.model)} models")
     seconds = _wall_seconds(args.wall_seconds, len(args.model), p)
     spec = args.prompts if ":" in args.prompts else f"prompt-only:1.0:{args.prompts}"
+    env_args = environment_arguments(args)
     results = []
     for model in args.model:
         results.append(judge_policy(model, spec, args.judge, args.max_length, args.max_new_tokens,
-                                    args.batch_size))
+                                    args.batch_size, env_args))
         mean, rows = results[-1]
         print(f"{model}: gold reward ({args.judge}) {mean:.4f} on {len(rows)} prompts, greedy")
     if args.output:

@@ -4,7 +4,8 @@
 
 Reads `<output_dir>/eval_generations.jsonl` (written by run_ppo.py's evaluation) and prints the mean reward and
 gold reward at both steps, how many answers changed, then the changed answers whose (gold) reward moved most, before
-and after.
+and after. A multi-turn run's rows are whole episodes: the means add turns and tool calls, and each episode is shown
+turn by turn (the policy's turns, tool results and the environment's messages).
 """
 from __future__ import annotations
 
@@ -27,6 +28,30 @@ def load(output_dir: str):
     return by_step
 
 
+EPISODE_KEYS = ("turns", "tool_calls", "tool_errors")
+
+
+def said(row) -> str:
+    """What a row's policy said: its completion, or a multi-turn episode's whole conversation."""
+    return json.dumps(row["messages"]) if "messages" in row else row["completion"]
+
+
+def episode_summary(row) -> str:
+    if "messages" not in row:
+        return ""
+    cut = ", cut by the limits" if row.get("truncated") else ""
+    return f", {row['turns']} turns, {row['tool_calls']} tool calls ({row['tool_errors']} errors){cut}"
+
+
+def shown(row) -> str:
+    """The completion wrapped at 100 columns, or an episode's messages after the first prompt, one per block."""
+    if "messages" not in row:
+        return textwrap.fill(row["completion"], 100)
+    messages = [m for m in row["messages"] if m["role"] != "system"][1:]  # the prompt is printed above
+    return "\n".join(textwrap.fill(m["content"], 100, initial_indent=f"[{m['role']}] ",
+                                    subsequent_indent="    ", replace_whitespace=False) for m in messages)
+
+
 def mean(rows, key):
     values = [r[key] for r in rows if key in r]
     return sum(values) / len(values) if values else float("nan")
@@ -40,11 +65,11 @@ def main(argv=None):
     by_step = load(args.output_dir)
     first, last = min(by_step), max(by_step)
     before, after = by_step[first], by_step[last]
-    for key in ("reward", "gold_reward"):
+    for key in ("reward", "gold_reward") + (EPISODE_KEYS if "messages" in before[0] else ()):
         print(f"{key:12s} step {first}: {mean(before, key):.4f}   step {last}: {mean(after, key):.4f}")
     after_by_prompt = {json.dumps(r["prompt"]): r for r in after}
     pairs = [(row, after_by_prompt.get(json.dumps(row["prompt"]))) for row in before]
-    changed = [(b, a) for b, a in pairs if a is not None and a["completion"] != b["completion"]]
+    changed = [(b, a) for b, a in pairs if a is not None and said(a) != said(b)]
     print(f"{len(changed)} of {len(pairs)} answers changed; showing the {min(args.samples, len(changed))} whose "
           f"{'gold ' if changed and 'gold_reward' in changed[0][0] else ''}reward moved most")
     score = "gold_reward" if changed and "gold_reward" in changed[0][0] else "reward"
@@ -54,5 +79,5 @@ def main(argv=None):
         for label, r in (("BEFORE", row), ("AFTER", other)):
             if r is not None:
                 gold = f", gold {r['gold_reward']:.3f}" if "gold_reward" in r else ""
-                print(f"--- {label} (reward {r['reward']:.3f}{gold})\n" + textwrap.fill(r["completion"], 100))
+                print(f"--- {label} (reward {r['reward']:.3f}{gold}{episode_summary(r)})\n" + shown(r))
 

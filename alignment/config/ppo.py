@@ -264,9 +264,10 @@ class PPOArguments:
             raise ValueError("key 'critic_lora': LoRA with pipeline_parallel_degree > 1 is not supported")
         if self.critic_lora and not self.uses_critic:
             raise ValueError(f"key 'critic_lora': advantage_estimator {self.advantage_estimator!r} builds no critic")
-        if not self.reward_funcs and model_args.reward_model_name_or_path is None and not self.use_rm_server:
-            raise ValueError("nothing gives a reward: set 'reward_model_name_or_path', 'use_rm_server' or "
-                             "'reward_funcs'")
+        environment = any(getattr(other, "multi_turn", False) for other in others)  # its rewards may be all
+        if not (self.reward_funcs or model_args.reward_model_name_or_path or self.use_rm_server or environment):
+            raise ValueError("nothing gives a reward: set 'reward_model_name_or_path', 'use_rm_server', "
+                             "'reward_funcs' or 'environment'")
         if self.ptx_coeff > 0 and not data_args.ptx_datasets:
             raise ValueError("key 'ptx_coeff' > 0 needs 'ptx_datasets'")
         if data_args.ptx_datasets and self.ptx_coeff == 0:

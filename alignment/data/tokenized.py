@@ -151,7 +151,8 @@ class PromptOnlyDataset(TokenizedDataset):
                                      f"no room for a response within key 'max_length' = {max_length}")
                 self.stats["dropped_prompt_too_long"] += 1
                 continue
-            self.items.append({"input_ids": ids, "prompt": sample["input"], "answer": sample.get("answer")})
+            self.items.append({"input_ids": ids, "prompt": sample["input"], "answer": sample.get("answer"),
+                               "row": dict(sample)})  # the whole row, for a multi-turn environment's reset
 
 
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_value: int, left: bool = False) -> np.ndarray:

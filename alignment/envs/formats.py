@@ -82,3 +82,20 @@ class HermesFormat(ToolCallFormat):
     def format_call(self, name: str, arguments: Dict[str, Any]) -> str:
         call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
         return f"{self.OPEN}\n{call}\n{self.CLOSE}"
+
+
+class CompactHermesFormat(HermesFormat):
+    """Hermes calls, with each tool shown in one line (`name(arg: type, ...): description`) instead of its JSON
+    schema: a third of the prompt, for small models and short contexts."""
+
+    NAME = "hermes-compact"
+
+    def system_prompt(self, schemas: Sequence[Dict[str, Any]]) -> str:
+        lines = []
+        for schema in schemas:
+            function = schema["function"]
+            properties = function.get("parameters", {}).get("properties", {})
+            arguments = ", ".join(f"{name}: {spec.get('type', 'any')}" for name, spec in properties.items())
+            lines.append(f"{function['name']}({arguments}): {function.get('description', '')}".rstrip(": "))
+        return ("# Tools\n" + "\n".join(lines) + "\n"
+                'Call a tool as <tool_call>{"name": <name>, "arguments": {<argument>: <value>}}</tool_call>')

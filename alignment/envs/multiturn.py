@@ -63,6 +63,8 @@ class _Row:
     stops: Sequence[str]
     trajectory: Trajectory
     pending: List[int]
+    budget: int  # tokens after the prompt this row may hold
+    rng: Optional[np.random.Generator] = None  # its own random numbers (row_seeds), else the batch's
     position: int = 0  # RoPE position of the next token fed
     turn: List[int] = dataclasses.field(default_factory=list)
     ending: Optional[str] = None  # why the current turn ended: eos, stop, length, budget
@@ -75,7 +77,8 @@ class _Row:
 @paddle.no_grad()
 def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequence[Mapping[str, Any]],
                        config: GenerationConfig, max_turns: int, max_total_tokens: int,
-                       log_prob_temperature: float = 1.0) -> List[Trajectory]:
+                       log_prob_temperature: float = 1.0, max_length: Optional[int] = None,
+                       row_seeds: Optional[Sequence[Sequence[int]]] = None) -> List[Trajectory]:
     """Run one episode per (environment, row) with `model` (LlamaForCausalLM) and return their Trajectories.
 
     config: the sampler (do_sample, temperature, top-k/p, repetition penalty, eos_token_id, pad_token_id);
@@ -83,22 +86,31 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
     max_total_tokens: tokens after the prompt (sampled, observation and template tokens) per row; a turn that
     reaches it ends the episode unstepped, and an observation that does not fit (with room for one more token) is
     not appended. A turn ends at eos, at one of its environment's `stop_strings`, or at `max_new_tokens`; every
-    turn but one cut by the budget is given to the environment.
+    turn but one cut by the budget is given to the environment. max_length: also keep each row's whole sequence
+    (prompt and all) within this many tokens (a prompt that leaves no room is a ValueError naming the environment).
+    row_seeds: one seed (a list of ints) per row when sampling: each row then draws its own random numbers, one
+    per token it samples, so its episode does not depend on which other rows share its batch (one process or
+    several give the same trajectories); None: paddle's generator for the whole batch.
     """
     if len(envs) != len(rows) or not rows:
         raise ValueError(f"multi_turn_rollout: {len(envs)} environments for {len(rows)} rows (one each, >= 1)")
     if max_turns < 1 or max_total_tokens < 1:
         raise ValueError(f"multi_turn_rollout: max_turns and max_total_tokens must be >= 1, got {max_turns}, "
                          f"{max_total_tokens}")
+    if row_seeds is not None and len(row_seeds) != len(rows):
+        raise ValueError(f"multi_turn_rollout: {len(row_seeds)} row seeds for {len(rows)} rows")
     eos = set(config.eos_ids)
-    batch = [_start(env, row, tokenizer) for env, row in zip(envs, rows)]
+    batch = [_start(env, row, tokenizer, max_total_tokens, max_length) for env, row in zip(envs, rows)]
+    if row_seeds is not None and config.do_sample:
+        for row, seed in zip(batch, row_seeds):
+            row.rng = np.random.default_rng(list(seed))
     trajectories = [row.trajectory for row in batch]
     state = _Cache(model, config)
     logits = state.feed(batch)
     while batch:
-        _sample_turn(state, logits, batch, config, eos, max_total_tokens, log_prob_temperature, tokenizer)
+        _sample_turn(state, logits, batch, config, eos, log_prob_temperature, tokenizer)
         for row in batch:
-            _end_turn(row, tokenizer, max_turns, max_total_tokens)
+            _end_turn(row, tokenizer, max_turns)
         keep = [i for i, row in enumerate(batch) if not row.finished]
         batch = [batch[i] for i in keep]
         if batch:
@@ -107,15 +119,20 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
     return trajectories
 
 
-def _start(env: Environment, row: Mapping[str, Any], tokenizer) -> _Row:
+def _start(env: Environment, row: Mapping[str, Any], tokenizer, max_total_tokens: int,
+           max_length: Optional[int]) -> _Row:
     messages = checked_reset(env, row)
     ids = tokenizer.encode(prompt_text(tokenizer, messages), add_special_tokens=True)
+    budget = max_total_tokens if max_length is None else min(max_total_tokens, max_length - len(ids))
+    if budget < 1:
+        raise ValueError(f"environment {env.env_name!r}: its first messages are {len(ids)} tokens, which leaves no "
+                         f"room for an answer within max_length {max_length}")
     trajectory = Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), [], [], messages, {})
-    return _Row(env, checked_stop_strings(env), trajectory, list(ids))
+    return _Row(env, checked_stop_strings(env), trajectory, list(ids), budget)
 
 
-def _sample_turn(state, logits, batch: List[_Row], config: GenerationConfig, eos: set, max_total_tokens: int,
-                 temperature: float, tokenizer) -> None:
+def _sample_turn(state, logits, batch: List[_Row], config: GenerationConfig, eos: set, temperature: float,
+                 tokenizer) -> None:
     """Sample one turn for every row of the batch; feed each token but the turn's last ones into the cache."""
     for row in batch:
         row.turn, row.ending = [], None
@@ -123,12 +140,16 @@ def _sample_turn(state, logits, batch: List[_Row], config: GenerationConfig, eos
         raw = logits  # [b, vocab]
         if step < config.min_new_tokens:
             logits = block_tokens(logits, config.eos_ids)
-        tokens = next_token(logits, config, state.seen)  # [b]
+        uniform = None
+        if batch[0].rng is not None:  # a row whose turn is over draws nothing (its number is never used)
+            uniform = paddle.to_tensor([row.rng.random() if row.ending is None else 0.0 for row in batch],
+                                       dtype="float32")  # [b]
+        tokens = next_token(logits, config, state.seen, uniform=uniform)  # [b]
         log_probs = token_log_prob(raw, tokens, temperature).numpy()  # [b]
         for i, (row, token) in enumerate(zip(batch, tokens.numpy().tolist())):
             if row.ending is None:
                 _append(row, token, float(log_probs[i]))
-                row.ending = _turn_end(row, token, eos, config.max_new_tokens, max_total_tokens, tokenizer)
+                row.ending = _turn_end(row, token, eos, config.max_new_tokens, tokenizer)
         if all(row.ending is not None for row in batch):
             return
         logits = state.feed(batch)
@@ -143,13 +164,12 @@ def _append(row: _Row, token: int, log_prob: float) -> None:
     row.pending.append(token)
 
 
-def _turn_end(row: _Row, token: int, eos: set, max_new_tokens: int, max_total_tokens: int,
-              tokenizer) -> Optional[str]:
+def _turn_end(row: _Row, token: int, eos: set, max_new_tokens: int, tokenizer) -> Optional[str]:
     if token in eos:
         return "eos"
     if row.stops and _ends_with_stop(row.turn, row.stops, tokenizer):
         return "stop"
-    if row.response_len() >= max_total_tokens:
+    if row.response_len() >= row.budget:
         return "budget"
     return "length" if len(row.turn) >= max_new_tokens else None
 
@@ -161,7 +181,7 @@ def _ends_with_stop(turn: List[int], stops: Sequence[str], tokenizer) -> bool:
     return any(stop in tail for stop in stops)
 
 
-def _end_turn(row: _Row, tokenizer, max_turns: int, max_total_tokens: int) -> None:
+def _end_turn(row: _Row, tokenizer, max_turns: int) -> None:
     """Give the turn to the environment; append its observation, or finish the row."""
     trajectory = row.trajectory
     if row.ending == "budget":  # cut mid-turn: the environment never sees a partial turn
@@ -185,7 +205,7 @@ def _end_turn(row: _Row, tokenizer, max_turns: int, max_total_tokens: int) -> No
         row.finished = trajectory.truncated = True
         return
     observation = continuation_ids(tokenizer, history, result.observation, close)
-    if row.response_len() + len(observation) + 1 > max_total_tokens:
+    if row.response_len() + len(observation) + 1 > row.budget:
         row.finished = trajectory.truncated = True
         return
     trajectory.input_ids.extend(observation)

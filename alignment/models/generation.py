@@ -94,13 +94,16 @@ def block_tokens(logits, ids: List[int]):
     return logits + blocked
 
 
-def next_token(logits, config: GenerationConfig, seen, rows: Optional[SampleRows] = None):
-    """logits [b, vocab] float32 -> token ids [b]."""
+def next_token(logits, config: GenerationConfig, seen, rows: Optional[SampleRows] = None, uniform=None):
+    """logits [b, vocab] float32 -> token ids [b]. uniform [b] in [0, 1): the rows' own random numbers (drawn by
+    the caller, e.g. from a generator per row) instead of rows' or paddle's."""
     if config.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if not config.do_sample:
         return paddle.argmax(logits, axis=-1)
     logits = apply_top_p(apply_top_k(logits / config.temperature, config.top_k), config.top_p)
+    if uniform is not None:
+        return inverse_cdf_sample(logits, uniform)
     if rows is None:
         return paddle.multinomial(F.softmax(logits, axis=-1), num_samples=1).squeeze(-1)
     uniform = paddle.gather(paddle.rand([rows.total]), rows.ids)  # [b]: one number per row of the whole batch

@@ -73,20 +73,25 @@ def masked_whiten(x, mask, shift_mean=True, eps=1e-8, reduce_sum=None):
 def compute_gae(values, rewards, mask, gamma, lam):
     """Generalised advantage estimation over the masked tokens. All [B,T] -> (advantages, returns), both [B,T].
 
-    With V, r zeroed outside the mask:  delta_t = r_t + gamma V_{t+1} - V_t,
-    A_t = (delta_t + gamma lam A_{t+1}) * m_t,  returns R_t = A_t + V_t.  After the last valid token V = A = 0,
-    so the block may sit anywhere in the row; an all-masked row has A = R = 0. Outputs are detached.
+    The masked tokens are the time steps; an unmasked token between two of them (an environment's or a tool's
+    text in a multi-turn trajectory) is not a step and passes the next step's value and advantage through
+    unchanged (as verl's multi-turn GAE). With t' the next masked token after t and V, r zeroed outside the mask:
+    delta_t = r_t + gamma V_{t'} - V_t,  A_t = (delta_t + gamma lam A_{t'}) * m_t,  returns R_t = A_t + V_t.
+    After the last masked token V = A = 0, so the block may sit anywhere in the row; an all-masked row has
+    A = R = 0. Outputs are detached.
     """
     mask = _f32(mask).detach()
     values, rewards = _masked(values.detach(), mask), _masked(rewards.detach(), mask)  # [B, T]
-    next_value = paddle.zeros_like(values[:, 0])  # [B]
-    next_adv = paddle.zeros_like(values[:, 0])  # [B]
+    next_value = paddle.zeros_like(values[:, 0])  # [B]  V at the next masked token
+    next_adv = paddle.zeros_like(values[:, 0])  # [B]  A at the next masked token
     advs = []
     for t in reversed(range(values.shape[1])):
+        step = mask[:, t] > 0  # [B]
         delta = rewards[:, t] + gamma * next_value - values[:, t]  # [B]
-        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]  # [B]
-        next_value = values[:, t]  # [B]
-        advs.append(next_adv)
+        adv = (delta + gamma * lam * next_adv) * mask[:, t]  # [B]
+        next_adv = paddle.where(step, adv, next_adv)  # [B]
+        next_value = paddle.where(step, values[:, t], next_value)  # [B]
+        advs.append(adv)
     advantages = paddle.stack(advs[::-1], axis=1)  # [B, T]
     return advantages, advantages + values  # [B, T], [B, T]
 
@@ -153,7 +158,13 @@ def reinforce_plus_plus_advantages(end_scores, log_probs, ref_log_probs, mask, k
     tokens of the batch (0 outside the mask; reduce_sum as in masked_whiten). -> [B,T], detached.
     """
     rewards, _ = reward_with_kl(end_scores, log_probs, ref_log_probs, mask, kl_coeff, float("inf"), kl_estimate)
-    returns, _ = compute_gae(paddle.zeros_like(rewards), rewards, mask, gamma, 1.0)  # [B, T]  (V=0, lam=1)
+    return whitened_returns(rewards, mask, gamma, reduce_sum)  # [B, T]
+
+
+def whitened_returns(rewards, mask, gamma, reduce_sum=None):
+    """REINFORCE++'s advantages from token rewards [B, T]: the returns-to-go over the masked tokens (compute_gae
+    with V = 0, lam = 1), whitened over all masked tokens of the batch. -> [B, T], detached."""
+    returns, _ = compute_gae(paddle.zeros_like(_f32(rewards)), rewards, mask, gamma, 1.0)  # [B, T]
     return masked_whiten(returns, mask, reduce_sum=reduce_sum)  # [B, T]
 
 

@@ -32,6 +32,7 @@ class AdvantageEstimator(Registered, registry=ADVANTAGE_ESTIMATORS):
     needs_critic = False  # a value model is built and trained; the rollout carries its old values
     min_group_size = 1  # the smallest num_return_sequences (2: compares the responses to one prompt)
     uses_old_log_probs = True  # the advantages read the rollout's old log-probs (e.g. the KL in the reward)
+    token_level_rewards = False  # reads per-token rewards (a multi-turn episode's per-turn rewards)
 
     def __call__(self, rollout, ppo, reduce_sum):
         raise NotImplementedError
@@ -42,17 +43,28 @@ def kl_in_reward(ppo) -> float:
     return 0.0 if ppo.kl_in_loss else ppo.kl_coeff
 
 
+def token_rewards(rollout, kl_coeff: float, kl_estimator: str):
+    """Per-token rewards [N, R]: -kl_coeff * KL_t, the end reward on each row's last policy token; with a
+    multi-turn rollout's per-turn rewards, each turn's on its last token (and the end reward without them)."""
+    end = rollout.end_rewards  # [N]
+    if rollout.turn_rewards is not None:
+        end = end - rollout.turn_rewards.sum(axis=1)  # [N]: what the reward model / functions gave
+    rewards, _ = rl.reward_with_kl(end, rollout.old_log_probs, rollout.ref_log_probs, rollout.response_mask,
+                                   kl_coeff, math.inf, kl_estimate(kl_estimator))  # [N, R]
+    return rewards if rollout.turn_rewards is None else rewards + rollout.turn_rewards
+
+
 class GAE(AdvantageEstimator):
     """PPO's generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438) over the KL-penalised
     token rewards, whitened over the batch when normalize_advantage."""
 
     NAME = "gae"
     needs_critic = True
+    token_level_rewards = True
 
     def __call__(self, rollout, ppo, reduce_sum):
         mask = rollout.response_mask
-        rewards, _ = rl.reward_with_kl(rollout.end_rewards, rollout.old_log_probs, rollout.ref_log_probs, mask,
-                                       kl_in_reward(ppo), math.inf, kl_estimate(ppo.kl_estimator))  # [N, R]
+        rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
         advantages, returns = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, ppo.gae_lambda)
         if ppo.normalize_advantage:
             advantages = rl.masked_whiten(advantages, mask, reduce_sum=reduce_sum)
@@ -63,11 +75,11 @@ class ReinforcePlusPlus(AdvantageEstimator):
     """REINFORCE++ (Hu 2025, arXiv 2501.03262): whitened returns-to-go of the KL-penalised token rewards."""
 
     NAME = "reinforce_plus_plus"
+    token_level_rewards = True
 
     def __call__(self, rollout, ppo, reduce_sum):
-        return rl.reinforce_plus_plus_advantages(rollout.end_rewards, rollout.old_log_probs, rollout.ref_log_probs,
-                                                 rollout.response_mask, kl_in_reward(ppo), ppo.gamma,
-                                                 kl_estimate(ppo.kl_estimator), reduce_sum), None
+        rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
+        return rl.whitened_returns(rewards, rollout.response_mask, ppo.gamma, reduce_sum), None
 
 
 class GroupEstimator(AdvantageEstimator):

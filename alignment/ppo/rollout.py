@@ -6,6 +6,9 @@ Layout of one rollout batch (N = prompts x num_return_sequences, P = padded prom
     response_mask  [N, R]      1 on generated tokens up to and including eos (from generation, never from
                                `ids != pad`: SmolLM2's pad token is its eos)
 Logits at column P - 1 + t predict response token t, so every per-token tensor below is [N, R].
+A multi-turn rollout (episodes.py) has the same layout: the "response" is everything after the prompt (the
+policy's turns, the environment's observations and the chat template's text between them), and response_mask is
+1 on the policy's own tokens only, so observations carry no log-prob, KL, value, entropy or gradient.
 
 For the update, micro-batches are `packed()`: each row's tokens start at column 0 (prompt, response, padding), so
 rows share no left padding; `response_index` [N, R] then gives the column of each response token.
@@ -37,6 +40,8 @@ class Rollout:
     advantages: Optional[paddle.Tensor] = None  # [N, R]
     returns: Optional[paddle.Tensor] = None  # [N, R] (critic only)
     response_index: Optional[paddle.Tensor] = None  # [N, R] int64 column of response token t (None: P + t)
+    turn_rewards: Optional[paddle.Tensor] = None  # [N, R] multi-turn per_turn_rewards: each turn's at its last token
+    episodes: Optional[List[dict]] = None  # multi-turn: per row turns, tool statistics, messages (episodes.py)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -54,12 +59,20 @@ class Rollout:
         return Rollout(**picked)
 
     def take(self, rows: List[int]) -> "Rollout":
-        """The rows `rows` (non-empty) of every field, the prompt / completion / label lists included."""
+        """The rows `rows` (non-empty) of every field, the per-row lists and labels included."""
         picked = self.select(paddle.to_tensor(np.asarray(rows, dtype="int64")))
-        picked.prompts = [self.prompts[i] for i in rows]
-        picked.completions = [self.completions[i] for i in rows]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                setattr(picked, f.name, [value[i] for i in rows])
         picked.labels = {key: [values[i] for i in rows] for key, values in self.labels.items()}
         return picked
+
+    def response_width(self) -> int:
+        """Response columns up to the last policy token of any row (>= 1); after it every row is padding."""
+        mask = self.response_mask.numpy() > 0  # [N, R]
+        last = np.where(mask.any(axis=1), mask.shape[1] - np.argmax(mask[:, ::-1], axis=1), 0)  # [N]
+        return max(1, int(last.max()))
 
     def _per_token_fields_cut(self, keep: int) -> dict:
         """Every field, with the [n, R] per-token tensors cut to their first `keep` response columns (the caller
@@ -78,7 +91,7 @@ class Rollout:
         attention, losses and positions); the update phase just stops computing on it."""
         real = self.attention_mask[:, : self.prompt_len].astype("int32").max(axis=0).numpy()  # [P]
         skip = int(real.argmax()) if real.any() else 0  # leading columns that are padding in every row
-        keep = max(1, int(self.response_mask.sum(axis=1).max()))  # responses are contiguous from column 0
+        keep = self.response_width()
         width = self.prompt_len + keep
         picked = self._per_token_fields_cut(keep)
         picked["input_ids"] = self.input_ids[:, skip: width]
@@ -94,7 +107,7 @@ class Rollout:
         prompt_lens = mask[:, : self.prompt_len].sum(axis=1)  # [n]
         lengths = mask.sum(axis=1)  # [n] prompt + response tokens (responses end at eos)
         width = max(1, int(lengths.max()))
-        keep = max(1, int(self.response_mask.sum(axis=1).max()))
+        keep = self.response_width()
         total = mask.shape[1]
         columns = np.minimum((self.prompt_len - prompt_lens)[:, None] + np.arange(width)[None], total - 1)  # [n, W]
         picked = self._per_token_fields_cut(keep)

@@ -17,6 +17,7 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 
 import alignment.ppo.builtins  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.data import LoRAArguments  # noqa: E402
+from alignment.config.environment import EnvironmentArguments  # noqa: E402
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.parallel.layout import Layout  # noqa: E402
@@ -49,11 +50,14 @@ def build_models(model_args, ppo_args, lora_args, train_args, layout: Layout = L
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, ppo_args, lora_args, train_args, run = setup.parse_arguments(
-        argv, PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments)
+    model_args, data_args, ppo_args, env_args, lora_args, train_args, run = setup.parse_arguments(
+        argv, PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
+        TrainingArguments)
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
+    from alignment.envs import EnvironmentFailure, load_environment_modules
+    from alignment.ppo.episodes import build_environments
     from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
     from alignment.rewards.functions import RewardFunctionError, load_reward_function
     from alignment.rewards.remote import RewardServerError
@@ -63,6 +67,9 @@ def main(argv=None) -> dict:
     with setup.started(train_args, run):
         for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
             load_reward_function(spec)  # a typo fails here, before any model is loaded
+        if env_args.multi_turn:  # so does an environment that is not registered or refuses its arguments
+            load_environment_modules(env_args.user_env_modules, base_dir=run.argument_dir)
+            build_environments(env_args, 1)
         tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.actor_model_name_or_path, data_args,
                                                            train_args.seed, run)
         prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
@@ -82,20 +89,21 @@ def main(argv=None) -> dict:
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score, server)
     scorer = ["reward model"] if reward_model else [f"reward server {', '.join(server.urls)}"] if server else []
+    environment = [f"environment {env_args.environment!r}"] if env_args.multi_turn else []
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
-          f"reward = {' + '.join(scorer + list(ppo_args.reward_funcs))}"
+          f"reward = {' + '.join(scorer + list(ppo_args.reward_funcs) + environment)}"
           + (" (re-tokenized for the reward model)" if reward.retokenize else ""))
     with setup.user_errors():
         data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
                           lambda items: collate_supervised(items, tokenizer.pad_token_id))
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward), data,
-                             tokenizer, run.effective)
+                             tokenizer, run.effective, env_args)
     try:
         with setup.training_stops(trainer):
             results = trainer.train()
     except RewardServerError as err:  # unreachable past the retry budget: a run that failed mid-way
         setup.fail(err, code=1)
-    except RewardFunctionError as err:
+    except (RewardFunctionError, EnvironmentFailure) as err:  # user code that raised or broke its API
         setup.fail(err)
     print(f"\n{ppo_args.advantage_estimator} done: {trainer.global_step} steps; policy saved to "
           f"{os.path.join(train_args.output_dir, 'policy')}")

@@ -11,7 +11,7 @@ import paddle
 
 from alignment.parallel.distributed import gather_lists
 from alignment.ppo import algorithms as rl
-from alignment.ppo import dapo
+from alignment.ppo import dapo, episodes
 from alignment.rewards.functions import gold_scores
 
 
@@ -24,6 +24,17 @@ def with_overlong_penalty(end_rewards, parts: Dict[str, float], rollout, ppo) ->
                                     ppo.overlong_reward_buffer, ppo.overlong_penalty_factor)  # [N]
     parts["reward/overlong_penalty"] = float(penalty.mean())
     return end_rewards + penalty, parts
+
+
+def with_environment_reward(end_rewards, parts: Dict[str, float], rollout, weight: float) -> Tuple[paddle.Tensor,
+                                                                                                      Dict]:
+    """A multi-turn rollout's end rewards [N] plus weight x each episode's environment reward (summed over its
+    turns), and parts + reward/environment (its mean before the weight); a single-turn rollout's unchanged."""
+    if rollout.episodes is None:
+        return end_rewards, parts
+    rewards = episodes.environment_rewards(rollout)  # [N]
+    parts["reward/environment"] = float(rewards.mean())
+    return end_rewards + paddle.to_tensor((weight * rewards).astype("float32")), parts
 
 
 def reward_statistics(end_rewards, parts: Dict[str, float], normalizer=None) -> Tuple[paddle.Tensor, Dict]:
@@ -44,7 +55,10 @@ def gold_reward(judge: Optional[str], rollout) -> Dict[str, float]:
 
 
 def ended_responses(rollout, eos_ids) -> List[bool]:
-    """Whether each response's last token is one of the ids generation stops on (False: cut off, or empty)."""
+    """Whether each response's last token is one of the ids generation stops on (False: cut off, or empty); for
+    multi-turn episodes, whether the environment ended them (False: cut by max_turns or the token budget)."""
+    if rollout.episodes is not None:
+        return [not episode["truncated"] for episode in rollout.episodes]
     last = rl.last_valid_index(rollout.response_mask)  # [N]: the last response token (-1: none)
     tokens = paddle.take_along_axis(rollout.input_ids[:, rollout.prompt_len:], last.clip(min=0).unsqueeze(1),
                                     axis=1).squeeze(1)  # [N]
@@ -55,3 +69,23 @@ def ended_responses(rollout, eos_ids) -> List[bool]:
 def length_metrics(lengths, ended: List[bool]) -> Dict[str, float]:
     """response_length (mean of lengths [N]) and truncated (the fraction of responses that did not end)."""
     return {"response_length": float(lengths.mean()), "truncated": 1.0 - float(np.mean(ended))}
+
+
+def generation_records(step: int, rollout, rewards: List[float]) -> List[Dict]:
+    """One JSON row per response (eval_generations.jsonl): prompt, completion, reward; for a multi-turn episode
+    also its turns, tool statistics, environment reward and whole conversation (tools/show_generations.py)."""
+    records = [{"step": step, "prompt": p, "completion": c, "reward": r}
+               for p, c, r in zip(rollout.prompts, rollout.completions, rewards)]
+    for record, episode in zip(records, rollout.episodes or ()):
+        record.update(episode)
+    return records
+
+
+EPISODE_MEANS = ("turns", "tool_calls", "tool_errors", "truncated")
+
+
+def episode_means(records: List[Dict], prefix: str) -> Dict[str, float]:
+    """prefix + turns / tool_calls / tool_errors / truncated: their means over multi-turn records ({} if none)."""
+    if not records or "turns" not in records[0]:
+        return {}
+    return {prefix + key: float(np.mean([float(r[key]) for r in records])) for key in EPISODE_MEANS}

@@ -23,7 +23,6 @@ from alignment.models.logprobs import answer_token_loss
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
-from alignment.models.static_decode import StaticDecoder
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, mean_over_ranks, shard,
                                             sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
@@ -35,7 +34,8 @@ from alignment.ppo.critic import make_critic
 from alignment.ppo.kl import kl_estimate
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
-from alignment.ppo.rollout import response_log_probs, sample_rollout
+from alignment.ppo.rollout import response_log_probs
+from alignment.ppo.samplers import Draw, make_sampler
 from alignment.ppo.update import EagerMicroBatches, run_update
 from alignment.rewards.functions import gold_scores
 from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
@@ -70,7 +70,7 @@ class PPOTrainer(Trainer):
     evaluate_at_start = True  # the starting policy's held-out reward
 
     def __init__(self, ppo_args, train_args, data_args, models: PolicyModels, data: PromptData, tokenizer,
-                 effective_args=None):
+                 effective_args=None, env_args=None):
         super().__init__(train_args, tokenizer, effective_args)
         self.ppo, self.max_length, self.data = ppo_args, data_args.max_length, data
         self.actor, self.reference, self.reward = models.actor, models.reference, models.reward
@@ -113,7 +113,8 @@ class PPOTrainer(Trainer):
         self.critic = make_critic(models.critic, ppo_args.clip_range_value, critic_copy, self.precision)
         if not pipelined:
             self.micro_batches = EagerMicroBatches(self.actor_step, self.critic, ppo_args)
-        self.static_decoders = {}  # rollout_decode static: compiled decode steps per generating model
+        self.sampler = make_sampler(ppo_args, data_args.max_length, data.collate_prompts, env_args)  # multi-turn?
+        self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
         self.reward_stats = RunningMeanStd()
         self.gen_config = GenerationConfig(  # max_new_tokens is set per batch from max_length
             max_new_tokens=1, do_sample=True, temperature=ppo_args.temperature, top_p=ppo_args.top_p,
@@ -166,7 +167,8 @@ class PPOTrainer(Trainer):
         per row of the global batch: the same rollout whether one process or several (any data / tensor-parallel
         split) generate it, and after a resume (which skips every batch drawn)."""
         self.drawn["prompts"] += 1
-        paddle.seed(ds.generation_seed(self.args.seed, self.global_step, attempt))
+        self.sampling_seed = ds.generation_seed(self.args.seed, self.global_step, attempt)
+        paddle.seed(self.sampling_seed)
         batch = next(self.prompt_batches)
         positions = shard(list(range(len(batch))))
         self.show_phase(phase="generate", **({"try": str(attempt + 1)} if attempt else {}), **self.generation_speed)
@@ -189,25 +191,13 @@ class PPOTrainer(Trainer):
         return (*ds.kept_rollout(sampled, self.tokenizer.pad_token_id), sampled.metrics(target))
 
     def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
-        """Responses to the prompt items (num_return_sequences each when sampling, one each when greedy);
-        positions / total: the items' places in the step's global batch (see sample_rollout)."""
-        budget = self.max_length - max(len(item["input_ids"]) for item in items)
-        longest = min(budget, self.ppo.max_new_tokens or budget)
-        config = dataclasses.replace(self.gen_config, max_new_tokens=longest,
-                                     min_new_tokens=min(self.ppo.min_new_tokens, longest))
-        if greedy:
-            config = dataclasses.replace(config, do_sample=False, repetition_penalty=1.0)
-        actor = self.rollout_actor()
-        static = None
-        if self.ppo.rollout_decode == "static":  # one decoder per model object (the actor, or its whole copy)
-            if id(actor) not in self.static_decoders:
-                self.static_decoders[id(actor)] = StaticDecoder(actor)
-            static = self.static_decoders[id(actor)]
+        """Responses (or multi-turn episodes) to the prompt items, num_return_sequences each when sampling, one
+        each when greedy; positions / total: the items' places in the step's global batch (see sample_rollout)."""
         # old log-probs from the sampling pass itself, when the trainer needs them from the rollout
         from_rollout = self.ppo.rollout_log_probs and not greedy and not self.reuse_update_log_probs
-        return sample_rollout(actor, self.tokenizer, items, config, 1 if greedy else self.ppo.num_return_sequences,
-                              self.data.collate_prompts, positions, total, static,
-                              self.ppo.temperature if from_rollout else None)
+        draw = Draw(items, 1 if greedy else self.ppo.num_return_sequences, greedy, positions, total,
+                    getattr(self, "sampling_seed", 0), self.ppo.temperature if from_rollout else None)
+        return self.sampler(self.rollout_actor(), self.tokenizer, self.gen_config, draw)
 
     def rollout_actor(self):
         """The actor that generates and scores: the trained one, or its whole copy (eval_mode single, pipeline)."""
@@ -217,9 +207,10 @@ class PPOTrainer(Trainer):
 
     @paddle.no_grad()
     def end_rewards(self, rollout):
-        """End rewards [N] of the rollout (reward model / server / functions, + DAPO's overlong penalty) and the
-        mean of each part (for logging)."""
-        return scoring.with_overlong_penalty(*self.reward(rollout), rollout, self.ppo)
+        """End rewards [N] of the rollout (reward model / server / functions, the environment's, DAPO's overlong
+        penalty) and the mean of each part (for logging)."""
+        rewards = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
+        return scoring.with_overlong_penalty(*rewards, rollout, self.ppo)
 
     @paddle.no_grad()
     def score(self, rollout, rewards=None) -> Dict[str, float]:
@@ -233,6 +224,7 @@ class PPOTrainer(Trainer):
         metrics.update(scoring.gold_reward(self.ppo.gold_judge, rollout))
         ended = scoring.ended_responses(rollout, self.gen_config.eos_ids)
         metrics.update(scoring.length_metrics(rollout.response_mask.sum(axis=1), ended))
+        metrics.update(self.sampler.metrics(rollout))
         if self.ppo.mask_truncated_responses:  # DAPO's overlong filtering: cut-off answers teach nothing
             rollout.response_mask = dapo.mask_truncated_responses(
                 rollout.response_mask, paddle.to_tensor([not e for e in ended]))
@@ -309,15 +301,15 @@ class PPOTrainer(Trainer):
         for indices in tqdm(shards, desc="evaluate (greedy answers)", leave=False, dynamic_ncols=True,
                             disable=hide_progress(self.args)):
             rollout = self.make_rollout([self.data.eval_prompts[i] for i in indices], greedy=True)
-            reward, _ = self.reward(rollout)
+            reward, _ = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
             gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
             rewards += reward.numpy().tolist()
             golds += [] if gold is None else gold.tolist()
             lengths += rollout.response_mask.sum(axis=1).numpy().tolist()
-            records += [{"step": self.global_step, "prompt": p, "completion": c, "reward": r}
-                        for p, c, r in zip(rollout.prompts, rollout.completions, reward.numpy().tolist())]
+            records += scoring.generation_records(self.global_step, rollout, reward.numpy().tolist())
         rewards, golds, lengths, records = (gather_lists(x) for x in (rewards, golds, lengths, records))
-        results = {"eval/reward": float(np.mean(rewards)), "eval/response_length": float(np.mean(lengths))}
+        results = {"eval/reward": float(np.mean(rewards)), "eval/response_length": float(np.mean(lengths)),
+                   **scoring.episode_means(records, "eval/env/")}
         if golds:
             results["eval/gold_reward"] = float(np.mean(golds))
             for record, gold in zip(records, golds):

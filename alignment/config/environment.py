@@ -1,0 +1,63 @@
+"""Multi-turn RL arguments: which environment answers the policy's turns, and the episode's limits."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+from alignment.config.parser import field
+from alignment.config.ppo import PPOArguments
+
+
+@dataclasses.dataclass
+class EnvironmentArguments:
+    """Multi-turn rollouts (alignment/envs): the policy takes a turn, an environment answers (tool results,
+    feedback, a reward), the policy goes on. Only the policy's own tokens are trained on."""
+    HELP_SECTIONS = {"environment": "Multi-turn environments and tools"}
+
+    environment: Optional[str] = field(None, help="A registered environment (alignment/envs: 'tools' = the row's "
+                                                  "prompt answered with tools, ending at the first turn without a "
+                                                  "tool call; or a user one's NAME from user_env_modules); null = "
+                                                  "single-turn rollouts.")
+    environment_args: Dict[str, Any] = field({}, help="Keyword arguments of the environment's constructor, e.g. "
+                                                      "{\"tools\": [\"calculator\", \"python\"]} for 'tools' "
+                                                      "(tool names, or 'module:function' / 'file.py:function').")
+    user_env_modules: List[str] = field([], help="Python files or dotted modules imported before the run, so the "
+                                                 "environments (and tools) they define register.")
+    max_turns: int = field(4, ge=1, help="Assistant turns per episode; an episode still going after them is cut "
+                                         "(logged as env/truncated).")
+    max_trajectory_tokens: Optional[int] = field(None, ge=1, help="Tokens after the prompt per episode (the "
+                                                                  "policy's turns, observations and template "
+                                                                  "text); null = what max_length leaves. "
+                                                                  "max_new_tokens caps each turn.")
+    env_reward_weight: float = field(1.0, help="Weight of the environment's reward (summed over the episode's "
+                                               "turns) in the end reward, beside the reward model / server and "
+                                               "reward_funcs, which score the final assistant message.")
+    per_turn_rewards: bool = field(False, help="Place each turn's environment reward on that turn's last token "
+                                               "instead of adding the episode's sum at its end: for the token-level "
+                                               "estimators (gae, reinforce_plus_plus); the group estimators use "
+                                               "the sum either way.")
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.environment is not None
+
+    def validate_with(self, *others) -> None:
+        """Refuse what multi-turn rollouts do not do, naming the key."""
+        ppo_args = next(other for other in others if isinstance(other, PPOArguments))
+        if not self.multi_turn:
+            for key in ("environment_args", "user_env_modules", "per_turn_rewards"):
+                if getattr(self, key):
+                    raise ValueError(f"key '{key}' is set but 'environment' is null (single-turn rollouts)")
+            return
+        if ppo_args.rollout_decode == "static":
+            raise ValueError("key 'rollout_decode' 'static': multi-turn rollouts ('environment') decode eagerly "
+                             "with the cache carried across turns; set it to 'eager'")
+        if ppo_args.enable_overlong_reward_buffer:
+            raise ValueError("key 'enable_overlong_reward_buffer' counts one response's length; with "
+                             "'environment' cap turns with max_new_tokens and episodes with max_trajectory_tokens")
+        if self.per_turn_rewards and ppo_args.normalize_reward:
+            raise ValueError("key 'per_turn_rewards' with 'normalize_reward': per-turn rewards are not normalised; "
+                             "set one of them to false")
+        if self.per_turn_rewards and not ppo_args.estimator.token_level_rewards:
+            raise ValueError(f"key 'per_turn_rewards': advantage_estimator {ppo_args.advantage_estimator!r} uses one "
+                             "reward per episode; per-turn rewards need gae or reinforce_plus_plus")

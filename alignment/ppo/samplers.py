@@ -1,0 +1,89 @@
+"""How the trainer samples a rollout, as a strategy (like critic.py's): `SingleTurn` (one answer per prompt,
+rollout.py) or `Episodes` (multi-turn episodes with an environment, episodes.py). The trainer asks neither which
+one it has nor how long a turn may be.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Mapping, Optional, Sequence
+
+from alignment.models.generation import GenerationConfig
+from alignment.models.static_decode import StaticDecoder
+from alignment.ppo.episodes import episode_metrics, sample_episodes
+from alignment.ppo.rollout import Rollout, sample_rollout
+
+
+@dataclasses.dataclass
+class Draw:
+    """What one call samples: items [prompt items], n answers each (1 when greedy), the items' places in the
+    step's global batch (positions of `total`; None: a one-process batch), the generation seed of the draw (per-row
+    seeds derive from it), and the temperature to take old log-probs from the sampling pass at (None: not)."""
+    items: Sequence[Mapping]
+    n: int
+    greedy: bool = False
+    positions: Optional[List[int]] = None
+    total: Optional[int] = None
+    seed: int = 0
+    log_prob_temperature: Optional[float] = None
+
+
+class SingleTurn:
+    """One response per row, at most max_new_tokens (or what max_length leaves after the longest prompt)."""
+
+    def __init__(self, ppo, max_length: int, collate_prompts: Callable):
+        self.ppo, self.max_length, self.collate = ppo, max_length, collate_prompts
+        self.static_decoders = {}  # rollout_decode static: compiled decode steps per generating model
+
+    def config(self, base: GenerationConfig, draw: Draw) -> GenerationConfig:
+        budget = self.max_length - max(len(item["input_ids"]) for item in draw.items)
+        longest = min(budget, self.ppo.max_new_tokens or budget)
+        config = dataclasses.replace(base, max_new_tokens=longest, min_new_tokens=min(self.ppo.min_new_tokens,
+                                                                                      longest))
+        return dataclasses.replace(config, do_sample=False, repetition_penalty=1.0) if draw.greedy else config
+
+    def __call__(self, actor, tokenizer, base: GenerationConfig, draw: Draw) -> Rollout:
+        static = None
+        if self.ppo.rollout_decode == "static":  # one decoder per model object (the actor, or its whole copy)
+            if id(actor) not in self.static_decoders:
+                self.static_decoders[id(actor)] = StaticDecoder(actor)
+            static = self.static_decoders[id(actor)]
+        return sample_rollout(actor, tokenizer, draw.items, self.config(base, draw), draw.n, self.collate,
+                              draw.positions, draw.total, static, draw.log_prob_temperature)
+
+    @staticmethod
+    def metrics(rollout) -> dict:
+        return {}
+
+
+class Episodes(SingleTurn):
+    """A multi-turn episode per row with the environment `env_args` names; max_new_tokens (or max_length) caps
+    each turn, max_trajectory_tokens and max_length the episode. Each row samples with its own seed (the draw's
+    seed and the row's place in the global batch), so any split of the batch over processes gives the same
+    episodes."""
+
+    def __init__(self, ppo, max_length: int, collate_prompts: Callable, env_args):
+        super().__init__(ppo, max_length, collate_prompts)
+        self.env_args = env_args
+
+    def config(self, base: GenerationConfig, draw: Draw) -> GenerationConfig:
+        turn = min(self.max_length, self.ppo.max_new_tokens or self.max_length)
+        config = dataclasses.replace(base, max_new_tokens=turn, min_new_tokens=min(self.ppo.min_new_tokens, turn))
+        return dataclasses.replace(config, do_sample=False, repetition_penalty=1.0) if draw.greedy else config
+
+    def __call__(self, actor, tokenizer, base: GenerationConfig, draw: Draw) -> Rollout:
+        seeds = None
+        if not draw.greedy:
+            positions = range(len(draw.items)) if draw.positions is None else draw.positions
+            seeds = [[draw.seed, p * draw.n + s] for p in positions for s in range(draw.n)]
+        return sample_episodes(actor, tokenizer, draw.items, self.config(base, draw), self.env_args,
+                               self.max_length, draw.n, seeds, draw.log_prob_temperature)
+
+    @staticmethod
+    def metrics(rollout) -> dict:
+        return episode_metrics(rollout)
+
+
+def make_sampler(ppo, max_length: int, collate_prompts: Callable, env_args=None) -> SingleTurn:
+    if env_args is not None and env_args.multi_turn:
+        return Episodes(ppo, max_length, collate_prompts, env_args)
+    return SingleTurn(ppo, max_length, collate_prompts)
