@@ -268,3 +268,17 @@ def test_multi_turn_arguments_are_checked_before_anything_loads(tmp_path, tiny_m
                               capture_output=True, text=True, cwd=REPO)
         assert done.returncode == 2 and "Traceback" not in done.stderr, (flags, done.stderr[-1500:])
         assert message in done.stderr, (flags, done.stderr[-600:])
+
+
+@pytest.mark.parametrize("extra", [("--lora", "true", "--lora_rank", "4"),
+                                   ("--offload_level", "freeze_model optimizer train_model"),
+                                   ("--dynamic_sampling", "true", "--max_gen_batches", "3")],
+                         ids=["lora", "offload", "dynamic-sampling"])
+def test_episodes_train_with_lora_offload_and_dynamic_sampling(tmp_path, tiny_model_dir, extra):
+    run_ppo.main(run_args(tmp_path / "out", tiny_model_dir, "grpo", "--max_steps", "2", *extra))
+    rows = read_metrics(tmp_path / "out")
+    assert len(rows) == 2 and all(r["env/turns"] > 1 for r in rows if "env/turns" in r)
+    if "--dynamic_sampling" in extra:
+        assert all("dynamic_sampling/gen_batches" in r for r in rows)
+    else:
+        assert all(np.isfinite(r["actor_loss"]) for r in rows)

@@ -389,3 +389,19 @@ def test_smollm2_ppo_scored_by_the_server_equals_in_process(tmp_path):
     finally:
         server.stop()
     assert comparable(read_metrics(tmp_path / "served")) == comparable(read_metrics(tmp_path / "local"))
+
+
+def test_multi_turn_episodes_scored_by_the_server_equal_in_process(rm_server, tiny_model_dir, tiny_reward_dir,
+                                                                   tmp_path):
+    episodes = ["--environment", "guess-number", "--user_env_modules", f"{REPO}/examples/guess_number_env.py",
+                "--max_turns", "2", "--max_length", "128", "--max_trajectory_tokens", "40", "--max_new_tokens", "6",
+                "--train_datasets", f"prompt-only:1.0:{REPO}/data/reasoning/basic_arithmetic_train.jsonl"]
+    run_ppo.main(ppo_argv(tmp_path / "local", tiny_model_dir, tiny_reward_dir, *episodes))
+    run_ppo.main(ppo_argv(tmp_path / "served", tiny_model_dir, tiny_reward_dir, *episodes,
+                          *server_argv(rm_server.url)))
+    served, local = read_metrics(tmp_path / "served"), read_metrics(tmp_path / "local")
+    assert all(r["env/turns"] > 1 and "reward/environment" in r for r in served)
+    for a, b in zip(served, local):  # the server scores the whole conversation's tokens, as the local model does
+        assert abs(a["reward/model"] - b["reward/model"]) <= 1e-6
+    assert comparable(served) == comparable(local)
+    assert_same_weights(tmp_path / "served" / "policy", tmp_path / "local" / "policy")
