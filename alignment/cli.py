@@ -10,7 +10,7 @@ import importlib
 
 from alignment.exits import run_program
 
-NO_PADDLE = ("show_generations", "plot_run", "plot_overoptimization", "plan_layout")  # never import paddle
+NO_PADDLE = ("show_generations", "plot_run", "plot_overoptimization", "plan_layout", "replay_ledger")  # never import paddle
 
 
 def _run(module: str) -> int:
@@ -36,7 +36,8 @@ def dpo() -> int:
 
 
 TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_lora", "generate", "judge_policy",
-         "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny")
+         "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny",
+         "replay_ledger")
 
 
 def predict() -> int:
@@ -69,6 +70,10 @@ def judge_policy() -> int:
 
 def show_generations() -> int:
     return _run("alignment.commands.show_generations")
+
+
+def replay_ledger() -> int:
+    return _run("alignment.commands.replay_ledger")
 
 
 def plot_run() -> int:

@@ -18,6 +18,8 @@ from paddle import _C_ops
 from alignment.launcher import rank, world_size
 
 _hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up a hybrid layout
+_trainers = None  # asynchronous RL (Layout.rollout > 0): the group of the training ranks; collectives here use it
+_training_world = None  # the number of training ranks (None: every process trains)
 
 
 def is_main_process() -> bool:
@@ -27,8 +29,14 @@ def is_main_process() -> bool:
 def init_distributed(layout=None) -> None:
     """Start the process groups once: fleet's hybrid groups when `layout` (topology.Layout) splits models or
     optimizer states, else plain data parallelism. Called by the entry points before any model is built."""
-    global _hybrid
+    global _hybrid, _trainers, _training_world
     if world_size() == 1 or dist.is_initialized():
+        return
+    if layout is not None and layout.rollout:  # training ranks 0 .. world - 1, then the rollout ranks
+        dist.init_parallel_env()
+        _trainers = dist.new_group(list(range(layout.world)))
+        dist.barrier()  # gloo: groups created back to back race without one (shared/notes)
+        _training_world = layout.world
         return
     if layout is None or not layout.hybrid:
         dist.init_parallel_env()
@@ -56,6 +64,15 @@ def init_distributed(layout=None) -> None:
     _hybrid = fleet.get_hybrid_communicate_group()
 
 
+def training_world() -> int:
+    """The processes that train: all of them, or those that are not rollout ranks (asynchronous RL)."""
+    return world_size() if _training_world is None else _training_world
+
+
+def is_rollout_rank() -> bool:
+    return _training_world is not None and rank() >= _training_world
+
+
 def hybrid_group():
     """fleet's HybridCommunicateGroup of a hybrid layout (None for one process or plain data parallelism)."""
     return _hybrid
@@ -64,7 +81,7 @@ def hybrid_group():
 def data_world_size() -> int:
     """Processes that see different data: the world size divided by the tensor and pipeline degrees."""
     if _hybrid is None:
-        return world_size()
+        return training_world()
     return _hybrid.get_data_parallel_world_size() * _hybrid.get_sharding_parallel_world_size()
 
 
@@ -92,7 +109,7 @@ def is_data_leader() -> bool:
 
 def _data_groups() -> list:
     if _hybrid is None:
-        return [None]  # the default group: every process
+        return [_trainers]  # the default group (every process), or the training ranks
     groups = [_hybrid.get_data_parallel_group(), _hybrid.get_sharding_parallel_group()]
     return [g for g in groups if g.nranks > 1]
 
@@ -160,22 +177,31 @@ def grad_norm_squares(parameters) -> float:
     return float(total)
 
 
+def on_any_rank(flag: bool) -> bool:
+    """Whether `flag` is true on any training rank (a collective when there are several)."""
+    if training_world() == 1:
+        return flag
+    count = paddle.to_tensor(1.0 if flag else 0.0, dtype="float32")
+    dist.all_reduce(count, group=_trainers)
+    return float(count) > 0
+
+
 def mean_over_ranks(metrics: Dict[str, float]) -> Dict[str, float]:
     """Average scalar metrics over ranks (same keys on every rank)."""
-    if world_size() == 1 or not metrics:
+    if training_world() == 1 or not metrics:
         return metrics
     keys = sorted(metrics)
     values = paddle.to_tensor([float(metrics[k]) for k in keys], dtype="float64")
-    dist.all_reduce(values)
-    return dict(zip(keys, (values / world_size()).numpy().tolist()))
+    dist.all_reduce(values, group=_trainers)
+    return dict(zip(keys, (values / training_world()).numpy().tolist()))
 
 
 def gather_lists(values: List) -> List:
     """Concatenate a Python list from every data rank, in rank order (tensor-parallel copies count once)."""
-    if world_size() == 1:
+    if training_world() == 1:
         return list(values)
     gathered: List = []
-    dist.all_gather_object(gathered, list(values) if is_data_leader() else [])
+    dist.all_gather_object(gathered, list(values) if is_data_leader() else [], group=_trainers)
     return [v for part in gathered for v in part]
 
 
@@ -196,14 +222,21 @@ def layout_name() -> str:
 
 def gather_objects(value) -> list:
     """[value of rank 0, value of rank 1, ...] on every rank."""
-    if world_size() == 1:
+    if training_world() == 1:
         return [value]
     gathered: List = []
-    dist.all_gather_object(gathered, value)
+    dist.all_gather_object(gathered, value, group=_trainers)
     return gathered
 
 
 def barrier() -> None:
+    """Every training rank waits for the others (the rollout ranks of an asynchronous run do not take part)."""
+    if training_world() > 1:
+        dist.barrier(group=_trainers)
+
+
+def barrier_all() -> None:
+    """Every process of the launch waits for the others (asynchronous RL's training and rollout ranks)."""
     if world_size() > 1:
         dist.barrier()
 

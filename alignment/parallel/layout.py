@@ -22,6 +22,12 @@ class Layout:
     stage: str = ""  # "" | stage1 | stage2 | stage3
     micro_batch_size: int = 1  # pipeline: rows per micro-batch (per_device_train_batch_size)
     accumulate_steps: int = 1  # pipeline: micro-batches per optimizer step (gradient_accumulation_steps)
+    rollout: int = 0  # asynchronous RL: ranks world .. world + rollout - 1 generate; `world` ranks train
+
+    @property
+    def processes(self) -> int:
+        """Every process of the launch: the training ranks and the rollout ranks."""
+        return self.world + self.rollout
 
     @property
     def data(self) -> int:
@@ -35,7 +41,8 @@ class Layout:
 
     def describe(self) -> str:
         return (f"world {self.world} = tensor {self.tensor} x pipeline {self.pipeline} x sharding {self.sharding}"
-                f"{' (' + self.stage + ')' if self.stage else ''} x data {self.data}")
+                f"{' (' + self.stage + ')' if self.stage else ''} x data {self.data}"
+                f"{f' training, + {self.rollout} rollout' if self.rollout else ''}")
 
 
 def plan(args, world: int) -> Layout:

@@ -42,6 +42,10 @@ class Rollout:
     response_index: Optional[paddle.Tensor] = None  # [N, R] int64 column of response token t (None: P + t)
     turn_rewards: Optional[paddle.Tensor] = None  # [N, R] multi-turn per_turn_rewards: each turn's at its last token
     episodes: Optional[List[dict]] = None  # multi-turn: per row turns, tool statistics, messages (episodes.py)
+    sample_ids: Optional[List[str]] = None  # "batch:row" of each row in the prompt stream (the rollout ledger)
+    versions: Optional[List[int]] = None  # asynchronous RL: the policy version that sampled each row
+    behaviour_log_probs: Optional[paddle.Tensor] = None  # [N, R] asynchronous RL: the sampler's log-probs
+    reward_rows: Optional[List[dict]] = None  # each row's reward parts (the rollout ledger)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -16,6 +16,7 @@ from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 import alignment.ppo.builtins  # noqa: E402,F401  registers what the arguments name, before they are parsed
+from alignment.config.asynchronous import AsyncArguments  # noqa: E402
 from alignment.config.data import LoRAArguments  # noqa: E402
 from alignment.config.environment import EnvironmentArguments  # noqa: E402
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments  # noqa: E402
@@ -49,14 +50,48 @@ def build_models(model_args, ppo_args, lora_args, train_args, layout: Layout = L
     return actor, reference, critic, reward_model, reward_tokenizer
 
 
+def stream_steps(ppo_args, train_args, layout, prompt_count: int) -> int:
+    """The run's steps: batches of per_device_prompt_batch_size prompts per training data rank."""
+    from alignment.training.batches import planned_steps
+
+    return planned_steps(train_args.max_steps, train_args.num_train_epochs, prompt_count,
+                         ppo_args.per_device_prompt_batch_size * layout.data, train_args.dataloader_drop_last)
+
+
+def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args, run, tokenizer,
+                   prompts, mailbox) -> dict:
+    """A rollout rank of an asynchronous run (ppo/asynchronous.py): only the actor, sampling the prompt stream."""
+    from alignment.data.tokenized import collate_prompts
+    from alignment.launcher import rank
+    from alignment.ppo.pipeline_update import PolicyPipeLoss
+    from alignment.ppo.rollout_worker import WorkerPlan, run_rollout_worker
+    from alignment.ppo.samplers import make_sampler, rollout_generation_config
+
+    actor = setup.load_trained_model("causal", model_args.actor_model_name_or_path, run.layout, lora_args,
+                                     PolicyPipeLoss(ppo_args))
+    layout = run.layout
+    plan = WorkerPlan(prompts, ppo_args.per_device_prompt_batch_size * layout.data, ppo_args.num_return_sequences,
+                      stream_steps(ppo_args, train_args, layout, len(prompts)), train_args.seed,
+                      train_args.dataloader_drop_last, layout.data, ppo_args.temperature)
+    sampler = make_sampler(ppo_args, data_args.max_length, lambda items: collate_prompts(items, tokenizer.pad_token_id),
+                           env_args)
+    posted = run_rollout_worker(plan, actor, tokenizer, sampler, rollout_generation_config(ppo_args, actor, tokenizer),
+                                mailbox, layout, async_args.max_staleness)
+    print(f"rollout rank {rank()}: {posted} prompt batches sampled")
+    setup.end_processes()
+    return {}
+
+
 def main(argv=None) -> dict:
-    model_args, data_args, ppo_args, env_args, lora_args, train_args, run = setup.parse_arguments(
-        argv, PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
-        TrainingArguments)
+    model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args, run = setup.parse_arguments(
+        argv, PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, AsyncArguments,
+        LoRAArguments, TrainingArguments)
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
     from alignment.envs import EnvironmentFailure, load_environment_modules
+    from alignment.parallel.distributed import is_rollout_rank
+    from alignment.ppo.asynchronous import RolloutSource, open_mailbox
     from alignment.ppo.episodes import build_environments
     from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
     from alignment.rewards.functions import RewardFunctionError, load_reward_function
@@ -82,6 +117,10 @@ def main(argv=None) -> dict:
         print(f"prompts: {len(prompts)} train {prompts.stats}" +
               (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
               (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
+        mailbox = open_mailbox(run.layout, async_args.max_staleness) if async_args.asynchronous else None
+        if is_rollout_rank():
+            return serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args,
+                                  run, tokenizer, prompts, mailbox)
         # with use_rm_server the server scores (checked to answer first) and no reward model is loaded here
         server = RewardServerClient.from_args(ppo_args, tokenizer) if ppo_args.use_rm_server else None
         actor, reference, critic, reward_model, reward_tokenizer = build_models(
@@ -96,8 +135,10 @@ def main(argv=None) -> dict:
     with setup.user_errors():
         data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
                           lambda items: collate_supervised(items, tokenizer.pad_token_id))
+        source = RolloutSource(mailbox, run.layout, async_args.max_staleness, stream_steps(
+            ppo_args, train_args, run.layout, len(prompts))) if mailbox is not None else None
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward), data,
-                             tokenizer, run.effective, env_args)
+                             tokenizer, run.effective, env_args, async_args, source)
     try:
         with setup.training_stops(trainer):
             results = trainer.train()
@@ -105,6 +146,8 @@ def main(argv=None) -> dict:
         setup.fail(err, code=1)
     except (RewardFunctionError, EnvironmentFailure) as err:  # user code that raised or broke its API
         setup.fail(err)
+    if mailbox is not None and trainer.global_step == trainer.total_steps:
+        mailbox.announce("async/done")  # the rollout ranks wait for it before the launch's last barrier
     print(f"\n{ppo_args.advantage_estimator} done: {trainer.global_step} steps; policy saved to "
           f"{os.path.join(train_args.output_dir, 'policy')}")
     if "start" in results and "end" in results:

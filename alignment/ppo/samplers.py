@@ -83,6 +83,14 @@ class Episodes(SingleTurn):
         return episode_metrics(rollout)
 
 
+def rollout_generation_config(ppo, actor, tokenizer) -> GenerationConfig:
+    """The rollouts' sampler settings; each draw sets max_new_tokens (SingleTurn.config / Episodes.config)."""
+    return GenerationConfig(max_new_tokens=1, do_sample=True, temperature=ppo.temperature, top_p=ppo.top_p,
+                            top_k=ppo.top_k, repetition_penalty=ppo.repetition_penalty,
+                            eos_token_id=actor.config.eos_token_ids or tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+
+
 def make_sampler(ppo, max_length: int, collate_prompts: Callable, env_args=None) -> SingleTurn:
     if env_args is not None and env_args.multi_turn:
         return Episodes(ppo, max_length, collate_prompts, env_args)

@@ -12,6 +12,7 @@ import paddle
 from alignment.parallel.distributed import gather_lists
 from alignment.ppo import algorithms as rl
 from alignment.ppo import dapo, episodes
+from alignment.ppo import off_policy
 from alignment.rewards.functions import gold_scores
 
 
@@ -89,3 +90,34 @@ def episode_means(records: List[Dict], prefix: str) -> Dict[str, float]:
     if not records or "turns" not in records[0]:
         return {}
     return {prefix + key: float(np.mean([float(r[key]) for r in records])) for key in EPISODE_MEANS}
+
+
+def reward_rows(row_parts: Dict[str, np.ndarray], rollout) -> List[Dict[str, float]]:
+    """Each row's reward parts (the reward computer's, and a multi-turn episode's environment reward)."""
+    parts = dict(row_parts)
+    if rollout.episodes is not None:
+        parts["environment"] = episodes.environment_rewards(rollout)
+    return [{name: float(values[i]) for name, values in parts.items()} for i in range(len(rollout))]
+
+
+def off_policy_correction(rollout, version: int, cap: float) -> Dict[str, float]:
+    """Asynchronous rollouts (rows tagged with the policy version that sampled them): the advantages of rows
+    sampled by an older version than `version` weighted by off_policy.behaviour_weights, in place; -> the
+    async/* metrics: mean staleness, the sampler-vs-trainer log-prob gap (max, p99) and the weights' mean on
+    stale tokens. {} for a synchronous rollout."""
+    if rollout.versions is None:
+        return {}
+    versions = np.asarray(rollout.versions)
+    stale = paddle.to_tensor(versions < version)  # [N]
+    out = {"async/staleness": float(np.mean(version - versions))}
+    if rollout.old_log_probs is None or rollout.behaviour_log_probs is None:
+        return out
+    mask = rollout.response_mask
+    out["async/log_prob_gap_max"], out["async/log_prob_gap_p99"] = off_policy.log_prob_gap(
+        rollout.old_log_probs, rollout.behaviour_log_probs, mask)
+    weights = off_policy.behaviour_weights(rollout.old_log_probs, rollout.behaviour_log_probs, mask, stale, cap)
+    use = (mask > 0) & stale.reshape([-1, 1])  # [N, R]
+    out["async/behaviour_weight"] = float(paddle.masked_select(weights, use).mean()) if bool(use.any()) else 1.0
+    rollout.advantages = off_policy.corrected_advantages(rollout.advantages, rollout.old_log_probs,
+                                                         rollout.behaviour_log_probs, mask, stale, cap)
+    return out

@@ -15,31 +15,30 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import paddle
-from tqdm import tqdm
 
 from alignment.models import LlamaForCausalLM
-from alignment.models.generation import GenerationConfig
 from alignment.models.logprobs import answer_token_loss
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
-from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, mean_over_ranks, shard,
-                                            sum_over_data_ranks)
+from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
+                                            mean_over_ranks, shard, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
 from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL estimators the arguments name
 from alignment.ppo import dapo
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo import scoring
+from alignment.ppo.asynchronous import sample_ids
 from alignment.ppo.critic import make_critic
+from alignment.ppo.evaluation import evaluate_policy
 from alignment.ppo.kl import kl_estimate
+from alignment.ppo.ledger import Ledger, ledger_rows, reward_sources
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
 from alignment.ppo.rollout import response_log_probs
-from alignment.ppo.samplers import Draw, make_sampler
+from alignment.ppo.samplers import Draw, make_sampler, rollout_generation_config
 from alignment.ppo.update import EagerMicroBatches, run_update
-from alignment.rewards.functions import gold_scores
-from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
-from alignment.training.logger import hide_progress
+from alignment.training.batches import epoch_batches, planned_steps, skip_batches, to_tensors
 from alignment.training.timing import PhaseTimer
 from alignment.training.trainer import Trainer
 from alignment.wrappers.offload import Offloader
@@ -70,14 +69,15 @@ class PPOTrainer(Trainer):
     evaluate_at_start = True  # the starting policy's held-out reward
 
     def __init__(self, ppo_args, train_args, data_args, models: PolicyModels, data: PromptData, tokenizer,
-                 effective_args=None, env_args=None):
+                 effective_args=None, env_args=None, async_args=None, source=None):
         super().__init__(train_args, tokenizer, effective_args)
         self.ppo, self.max_length, self.data = ppo_args, data_args.max_length, data
         self.actor, self.reference, self.reward = models.actor, models.reference, models.reward
-        steps_per_epoch = batches_per_epoch(len(data.prompts), ppo_args.per_device_prompt_batch_size *
-                                            data_world_size(), train_args.dataloader_drop_last)
-        self.total_steps = train_args.max_steps if train_args.max_steps > 0 else \
-            max(1, int(steps_per_epoch * train_args.num_train_epochs))
+        self.total_steps = planned_steps(train_args.max_steps, train_args.num_train_epochs, len(data.prompts),
+                                         ppo_args.per_device_prompt_batch_size * data_world_size(),
+                                         train_args.dataloader_drop_last)
+        self.source = source  # asynchronous.RolloutSource: rollout ranks sample (None: this rank does)
+        self.cap = async_args.behaviour_weight_cap if async_args is not None else 0.0
         rollouts = ppo_args.per_device_prompt_batch_size * ppo_args.num_return_sequences
         micro_batches = math.ceil(rollouts / train_args.per_device_train_batch_size)
         optimizer_steps = self.total_steps * ppo_args.update_iters * max(
@@ -94,7 +94,7 @@ class PPOTrainer(Trainer):
         # one pass and one optimizer step over a rollout whose advantages do not use the old log-probs: the policy
         # that sampled it is the one being updated, so old log-probs = the update's own (detached); score() skips
         # that forward pass (as TRL's GRPO does with num_iterations 1)
-        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs
+        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None
                                        and ppo_args.update_iters == 1 and not pipelined
                                        and micro_batches <= train_args.gradient_accumulation_steps)
         self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model],
@@ -116,13 +116,13 @@ class PPOTrainer(Trainer):
         self.sampler = make_sampler(ppo_args, data_args.max_length, data.collate_prompts, env_args)  # multi-turn?
         self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
         self.reward_stats = RunningMeanStd()
-        self.gen_config = GenerationConfig(  # max_new_tokens is set per batch from max_length
-            max_new_tokens=1, do_sample=True, temperature=ppo_args.temperature, top_p=ppo_args.top_p,
-            top_k=ppo_args.top_k, repetition_penalty=ppo_args.repetition_penalty,
-            eos_token_id=self.actor.config.eos_token_ids or tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id)
+        self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
         self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
+        self.ledger = Ledger(train_args.output_dir, is_main_process() and async_args is not None and
+                             async_args.ledger, reward_sources(ppo_args, self.reward))
         self.resume_if_asked()
+        if source is not None:
+            source.start(self.global_step)
 
     def start_data_streams(self) -> None:
         world, args = data_world_size(), self.args
@@ -138,6 +138,8 @@ class PPOTrainer(Trainer):
     # --- one step: rollout -> score -> advantages -> update ---------------------------------------------------------
     def training_step(self) -> Dict[str, float]:
         timer = PhaseTimer()
+        if self.source is not None:  # the version the rollout ranks sample the coming batches with
+            timer.times["time/weight_sync"] = self.source.send_weights(self.global_step, self.actor)
         with timer.phase("generate"):
             if self.ppo.dynamic_sampling:
                 rollout, rewards, metrics = self.sample_kept_groups()
@@ -154,6 +156,7 @@ class PPOTrainer(Trainer):
                     self.precision.autocast():
                 metrics.update(self.score(rollout, rewards))
             metrics.update(self.compute_advantages(rollout))
+            self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.sampling)))
         self.show_phase(phase="train", **self.generation_speed)
         with timer.phase("train"):
             with self.offload.phase("train", [self.actor, self.critic.model], self.offload.optimizers):
@@ -169,12 +172,18 @@ class PPOTrainer(Trainer):
         self.drawn["prompts"] += 1
         self.sampling_seed = ds.generation_seed(self.args.seed, self.global_step, attempt)
         paddle.seed(self.sampling_seed)
+        n = self.ppo.num_return_sequences
+        if self.source is not None:  # the rollout ranks sampled the whole batch (asynchronous.py): this shard
+            whole = self.source.rollout(self.global_step, self.tokenizer.pad_token_id)
+            return whole.take([p * n + s for p in shard(list(range(len(whole) // n))) for s in range(n)])
         batch = next(self.prompt_batches)
         positions = shard(list(range(len(batch))))
         self.show_phase(phase="generate", **({"try": str(attempt + 1)} if attempt else {}), **self.generation_speed)
         with self.offload.phase("generate", [self.actor]), self.precision.autocast():
-            return self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
-                                     total=len(batch))
+            rollout = self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
+                                        total=len(batch))
+        rollout.sample_ids = sample_ids(self.drawn["prompts"] - 1, batch, positions, n)
+        return rollout
 
     def sample_kept_groups(self):
         """Dynamic sampling (dynamic_sampling.py): the kept groups as one rollout (None: none kept), their (end
@@ -199,6 +208,13 @@ class PPOTrainer(Trainer):
                     getattr(self, "sampling_seed", 0), self.ppo.temperature if from_rollout else None)
         return self.sampler(self.rollout_actor(), self.tokenizer, self.gen_config, draw)
 
+    @property
+    def sampling(self) -> dict:
+        """The sampling parameters the ledger records."""
+        ppo = self.ppo
+        return {"temperature": ppo.temperature, "top_p": ppo.top_p, "top_k": ppo.top_k,
+                "repetition_penalty": ppo.repetition_penalty, "max_new_tokens": ppo.max_new_tokens}
+
     def rollout_actor(self):
         """The actor that generates and scores: the trained one, or its whole copy (eval_mode single, pipeline)."""
         if self.generation_copy is None:
@@ -210,6 +226,7 @@ class PPOTrainer(Trainer):
         """End rewards [N] of the rollout (reward model / server / functions, the environment's, DAPO's overlong
         penalty) and the mean of each part (for logging)."""
         rewards = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
+        rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout)
         return scoring.with_overlong_penalty(*rewards, rollout, self.ppo)
 
     @paddle.no_grad()
@@ -243,7 +260,8 @@ class PPOTrainer(Trainer):
     def compute_advantages(self, rollout) -> Dict[str, float]:
         mask = rollout.response_mask
         rollout.advantages, rollout.returns = self.estimator(rollout, self.ppo, sum_over_data_ranks)  # [N, R]
-        out = {"advantage/mean": float(rl.masked_mean(rollout.advantages, mask))}
+        out = scoring.off_policy_correction(rollout, self.global_step, self.cap)  # samples of older policies
+        out["advantage/mean"] = float(rl.masked_mean(rollout.advantages, mask))
         if rollout.old_log_probs is not None:  # else actor_step reports it (reuse_update_log_probs)
             out["kl"] = float(rl.sequence_kl(rollout.old_log_probs, rollout.ref_log_probs, mask,
                                              kl_estimate(self.ppo.kl_estimator)))
@@ -291,32 +309,7 @@ class PPOTrainer(Trainer):
 
     def evaluate(self) -> Dict[str, float]:
         with self.offload.phase("evaluate", [self.actor, self.reward.model]):
-            return self._evaluate()
-
-    @paddle.no_grad()
-    def _evaluate(self) -> Dict[str, float]:
-        """Greedy responses to the eval prompts: reward, gold reward, length; generations go to a JSONL file."""
-        rewards, golds, lengths, records = [], [], [], []
-        shards = list(eval_shards(len(self.data.eval_prompts), self.args.per_device_eval_batch_size))
-        for indices in tqdm(shards, desc="evaluate (greedy answers)", leave=False, dynamic_ncols=True,
-                            disable=hide_progress(self.args)):
-            rollout = self.make_rollout([self.data.eval_prompts[i] for i in indices], greedy=True)
-            reward, _ = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
-            gold = gold_scores(self.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
-            rewards += reward.numpy().tolist()
-            golds += [] if gold is None else gold.tolist()
-            lengths += rollout.response_mask.sum(axis=1).numpy().tolist()
-            records += scoring.generation_records(self.global_step, rollout, reward.numpy().tolist())
-        rewards, golds, lengths, records = (gather_lists(x) for x in (rewards, golds, lengths, records))
-        results = {"eval/reward": float(np.mean(rewards)), "eval/response_length": float(np.mean(lengths)),
-                   **scoring.episode_means(records, "eval/env/")}
-        if golds:
-            results["eval/gold_reward"] = float(np.mean(golds))
-            for record, gold in zip(records, golds):
-                record["gold_reward"] = gold
-        self.logger.log(self.global_step, results, echo=tqdm.write)
-        self.logger.write_rows("eval_generations.jsonl", records)
-        return results
+            return evaluate_policy(self)
 
     def log_row(self, window: List[Dict[str, float]]) -> Dict[str, float]:
         """Key-wise means over the steps that have each key (a step dynamic sampling skipped has no losses)."""
@@ -324,14 +317,21 @@ class PPOTrainer(Trainer):
         return {k: float(np.mean([r[k] for r in window if k in r])) for k in keys}
 
     def trainer_state(self) -> dict:
-        return {**super().trainer_state(), "drawn": self.drawn, "reward_stats": self.reward_stats.state_dict()}
+        sampled = {} if self.source is None else {"sampled_ahead": self.source.state_dict()}
+        return {**super().trainer_state(), "drawn": self.drawn, "reward_stats": self.reward_stats.state_dict(),
+                **sampled}
 
     def load_trainer_state(self, state: dict) -> None:
         super().load_trainer_state(state)
         self.drawn = state["drawn"]
         self.reward_stats.load_state_dict(state["reward_stats"])
+        if self.source is not None:
+            self.source.load_state_dict(state["sampled_ahead"])
+        self.ledger.resume_at(self.global_step)
 
     def save_step_checkpoint(self) -> None:
+        if self.source is not None:  # the batches sampled ahead belong to the checkpoint
+            self.source.drain(self.global_step)
         with self.offload.phase("checkpoint", [self.actor, self.critic.model], self.offload.optimizers):
             super().save_step_checkpoint()
 

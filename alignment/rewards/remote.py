@@ -127,6 +127,7 @@ class RewardServerClient:
                      ppo_args.reward_server_batch_size,
                      tokenizer_fingerprint(tokenizer) if tokenizer is not None else None)
         url, health = client.health()
+        client.health_report = {"url": url, **health}  # what the rollout ledger records of the server
         if health.get("token_ok") is False:
             raise RewardServerError(f"reward server {url}: missing or wrong bearer token (key 'reward_server_token' "
                                     "or REWARD_SERVER_TOKEN)")

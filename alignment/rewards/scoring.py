@@ -93,21 +93,25 @@ class RewardComputer:
                                                         "reward_server/retries": float(retries)}
 
     def __call__(self, rollout) -> Tuple[paddle.Tensor, Dict[str, float]]:
-        """End rewards [N] and the mean of each part (for logging)."""
+        """End rewards [N] and the mean of each part (for logging); each row's parts stay in `row_parts`
+        ({part: [N] float64}, the rollout ledger's)."""
         total = np.zeros(len(rollout.completions), dtype="float64")
-        parts = {}
+        parts, self.row_parts = {}, {}
         if self.server is not None:
             scores, stats = self.server_scores(rollout)
             total += scores
             parts.update({"reward/model": float(scores.mean()), **stats})
+            self.row_parts["model"] = scores
         elif self.model is not None:
             scores = self.model_scores(rollout).numpy().astype("float64")
             total += scores
             parts["reward/model"] = float(scores.mean())
+            self.row_parts["model"] = scores
         scores = function_scores(self.funcs, rollout.prompts, rollout.completions, rollout.labels)
         for (spec, values), weight in zip(scores.items(), self.weights):
             total += weight * values
             parts[f"reward/{spec}"] = float(values.mean())
+            self.row_parts[spec] = values
         return paddle.to_tensor(total.astype("float32")), parts
 
 

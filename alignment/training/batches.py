@@ -26,6 +26,13 @@ def batches_per_epoch(num_items: int, batch_size: int, drop_last: bool = False) 
     return num_items // batch_size if drop_last else math.ceil(num_items / batch_size)
 
 
+def planned_steps(max_steps: int, epochs: float, num_items: int, batch_size: int, drop_last: bool) -> int:
+    """Steps of a run taking one batch of `batch_size` items a step: max_steps when > 0, else `epochs` passes."""
+    if max_steps > 0:
+        return max_steps
+    return max(1, int(batches_per_epoch(num_items, batch_size, drop_last) * epochs))
+
+
 def epoch_batches(num_items: int, batch_size: int, seed: int, shuffle: bool = True,
                   min_size: int = 1, drop_last: bool = False) -> Iterator[np.ndarray]:
     """Index batches forever, a fresh seeded permutation each epoch. The last batch of an epoch may be short;

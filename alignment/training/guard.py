@@ -8,7 +8,7 @@ import math
 import paddle
 from paddle import _C_ops
 
-from alignment.parallel.distributed import world_size
+from alignment.parallel.distributed import on_any_rank
 
 
 def all_finite(params) -> bool:
@@ -54,10 +54,7 @@ class NonFiniteGuard:
     def check_weights(self, step: int, models) -> None:
         """Raise TrainingStopped when any weight of `models` is NaN/inf on any rank (a collective)."""
         params = [p for m in models for p in m.parameters() if not p.stop_gradient]
-        bad = paddle.to_tensor(0.0 if all_finite(params) else 1.0, dtype="float32")
-        if world_size() > 1:
-            paddle.distributed.all_reduce(bad)
-        if float(bad) > 0:
+        if on_any_rank(not all_finite(params)):
             raise TrainingStopped(
                 f"step {step}: the update made weights NaN/inf (is learning_rate finite and sensible?); stopping "
                 f"without saving them. Checkpoints already written under {self.output_dir} are intact.")

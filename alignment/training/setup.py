@@ -142,8 +142,18 @@ def parse_arguments(argv, *dataclass_types):
         instances = parser.parse_args(argv, prog=program_name())
     except ArgumentError as err:
         fail(err)
+    rollout = sum(getattr(instance, "rollout_ranks", 0) for instance in instances)  # asynchronous RL's generators
     try:  # the degrees against the launch, before any model loads
-        layout = plan(next(i for i in instances if isinstance(i, TrainingArguments)), launcher.world_size())
+        if rollout and rollout >= launcher.world_size():
+            raise ValueError(f"key 'rollout_ranks' {rollout} leaves no training rank among the "
+                             f"{launcher.world_size()} processes started by paddle.distributed.launch")
+        layout = plan(next(i for i in instances if isinstance(i, TrainingArguments)),
+                      launcher.world_size() - rollout)
+        if rollout and layout.hybrid:
+            raise ValueError("key 'rollout_ranks': the training ranks of an asynchronous run are plain data "
+                             "parallel for now; set tensor_parallel_degree, pipeline_parallel_degree to 1 and "
+                             "sharding to ''")
+        layout = dataclasses.replace(layout, rollout=rollout)
     except ValueError as err:
         fail(f"{parser.source}: {err}")
     argument_dir = os.path.dirname(os.path.abspath(argv[0])) if argv and not argv[0].startswith("-") else None
@@ -180,8 +190,8 @@ def start_processes(train_args, layout: Layout) -> None:
     problem = from_main_process(problem)  # every rank stops at once, not at its first collective
     if problem:
         fail(ValueError(problem))
-    if layout.world > 1:
-        start_watchdog(rank(), layout.world, train_args.lost_rank_timeout)
+    if layout.processes > 1:
+        start_watchdog(rank(), layout.processes, train_args.lost_rank_timeout)
         print(f"processes: {layout.describe()}")
     set_seed(train_args.seed)
 
@@ -288,14 +298,14 @@ def end_processes(train_args=None) -> None:
     flushes its output and leaves without the interpreter's teardown: on the CPU build, gloo's and the TCP stores'
     destructors crashed a rank now and then (-11) after a complete run, once the other ranks were gone, and the
     launcher then failed the whole job. One process returns normally."""
-    from alignment.parallel.distributed import barrier, is_main_process, world_size
+    from alignment.parallel.distributed import barrier_all, is_main_process, world_size
     from alignment.parallel.watchdog import stop_watchdog
 
     if train_args is not None and is_main_process():
         print(where_to_look(train_args))
     if world_size() <= 1:
         return
-    barrier()
+    barrier_all()
     stop_watchdog()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,0 +1,49 @@
+"""Asynchronous RL arguments: rollout ranks beside the training ranks, bounded staleness, the rollout ledger."""
+from __future__ import annotations
+
+import dataclasses
+
+from alignment.config.parser import field
+from alignment.config.ppo import PPOArguments
+
+
+@dataclasses.dataclass
+class AsyncArguments:
+    """Rollout ranks generate while the training ranks train (alignment/ppo/asynchronous.py)."""
+    HELP_SECTIONS = {"rollout_ranks": "Asynchronous RL and the rollout ledger"}
+
+    rollout_ranks: int = field(0, ge=0, help="Processes of the launch that only generate rollouts (the last ones); "
+                                             "the others train. 0 = synchronous: every process generates, then "
+                                             "trains.")
+    max_staleness: int = field(0, ge=0, help="How many policy versions older than the one being updated a trained "
+                                             "sample may be: step t trains on prompt batch t sampled by the policy "
+                                             "after step max(0, t - max_staleness). 0 = every sample from the "
+                                             "current policy (the synchronous run's numbers).")
+    behaviour_weight_cap: float = field(2.0, gt=0, help="Truncation C of the importance weight min(pi_prox / "
+                                                        "pi_behaviour, C) that corrects samples from an older "
+                                                        "policy (decoupled PPO with truncated importance "
+                                                        "sampling; alignment/ppo/off_policy.py).")
+    rollout_ledger: bool = field(False, help="Write every trained sample (ids, version, behaviour log-probs, reward "
+                                             "parts, the step that trained it) to <output_dir>/ledger/; always on "
+                                             "with rollout_ranks > 0. tools/replay_ledger.py reports on it.")
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.rollout_ranks > 0
+
+    @property
+    def ledger(self) -> bool:
+        return self.rollout_ledger or self.asynchronous
+
+    def validate_with(self, *others) -> None:
+        ppo = next(other for other in others if isinstance(other, PPOArguments))
+        if self.max_staleness and not self.asynchronous:
+            raise ValueError("key 'max_staleness' > 0 needs rollout_ranks > 0 (a synchronous run is on-policy)")
+        if not self.asynchronous:
+            return
+        if ppo.dynamic_sampling:
+            raise ValueError("key 'dynamic_sampling' with rollout_ranks > 0: dynamic sampling draws prompt batches "
+                             "until groups are kept, which the rollout ranks' fixed schedule does not do yet")
+        if ppo.eval_mode == "single":
+            raise ValueError("key 'eval_mode' 'single' with rollout_ranks > 0: the rollout ranks hold their own "
+                             "whole copy; leave eval_mode null")

@@ -1,0 +1,210 @@
+"""Asynchronous RL: rollout ranks sample the next prompt batches while the training ranks train.
+
+    python -m paddle.distributed.launch --nproc_per_node 2 alignment/ppo/run_ppo.py ARGS --rollout_ranks 1 \
+        --max_staleness 1
+
+The schedule is fixed, so a run is reproducible and resumes exactly: training step g (0-based) trains prompt batch g
+of the stream, sampled by policy version max(0, g - k), k = max_staleness, where version v is the weights after v
+training steps. With k = 0 every batch waits for the current weights (the synchronous run's numbers); with k >= 1
+the rollout ranks sample batch g + 1 .. g + k while step g trains.
+
+Weights: at the start of step g the first training rank sends version g, when some batch still to be sampled
+needs it, to every rollout rank over Paddle's send/recv (a header [version, crc32, size] and the trainable
+parameters as one flat float32 tensor; the receiver checks the checksum). A rollout rank receives the versions in
+a thread of its own, so sampling goes on while a transfer waits. The receiver posts its recv only once the mailbox
+says version g is on its way: gloo gives up on a recv that waits 30 s, and a training step may take longer.
+Rollouts: rollout rank r samples rows r, r + R, ... of each global prompt batch (R rollout ranks; each row with
+its own random numbers, so the split does not change a token) and puts the rows, as JSON (wire.py), into a
+mailbox: a ring of k + 2 slots in a TCPStore served by training rank 0. A rank never gets more than k + 1 batches
+ahead of the training ranks. Training ranks take batch g at step g; each keeps its data shard.
+Checkpoints: the batches sampled but not yet trained (at most k) are taken from the mailbox into the trainer state;
+the resumed run trains them first and its rollout ranks start at the batch after them, receiving the version they
+need from the training ranks (they never read checkpoints).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from alignment.launcher import rank
+from alignment.ppo import wire
+from alignment.ppo.rollout import Rollout, concat_rollouts
+
+POLL_SECONDS = 0.005
+
+
+def version_for(batch: int, staleness: int) -> int:
+    """The policy version that samples prompt batch `batch`."""
+    return max(0, batch - staleness)
+
+
+def versions_needed(first_batch: int, total: int, staleness: int) -> List[int]:
+    """The versions the rollout ranks need to sample batches first_batch .. total - 1, in order."""
+    return sorted({version_for(b, staleness) for b in range(first_batch, total)})
+
+
+def sample_ids(batch_index: int, batch, positions, group: int) -> List[str]:
+    """"batch:row:prompt" of each row sampled for `positions` of global prompt batch `batch_index` (`batch`: its
+    dataset indices): where the row stands in the stream and which prompt it answers."""
+    return [f"{batch_index}:{p * group + s}:{int(batch[p])}" for p in positions for s in range(group)]
+
+
+class Mailbox:
+    """Slots in a TCPStore of training rank 0 (alignment/parallel/stores.py), one ring per rollout rank."""
+
+    def __init__(self, store, slots: int):
+        self.store, self.slots = store, slots
+
+    def count(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+    def wait_until(self, ready) -> None:
+        while not ready():
+            time.sleep(POLL_SECONDS)
+
+    def put(self, sender: int, batch: int, text: str) -> None:
+        """Rollout rank `sender` posts batch `batch` once the slot it takes is free (trained or taken)."""
+        self.wait_until(lambda: batch - self.count("async/taken") < self.slots)
+        self.store.set(f"async/{sender}/{batch % self.slots}", text)
+        self.store.add(f"async/{sender}/posted", 1)
+
+    def take(self, sender: int, batch: int) -> str:
+        self.wait_until(lambda: self.count(f"async/{sender}/posted") > batch)
+        return bytes(self.store.get(f"async/{sender}/{batch % self.slots}")).decode("utf-8")
+
+    def mark_taken(self) -> None:
+        self.store.add("async/taken", 1)
+
+    def publish_start(self, first_batch: int) -> None:
+        self.store.set("async/start", str(first_batch))
+        for sender_key in ("async/taken",):  # counters continue from the resumed position
+            self.store.add(sender_key, first_batch - self.count(sender_key))
+
+    def first_batch(self) -> int:
+        return int(bytes(self.store.get("async/start")).decode())
+
+    def announce(self, key: str) -> None:
+        self.store.add(key, 1)
+
+    def wait_for(self, key: str, count: int) -> None:
+        self.wait_until(lambda: self.count(key) >= count)
+
+
+STORE_SECONDS = 3600  # a blocking get waits this long (a lost rank is the watchdog's: lost_rank_timeout)
+
+
+def open_mailbox(layout, staleness: int, timeout: int = STORE_SECONDS) -> Mailbox:
+    """Every process of an asynchronous launch calls this once: training rank 0 serves the store."""
+    from paddle.base import core
+
+    from alignment.launcher import endpoints
+    from alignment.parallel.stores import rank_zero_store
+
+    host = endpoints()[0].rsplit(":", 1)[0] if endpoints() else "127.0.0.1"
+    store = rank_zero_store(rank(), "/alignment/async_mailbox", host, core.create_or_get_global_tcp_store(),
+                            timeout)
+    return Mailbox(store, staleness + 2)
+
+
+class RolloutSource:
+    """The training ranks' side: weights out at the start of each step, the step's rollout in."""
+
+    def __init__(self, mailbox: Mailbox, layout, staleness: int, total_steps: int):
+        self.mailbox, self.layout, self.staleness, self.total = mailbox, layout, staleness, total_steps
+        self.buffer: Dict[int, List[str]] = {}  # batch -> the rollout ranks' JSON parts, taken ahead (checkpoints)
+        self.needed: List[int] = []
+
+    def start(self, step: int) -> None:
+        """Before the first step (fresh, or resumed at `step` with the buffer restored)."""
+        first = step + len(self.buffer)
+        self.needed = versions_needed(first, self.total, self.staleness)
+        if rank() == 0:
+            self.mailbox.publish_start(first)
+
+    def send_weights(self, step: int, model) -> float:
+        """Version `step` to every rollout rank, when one still needs it; -> seconds spent (0 otherwise)."""
+        if step not in self.needed or rank() != 0:
+            return 0.0
+        begin = time.perf_counter()
+        header, flat = wire.pack_weights(model, step)
+        self.mailbox.announce("async/weights_sent")
+        for receiver in range(self.layout.world, self.layout.processes):
+            dist.send(header, dst=receiver)
+            dist.send(flat, dst=receiver)
+        return time.perf_counter() - begin
+
+    def parts(self, batch: int) -> List[str]:
+        if batch in self.buffer:
+            return self.buffer.pop(batch)
+        return [self.mailbox.take(sender, batch) for sender in range(self.layout.rollout)]
+
+    def rollout(self, batch: int, pad_id: int) -> Rollout:
+        """The whole global batch `batch`, rows in stream order (every training rank gets all of it)."""
+        parts = [wire.rollout_from_json(text) for text in self.parts(batch)]
+        self.after_take(batch)
+        whole = concat_rollouts(parts, pad_id)
+        order = np.argsort([int(sid.split(":")[1]) for sid in whole.sample_ids], kind="stable")
+        return whole if (order == np.arange(len(order))).all() else whole.take(order.tolist())
+
+    def after_take(self, batch: int) -> None:
+        from alignment.parallel.distributed import barrier
+
+        barrier()  # every training rank has read the slots before they are freed
+        if rank() == 0:
+            self.mailbox.mark_taken()
+
+    def drain(self, next_step: int) -> None:
+        """Take every batch already sampled ahead (next_step .. next_step + k - 1) into the buffer."""
+        for batch in range(next_step, min(next_step + self.staleness, self.total)):
+            if batch not in self.buffer:
+                self.buffer[batch] = [self.mailbox.take(s, batch) for s in range(self.layout.rollout)]
+                self.after_take(batch)
+
+    def state_dict(self) -> dict:
+        return {"buffer": {str(b): parts for b, parts in self.buffer.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = {int(b): list(parts) for b, parts in state["buffer"].items()}
+
+
+class WeightReceiver(threading.Thread):
+    """A rollout rank's thread receiving the versions it needs, in order, into `versions`."""
+
+    def __init__(self, model, needed: List[int], mailbox: Mailbox):
+        super().__init__(daemon=True)
+        self.count, self.needed, self.mailbox = wire.weight_count(model), list(needed), mailbox
+        self.versions: Dict[int, tuple] = {}
+        self.ready = threading.Condition()
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            for sent, _ in enumerate(self.needed, 1):
+                self.mailbox.wait_for("async/weights_sent", sent)
+                header = paddle.zeros([3], dtype="int64")
+                dist.recv(header, src=0)
+                flat = paddle.zeros([int(header[2])], dtype="float32")
+                dist.recv(flat, src=0)
+                with self.ready:
+                    self.versions[int(header[0])] = (header, flat)
+                    self.ready.notify_all()
+        except BaseException as err:  # surfaced by the main thread's next wait
+            with self.ready:
+                self.error = err
+                self.ready.notify_all()
+
+    def apply(self, version: int, model) -> None:
+        """Wait for `version`, check and load it into `model`, forget the older ones."""
+        with self.ready:
+            self.ready.wait_for(lambda: version in self.versions or self.error is not None)
+            if self.error is not None:
+                raise RuntimeError(f"rollout rank {rank()}: receiving policy weights failed: {self.error}")
+            header, flat = self.versions.pop(version)
+            for old in [v for v in self.versions if v < version]:
+                del self.versions[old]
+        wire.unpack_weights(model, header, flat)

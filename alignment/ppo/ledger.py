@@ -1,0 +1,131 @@
+"""The rollout ledger: every trained sample, one JSON line, in <output_dir>/ledger/.
+
+Each row: the step that trained it, its `sample` id ("batch:row:prompt": its place in the prompt stream and the
+prompt's index in the dataset), the prompt, the policy version that sampled it (the step's own for a synchronous
+run), the response token ids and the behaviour log-probs of its policy tokens (when recorded), each reward part
+and the end reward, and the sampling parameters. `sources.json` says where rewards come from (reward functions,
+the reward model's path and a digest of its weights, the reward server URLs and what their /health reports).
+Files rotate every ROTATE steps (steps-000001.jsonl holds steps 1-100); on resume the rows after the checkpoint
+are dropped, as metrics.jsonl's are, so a step's samples are written once. tools/replay_ledger.py reports on it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import List, Optional
+
+import numpy as np
+
+ROTATE = 100
+
+
+def file_for(step: int) -> str:
+    return f"steps-{(step - 1) // ROTATE * ROTATE + 1:06d}.jsonl"
+
+
+def ledger_rows(step: int, rollout, sampling: dict) -> List[dict]:
+    """One row per sample of a scored rollout trained at step `step` (1-based, as metrics.jsonl)."""
+    ids = rollout.input_ids.numpy()[:, rollout.prompt_len:]
+    mask = rollout.response_mask.numpy() > 0
+    attention = rollout.attention_mask.numpy()[:, rollout.prompt_len:] > 0
+    behaviour = rollout.behaviour_log_probs.numpy() if rollout.behaviour_log_probs is not None else None
+    end = rollout.end_rewards.numpy()
+    rows = []
+    for i in range(len(rollout)):
+        row = {"step": step, "sample": rollout.sample_ids[i] if rollout.sample_ids else None,
+               "prompt": rollout.prompts[i],
+               "version": rollout.versions[i] if rollout.versions else step - 1,
+               "response_ids": ids[i][attention[i]].tolist(), "policy_token": mask[i][attention[i]].astype(int).tolist(),
+               "reward": float(end[i]), "reward_parts": rollout.reward_rows[i] if rollout.reward_rows else {},
+               "sampling": sampling}
+        if behaviour is not None:
+            row["behaviour_log_probs"] = [float(x) for x in behaviour[i][mask[i]]]
+        rows.append(row)
+    return rows
+
+
+class Ledger:
+    """Appends rows under <output_dir>/ledger/ (rank 0 only; the others pass enabled=False)."""
+
+    def __init__(self, output_dir: str, enabled: bool, sources: Optional[dict] = None):
+        self.folder = os.path.join(output_dir, "ledger")
+        self.enabled = enabled
+        if enabled:
+            os.makedirs(self.folder, exist_ok=True)
+            if sources is not None:
+                with open(os.path.join(self.folder, "sources.json"), "w", encoding="utf-8") as f:
+                    json.dump(sources, f, indent=2, sort_keys=True)
+
+    def write(self, rows: List[dict]) -> None:
+        if not self.enabled or not rows:
+            return
+        with open(os.path.join(self.folder, file_for(rows[0]["step"])), "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def resume_at(self, step: int) -> None:
+        """Drop the rows of steps after `step` (written by a run that stopped before its next checkpoint)."""
+        if not self.enabled:
+            return
+        for name in sorted(os.listdir(self.folder)):
+            if not name.startswith("steps-"):
+                continue
+            path = os.path.join(self.folder, name)
+            with open(path, encoding="utf-8") as f:
+                lines = f.readlines()
+            kept = [line for line in lines if line.strip() and _step_of(line) is not None and _step_of(line) <= step]
+            if len(kept) != len(lines):
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write("".join(kept))
+
+
+def _step_of(line: str) -> Optional[int]:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a line cut by the kill: dropped
+
+
+def file_digest(path: str) -> Optional[str]:
+    """sha256 of a model directory's weight files (names and bytes), or None when it has none."""
+    if not path or not os.path.isdir(path):
+        return None
+    digest = hashlib.sha256()
+    names = sorted(n for n in os.listdir(path) if n.endswith((".safetensors", ".pdparams")))
+    for name in names:
+        digest.update(name.encode())
+        with open(os.path.join(path, name), "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest() if names else None
+
+
+def read_ledger(output_dir: str) -> List[dict]:
+    """Every row of a run's ledger, in file order; ValueError naming a file and line that is not a row."""
+    folder = os.path.join(output_dir, "ledger")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{folder}: no ledger (set rollout_ledger: true, or run with rollout_ranks > 0)")
+    rows = []
+    for name in sorted(n for n in os.listdir(folder) if n.startswith("steps-")):
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    row = json.loads(line)
+                    int(row["step"])
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"{os.path.join(folder, name)}, line {number}: not a ledger row") from None
+                rows.append(row)
+    return rows
+
+
+def reward_sources(ppo, reward) -> dict:
+    """Where the rewards come from, for sources.json: reward functions and weights, the reward model's path and
+    weight digest, the reward server URLs and what their /health said."""
+    model_path = getattr(getattr(reward, "model", None), "name_or_path", None)
+    server = getattr(reward, "server", None)
+    return {"reward_funcs": list(ppo.reward_funcs), "reward_weights": list(ppo.reward_weights),
+            "reward_model": model_path, "reward_model_sha256": file_digest(model_path),
+            "reward_server": list(getattr(server, "urls", []) or []),
+            "reward_server_health": getattr(server, "health_report", None)}

@@ -1,0 +1,63 @@
+"""A rollout rank of an asynchronous run (asynchronous.py): sample its rows of every prompt batch of the stream
+with the policy version the schedule names, and post them to the training ranks."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import paddle
+
+from alignment.launcher import rank
+from alignment.ppo import dynamic_sampling as ds
+from alignment.ppo import wire
+from alignment.ppo.asynchronous import WeightReceiver, sample_ids, version_for, versions_needed
+from alignment.ppo.samplers import Draw
+from alignment.training.batches import epoch_batches, skip_batches
+
+
+@dataclasses.dataclass
+class WorkerPlan:
+    """What a rollout rank needs to know of the run: the prompt stream and its length, the sampler."""
+    prompts: object  # PromptOnlyDataset (the training ranks' prompts, in the same order)
+    prompt_batch: int  # prompts per global batch (per_device_prompt_batch_size x training data ranks)
+    group: int  # num_return_sequences
+    total_steps: int
+    seed: int
+    drop_last: bool
+    min_size: int  # the training data ranks (a batch never has fewer prompts)
+    temperature: float  # behaviour log-probs are taken at the sampling temperature
+
+
+def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, gen_config, mailbox, layout,
+                       staleness: int) -> int:
+    """Sample and post every batch from the published first one to the end; -> batches posted."""
+    sender, senders = rank() - layout.world, layout.rollout
+    first = mailbox.first_batch()
+    mailbox.store.add(f"async/{sender}/posted", first)  # the counter counts stream positions
+    receiver = WeightReceiver(actor, versions_needed(first, plan.total_steps, staleness), mailbox)
+    receiver.start()
+    batches = epoch_batches(len(plan.prompts), plan.prompt_batch, plan.seed, min_size=plan.min_size,
+                            drop_last=plan.drop_last)
+    skip_batches(batches, first)
+    current, posted = None, 0
+    actor.eval()
+    for batch_index in range(first, plan.total_steps):
+        version = version_for(batch_index, staleness)
+        if version != current:
+            receiver.apply(version, actor)
+            current = version
+        batch = next(batches)
+        positions = list(range(len(batch)))[sender::senders]
+        seed = ds.generation_seed(plan.seed, batch_index, 0)
+        paddle.seed(seed)  # the synchronous trainer's seed for this step's generation
+        items = [plan.prompts[int(batch[p])] for p in positions]
+        rollout = sampler(actor, tokenizer, gen_config, Draw(items, plan.group, False, positions, len(batch), seed,
+                                                              plan.temperature))
+        rollout.behaviour_log_probs, rollout.old_log_probs = rollout.old_log_probs, None
+        rollout.versions = [version] * len(rollout)
+        rollout.sample_ids = sample_ids(batch_index, batch, positions, plan.group)
+        mailbox.put(sender, batch_index, wire.rollout_to_json(rollout))
+        posted += 1
+    receiver.join()
+    mailbox.wait_for("async/done", 1)  # the training ranks' end (gloo's barrier would time out waiting for it)
+    return posted

@@ -1,0 +1,113 @@
+"""Asynchronous RL launches (marked `parallel`): one training and one rollout rank. max_staleness 0 trains exactly
+as the one-process synchronous run (every metric, bitwise weights) for PPO with a critic and for GRPO; staleness 1
+overlaps and its ledger holds every sample once; kill -9 of the rollout rank or of the training rank stops the
+launch, and resume_from_checkpoint auto continues to the uninterrupted run's metrics and weights, the ledger still
+holding every sample exactly once."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+from safetensors.numpy import load_file
+
+from alignment.commands import replay_ledger
+from alignment.ppo.ledger import read_ledger
+from tests.helpers import REPO, read_metrics
+
+pytestmark = pytest.mark.parallel
+SCRIPT = os.path.join(REPO, "alignment", "ppo", "run_ppo.py")
+
+
+def ppo_args(out, actor, reward, estimator, *extra):
+    args = [SCRIPT, os.path.join(REPO, "config", "tiny", "ppo_argument.json"), "--actor_model_name_or_path", actor,
+            "--reward_model_name_or_path", reward, "--output_dir", str(out), "--disable_tqdm", "--eval_datasets", "",
+            "--max_steps", "6", "--max_new_tokens", "8", "--per_device_prompt_batch_size", "4",
+            "--per_device_train_batch_size", "4", "--logging_steps", "1", "--advantage_estimator", estimator]
+    if estimator == "grpo":
+        args += ["--num_return_sequences", "2", "--kl_in_loss", "true", "--kl_estimator", "k3"]
+    return args + list(extra)
+
+
+def launch(log_dir, args, check=True):
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(log_dir),
+           *args]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return done
+
+
+def comparable(out):
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "async/"))} for row in read_metrics(out)]
+
+
+def assert_same_weights(a, b, subdirs):
+    for sub in subdirs:
+        x, y = load_file(os.path.join(a, sub, "model.safetensors")), load_file(os.path.join(b, sub, "model.safetensors"))
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=f"{sub} {key}")
+
+
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_max_staleness_0_equals_the_synchronous_run(tmp_path, tiny_model_dir, tiny_reward_dir, estimator):
+    sync, overlapped = tmp_path / "sync", tmp_path / "async"
+    subprocess.run([sys.executable, *ppo_args(sync, tiny_model_dir, tiny_reward_dir, estimator, "--max_steps", "4")],
+                   cwd=REPO, check=True, capture_output=True)
+    launch(tmp_path / "logs", ppo_args(overlapped, tiny_model_dir, tiny_reward_dir, estimator, "--max_steps", "4",
+                                       "--rollout_ranks", "1"))
+    assert comparable(sync) == comparable(overlapped)
+    assert all(row["async/staleness"] == 0 for row in read_metrics(overlapped))
+    assert_same_weights(sync, overlapped, ["policy"] + (["value"] if estimator == "gae" else []))
+
+
+def test_staleness_1_trains_every_sample_once_and_overlaps(tmp_path, tiny_model_dir, tiny_reward_dir):
+    out = tmp_path / "run"
+    launch(tmp_path / "logs", ppo_args(out, tiny_model_dir, tiny_reward_dir, "gae", "--rollout_ranks", "1",
+                                       "--max_staleness", "1"))
+    rows = read_metrics(out)
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1, 1, 1]
+    assert all(0.25 < r["async/behaviour_weight"] < 4 for r in rows[1:])
+    ledger = read_ledger(str(out))
+    assert len(ledger) == 6 * 4 and [r["version"] for r in ledger if r["step"] == 4] == [2] * 4
+    assert all(len(r["behaviour_log_probs"]) == sum(r["policy_token"]) for r in ledger)
+    assert replay_ledger.main([str(out)]) == 0
+
+
+def rank_pid(launcher_pid: int, rank: int) -> int:
+    """The pid of a rank's process under the launcher (PADDLE_TRAINER_ID in its environment)."""
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if child.environ().get("PADDLE_TRAINER_ID") == str(rank) and "run_ppo.py" in " ".join(child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"rank {rank} not found")
+
+
+@pytest.mark.parametrize("killed_rank", [1, 0], ids=["rollout-rank", "training-rank"])
+def test_kill_9_of_a_rank_then_resume_auto_continues_exactly(tmp_path, tiny_model_dir, tiny_reward_dir,
+                                                             killed_rank):
+    flags = ("--rollout_ranks", "1", "--max_staleness", "1", "--save_steps", "2")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    launch(tmp_path / "logs-straight", ppo_args(straight, tiny_model_dir, tiny_reward_dir, "gae", *flags))
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+           str(tmp_path / "logs-killed"), *ppo_args(killed, tiny_model_dir, tiny_reward_dir, "gae", *flags)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not (killed / "latest").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.kill(rank_pid(proc.pid, killed_rank), signal.SIGKILL)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and f"Container rank {killed_rank} status failed" in output
+    trained = [r["step"] for r in read_metrics(killed)]
+    assert (killed / "latest").exists() and len(trained) < 6, trained
+    launch(tmp_path / "logs-resumed", ppo_args(killed, tiny_model_dir, tiny_reward_dir, "gae", *flags,
+                                               "--resume_from_checkpoint", "auto"))
+    assert comparable(killed) == comparable(straight)
+    assert_same_weights(straight, killed, ["policy", "value"])
+    assert replay_ledger.main([str(killed)]) == 0  # every sample once across the kill
+    assert [r["sample"] for r in read_ledger(str(killed))] == [r["sample"] for r in read_ledger(str(straight))]
