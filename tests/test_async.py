@@ -117,3 +117,21 @@ BASE = ["--actor_model_name_or_path", "m", "--train_datasets", "prompt-only", "-
 def test_what_an_asynchronous_run_refuses_is_named(flags, message):
     with pytest.raises(ArgumentError, match=message):
         PARSER.parse_args(BASE + flags)
+
+
+def test_a_synchronous_run_writes_the_ledger_when_asked(tmp_path, tiny_model_dir, tiny_reward_dir):
+    from alignment.ppo import run_ppo
+    from tests.helpers import REPO
+
+    out = tmp_path / "run"
+    run_ppo.main([f"{REPO}/config/tiny/ppo_argument.json", "--actor_model_name_or_path", tiny_model_dir,
+                  "--reward_model_name_or_path", tiny_reward_dir, "--output_dir", str(out), "--disable_tqdm",
+                  "--eval_datasets", "", "--max_steps", "3", "--max_new_tokens", "6", "--per_device_prompt_batch_size",
+                  "4", "--per_device_train_batch_size", "4", "--rollout_ledger", "true", "--reward_funcs", "combined"])
+    rows = read_ledger(str(out))
+    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4 + [3] * 4
+    assert [r["sample"].split(":")[:2] for r in rows[:4]] == [["0", str(i)] for i in range(4)]
+    assert all(set(r["reward_parts"]) == {"model", "combined"} and r["version"] == r["step"] - 1 for r in rows)
+    assert all(len(r["response_ids"]) == len(r["policy_token"]) <= 6 for r in rows)
+    sources = json.load(open(out / "ledger" / "sources.json"))
+    assert sources["reward_model"] == tiny_reward_dir and len(sources["reward_model_sha256"]) == 64

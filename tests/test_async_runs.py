@@ -111,3 +111,20 @@ def test_kill_9_of_a_rank_then_resume_auto_continues_exactly(tmp_path, tiny_mode
     assert_same_weights(straight, killed, ["policy", "value"])
     assert replay_ledger.main([str(killed)]) == 0  # every sample once across the kill
     assert [r["sample"] for r in read_ledger(str(killed))] == [r["sample"] for r in read_ledger(str(straight))]
+
+
+def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    args = [SCRIPT, os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json"), "--actor_model_name_or_path",
+            tiny_model_dir, "--output_dir", str(out), "--disable_tqdm", "--environment", "guess-number",
+            "--environment_args", "{}", "--user_env_modules", os.path.join(REPO, "examples", "guess_number_env.py"),
+            "--reward_funcs", "", "--gold_judge", "", "--eval_datasets", "", "--max_steps", "4", "--max_turns", "3",
+            "--max_new_tokens", "6", "--max_length", "128", "--max_trajectory_tokens", "48",
+            "--num_return_sequences", "2", "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size",
+            "4", "--lora", "true", "--lora_rank", "4", "--rollout_ranks", "1", "--max_staleness", "1"]
+    launch(tmp_path / "logs", args)
+    rows = read_metrics(out)
+    assert len(rows) == 4 and all(r["env/turns"] > 1 for r in rows) and rows[-1]["async/staleness"] == 1
+    ledger = read_ledger(str(out))
+    assert len(ledger) == 16 and all(0 in r["policy_token"] for r in ledger)  # observations in, not trained
+    assert replay_ledger.main([str(out)]) == 0

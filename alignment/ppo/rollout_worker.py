@@ -1,8 +1,13 @@
 """A rollout rank of an asynchronous run (asynchronous.py): sample its rows of every prompt batch of the stream
-with the policy version the schedule names, and post them to the training ranks."""
+with the policy version the schedule names, and post them to the training ranks. Each batch adds a line to
+<output_dir>/rollout_rank<N>.jsonl: batch, version, and the wall-clock start / end of waiting for the weights,
+sampling and posting (benchmarks/bench_async.py draws the timeline from it)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import time
 from typing import Callable
 
 import paddle
@@ -26,6 +31,7 @@ class WorkerPlan:
     drop_last: bool
     min_size: int  # the training data ranks (a batch never has fewer prompts)
     temperature: float  # behaviour log-probs are taken at the sampling temperature
+    output_dir: str  # where rollout_rank<N>.jsonl (this rank's timeline: one line per batch) goes
 
 
 def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, gen_config, mailbox, layout,
@@ -41,11 +47,14 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
     skip_batches(batches, first)
     current, posted = None, 0
     actor.eval()
+    timeline = open(os.path.join(plan.output_dir, f"rollout_rank{rank()}.jsonl"), "a", encoding="utf-8")
     for batch_index in range(first, plan.total_steps):
         version = version_for(batch_index, staleness)
+        times = {"batch": batch_index, "version": version, "wait_start": time.time()}
         if version != current:
             receiver.apply(version, actor)
             current = version
+        times["sample_start"] = time.time()
         batch = next(batches)
         positions = list(range(len(batch)))[sender::senders]
         seed = ds.generation_seed(plan.seed, batch_index, 0)
@@ -56,8 +65,13 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
         rollout.behaviour_log_probs, rollout.old_log_probs = rollout.old_log_probs, None
         rollout.versions = [version] * len(rollout)
         rollout.sample_ids = sample_ids(batch_index, batch, positions, plan.group)
+        times["post_start"] = time.time()
         mailbox.put(sender, batch_index, wire.rollout_to_json(rollout))
+        times["post_end"] = time.time()
+        timeline.write(json.dumps(times) + "\n")
+        timeline.flush()
         posted += 1
+    timeline.close()
     receiver.join()
     mailbox.wait_for("async/done", 1)  # the training ranks' end (gloo's barrier would time out waiting for it)
     return posted

@@ -72,7 +72,7 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
     layout = run.layout
     plan = WorkerPlan(prompts, ppo_args.per_device_prompt_batch_size * layout.data, ppo_args.num_return_sequences,
                       stream_steps(ppo_args, train_args, layout, len(prompts)), train_args.seed,
-                      train_args.dataloader_drop_last, layout.data, ppo_args.temperature)
+                      train_args.dataloader_drop_last, layout.data, ppo_args.temperature, train_args.output_dir)
     sampler = make_sampler(ppo_args, data_args.max_length, lambda items: collate_prompts(items, tokenizer.pad_token_id),
                            env_args)
     posted = run_rollout_worker(plan, actor, tokenizer, sampler, rollout_generation_config(ppo_args, actor, tokenizer),

@@ -14,7 +14,7 @@ from typing import Dict
 
 class PhaseTimer:
     def __init__(self):
-        self.times: Dict[str, float] = {}
+        self.times: Dict[str, float] = {"time/step_start": time.time()}  # wall clock: timelines line steps up
 
     @contextlib.contextmanager
     def phase(self, name: str):
