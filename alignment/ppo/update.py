@@ -12,7 +12,7 @@ from typing import Callable, Dict, List
 import numpy as np
 import paddle
 
-from alignment.parallel.distributed import data_world_size, share_of_data_ranks
+from alignment.parallel.distributed import step_shares
 from alignment.ppo.objective import aggregation, step_weight
 from alignment.ppo.rollout import update_order
 from alignment.training.trainer import mean_rows
@@ -58,14 +58,3 @@ class EagerMicroBatches:
                 part = value / len(batches) if key in PER_MICRO_BATCH_MEANS else value
                 step[key] = step.get(key, 0.0) + part
         return step
-
-
-def step_shares(weights: List[float]) -> List[float]:
-    """For the micro-batches of one optimizer step, each the mean of a loss over `weights[i]` units (tokens, or
-    responses): the factors that turn each one's mean into its share of the mean over all of them on every data rank
-    (gradients are averaged over the ranks): w_i * ranks / sum of w over the micro-batches and ranks; [1.0] for one
-    micro-batch in one process."""
-    if len(weights) == 1 and data_world_size() == 1:
-        return [1.0]
-    total = share_of_data_ranks(sum(weights))  # = sum * ranks / global sum
-    return [w / max(sum(weights), 1e-12) * total for w in weights]
