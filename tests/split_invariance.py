@@ -201,7 +201,7 @@ def reference(ppo, rollout, actor, critic=None):
 def assert_matches(got, want, loss_tol=2e-6, grad_tol=1e-5, what=""):
     """(loss, critic loss, grads) equal within float32 rounding: losses to loss_tol relative (of max(1, |loss|)),
     every gradient to grad_tol of the largest gradient entry of its parameter tensor."""
-    for name, a, b in (("actor loss", got[0], want[0]), ("critic loss", got[1], want[1])):
+    for name, a, b in (("loss", got[0], want[0]), ("critic loss", got[1], want[1])):
         if b is not None:
             assert abs(a - b) <= loss_tol * max(1.0, abs(b)), f"{what}: {name} {a!r} != reference {b!r}"
     assert got[2].keys() == want[2].keys(), what

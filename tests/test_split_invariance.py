@@ -65,7 +65,7 @@ def test_every_policy_loss_and_aggregation_with_and_without_the_entropy_bonus(lo
 
 @pytest.mark.parametrize("loss,mode", LOSS_SHAPES)
 @pytest.mark.parametrize("placement", [("kl_in_loss", kl) for kl in ("k1", "k2", "k3")] +
-                         [("kl_loss", kl) for kl in REFERENCE_KL])
+                         [("kl_loss", kl) for kl in REFERENCE_KL], ids="-".join)
 def test_every_kl_placement_and_estimator_under_every_aggregation(loss, mode, placement):
     where, kl = placement
     extra = dict(kl_in_loss=True, kl_estimator=kl, kl_coeff=0.3) if where == "kl_in_loss" else \
