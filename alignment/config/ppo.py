@@ -188,11 +188,12 @@ class PPOArguments:
                                               "hence the default.")
     rollout_log_probs: bool = field(False, help="Take the old log-probs that PPO's ratio and KL start from from "
                                                 "the logits each token was sampled with (TRL's PPO does this), "
-                                                "instead of a second forward pass of the actor over the rollout "
-                                                "(PaddleNLP, OpenRLHF and verl recompute them). The two differ by "
-                                                "float rounding here (KV-cache decode vs one whole-sequence pass; "
-                                                "more if generation ever runs other kernels than training); the "
-                                                "pass saved was ~2.5% of a PPO step on the TRL peer's shape. "
+                                                "instead of the trainer's own pass over the rollout (PaddleNLP, "
+                                                "OpenRLHF and verl recompute them; the recomputed ones are bitwise "
+                                                "the first update pass's, whose ratios are then exactly 1). The two "
+                                                "differ by float rounding here (KV-cache decode vs one whole-sequence "
+                                                "pass); the trainer still recomputes them once to log the difference "
+                                                "every step (rollout/log_prob_diff_max, rollout/log_prob_diff_p99). "
                                                 "Critic-free estimators with one pass and one optimizer step take "
                                                 "them from the update itself either way.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "

@@ -2,8 +2,9 @@
 update: the registered policy loss (`policy_loss_mode`, losses.py: PPO's token ratios with a symmetric or DAPO's
 clip-higher range, or GSPO's sequence ratio) aggregated by `loss_agg_mode`, weighted by `pg_loss_coeff`, plus the
 KL terms (`kl_in_loss`: kl_coeff x the KL; `kl_loss_coeff`: kl_loss_coeff x a KL loss; both aggregated like the
-policy loss, so the step's loss is one mean whatever the split) and minus `entropy_coeff` x the aggregated entropy. `step_weight` says what each micro-batch's loss is a mean over, so
-a micro-batch's share of the optimizer step's loss is its share of those units over every micro-batch and data rank.
+policy loss, so the step's loss is one mean whatever the split) and minus `entropy_coeff` x the aggregated entropy.
+`step_weight` says what each micro-batch's loss is a mean over, so a micro-batch's share of the optimizer step's
+loss is its share of those units over every micro-batch and data rank.
 """
 from __future__ import annotations
 
