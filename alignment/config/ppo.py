@@ -101,7 +101,8 @@ class PPOArguments:
     kl_estimator: str = field("k1", help="KL estimator of the reward, kl_in_loss and the logged kl: one registered "
                                          "in alignment/ppo/kl.py that is not loss-only.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "
-                                         "per-token reward.")
+                                         "per-token reward; aggregated like the policy loss "
+                                         "(loss_agg_mode).")
     clip_range_ratio: float = field(0.2, gt=0, help="PPO ratio clipping epsilon.")
     clip_range_ratio_low: Optional[float] = field(None, gt=0, lt=1, help="DAPO clip-higher: the ratio's lower clip "
                                                                          "is 1 - this; null = clip_range_ratio.")
@@ -187,11 +188,12 @@ class PPOArguments:
                                               "hence the default.")
     rollout_log_probs: bool = field(False, help="Take the old log-probs that PPO's ratio and KL start from from "
                                                 "the logits each token was sampled with (TRL's PPO does this), "
-                                                "instead of a second forward pass of the actor over the rollout "
-                                                "(PaddleNLP, OpenRLHF and verl recompute them). The two differ by "
-                                                "float rounding here (KV-cache decode vs one whole-sequence pass; "
-                                                "more if generation ever runs other kernels than training); the "
-                                                "pass saved was ~2.5% of a PPO step on the TRL peer's shape. "
+                                                "instead of the trainer's own pass over the rollout (PaddleNLP, "
+                                                "OpenRLHF and verl recompute them; the recomputed ones are bitwise "
+                                                "the first update pass's, whose ratios are then exactly 1). The two "
+                                                "differ by float rounding here (KV-cache decode vs one whole-sequence "
+                                                "pass); the trainer still recomputes them once to log the difference "
+                                                "every step (rollout/log_prob_diff_max, rollout/log_prob_diff_p99). "
                                                 "Critic-free estimators with one pass and one optimizer step take "
                                                 "them from the update itself either way.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
@@ -213,6 +215,10 @@ class PPOArguments:
             raise ValueError("key 'critic_min_learning_rate' must be at most critic_learning_rate")
         if self.enable_overlong_reward_buffer and self.overlong_reward_buffer < 1:
             raise ValueError("key 'overlong_reward_buffer' must be >= 1 when 'enable_overlong_reward_buffer' is true")
+        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.max_new_tokens is None:
+            raise ValueError("key 'loss_agg_mode' seq-mean-token-sum-norm (Dr.GRPO) divides by max_new_tokens: set it "
+                             "(without it the constant would be each micro-batch's longest response, and the "
+                             "loss would depend on how the batch is split)")
         if self.enable_overlong_reward_buffer and self.max_new_tokens is None:
             raise ValueError("key 'enable_overlong_reward_buffer' needs max_new_tokens (the length it counts from)")
         if self.enable_overlong_reward_buffer and self.overlong_reward_buffer > self.max_new_tokens:

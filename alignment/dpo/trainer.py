@@ -103,10 +103,11 @@ class DPOTrainer(DatasetTrainer):
                    "logps/chosen": float(logps[:b].mean()), "logps/rejected": float(logps[b:].mean())}
         return loss, metrics, float(b)
 
-    # pipeline parallelism: the last stage has the whole-sequence logits; the reference stays a whole model
-    def batch_weight(self, batch) -> float:
-        return float(batch["input_ids"].shape[0] // 2)
+    def batch_weight(self, batch) -> float:  # KTO: a mean over rows; the pair losses: over pairs
+        rows = batch["input_ids"].shape[0]
+        return float(rows if self.dpo.loss_type == "kto" else rows // 2)
 
+    # pipeline parallelism: the last stage has the whole-sequence logits; the reference stays a whole model
     def pipeline_labels(self, batch):
         ref = self.reference_of(batch) if is_last_stage() else paddle.zeros([batch["input_ids"].shape[0]])
         return batch["input_ids"], batch["response_mask"], ref.astype("float32").unsqueeze(-1)

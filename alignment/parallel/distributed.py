@@ -155,6 +155,17 @@ def share_of_data_ranks(local: float) -> float:
     return float(local) * ranks / max(total, 1e-12)
 
 
+def step_shares(weights: List[float]) -> List[float]:
+    """For the micro-batches of one optimizer step, each the mean of a loss over `weights[i]` units (tokens, or
+    responses): the factors that turn each one's mean into its share of the mean over all of them on every data rank
+    (gradients are averaged over the ranks): w_i * ranks / sum of w over the micro-batches and ranks; [1.0] for one
+    micro-batch in one process."""
+    if len(weights) == 1 and data_world_size() == 1:
+        return [1.0]
+    total = share_of_data_ranks(sum(weights))  # = sum * ranks / global sum
+    return [w / max(sum(weights), 1e-12) * total for w in weights]
+
+
 def grad_norm_squares(parameters) -> float:
     """Sum of squared gradients of the whole model: slices of tensor-parallel parameters are summed over their
     group, replicated parameters counted once, pipeline stages added up. Call after average_gradients. One

@@ -1,16 +1,16 @@
 """The actor's loss for one micro-batch, composed as the PPO arguments ask, the same in the eager and the pipeline
 update: the registered policy loss (`policy_loss_mode`, losses.py: PPO's token ratios with a symmetric or DAPO's
 clip-higher range, or GSPO's sequence ratio) aggregated by `loss_agg_mode`, weighted by `pg_loss_coeff`, plus the
-KL terms (`kl_in_loss`: kl_coeff x token-mean KL; `kl_loss_coeff`: a KL loss aggregated like the policy loss) and
-minus `entropy_coeff` x the aggregated entropy. `step_weight` says what each micro-batch's loss is a mean over, so
-a micro-batch's share of the optimizer step's loss is its share of those units over every micro-batch and data rank.
+KL terms (`kl_in_loss`: kl_coeff x the KL; `kl_loss_coeff`: kl_loss_coeff x a KL loss; both aggregated like the
+policy loss, so the step's loss is one mean whatever the split) and minus `entropy_coeff` x the aggregated entropy.
+`step_weight` says what each micro-batch's loss is a mean over, so a micro-batch's share of the optimizer step's
+loss is its share of those units over every micro-batch and data rank.
 """
 from __future__ import annotations
 
 from typing import Dict, Tuple
 
 from alignment.config.registry import POLICY_LOSSES
-from alignment.ppo import algorithms as rl
 from alignment.ppo import surrogate as sur
 from alignment.ppo.kl import kl_estimate
 
@@ -56,8 +56,9 @@ def actor_objective(ppo, log_probs, old_log_probs, advantages, mask, ref_log_pro
     if recipe:
         loss = ppo.pg_loss_coeff * loss
         stats["pg_loss"] = loss.detach()
-    if ppo.kl_in_loss:
-        loss = loss + ppo.kl_coeff * rl.masked_mean(kl_estimate(ppo.kl_estimator)(log_probs, ref_log_probs), mask)
+    if ppo.kl_in_loss:  # aggregated like the policy loss (as TRL's GRPO adds beta x KL to the per-token loss)
+        loss = loss + ppo.kl_coeff * sur.kl_loss(log_probs, ref_log_probs, mask, kl_estimate(ppo.kl_estimator), mode,
+                                                 constant)
     if ppo.kl_loss_coeff > 0:
         kl = sur.kl_loss(log_probs, ref_log_probs, mask, kl_estimate(ppo.kl_loss_estimator), mode, constant)
         loss = loss + ppo.kl_loss_coeff * kl

@@ -42,7 +42,7 @@ class PolicyPipeLoss:
     """PPO's actor loss on the last stage. labels: response ids, old log-probs, advantages, response mask,
     reference log-probs, all [b, R], and token_weight [b, 1]: data ranks x micro-batches / tokens of the optimizer
     step over all data ranks (the same in every row), so loss x tokens x weight / micro-batches (fleet's scaling)
-    is this micro-batch's share of the step's token mean, exactly as step_shares() (update.py) scales it
+    is this micro-batch's share of the step's token mean, exactly as step_shares() (parallel/distributed.py) scales it
     without a pipeline."""
 
     def __init__(self, ppo_args):

@@ -121,3 +121,15 @@ def off_policy_correction(rollout, version: int, cap: float) -> Dict[str, float]
     rollout.advantages = off_policy.corrected_advantages(rollout.advantages, rollout.old_log_probs,
                                                          rollout.behaviour_log_probs, mask, stale, cap)
     return out
+
+
+def log_prob_diff(sampler_log_probs, trainer_log_probs, mask) -> Dict[str, float]:
+    """rollout/log_prob_diff_max and _p99: |sampler - trainer| log-prob of the response tokens (the sampling pass's
+    own, rollout_log_probs, against the trainer's recomputation), max and 99th percentile over the global batch.
+    All [N, R]."""
+    diff = (sampler_log_probs - trainer_log_probs).abs().numpy()[mask.numpy() > 0]  # [tokens]
+    every = np.asarray(gather_lists(diff.tolist()), dtype="float64")  # the global batch's
+    if every.size == 0:
+        return {"rollout/log_prob_diff_max": 0.0, "rollout/log_prob_diff_p99": 0.0}
+    return {"rollout/log_prob_diff_max": float(every.max()),
+            "rollout/log_prob_diff_p99": float(np.percentile(every, 99))}

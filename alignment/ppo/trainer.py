@@ -37,7 +37,7 @@ from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
 from alignment.ppo.rollout import response_log_probs
 from alignment.ppo.samplers import Draw, make_sampler, rollout_generation_config
-from alignment.ppo.update import EagerMicroBatches, run_update
+from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
 from alignment.training.batches import epoch_batches, planned_steps, skip_batches, to_tensors
 from alignment.training.timing import PhaseTimer
 from alignment.training.trainer import Trainer
@@ -233,12 +233,12 @@ class PPOTrainer(Trainer):
     def score(self, rollout, rewards=None) -> Dict[str, float]:
         """Score the rollout in place, phase by phase; rewards: its (end rewards, parts) when already computed
         (dynamic sampling). -> the phases' metrics."""
-        self.score_log_probs(rollout)
+        diff = self.score_log_probs(rollout)
         rollout.old_values = self.critic.old_values(rollout, version=self.global_step)
         end_rewards, parts = rewards if rewards is not None else self.end_rewards(rollout)
         rollout.end_rewards, metrics = scoring.reward_statistics(
             end_rewards, parts, self.reward_stats if self.ppo.normalize_reward else None)
-        metrics.update(scoring.gold_reward(self.ppo.gold_judge, rollout))
+        metrics.update({**scoring.gold_reward(self.ppo.gold_judge, rollout), **diff})
         ended = scoring.ended_responses(rollout, self.gen_config.eos_ids)
         metrics.update(scoring.length_metrics(rollout.response_mask.sum(axis=1), ended))
         metrics.update(self.sampler.metrics(rollout))
@@ -247,14 +247,16 @@ class PPOTrainer(Trainer):
                 rollout.response_mask, paddle.to_tensor([not e for e in ended]))
         return metrics
 
-    def score_log_probs(self, rollout) -> None:
-        """The old (unless the sampling pass gave them, or the update will) and reference log-probs [N, R]."""
-        ids, mask, p = rollout.input_ids, rollout.attention_mask, rollout.prompt_len
+    def score_log_probs(self, rollout) -> Dict[str, float]:
+        """The old (the sampler's or the trainer's) and reference log-probs [N, R], as the first update pass's."""
+        sampled = rollout.old_log_probs  # rollout_log_probs: the sampler's
         self.actor.eval()
-        if not self.reuse_update_log_probs and rollout.old_log_probs is None:
-            rollout.old_log_probs, _ = response_log_probs(self.rollout_actor(), ids, mask, p, self.ppo.temperature)
+        if not self.reuse_update_log_probs:  # unless the update takes its own; its first ratios then exactly 1
+            trained = first_pass_log_probs(self.rollout_actor(), rollout, self.ppo, self.args, self.global_step)
+            rollout.old_log_probs = trained if sampled is None else sampled
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
-            rollout.ref_log_probs, _ = response_log_probs(self.reference, ids, mask, p, self.ppo.temperature)
+            rollout.ref_log_probs = first_pass_log_probs(self.reference, rollout, self.ppo, self.args, self.global_step)
+        return {} if sampled is None else scoring.log_prob_diff(sampled, trained, rollout.response_mask)
 
     @paddle.no_grad()
     def compute_advantages(self, rollout) -> Dict[str, float]:
@@ -271,7 +273,7 @@ class PPOTrainer(Trainer):
         """update.py's loop over the rollout, its micro-batches run eagerly or through the pipeline."""
         for t in self.trained.values():
             t.model.train()
-        rng = np.random.default_rng(self.args.seed + 7919 * self.global_step)
+        rng = update_rng(self.args.seed, self.global_step)  # score_log_probs's first pass is the same
         return run_update(rollout, self.micro_batches, self.optimizer_step, rng, self.ppo, self.args)
 
     def actor_step(self, batch, share: float, ptx_scale: float = 1.0) -> Dict[str, float]:

@@ -12,9 +12,9 @@ from typing import Callable, Dict, List
 import numpy as np
 import paddle
 
-from alignment.parallel.distributed import data_world_size, share_of_data_ranks
+from alignment.parallel.distributed import step_shares
 from alignment.ppo.objective import aggregation, step_weight
-from alignment.ppo.rollout import update_order
+from alignment.ppo.rollout import response_log_probs, update_order
 from alignment.training.trainer import mean_rows
 
 PER_MICRO_BATCH_MEANS = ("lr", "kl")  # actor_step statistics that are not token-weighted shares
@@ -24,15 +24,45 @@ def run_update(rollout, micro_batches, optimizer_step: Callable[[], object], rng
     """The update loop: per optimizer step, micro_batches.run(rollout, row indices of each micro-batch) (its
     statistics), then optimizer_step(). -> the mean of the steps' statistics."""
     size, accum, rows = train_args.per_device_train_batch_size, train_args.gradient_accumulation_steps, []
-    lengths = rollout.attention_mask.sum(axis=1).numpy()  # prompt + response tokens of each row
     with micro_batches.running():
         for _ in range(ppo.update_iters):
-            order = update_order(rng, lengths, size, ppo.group_by_length)
-            starts = list(range(0, len(rollout), size))
-            for first in range(0, len(starts), accum):
-                rows.append(micro_batches.run(rollout, [order[s: s + size] for s in starts[first: first + accum]]))
+            parts = pass_micro_batches(rollout, rng, size, ppo.group_by_length)
+            for first in range(0, len(parts), accum):
+                rows.append(micro_batches.run(rollout, parts[first: first + accum]))
                 optimizer_step()
     return mean_rows(rows)
+
+
+def first_pass_log_probs(model, rollout, ppo, train_args, step: int):
+    """log_probs_as_updated over the micro-batches of step `step`'s first update pass. -> [N, R]"""
+    parts = pass_micro_batches(rollout, update_rng(train_args.seed, step), train_args.per_device_train_batch_size,
+                               ppo.group_by_length)
+    return log_probs_as_updated(model, rollout, parts, ppo.temperature)
+
+
+def update_rng(seed: int, step: int):
+    """The random generator of step `step`'s update (its micro-batch orders)."""
+    return np.random.default_rng(seed + 7919 * step)
+
+
+def pass_micro_batches(rollout, rng, size: int, group_by_length: bool) -> List[np.ndarray]:
+    """Row indices of each micro-batch of one pass over the rollout (`size` rows each, the last maybe fewer)."""
+    order = update_order(rng, rollout.attention_mask.sum(axis=1).numpy(), size, group_by_length)  # [N]
+    return [order[s: s + size] for s in range(0, len(rollout), size)]
+
+
+@paddle.no_grad()
+def log_probs_as_updated(model, rollout, micro_batches: List[np.ndarray], temperature: float):
+    """Log-probs [N, R] of the rollout's responses computed as the update computes them: micro-batch by
+    micro-batch (the rows of each, packed), so at the same weights they are bitwise the update's and the first
+    pass's ratios are exactly 1 (one pass over the whole padded rollout differs by float rounding, ~1e-7)."""
+    out = np.zeros(rollout.response_mask.shape, dtype="float32")  # [N, R]
+    for rows in micro_batches:
+        batch = rollout.select(paddle.to_tensor(rows)).packed()
+        log_probs, _ = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature,
+                                          response_index=batch.response_index)  # [n, keep]
+        out[rows, : log_probs.shape[1]] = log_probs.numpy()
+    return paddle.to_tensor(out)
 
 
 class EagerMicroBatches:
@@ -58,14 +88,3 @@ class EagerMicroBatches:
                 part = value / len(batches) if key in PER_MICRO_BATCH_MEANS else value
                 step[key] = step.get(key, 0.0) + part
         return step
-
-
-def step_shares(weights: List[float]) -> List[float]:
-    """For the micro-batches of one optimizer step, each the mean of a loss over `weights[i]` units (tokens, or
-    responses): the factors that turn each one's mean into its share of the mean over all of them on every data rank
-    (gradients are averaged over the ranks): w_i * ranks / sum of w over the micro-batches and ranks; [1.0] for one
-    micro-batch in one process."""
-    if len(weights) == 1 and data_world_size() == 1:
-        return [1.0]
-    total = share_of_data_ranks(sum(weights))  # = sum * ranks / global sum
-    return [w / max(sum(weights), 1e-12) * total for w in weights]

@@ -53,10 +53,10 @@ class RewardTrainer(DatasetTrainer):
         accuracy = float((better_end > worse_end).astype("float32").mean())
         return loss, {"accuracy": accuracy}, float(better_end.shape[0])
 
-    # pipeline parallelism: the last stage has the raw per-token scores [2b, s]
     def batch_weight(self, batch) -> float:
         return float(batch["input_ids"].shape[0] // 2)
 
+    # pipeline parallelism: the last stage has the raw per-token scores [2b, s]
     def pipeline_labels(self, batch):
         return batch["input_ids"], batch["attention_mask"]
 

@@ -11,10 +11,10 @@ class SupervisedTrainer(DatasetTrainer):
         loss, num_tokens = answer_token_loss(self.model, batch["input_ids"], batch["attention_mask"], batch["labels"])
         return loss, {}, float(num_tokens)
 
-    # pipeline parallelism: the last stage has the whole-sequence logits
     def batch_weight(self, batch) -> float:
         return float((batch["labels"][:, 1:] != IGNORE_INDEX).astype("float32").sum())
 
+    # pipeline parallelism: the last stage has the whole-sequence logits
     def pipeline_labels(self, batch):
         return (batch["labels"],)
 

@@ -1,14 +1,16 @@
 """The stages that train one model on a fixed dataset (SFT, reward model, DPO): a subclass only defines its loss.
 
     compute_loss(batch) -> (loss, metrics, weight)   # weight: what the loss averages over (tokens, pairs, ...)
+    batch_weight(batch) -> float                     # compute_loss's weight, known before the forward
 
-Under data parallelism the loss is the mean over the whole global batch (each rank's mean is weighted by its
-share of the weight), so N processes train exactly as one process with the global batch.
+The step's loss is one mean over every micro-batch of its gradient accumulation on every data rank (each
+micro-batch's mean is weighted by its share of the weight, step_shares), never a mean of per-micro-batch means: N
+processes and any accumulation count train exactly as one process with the global batch in one micro-batch
+(tests/test_split_invariance_offline.py).
 
 Pipeline-parallel models (alignment/wrappers/pipeline.py) run the same micro-batches through fleet's 1F1B schedule;
 a stage then also defines what its last pipeline stage computes:
 
-    batch_weight(batch) -> float                          # compute_loss's weight, known before the forward
     pipeline_labels(batch) -> tuple of tensors            # what the last stage needs besides the model's outputs
     pipeline_loss(outputs, labels) -> (loss, metrics, weight)   # compute_loss from the last stage's outputs
 """
@@ -22,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 import paddle
 from tqdm import tqdm
 
-from alignment.parallel.distributed import barrier, data_world_size, mean_over_ranks, shard, share_of_data_ranks
+from alignment.parallel.distributed import barrier, data_world_size, mean_over_ranks, shard, step_shares
 from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
 from alignment.training.logger import hide_progress
 from alignment.training.trainer import Trainer, mean_rows
@@ -60,7 +62,8 @@ class DatasetTrainer(Trainer):
         return int(batch["attention_mask"].sum())
 
     def batch_weight(self, batch: Dict[str, paddle.Tensor]) -> float:
-        raise ValueError(f"key 'pipeline_parallel_degree': {type(self).__name__} has no pipeline-parallel variant")
+        """compute_loss's weight, from the batch alone."""
+        raise NotImplementedError
 
     def pipeline_labels(self, batch: Dict[str, paddle.Tensor]) -> tuple:
         raise ValueError(f"key 'pipeline_parallel_degree': {type(self).__name__} has no pipeline-parallel variant")
@@ -87,15 +90,16 @@ class DatasetTrainer(Trainer):
         """gradient_accumulation_steps micro-batches, then one guarded optimizer step."""
         if self.pipe is not None:
             return self.pipeline_training_step()
-        accum, rows = self.args.gradient_accumulation_steps, []
-        for _ in range(accum):
-            batch = self.next_batch()
+        batches, rows = [self.next_batch() for _ in range(self.args.gradient_accumulation_steps)], []
+        # the loss is one mean over every micro-batch and process of the step, not a mean of their means
+        shares = step_shares([self.batch_weight(batch) for batch in batches])
+        for batch, share in zip(batches, shares):
             with self.precision.autocast():
-                loss, metrics, weight = self.compute_loss(batch)
-            share = share_of_data_ranks(weight)  # the loss is a mean over the whole batch, not per process
-            self.precision.backward(loss * share / accum)
+                loss, metrics, _ = self.compute_loss(batch)
+            self.precision.backward(loss * share)
             rows.append({"loss": float(loss) * share, **metrics})
-        return self.finish_step(mean_rows(rows), [row["loss"] for row in rows])
+        return self.finish_step({**mean_rows(rows), "loss": sum(row["loss"] for row in rows)},
+                                [row["loss"] for row in rows])
 
     def finish_step(self, row: Dict[str, float], losses: List[float]) -> Dict[str, float]:
         lr = self.optimizer.get_lr()
@@ -108,9 +112,9 @@ class DatasetTrainer(Trainer):
     def pipeline_training_step(self) -> Dict[str, float]:
         """The same micro-batches and loss scaling as training_step, in one 1F1B run over the pipeline stages."""
         accum, micro_batches = self.args.gradient_accumulation_steps, []
-        for _ in range(accum):
-            batch = self.next_batch()
-            share = share_of_data_ranks(self.batch_weight(batch))
+        batches = [self.next_batch() for _ in range(accum)]
+        for batch, share in zip(batches, step_shares([self.batch_weight(batch) for batch in batches])):
+            share *= accum  # fleet divides by accum
             micro_batches.append(((batch["input_ids"], batch["attention_mask"]),
                                   (*self.pipeline_labels(batch), paddle.to_tensor([[share]], dtype="float32"))))
         loss_fn = self.model._loss_fn[0]

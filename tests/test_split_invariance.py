@@ -1,0 +1,106 @@
+"""Every PPO-family objective is invariant to how the optimizer step's batch is split (issue 37): the loss and the
+gradient of one global batch are the same, within float32 rounding, as a float64 reference of the whole batch,
+whether the real update loop runs it as one micro-batch, as one row per micro-batch, or as uneven micro-batches
+(grouped by length or not). Harness and reference: tests/split_invariance.py.
+
+Covered: every registered advantage estimator (with its critic for gae; the KL in the reward with k1/k2/k3 where
+the estimator reads it), every policy loss x every loss aggregation x entropy bonus on / off, and every KL placement
+(in the loss with k1/k2/k3, or as GRPO's KL loss with every registered estimator) x every aggregation. Data-rank
+and pipeline splits are the parallel suite's (tests/test_layouts.py); they use the same step_shares.
+"""
+import numpy as np
+import paddle
+import pytest
+
+from alignment.config.choices import LOSS_AGG_MODES
+from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from tests.split_invariance import (R, REFERENCE_KL, REFERENCE_LOSSES, SPLITS, Update, aggregate, assert_matches,
+                                    f64, ppo_args, reference, tiny_models, tiny_rollout, with_policy_log_probs)
+
+BUILT_IN = dict(where=lambda cls: cls.__module__.startswith("alignment."))  # not the toys other tests register
+LOSS_SHAPES = [("ppo", mode) for mode in LOSS_AGG_MODES] + [("gspo", "seq-mean-token-mean")]
+
+
+def test_the_reference_knows_every_registered_name():
+    """A new estimator, policy loss, KL estimator or aggregation fails here until the tests cover it."""
+    assert set(POLICY_LOSSES.names(**BUILT_IN)) == set(REFERENCE_LOSSES)
+    assert set(KL_ESTIMATORS.names(**BUILT_IN)) == set(REFERENCE_KL)
+    assert set(LOSS_AGG_MODES) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                   "seq-mean-token-sum-norm"}
+    assert set(ADVANTAGE_ESTIMATORS.names(**BUILT_IN)) == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_baseline",
+                                                 "reinforce_plus_plus"}
+
+
+def scored(ppo, seed=0, critic=False):
+    """Models, and a rollout scored by the registered estimator (advantages, returns) as the trainer does."""
+    actor, value = tiny_models(seed, critic)
+    rollout = with_policy_log_probs(tiny_rollout(seed), actor)
+    rollout.advantages, rollout.returns = ppo.estimator()(rollout, ppo, lambda t: t)
+    return actor, value, rollout
+
+
+def check_every_split(ppo, critic=False, **tolerances):
+    actor, value, rollout = scored(ppo, critic=critic)
+    want = reference(ppo, rollout, actor, value)
+    update = Update(ppo, actor, value)
+    for size, accum, by_length in SPLITS:
+        assert_matches(update(rollout, size, accum, by_length), want, what=f"{size} rows x {accum}", **tolerances)
+    return want
+
+
+@pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS.names(**BUILT_IN)))
+@pytest.mark.parametrize("kl", ["k1", "k2", "k3"])
+def test_every_estimator_with_the_kl_in_the_reward(estimator, kl):
+    ppo = ppo_args(advantage_estimator=estimator, kl_estimator=kl, kl_in_loss=False)
+    if not ppo.estimator.uses_old_log_probs and kl != "k1":
+        pytest.skip(f"{estimator}'s advantages do not read the KL")
+    check_every_split(ppo, critic=ppo.estimator.needs_critic)
+
+
+@pytest.mark.parametrize("loss,mode", LOSS_SHAPES)
+@pytest.mark.parametrize("entropy", [0.0, 0.05])
+def test_every_policy_loss_and_aggregation_with_and_without_the_entropy_bonus(loss, mode, entropy):
+    check_every_split(ppo_args(policy_loss_mode=loss, loss_agg_mode=mode, entropy_coeff=entropy,
+                               clip_range_ratio_high=0.28, pg_loss_coeff=0.7))
+
+
+@pytest.mark.parametrize("loss,mode", LOSS_SHAPES)
+@pytest.mark.parametrize("placement", [("kl_in_loss", kl) for kl in ("k1", "k2", "k3")] +
+                         [("kl_loss", kl) for kl in REFERENCE_KL], ids="-".join)
+def test_every_kl_placement_and_estimator_under_every_aggregation(loss, mode, placement):
+    where, kl = placement
+    extra = dict(kl_in_loss=True, kl_estimator=kl, kl_coeff=0.3) if where == "kl_in_loss" else \
+        dict(kl_in_loss=False, kl_loss_coeff=0.3, kl_loss_estimator=kl)
+    check_every_split(ppo_args(policy_loss_mode=loss, loss_agg_mode=mode, **extra))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_we_are_not_the_mean_of_per_micro_batch_means(mode):
+    """The aggregation some peers apply per micro-batch (OpenRLHF PR #1249, HF Trainer before num_items_in_batch):
+    each micro-batch's own mean, then the mean over the micro-batches. By definition that depends on the split
+    whenever micro-batches differ in tokens (token-mean) or in responses; ours must equal the whole batch's
+    mean and differ from theirs by far more than the tolerance on this rollout."""
+    ppo = ppo_args(loss_agg_mode=mode)
+    actor, _, rollout = scored(ppo)
+    whole = reference(ppo, rollout, actor)[0]
+    size, accum = 4, 2  # micro-batches of 4 and 2 rows
+    got = Update(ppo, actor)(rollout, size, accum)[0]
+    order = np.random.default_rng(7).permutation(len(rollout))  # run_update's first order (group_by_length off)
+    parts = [reference(ppo, rollout.select(paddle.to_tensor(order[s: s + size])), actor)[0] for s in (0, size)]
+    per_micro_batch = float(np.mean(parts))
+    assert abs(got - whole) <= 2e-6 * max(1.0, abs(whole))
+    assert abs(per_micro_batch - whole) > 1e-3 * max(1.0, abs(whole)), "the rollout does not tell them apart"
+
+
+def test_dr_grpo_needs_its_constant_fixed_over_training():
+    """Without max_new_tokens the constant would be each micro-batch's longest response: refused."""
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        ppo_args(loss_agg_mode="seq-mean-token-sum-norm", max_new_tokens=None)
+
+
+def test_the_reference_aggregations_by_hand():
+    """The reference's aggregations on a 2 x 3 example worked by hand (rows [1 2 -] and [4 - -])."""
+    x, mask = f64([[1.0, 2.0, 9.0], [4.0, 9.0, 9.0]]), f64([[1, 1, 0], [1, 0, 0]])
+    for mode, want in (("token-mean", 7 / 3), ("seq-mean-token-mean", (1.5 + 4) / 2),
+                       ("seq-mean-token-sum", (3 + 4) / 2), ("seq-mean-token-sum-norm", (3 / R + 4 / R) / 2)):
+        assert abs(float(aggregate(x, mask, mode, R)) - want) < 1e-12, mode
