@@ -10,7 +10,8 @@ import importlib
 
 from alignment.exits import run_program
 
-NO_PADDLE = ("show_generations", "plot_run", "plot_overoptimization", "plan_layout", "replay_ledger")  # never import paddle
+# never import paddle
+NO_PADDLE = ("show_generations", "plot_run", "plot_overoptimization", "plan_layout", "replay_ledger")
 
 
 def _run(module: str) -> int:

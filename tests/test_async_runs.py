@@ -47,7 +47,7 @@ def comparable(out):
 
 def assert_same_weights(a, b, subdirs):
     for sub in subdirs:
-        x, y = load_file(os.path.join(a, sub, "model.safetensors")), load_file(os.path.join(b, sub, "model.safetensors"))
+        x, y = (load_file(os.path.join(run, sub, "model.safetensors")) for run in (a, b))
         for key in x:
             np.testing.assert_array_equal(x[key], y[key], err_msg=f"{sub} {key}")
 

@@ -17,7 +17,8 @@ Built in: `calculator` (arithmetic by walking the syntax tree) and `python` (a s
 reward is 0 unless a `reward_fn(final_answer, row)` hook is given (the caller's reward functions score it).
 
 Rollout (multiturn.py; imports paddle): `multi_turn_rollout(model, tokenizer, envs, rows, config, max_turns,
-max_total_tokens, log_prob_temperature, max_length, row_seeds)` samples every row's turns with the KV cache carried across turns and returns one `Trajectory`
+max_total_tokens, log_prob_temperature, max_length, row_seeds)` samples every row's turns with the KV cache
+carried across turns and returns one `Trajectory`
 per row: token ids as sampled, the action mask, the sampler's log-probs, per-turn rewards (and the token each
 lands on), tool statistics; `pad_trajectories` lays them out as one batch. Observation tokens are the chat
 template's text for the new messages only (chat.py). It is imported from `alignment.envs.multiturn`, so the

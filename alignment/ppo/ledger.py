@@ -36,7 +36,8 @@ def ledger_rows(step: int, rollout, sampling: dict) -> List[dict]:
         row = {"step": step, "sample": rollout.sample_ids[i] if rollout.sample_ids else None,
                "prompt": rollout.prompts[i],
                "version": rollout.versions[i] if rollout.versions else step - 1,
-               "response_ids": ids[i][attention[i]].tolist(), "policy_token": mask[i][attention[i]].astype(int).tolist(),
+               "response_ids": ids[i][attention[i]].tolist(),
+               "policy_token": mask[i][attention[i]].astype(int).tolist(),
                "reward": float(end[i]), "reward_parts": rollout.reward_rows[i] if rollout.reward_rows else {},
                "sampling": sampling}
         if behaviour is not None:

@@ -90,7 +90,8 @@ class RewardTrainer(DatasetTrainer):
             worse += worse_ends
             losses.append(loss)
         better, worse = np.array(gather_lists(better)), np.array(gather_lists(worse))
-        results = {"eval/loss": sum(gather_lists(losses)) / len(better), "eval/accuracy": float((better > worse).mean()),
+        results = {"eval/loss": sum(gather_lists(losses)) / len(better),
+                   "eval/accuracy": float((better > worse).mean()),
                    "eval/chosen_score": float(better.mean()), "eval/rejected_score": float(worse.mean()),
                    "eval/chosen_score_std": float(better.std()), "eval/rejected_score_std": float(worse.std())}
         edges = np.histogram_bin_edges(np.concatenate([better, worse]), bins=20)
