@@ -33,6 +33,7 @@ PROGRAMS = [
     ("plan_layout", "tools/plan_layout.py", ["--model", MISSING + ".json", "--gpus", "8", "--gpu-memory-gib", "80"]),
     ("reward_server", "tools/reward_server.py", ["--model", MISSING, "--port", "0"]),
     ("make_tiny", "tools/make_tiny.py", ["--data-dir", MISSING, "--output", "{tmp}/out"]),
+    ("replay_ledger", "tools/replay_ledger.py", [MISSING]),
 ]
 STAGE_CONFIGS = {"sft": "sft_argument.json", "rm": "rm_argument.json", "ppo": "ppo_argument.json",
                  "dpo": "dpo_argument.json"}
