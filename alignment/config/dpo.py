@@ -51,3 +51,18 @@ class DPOArguments:
     def validate_with(self, *others) -> None:
         if self.loss_type == "kto" and pipelined(others):
             raise ValueError("key 'loss_type': 'kto' with pipeline_parallel_degree > 1 is not supported")
+
+
+@dataclasses.dataclass
+class KTOArguments(DPOArguments):
+    """KTO's loss (run_kto.py): the KTO stage's arguments, PaddleNLP's KTOConfig keys (beta, desirable_weight,
+    undesirable_weight)."""
+
+    loss_type: str = field("kto", help="'kto' (this entry point trains KTO only; the DPO family runs with "
+                                       "alignment/dpo/run_dpo.py).")
+
+    def validate(self) -> None:
+        if self.loss_type != "kto":
+            raise ValueError(f"key 'loss_type': run_kto.py trains KTO, not {self.loss_type!r}; train the DPO family "
+                             "with alignment/dpo/run_dpo.py")
+        super().validate()

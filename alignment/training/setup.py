@@ -207,8 +207,11 @@ def started(train_args, run: Invocation):
 def load_inputs(tokenizer_path: str, data_args, seed: int, run: Invocation):
     """(tokenizer, train raw dataset, eval raw dataset or None): what every stage reads first (`load_raw`)."""
     from alignment.models import Tokenizer
+    from alignment.models.tokenizer import NO_TEMPLATE
 
     tokenizer = Tokenizer.from_pretrained(tokenizer_path)
+    if data_args.chat_template is not None:  # 'none' (validated): prompts are already templated
+        tokenizer.chat_template = NO_TEMPLATE
     return (tokenizer, *load_raw(data_args, seed, run.argument_dir))
 
 
@@ -265,8 +268,10 @@ def load_raw(data_args, seed: int, argument_dir: Optional[str]):
     Bad specs or files raise DataFormatError / FileNotFoundError / ValueError: call it inside `user_errors()`.
     """
     import_user_modules(data_args.user_dataset_modules, base_dir=argument_dir)
-    train = MixedRawDataset(data_args.train_datasets, seed=seed)
-    evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed) if data_args.eval_datasets else None
+    options = data_args.dataset_options()
+    train = MixedRawDataset(data_args.train_datasets, seed=seed, options=options)
+    evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed, options=options) if data_args.eval_datasets \
+        else None
     for name, dataset in (("train", train), ("eval", evaluation)):
         if dataset is not None:
             print(f"{name} data: " + ", ".join(f"{s.name} {s.selected}/{s.available}" for s in dataset.sources))
