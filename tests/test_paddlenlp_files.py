@@ -129,9 +129,10 @@ def test_qwen_rl_yaml_with_a_reward_server_runs_one_step(name, estimator, kl_coe
         "--train_datasets", PROMPTS, "--eval_datasets", "", "--output_dir", str(tmp_path / "out"),
         "--tensor_parallel_degree", "1", "--max_steps", "1", "--max_dec_len", "4", "--global_batch_size", "2"],
         capsys)
-    assert {"prompt_key", "dataloader_shuffle", "sequence_parallel", "use_flash_attention",
+    assert {"dataloader_shuffle", "sequence_parallel", "use_flash_attention",
             "rollout_max_num_seqs"} <= keys_of(notices)
     args = one_step(tmp_path / "out")
+    assert (args["prompt_key"], args["response_key"]) == ("src", "tgt")  # ours: the columns of PaddleNLP's rows
     assert (args["advantage_estimator"], args["num_return_sequences"], args["kl_coeff"]) == (estimator, 8, kl_coeff)
     assert args["min_new_tokens"] == 32  # min_dec_len (capped at the 4 new tokens of this run)
     # global_batch_size 2 -> 2 prompts per device; global_mini_batch_size -1 -> 2 x rollout_n 8 / 8 per micro-batch
