@@ -336,8 +336,6 @@ TABLE: Dict[str, Rule] = {
     "pref_loss_ratio": Rule(REFUSE, None, "the preference loss has weight 1 here; give the SFT term's relative "
                                           "weight sft_loss_ratio / pref_loss_ratio as nll_loss_coef instead",
                             inert=one_of(1.0)),
-    "dpop_lambda": Rule(NOTICE, None, "used by loss_type dpop only, which this toolkit does not have",
-                        inert=lambda value, values: True),
     "ref_model_update_steps": Rule(REFUSE, None, "the reference model stays fixed here (no TR-DPO updates)"),
     "weight_quantize_algo": Rule(REFUSE, None, "quantized base weights (QLoRA) are not built; train LoRA on the "
                                                "float32 weights"),
