@@ -1,4 +1,4 @@
-"""Every shipped argument file (config/**) and every PaddleNLP argument file kept as a fixture (tests/fixtures/paddlenlp)
+"""Every shipped argument file (config/**) and every PaddleNLP argument file kept as a fixture (tests/fixtures/paddlenlp, tests/fixtures/paddleformers)
 runs the algorithm it asks for under its entry point: the loss type / advantage estimator the run records in its
 effective arguments (args.json) is the one the file names, never a silent switch (KTO's file trains KTO, not sigmoid
 DPO). One KTO step on the tiny model shows KTO's own metric (the KL reference point) in the run's log."""
@@ -19,7 +19,8 @@ from tests.helpers import REPO, read_metrics
 from tests.test_paddlenlp_data import KTO_ROWS, write_jsonl
 
 FILES = sorted(glob.glob(os.path.join(REPO, "config", "**", "*_argument.*"), recursive=True) +
-               glob.glob(os.path.join(REPO, "tests", "fixtures", "paddlenlp", "*_argument.*")))
+               glob.glob(os.path.join(REPO, "tests", "fixtures", "paddlenlp", "*_argument.*")) +
+               glob.glob(os.path.join(REPO, "tests", "fixtures", "paddleformers", "*.yaml")))
 SAME = (ModelArguments, DataArguments)
 # the entry point of each kind of file (PaddleNLP: llm/alignment/{ppo,rl}/run_*.py, rm, dpo/run_dpo.py,
 # kto/run_kto.py; here alignment/<stage>/run_*.py), its argument classes, and the key that names its algorithm
@@ -31,7 +32,7 @@ ENTRIES = {
     "ppo": ((PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments),
             "advantage_estimator"),
 }
-STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce_plus_plus": "ppo"}
+STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce_plus_plus": "ppo", "dpo_full.yaml": "dpo"}
 DEFAULTS = {"rm": "sequence-wise", "dpo": "sigmoid", "kto": "kto", "ppo": "gae"}
 # what a test run changes in every file (degrees and reward sources this machine has); nothing algorithmic
 OVERRIDES = ["--tensor_parallel_degree", "1", "--sharding_parallel_degree", "1", "--sharding", ""]

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
-from alignment.config.paddlenlp_table import ALIAS, NOTICE, REFUSE, TABLE
+from alignment.config import paddleformers_table, paddlenlp_table
+from alignment.config.paddlenlp_table import ALIAS, NOTICE, REFUSE
 from alignment.config.paddlenlp_values import (as_flag, as_number, asks_nothing, data_world_size, get_int, get_set,
                                                one_epoch, same_value)
+
+TABLE = {**paddlenlp_table.TABLE, **paddleformers_table.TABLE}  # PaddleNLP's keys, and PaddleFormers' renames
 
 # --- keys that are ours, written PaddleNLP's way --------------------------------------------------------------------
 
@@ -184,7 +187,7 @@ def _global_mini_batch(ctx, key, value):
 SPECIAL: Dict[str, Callable] = {
     "rl_algorithm": _rl_algorithm, "evaluation_strategy": _strategy("eval_steps"),
     "save_strategy": _strategy("save_steps"), "global_batch_size": _global_batch,
-    "global_mini_batch_size": _global_mini_batch,
+    "global_mini_batch_size": _global_mini_batch, **paddleformers_table.SPECIAL,
 }
 
 

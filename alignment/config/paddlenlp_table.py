@@ -325,7 +325,8 @@ TABLE: Dict[str, Rule] = {
                                           "with reward_funcs (e.g. [\"accuracy\"]: the last <answer> block or "
                                           "number equals the dataset's 'answer') or a 'file.py:function'"),
     "use_tgt_len_value": Rule(REFUSE, None, "values over the target length are not built"),
-    "stage": Rule(NOTICE, None, "the entry point names the stage here (run_ppo.py)", inert=one_of("PPO")),
+    "stage": Rule(NOTICE, None, "the entry point names the stage here (run_sft.py, run_reward.py, run_dpo.py, "
+                                "run_kto.py, run_ppo.py), not this key", inert=one_of("PPO")),
     "dropout_warmup_steps": Rule(REFUSE, None, "this toolkit's models train without dropout"),
     "hidden_dropout_prob": Rule(REFUSE, None, "this toolkit's models train without dropout (LoRA has lora_dropout)"),
     "attention_probs_dropout_prob": Rule(REFUSE, None, "this toolkit's models train without dropout"),
