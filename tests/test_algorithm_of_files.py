@@ -1,5 +1,5 @@
-"""Every shipped argument file (config/**) and every PaddleNLP argument file kept as a fixture (tests/fixtures/paddlenlp, tests/fixtures/paddleformers)
-runs the algorithm it asks for under its entry point: the loss type / advantage estimator the run records in its
+"""Every shipped argument file (config/**) and every PaddleNLP / PaddleFormers argument file kept as a fixture
+(tests/fixtures/paddlenlp, tests/fixtures/paddleformers) runs the algorithm it asks for under its entry point: the loss type / advantage estimator the run records in its
 effective arguments (args.json) is the one the file names, never a silent switch (KTO's file trains KTO, not sigmoid
 DPO). One KTO step on the tiny model shows KTO's own metric (the KL reference point) in the run's log."""
 import glob

@@ -111,7 +111,8 @@ def test_chat_template_none_uses_the_prompt_as_written(tmp_path, tiny_model_dir)
     for template in (None, "none"):
         data_args = DataArguments(train_datasets=path, chat_template=template)
         tokenizer, train, _ = load_inputs(tiny_model_dir, data_args, 0, Invocation({}, None, None))
-        prompts[template] = [tokenizer.decode(item["input_ids"], skip_special_tokens=False) for item in PromptOnlyDataset(train, tokenizer, 512)]
+        items = PromptOnlyDataset(train, tokenizer, 512)
+        prompts[template] = [tokenizer.decode(item["input_ids"], skip_special_tokens=False) for item in items]
     assert sorted(prompts["none"]) == sorted(row["src"][0] for row in RL_ROWS)  # nothing added around the prompt
     assert all(row["src"][0] in text and text != row["src"][0] for row, text in zip(RL_ROWS, prompts[None]))
 
