@@ -1,6 +1,6 @@
 """Every shipped argument file (config/**) and every PaddleNLP / PaddleFormers argument file kept as a fixture
-(tests/fixtures/paddlenlp, tests/fixtures/paddleformers) runs the algorithm it asks for under its entry point: the loss type / advantage estimator the run records in its
-effective arguments (args.json) is the one the file names, never a silent switch (KTO's file trains KTO, not sigmoid
+(tests/fixtures/paddlenlp, tests/fixtures/paddleformers) runs the algorithm it asks for under its entry point: the
+loss type / advantage estimator the run records in its effective arguments (args.json) is the one the file names, never a silent switch (KTO's file trains KTO, not sigmoid
 DPO). One KTO step on the tiny model shows KTO's own metric (the KL reference point) in the run's log."""
 import glob
 import json
@@ -10,6 +10,7 @@ import pytest
 
 from alignment.config import paddlenlp
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments
+from alignment.config.environment import EnvironmentArguments
 from alignment.config.dpo import DPOArguments, KTOArguments
 from alignment.config.parser import ArgumentParser, load_argument_file
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
@@ -29,18 +30,18 @@ ENTRIES = {
     "rm": (SAME + (RewardArguments, LoRAArguments, TrainingArguments), "loss_type"),
     "dpo": (SAME + (DPOArguments, LoRAArguments, TrainingArguments), "loss_type"),
     "kto": (SAME + (KTOArguments, LoRAArguments, TrainingArguments), "loss_type"),
-    "ppo": ((PPOModelArguments, PPODataArguments, PPOArguments, LoRAArguments, TrainingArguments),
-            "advantage_estimator"),
+    "ppo": ((PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
+             TrainingArguments), "advantage_estimator"),
 }
-STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce_plus_plus": "ppo", "dpo_full.yaml": "dpo"}
+STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce": "ppo", **{stage: stage for stage in ENTRIES}}
 DEFAULTS = {"rm": "sequence-wise", "dpo": "sigmoid", "kto": "kto", "ppo": "gae"}
 # what a test run changes in every file (degrees and reward sources this machine has); nothing algorithmic
 OVERRIDES = ["--tensor_parallel_degree", "1", "--sharding_parallel_degree", "1", "--sharding", ""]
 
 
 def stage_of(path):
-    name = os.path.basename(path).split("_argument")[0]
-    return STAGE_OF.get(name, name)
+    """The entry point a file is for, by its name's first word (grpo_tools_argument.json, dpo_full.yaml, ...)."""
+    return STAGE_OF[os.path.basename(path).split("_")[0]]
 
 
 def asked_for(values, stage):
