@@ -61,11 +61,23 @@ class _PaddleNLPRows(JsonRowsDataset):
     DETECT_KEYS = (frozenset({"src", "response", "sort"}),)
     RESPONSES: ClassVar[Optional[int]] = None  # the length of `response` that tells preference from KTO rows
 
+    WHAT: ClassVar[str] = ""  # what a row of this format is ("a preference pair")
+
     @classmethod
     def detect(cls, row: dict, options: dict) -> int:
         response = row.get("response")
         count = 1 if isinstance(response, str) else len(response) if isinstance(response, list) else None
         return super().detect(row, options) if count == cls.RESPONSES else 0
+
+    def parts(self, row: dict[str, Any]) -> tuple:
+        """(prompt, responses, sort values) of a row, each checked: RESPONSES answers and as many sort values."""
+        src = _turn_list(row, "src", allow_empty=False)
+        prompt = _prompt(src, _turn_list(row, "tgt", allow_empty=True) if "tgt" in row else [])
+        responses = _turn_list(row, "response", allow_empty=False)
+        if len(responses) != self.RESPONSES:
+            raise RowError(f"'response' must hold {self.RESPONSES} answer(s) ({self.WHAT}; the number of responses "
+                           f"tells a preference pair (2) from a KTO row (1)), got {len(responses)}", "response")
+        return prompt, responses, _sort(row, self.RESPONSES)
 
 
 class PaddleNLPText(JsonRowsDataset):
@@ -119,16 +131,10 @@ class PaddleNLPPreference(_PaddleNLPRows):
     ALIASES = ("src-tgt-response-sort",)
     REQUIREMENT = ("PaddleNLP preference rows need 'src', 'tgt' (one fewer than src), 'response' (2 answers) and "
                    "'sort' (2 numbers; the larger one is chosen)")
-    RESPONSES = 2
+    RESPONSES, WHAT = 2, "a preference pair"
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
-        src = _turn_list(row, "src", allow_empty=False)
-        prompt = _prompt(src, _turn_list(row, "tgt", allow_empty=True) if "tgt" in row else [])
-        responses = _turn_list(row, "response", allow_empty=False)
-        if len(responses) != 2:
-            raise RowError(f"'response' must hold 2 answers (a preference pair; one answer is a KTO row), got "
-                           f"{len(responses)}", "response")
-        first, second = _sort(row, 2)
+        prompt, responses, (first, second) = self.parts(row)
         if first == second:
             raise RowError(f"the two 'sort' values are equal ({first!r}): no answer is chosen", "sort")
         if responses[0].strip() == responses[1].strip():
@@ -142,16 +148,10 @@ class PaddleNLPKTO(_PaddleNLPRows):
     ALIASES = ("src-tgt-response-label",)
     REQUIREMENT = ("PaddleNLP KTO rows need 'src', 'tgt' (one fewer than src), 'response' (1 answer) and 'sort' "
                    "([1]: desirable, [0]: undesirable)")
-    RESPONSES = 1
+    RESPONSES, WHAT = 1, "a KTO row"
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
-        src = _turn_list(row, "src", allow_empty=False)
-        prompt = _prompt(src, _turn_list(row, "tgt", allow_empty=True) if "tgt" in row else [])
-        responses = _turn_list(row, "response", allow_empty=False)
-        if len(responses) != 1:
-            raise RowError(f"'response' must hold 1 answer (a KTO row; two answers are a preference pair), got "
-                           f"{len(responses)}", "response")
-        (label,) = _sort(row, 1)
+        prompt, responses, (label,) = self.parts(row)
         if label not in (0, 1):
             raise RowError(f"'sort' must be [1] (desirable) or [0] (undesirable), got {_short(row['sort'])}", "sort")
         return RawSample(input=prompt, answer=responses[0], desirable=label == 1)

@@ -108,8 +108,7 @@ class RawDataset(Sequence):
             known = ", ".join(cls.registered_names())
             raise ValueError(f"Unknown dataset {name!r}: no registered name and no such file. Registered: {known}; "
                              f"a JSON/JSONL path is read in the format its keys show; {REGISTER_HINT}") from None
-        kwargs.update({key: value for key, value in (options or {}).items()
-                       if key in dataset_cls.OPTIONS and value is not None})
+        kwargs.update({k: v for k, v in (options or {}).items() if k in dataset_cls.OPTIONS and v is not None})
         try:
             return dataset_cls(path=path, **kwargs)
         except (DataFormatError, FileNotFoundError):
