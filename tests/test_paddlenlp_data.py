@@ -140,3 +140,20 @@ def test_paddlenlp_sft_rows_train_sft(tmp_path, tiny_model_dir):
     row, args = one_step(run_sft, os.path.join(REPO, "config", "tiny", "sft_argument.json"), tiny_model_dir, data,
                          tmp_path / "o", "--per_device_train_batch_size", "2")
     assert args["train_datasets"] == data and row["loss"] > 0
+
+
+def test_ppo_on_paddlenlp_rl_rows_with_chat_template_none(tmp_path, tiny_model_dir, tiny_reward_dir, capsys):
+    """PaddleNLP's RL prompts (src already templated, tgt the label) train a PPO step with chat_template none; the
+    reward model reads the same raw text (no re-tokenizing through another template), as in PaddleNLP."""
+    from alignment.ppo import run_ppo
+
+    data = write_jsonl(tmp_path / "rl.jsonl", RL_ROWS)
+    out = tmp_path / "out"
+    run_ppo.main([os.path.join(REPO, "config", "tiny", "ppo_argument.json"), "--actor_model_name_or_path",
+                  tiny_model_dir, "--reward_model_name_or_path", tiny_reward_dir, "--train_datasets", data,
+                  "--eval_datasets", "", "--chat_template", "none", "--output_dir", str(out), "--max_steps", "1",
+                  "--max_new_tokens", "4", "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size",
+                  "2", "--update_iters", "1", "--disable_tqdm", "true"])
+    printed = capsys.readouterr().out
+    assert "prompts: 2 train" in printed and "re-tokenized for the reward model" not in printed
+    assert [row["step"] for row in read_metrics(out)] == [1]

@@ -207,12 +207,19 @@ def started(train_args, run: Invocation):
 def load_inputs(tokenizer_path: str, data_args, seed: int, run: Invocation):
     """(tokenizer, train raw dataset, eval raw dataset or None): what every stage reads first (`load_raw`)."""
     from alignment.models import Tokenizer
+
+    tokenizer = template_as_asked(Tokenizer.from_pretrained(tokenizer_path), data_args)
+    return (tokenizer, *load_raw(data_args, seed, run.argument_dir))
+
+
+def template_as_asked(tokenizer, data_args):
+    """The tokenizer with the template `chat_template` asks for: 'none' (PaddleNLP's value; validated) renders
+    conversations as their raw text (prompts already templated), null keeps the tokenizer's own."""
     from alignment.models.tokenizer import NO_TEMPLATE
 
-    tokenizer = Tokenizer.from_pretrained(tokenizer_path)
-    if data_args.chat_template is not None:  # 'none' (validated): prompts are already templated
+    if tokenizer is not None and data_args.chat_template is not None:
         tokenizer.chat_template = NO_TEMPLATE
-    return (tokenizer, *load_raw(data_args, seed, run.argument_dir))
+    return tokenizer
 
 
 def _model_classes(head: str):
