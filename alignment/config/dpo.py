@@ -27,7 +27,7 @@ class DPOArguments:
     dpop_lambda: float = field(50.0, ge=0, help="DPO-Positive's weight on the chosen answer losing probability "
                                                 "(loss_type dpop only; PaddleNLP's default 50).")
     reference_free: bool = field(False, help="Use a uniform reference (log pi_ref = 0): no reference model is "
-                                             "loaded. simpo is always reference-free.")
+                                             "loaded. simpo and or are always reference-free.")
     nll_loss_coef: float = field(0.0, ge=0, help="Weight of an SFT term: mean negative log-likelihood of the chosen "
                                                  "(for kto: desirable) response tokens, added to the loss.")
     ref_model_name_or_path: Optional[str] = field(None, help="Reference model; null = the policy's starting "
