@@ -36,6 +36,10 @@ def dpo() -> int:
     return _run("alignment.dpo.run_dpo")
 
 
+def kto() -> int:
+    return _run("alignment.dpo.run_kto")
+
+
 TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_lora", "generate", "judge_policy",
          "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny",
          "replay_ledger")

@@ -129,9 +129,10 @@ def test_qwen_rl_yaml_with_a_reward_server_runs_one_step(name, estimator, kl_coe
         "--train_datasets", PROMPTS, "--eval_datasets", "", "--output_dir", str(tmp_path / "out"),
         "--tensor_parallel_degree", "1", "--max_steps", "1", "--max_dec_len", "4", "--global_batch_size", "2"],
         capsys)
-    assert {"prompt_key", "dataloader_shuffle", "sequence_parallel", "use_flash_attention",
+    assert {"dataloader_shuffle", "sequence_parallel", "use_flash_attention",
             "rollout_max_num_seqs"} <= keys_of(notices)
     args = one_step(tmp_path / "out")
+    assert (args["prompt_key"], args["response_key"]) == ("src", "tgt")  # ours: the columns of PaddleNLP's rows
     assert (args["advantage_estimator"], args["num_return_sequences"], args["kl_coeff"]) == (estimator, 8, kl_coeff)
     assert args["min_new_tokens"] == 32  # min_dec_len (capped at the 4 new tokens of this run)
     # global_batch_size 2 -> 2 prompts per device; global_mini_batch_size -1 -> 2 x rollout_n 8 / 8 per micro-batch
@@ -296,3 +297,20 @@ def test_the_readme_migration_table_lists_every_paddlenlp_key():
     assert f"of the {len(paddlenlp.TABLE)} that are not already ours" in section
     assert f"{counts['alias']} honoured" in section and f"{counts['notice']} accepted" in section
     assert f"{counts['refuse']} refused" in section
+
+
+def test_settings_paddlenlp_runs_as_no_ops_are_notices_not_refusals(capsys):
+    """ptx_coeff > 0 without ptx data and load_best_model_at_end with evaluation_strategy 'no' run in PaddleNLP
+    (nothing to train / nothing to pick): here too, with one line each; our own keys keep their checks."""
+    values = {"actor_model_name_or_path": "m", "reward_funcs": ["sentiment"], "train_datasets": "x",
+              "ptx_coeff": 16.0, "load_best_model_at_end": True, "evaluation_strategy": "no"}
+    _, _, ppo, _, train = ArgumentParser(*PPO_CLASSES).parse_dict(values)
+    assert (ppo.ptx_coeff, train.load_best_model_at_end, train.eval_steps) == (0.0, False, 0)
+    notices = keys_of([line for line in capsys.readouterr().out.splitlines() if "notice: key" in line])
+    assert notices == {"ptx_coeff", "load_best_model_at_end"}
+    _, _, ppo, _, train = ArgumentParser(*PPO_CLASSES).parse_dict(
+        {**values, "ptx_datasets": "alpaca", "evaluation_strategy": "steps"})
+    assert (ppo.ptx_coeff, train.load_best_model_at_end) == (16.0, True)  # honoured when they mean something
+    with pytest.raises(ArgumentError, match="'load_best_model_at_end' needs evaluations during training"):
+        ArgumentParser(*PPO_CLASSES).parse_dict({**values, "evaluation_strategy": "steps", "eval_steps": 0,
+                                                 "ptx_datasets": "alpaca", "do_eval": False})

@@ -114,7 +114,9 @@ def test_unknown_name_lists_registered_names_sorted(counting):
         RawDataset.load("no-such-data")
     names = RawDataset.registered_names()
     assert names == sorted(names) and "test-counting" in names and "PKU-SafeRLHF/train" in names
-    assert str(info.value) == f"Unknown dataset 'no-such-data'. Registered datasets: {', '.join(names)}"
+    assert str(info.value).startswith(f"Unknown dataset 'no-such-data': no registered name and no such file. "
+                                      f"Registered: {', '.join(names)}; ")
+    assert "RawDataset subclass with a NAME in a user_dataset_modules file" in str(info.value)  # how to add one
 
 
 def test_user_module_file_registers_dataset(registry, tmp_path):

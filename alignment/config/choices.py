@@ -13,8 +13,9 @@ OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
 REWARD_LOSS_TYPES = ("sequence-wise", "token-wise")
 NORMALIZER_TYPES = ("RunningMeanStd", "ExponentialMovingAverage", "Identity")
 
-PAIRED_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo")
+PAIRED_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo", "dpop", "kto_pair", "sppo_hard", "nca_pair", "or")
 DPO_LOSS_TYPES = PAIRED_LOSS_TYPES + ("kto",)
+REFERENCE_FREE_LOSS_TYPES = ("simpo", "or")  # no reference model (PaddleNLP sets reference_free for them)
 
 # verl's `loss_agg_mode` values (verl/trainer/ppo/core_algos.py agg_loss); semantics in ppo/algorithms.aggregate_loss
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

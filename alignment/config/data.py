@@ -40,6 +40,24 @@ class DataArguments:
                                                      "register before the datasets are loaded; a relative file "
                                                      "path is looked up beside the argument file, then in the "
                                                      "working directory.")
+    prompt_key: Optional[str] = field(None, help="PaddleNLP's src/tgt data: the column holding the prompt (null = "
+                                                 "'src'); read by the paddlenlp-sft format, as PaddleNLP's RL "
+                                                 "reader does.")
+    response_key: Optional[str] = field(None, help="PaddleNLP's src/tgt data: the column holding the answer or "
+                                                   "label (null = 'tgt').")
+    chat_template: Optional[str] = field(None, help="null: the tokenizer's own chat template; 'none': no template, "
+                                                    "prompts are already templated text and answers follow them "
+                                                    "directly (PaddleNLP's chat_template: none).")
+
+    def dataset_options(self) -> dict:
+        """The options datasets may take (RawDataset.OPTIONS): which columns PaddleNLP's src/tgt rows use."""
+        return {"prompt_key": self.prompt_key, "response_key": self.response_key}
+
+    def validate(self) -> None:
+        if self.chat_template is not None and self.chat_template.strip().lower() != "none":
+            raise ValueError(f"key 'chat_template': only 'none' (prompts already templated) or null (the tokenizer's "
+                             f"template) are read here, got {self.chat_template!r}; put a template in the "
+                             "tokenizer's tokenizer_config.json")
 
 
 @dataclasses.dataclass

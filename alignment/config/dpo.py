@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from alignment.config.choices import DPO_LOSS_TYPES as LOSS_TYPES
+from alignment.config.choices import DPO_LOSS_TYPES as LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES
 from alignment.config.parser import field
 from alignment.config.training import pipelined
 
@@ -16,14 +16,18 @@ class DPOArguments:
     beta: float = field(0.1, gt=0, help="Strength of the implicit KL to the reference: the temperature of the implicit "
                                         "reward beta * log(pi / pi_ref). For simpo the reward scale (SimPO uses 2-10).")
     loss_type: str = field("sigmoid", help=f"One of {LOSS_TYPES}: sigmoid = DPO, ipo, hinge (SLiC), simpo "
-                                           "(reference-free, length-normalised, margin simpo_gamma), kto (unpaired "
-                                           "rows: the 'kto' dataset, or preference pairs split into a desirable "
-                                           "and an undesirable row).")
+                                           "(reference-free, length-normalised, margin simpo_gamma), PaddleNLP's "
+                                           "dpop (dpop_lambda), kto_pair, sppo_hard, nca_pair and or (ORPO's "
+                                           "odds-ratio term, reference-free; its NLL term is nll_loss_coef), kto "
+                                           "(unpaired rows: KTO's data, or preference pairs split into a desirable "
+                                           "and an undesirable row; alignment/dpo/run_kto.py runs it).")
     label_smoothing: float = field(0.0, ge=0, lt=0.5, help="cDPO: assumed probability that a pair's label is "
                                                            "flipped (sigmoid and simpo); 0 = plain DPO.")
     simpo_gamma: float = field(0.5, ge=0, help="SimPO target reward margin gamma (loss_type simpo only).")
+    dpop_lambda: float = field(50.0, ge=0, help="DPO-Positive's weight on the chosen answer losing probability "
+                                                "(loss_type dpop only; PaddleNLP's default 50).")
     reference_free: bool = field(False, help="Use a uniform reference (log pi_ref = 0): no reference model is "
-                                             "loaded. simpo is always reference-free.")
+                                             "loaded. simpo and or are always reference-free.")
     nll_loss_coef: float = field(0.0, ge=0, help="Weight of an SFT term: mean negative log-likelihood of the chosen "
                                                  "(for kto: desirable) response tokens, added to the loss.")
     ref_model_name_or_path: Optional[str] = field(None, help="Reference model; null = the policy's starting "
@@ -36,7 +40,7 @@ class DPOArguments:
 
     @property
     def needs_reference(self) -> bool:
-        return not (self.reference_free or self.loss_type == "simpo")
+        return not (self.reference_free or self.loss_type in REFERENCE_FREE_LOSS_TYPES)
 
     def validate(self) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -45,9 +49,24 @@ class DPOArguments:
             raise ValueError(f"key 'label_smoothing' applies to loss_type sigmoid or simpo, not {self.loss_type!r}")
         if not self.needs_reference and (self.ref_model_name_or_path or self.precompute_ref_log_probs):
             key = "ref_model_name_or_path" if self.ref_model_name_or_path else "precompute_ref_log_probs"
-            why = "loss_type simpo" if self.loss_type == "simpo" else "reference_free true"
+            why = "reference_free true" if self.reference_free else f"loss_type {self.loss_type} (reference-free)"
             raise ValueError(f"key {key!r} contradicts {why} (no reference model is used)")
 
     def validate_with(self, *others) -> None:
         if self.loss_type == "kto" and pipelined(others):
             raise ValueError("key 'loss_type': 'kto' with pipeline_parallel_degree > 1 is not supported")
+
+
+@dataclasses.dataclass
+class KTOArguments(DPOArguments):
+    """KTO's loss (run_kto.py): the KTO stage's arguments, PaddleNLP's KTOConfig keys (beta, desirable_weight,
+    undesirable_weight)."""
+
+    loss_type: str = field("kto", help="'kto' (this entry point trains KTO only; the DPO family runs with "
+                                       "alignment/dpo/run_dpo.py).")
+
+    def validate(self) -> None:
+        if self.loss_type != "kto":
+            raise ValueError(f"key 'loss_type': run_kto.py trains KTO, not {self.loss_type!r}; train the DPO family "
+                             "with alignment/dpo/run_dpo.py")
+        super().validate()

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
-from alignment.config.paddlenlp_table import ALIAS, NOTICE, REFUSE, TABLE
+from alignment.config import paddleformers_table, paddlenlp_table
+from alignment.config.paddlenlp_table import ALIAS, NOTICE, REFUSE
 from alignment.config.paddlenlp_values import (as_flag, as_number, asks_nothing, data_world_size, get_int, get_set,
                                                one_epoch, same_value)
+
+TABLE = {**paddlenlp_table.TABLE, **paddleformers_table.TABLE}  # PaddleNLP's keys, and PaddleFormers' renames
 
 # --- keys that are ours, written PaddleNLP's way --------------------------------------------------------------------
 
@@ -94,12 +97,27 @@ def _own_reward_server(ctx, key, value):
         ctx.notice(key, f"use_rm_server is false, so {value!r} is not used")
 
 
+def _own_ptx_coeff(ctx, key, value):
+    if (as_number(value) or 0) > 0 and asks_nothing(ctx.src.get("ptx_datasets")):
+        ctx.values[key] = 0.0  # PaddleNLP trains the ptx loss only when there is ptx data
+        ctx.notice(key, f"{value} weighs a ptx loss on ptx_datasets, and none are given: no ptx loss is trained "
+                        "(PaddleNLP skips it too)")
+
+
+def _own_best_model(ctx, key, value):
+    if as_flag(value) and str(ctx.src.get("evaluation_strategy", "")).strip().lower() == "no":
+        ctx.values[key] = False  # PaddleNLP accepts it with evaluation and save strategies 'no': nothing to pick
+        ctx.notice(key, "evaluation_strategy 'no' evaluates nothing during training, so there is no best model to "
+                        "keep: the final model is the last step's (as in PaddleNLP)")
+
+
 OWN_VALUES: Dict[str, Callable] = {
     "tensor_parallel_degree": _own_degree, "pipeline_parallel_degree": _own_degree,
     "save_total_limit": _own_unset_limit, "eval_steps": _own_unset,
     "amp_custom_white_list": _own_op_list, "amp_custom_black_list": _own_op_list,
     "fp16_opt_level": _own_opt_level, "sharding": _own_sharding, "use_fusemt": _own_fusemt,
-    "report_to": _own_report_to, "reward_server": _own_reward_server,
+    "report_to": _own_report_to, "reward_server": _own_reward_server, "ptx_coeff": _own_ptx_coeff,
+    "load_best_model_at_end": _own_best_model,
 }
 
 
@@ -169,7 +187,7 @@ def _global_mini_batch(ctx, key, value):
 SPECIAL: Dict[str, Callable] = {
     "rl_algorithm": _rl_algorithm, "evaluation_strategy": _strategy("eval_steps"),
     "save_strategy": _strategy("save_steps"), "global_batch_size": _global_batch,
-    "global_mini_batch_size": _global_mini_batch,
+    "global_mini_batch_size": _global_mini_batch, **paddleformers_table.SPECIAL,
 }
 
 

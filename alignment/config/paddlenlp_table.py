@@ -48,8 +48,8 @@ COMM = "a communication-tuning option of PaddleNLP's fleet set-up; it does not c
 NO_WANDB = "this toolkit logs to VisualDL and metrics.jsonl only (report_to); no Weights & Biases run is made"
 CHUNKS = ("the rows per inference pass of PaddleNLP's rollout engine; this toolkit chooses its own chunks (same "
           "values, different memory)")
-COLUMNS = ("the columns a dataset reads are fixed by its type here (the 'jsonl' type: prompt / instruction / input, "
-           "answer / output / response); this key picks no column")
+COLUMNS = ("the columns a dataset reads are fixed by its format here (PaddleNLP's src/tgt rows: prompt_key / "
+           "response_key); this key picks no column")
 
 
 def _recompute_note(flag_key: str) -> Note:
@@ -118,10 +118,10 @@ TABLE: Dict[str, Rule] = {
     "max_dec_len": Rule(ALIAS, "max_new_tokens", "longest response"),
     "critic_model_name_or_path": Rule(ALIAS, "reward_critic_model_name_or_path", "critic initialisation"),
     "max_seq_len": Rule(ALIAS, "max_length", "longest tokenized sample (DPO / RM flashmask files)"),
-    "train_dataset_path": Rule(ALIAS, "train_datasets", "training data; the value must be one of our dataset specs "
-                                                        "('PKU-SafeRLHF/train:1.0:data/preference'): PaddleNLP's "
-                                                        "src/tgt/response/sort JSONL layout is not read"),
-    "dev_dataset_path": Rule(ALIAS, "eval_datasets", "evaluation data, a dataset spec as for train_dataset_path"),
+    "train_dataset_path": Rule(ALIAS, "train_datasets", "training data: a file, directory or comma-separated list "
+                                                        "of them, each read in the format its keys show (PaddleNLP's "
+                                                        "src/tgt, src/tgt/response/sort, ...), or our dataset specs"),
+    "dev_dataset_path": Rule(ALIAS, "eval_datasets", "evaluation data, as for train_dataset_path"),
     "sharding_degree": Rule(ALIAS, "sharding_parallel_degree", "PaddleNLP's deprecated spelling",
                             inert=lambda value, values: as_number(value) is not None and as_number(value) <= 0),
     "sft_loss_ratio": Rule(ALIAS, "nll_loss_coef", "weight of the SFT (chosen-response NLL) term of DPO"),
@@ -293,11 +293,8 @@ TABLE: Dict[str, Rule] = {
                     Rule(NOTICE, None, "the reward model reads train_datasets / eval_datasets")),
     "eval_split_ratio": Rule(REFUSE, None, "held-out data is not split off the training data here; name it in "
                                            "eval_datasets"),
-    "prompt_key": Rule(NOTICE, None, COLUMNS, inert=one_of("prompt")),
-    **dict.fromkeys(("response_key", "label_key"), Rule(NOTICE, None, COLUMNS, inert=one_of("answer"))),
+    "label_key": Rule(NOTICE, None, COLUMNS, inert=one_of("answer", "tgt")),
     **dict.fromkeys(("max_prompt_len", "max_src_len"), Rule(NOTICE, None, _prompt_cap)),
-    "chat_template": Rule(NOTICE, None, "prompts are formatted with the tokenizer's own chat template here (its "
-                                        "tokenizer_config.json), when it has one"),
     "eos_token": Rule(REFUSE, None, "responses end at the tokenizer's own EOS token here; set eos_token in the "
                                     "tokenizer files instead"),
     **dict.fromkeys(("actor_tokenizer_alpha", "reward_tokenizer_alpha", "reward_critic_tokenizer_alpha",
@@ -328,7 +325,8 @@ TABLE: Dict[str, Rule] = {
                                           "with reward_funcs (e.g. [\"accuracy\"]: the last <answer> block or "
                                           "number equals the dataset's 'answer') or a 'file.py:function'"),
     "use_tgt_len_value": Rule(REFUSE, None, "values over the target length are not built"),
-    "stage": Rule(NOTICE, None, "the entry point names the stage here (run_ppo.py)", inert=one_of("PPO")),
+    "stage": Rule(NOTICE, None, "the entry point names the stage here (run_sft.py, run_reward.py, run_dpo.py, "
+                                "run_kto.py, run_ppo.py), not this key", inert=one_of("PPO")),
     "dropout_warmup_steps": Rule(REFUSE, None, "this toolkit's models train without dropout"),
     "hidden_dropout_prob": Rule(REFUSE, None, "this toolkit's models train without dropout (LoRA has lora_dropout)"),
     "attention_probs_dropout_prob": Rule(REFUSE, None, "this toolkit's models train without dropout"),
@@ -339,8 +337,6 @@ TABLE: Dict[str, Rule] = {
     "pref_loss_ratio": Rule(REFUSE, None, "the preference loss has weight 1 here; give the SFT term's relative "
                                           "weight sft_loss_ratio / pref_loss_ratio as nll_loss_coef instead",
                             inert=one_of(1.0)),
-    "dpop_lambda": Rule(NOTICE, None, "used by loss_type dpop only, which this toolkit does not have",
-                        inert=lambda value, values: True),
     "ref_model_update_steps": Rule(REFUSE, None, "the reference model stays fixed here (no TR-DPO updates)"),
     "weight_quantize_algo": Rule(REFUSE, None, "quantized base weights (QLoRA) are not built; train LoRA on the "
                                                "float32 weights"),

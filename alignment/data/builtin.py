@@ -115,6 +115,7 @@ class JsonRowsDataset(RawDataset):
     HUB_ID: ClassVar[str | None] = None
     SPLIT: ClassVar[str] = "train"
     REQUIREMENT: ClassVar[str] = ""
+    DETECT_KEYS: ClassVar[tuple[frozenset, ...]] = ()  # key sets a first row of this format has (data/detect.py)
 
     def __init__(self, path: str | os.PathLike | None = None, *, split: str | None = None,
                  strict: bool = True, **hub_kwargs: Any):
@@ -133,6 +134,12 @@ class JsonRowsDataset(RawDataset):
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         """One validated sample from a row; raise :class:`RowError` for a bad row."""
         raise NotImplementedError
+
+    @classmethod
+    def detect(cls, row: dict[str, Any], options: dict[str, Any]) -> int:
+        """How specifically a file's first row fits this format: the size of the largest of `DETECT_KEYS` it holds
+        (0: not this format). A bare file path is read by the format that fits best."""
+        return max((len(keys) for keys in cls.DETECT_KEYS if keys <= set(row)), default=0)
 
     def __getitem__(self, index: int) -> RawSample:
         return dict(self.samples[index])  # type: ignore[return-value]
@@ -200,6 +207,7 @@ def _locate_row(path: str, index: int, row_count: int) -> tuple[int | None, Any]
 class _SafeRLHFBase(JsonRowsDataset):
     REQUIREMENT = ("PKU-SafeRLHF rows need prompt, response_0, response_1, better_response_id, "
                    "safer_response_id, is_response_0_safe, is_response_1_safe")
+    DETECT_KEYS = (frozenset({"prompt", "response_0", "response_1"}),)
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         prompt, answer, other = (_text(row, key) for key in ("prompt", "response_0", "response_1"))
@@ -229,6 +237,7 @@ SafeRLHFTrain, SafeRLHFTest, SafeRLHF30KTrain, SafeRLHF30KTest, SafeRLHF10KTrain
 class _HhRLHFBase(JsonRowsDataset):
     REQUIREMENT = "hh-rlhf rows need chosen and rejected transcripts '\\n\\nHuman: ...\\n\\nAssistant: ...'"
     HUB_ID = "Anthropic/hh-rlhf"
+    DETECT_KEYS = (frozenset({"chosen", "rejected"}),)
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         history, answer = _final_answer(row, "chosen")
@@ -270,6 +279,7 @@ class Alpaca(JsonRowsDataset):
     ALIASES = ("tatsu-lab/alpaca",)
     HUB_ID = "tatsu-lab/alpaca"
     REQUIREMENT = "alpaca rows need instruction, output and optionally input"
+    DETECT_KEYS = (frozenset({"instruction", "output"}),)
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         return RawSample(input=_instruction_prompt(row), answer=_text(row, "output"))
@@ -283,6 +293,7 @@ class GenericJson(JsonRowsDataset):
     NAME = "jsonl"
     ALIASES = ("prompt-only", "json")
     REQUIREMENT = "rows need prompt (or instruction/input), optionally answer/output/response, or dialogue"
+    DETECT_KEYS = tuple(frozenset({key}) for key in ("prompt", "input", "dialogue"))
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         if row.get("dialogue") is not None:
@@ -317,6 +328,7 @@ class Unpaired(JsonRowsDataset):
     NAME = "kto"
     ALIASES = ("unpaired",)
     REQUIREMENT = "kto rows need prompt, completion and a boolean label (true: desirable)"
+    DETECT_KEYS = (frozenset({"prompt", "completion", "label"}),)
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         return RawSample(input=_text(row, "prompt"), answer=_text(row, "completion"), desirable=_flag(row, "label"))

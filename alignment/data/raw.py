@@ -65,6 +65,8 @@ class RawSample(TypedDict, total=False):
 # --------------------------------------------------------------------------- registry
 
 _NAME_FORBIDDEN = (":", ",")
+FILE_READER = "auto"  # the dataset that reads a bare path (alignment/data/detect.py)
+REGISTER_HINT = "your own layout: a RawDataset subclass with a NAME in a user_dataset_modules file (README 'Data')"
 
 
 class RawDataset(Sequence):
@@ -78,6 +80,7 @@ class RawDataset(Sequence):
 
     NAME: ClassVar[str]
     ALIASES: ClassVar[tuple[str, ...]] = ()
+    OPTIONS: ClassVar[tuple[str, ...]] = ()  # the run-wide options it takes (prompt_key, response_key), see load()
     _registry: ClassVar[dict[str, type[RawDataset]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -94,13 +97,18 @@ class RawDataset(Sequence):
         RawDataset._registry.update(dict.fromkeys(keys, cls))
 
     @classmethod
-    def load(cls, name: str, path: str | os.PathLike | None = None, **kwargs: Any) -> RawDataset:
-        """Instantiate the dataset registered as ``name`` (or alias) with ``path``."""
-        try:
-            dataset_cls = RawDataset._registry[name]
-        except (KeyError, TypeError):
+    def load(cls, name: str, path: str | os.PathLike | None = None, options: Mapping[str, Any] | None = None,
+             **kwargs: Any) -> RawDataset:
+        """The dataset registered as ``name`` (or alias) with ``path``; an unregistered ``name`` that is an existing
+        path is read by FILE_READER. ``options`` (prompt_key, ...) reach the datasets listing them in ``OPTIONS``."""
+        dataset_cls = RawDataset._registry.get(name) if isinstance(name, str) else None
+        if dataset_cls is None and path is None and isinstance(name, str) and os.path.exists(name):
+            name, path, dataset_cls = FILE_READER, name, RawDataset._registry.get(FILE_READER)
+        if dataset_cls is None:
             known = ", ".join(cls.registered_names())
-            raise ValueError(f"Unknown dataset {name!r}. Registered datasets: {known}") from None
+            raise ValueError(f"Unknown dataset {name!r}: no registered name and no such file. Registered: {known}; "
+                             f"a JSON/JSONL path is read in the format its keys show; {REGISTER_HINT}") from None
+        kwargs.update({k: v for k, v in (options or {}).items() if k in dataset_cls.OPTIONS and v is not None})
         try:
             return dataset_cls(path=path, **kwargs)
         except (DataFormatError, FileNotFoundError):
@@ -258,14 +266,14 @@ class MixedRawDataset(RawDataset):
     order; shuffling is the data loader's job. ``sources`` lists what each spec gave.
     """
 
-    def __init__(self, specs: SpecsLike, seed: int = 42, **load_kwargs: Any):
+    def __init__(self, specs: SpecsLike, seed: int = 42, options: Mapping[str, Any] | None = None, **load_kwargs: Any):
         self.seed = seed
         self.specs = parse_dataset_specs(specs)
         self.datasets: list[RawDataset] = []
         self.sources: list[MixSource] = []
         self._index: list[tuple[int, int]] = []
         for position, spec in enumerate(self.specs):
-            dataset = RawDataset.load(spec.name, path=spec.path, **load_kwargs)
+            dataset = RawDataset.load(spec.name, path=spec.path, options=options, **load_kwargs)
             picks = _select_indices(len(dataset), spec, random.Random(f"{seed}/{position}/{spec.name}"))
             self.datasets.append(dataset)
             self._index.extend((position, index) for index in picks)

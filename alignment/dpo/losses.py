@@ -4,6 +4,11 @@ Inputs are per-sequence log-probabilities, already summed over the response toke
 excluded; see `alignment.dpo.trainer.sequence_log_probs`), with the token counts where a variant averages.
 Every function returns (losses [b], chosen_rewards [b], rejected_rewards [b]); rewards are the implicit
 rewards beta * (log pi - log pi_ref), detached, for logging.
+
+The paired losses are a registry, `PAIRED_LOSSES` (name -> function), whose names are config/choices.py's
+PAIRED_LOSS_TYPES. The variants PaddleNLP and PaddleFormers add (dpop, kto_pair, sppo_hard, nca_pair, or) follow
+their criterion (paddlenlp/trl/dpo_criterion.py `dpo_loss`, paddleformers/nn/criterion/dpo_loss.py `cal_dpo_loss`):
+ipo, simpo and or on token-averaged log-probs, the others on summed ones.
 """
 from __future__ import annotations
 
@@ -13,35 +18,93 @@ import paddle.nn.functional as F
 from alignment.config.choices import PAIRED_LOSS_TYPES
 
 
+def _smoothed(logits, label_smoothing):
+    """cDPO: -(1 - ls) log s(x) - ls log s(-x)."""
+    return -(1 - label_smoothing) * F.log_sigmoid(logits) - label_smoothing * F.log_sigmoid(-logits)
+
+
+def _sigmoid(c, r, o):
+    """DPO: h = (pc - rc) - (pr - rr); -(1 - ls) log s(beta h) - ls log s(-beta h)."""
+    return _smoothed(o["beta"] * (c - r), o["label_smoothing"])
+
+
+def _ipo(c, r, o):
+    """IPO on token-averaged ratios: (h - 1 / (2 beta))^2."""
+    return (c - r - 1.0 / (2.0 * o["beta"])) ** 2
+
+
+def _hinge(c, r, o):
+    """SLiC: relu(1 - beta h)."""
+    return F.relu(1.0 - o["beta"] * (c - r))
+
+
+def _simpo(c, r, o):
+    """SimPO (reference-free, token-averaged): -(1 - ls) log s(beta (pc - pr) - gamma) - ls log s(-...)."""
+    return _smoothed(o["beta"] * (c - r) - o["simpo_gamma"], o["label_smoothing"])
+
+
+def _dpop(c, r, o):
+    """DPO-Positive: -log s(beta (h - lambda max(0, rc - pc))): a penalty when the chosen answer loses probability."""
+    return -F.log_sigmoid(o["beta"] * (c - r - o["dpop_lambda"] * paddle.clip(-c, min=0.0)))
+
+
+def _kto_pair(c, r, o):
+    """KTO on pairs (HALOs eqn 7): each side's reference point is the other side's batch-mean ratio, clipped at 0;
+    1 - s(beta (c - KL_r)) for the chosen and 1 - s(beta (KL_c - r)) for the rejected half, averaged per pair
+    (PaddleNLP averages the concatenation: the same mean)."""
+    chosen_kl, rejected_kl = paddle.clip(c.mean(), min=0.0), paddle.clip(r.mean(), min=0.0)
+    beta = o["beta"]
+    return ((1 - F.sigmoid(beta * (c - rejected_kl))) + (1 - F.sigmoid(beta * (chosen_kl - r)))) / 2
+
+
+def _sppo_hard(c, r, o):
+    """SPPO with hard probabilities (winner 1, loser 0): (c - 1 / (2 beta))^2 + (r + 1 / (2 beta))^2."""
+    half = 0.5 / o["beta"]
+    return (c - half) ** 2 + (r + half) ** 2
+
+
+def _nca_pair(c, r, o):
+    """NCA: -log s(beta c) - 0.5 log s(-beta c) - 0.5 log s(-beta r)."""
+    beta = o["beta"]
+    return -F.log_sigmoid(beta * c) - 0.5 * F.log_sigmoid(-beta * c) - 0.5 * F.log_sigmoid(-beta * r)
+
+
+def _odds_ratio(c, r, o):
+    """ORPO's odds-ratio term on token-averaged log-probs (reference-free): -log s(log odds(c) - log odds(r)),
+    log odds(p) = log p - log(1 - p); the NLL part of ORPO is nll_loss_coef (PaddleNLP's sft_loss_ratio)."""
+    log_odds = (c - r) - (paddle.log1p(-paddle.exp(c)) - paddle.log1p(-paddle.exp(r)))
+    return -F.log_sigmoid(log_odds)
+
+
+# name -> (loss function of (chosen, rejected, options), averages over tokens, uses the reference)
+PAIRED_LOSSES = {
+    "sigmoid": (_sigmoid, False, True), "ipo": (_ipo, True, True), "hinge": (_hinge, False, True),
+    "simpo": (_simpo, True, False), "dpop": (_dpop, False, True), "kto_pair": (_kto_pair, False, True),
+    "sppo_hard": (_sppo_hard, False, True), "nca_pair": (_nca_pair, False, True), "or": (_odds_ratio, True, False),
+}
+
+
 def preference_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, chosen_tokens, rejected_tokens,
                     loss_type: str = "sigmoid", beta: float = 0.1, label_smoothing: float = 0.0,
-                    simpo_gamma: float = 0.5):
+                    simpo_gamma: float = 0.5, dpop_lambda: float = 50.0):
     """Pairwise losses; all inputs [b] (log-probs summed over response tokens; token counts as float).
 
-    sigmoid (DPO):  h = (pc - pr) - (rc - rr);  -(1 - ls) log s(beta h) - ls log s(-beta h)   (ls > 0: cDPO)
-    ipo:            h as above on token-averaged log-probs (as TRL);  (h - 1 / (2 beta))^2
-    hinge:          relu(1 - beta h)                      (SLiC)
-    simpo:          reference-free, token-averaged:  -(1 - ls) log s(beta (pc/|c| - pr/|r|) - gamma) - ls log s(-...)
+    The loss sees c = log pi(chosen) - log pi_ref(chosen) and r likewise for the rejected answer (token-averaged
+    for ipo, simpo and or; the reference is 0 for the reference-free simpo and or); see each function above.
     """
-    if loss_type == "simpo":
-        logits = beta * (policy_chosen / chosen_tokens - policy_rejected / rejected_tokens) - simpo_gamma  # [b]
-        losses = -(1 - label_smoothing) * F.log_sigmoid(logits) - label_smoothing * F.log_sigmoid(-logits)
-        chosen_rewards = beta * policy_chosen / chosen_tokens
-        rejected_rewards = beta * policy_rejected / rejected_tokens
-        return losses, chosen_rewards.detach(), rejected_rewards.detach()
-    chosen_ratio = policy_chosen - ref_chosen  # [b]: log pi(c) / pi_ref(c)
-    rejected_ratio = policy_rejected - ref_rejected  # [b]
-    if loss_type == "sigmoid":
-        logits = beta * (chosen_ratio - rejected_ratio)
-        losses = -(1 - label_smoothing) * F.log_sigmoid(logits) - label_smoothing * F.log_sigmoid(-logits)
-    elif loss_type == "ipo":
-        margin = chosen_ratio / chosen_tokens - rejected_ratio / rejected_tokens
-        losses = (margin - 1.0 / (2.0 * beta)) ** 2
-    elif loss_type == "hinge":
-        losses = F.relu(1.0 - beta * (chosen_ratio - rejected_ratio))
-    else:
+    if loss_type not in PAIRED_LOSSES:
         raise ValueError(f"unknown paired loss_type {loss_type!r}; expected one of {PAIRED_LOSS_TYPES}")
-    return losses, (beta * chosen_ratio).detach(), (beta * rejected_ratio).detach()
+    loss_fn, averaged, uses_reference = PAIRED_LOSSES[loss_type]
+    chosen = policy_chosen - ref_chosen if uses_reference else policy_chosen  # [b]
+    rejected = policy_rejected - ref_rejected if uses_reference else policy_rejected  # [b]
+    if averaged:
+        chosen, rejected = chosen / chosen_tokens, rejected / rejected_tokens
+    options = {"beta": beta, "label_smoothing": label_smoothing, "simpo_gamma": simpo_gamma,
+               "dpop_lambda": dpop_lambda}
+    losses = loss_fn(chosen, rejected, options)
+    if uses_reference and averaged:  # ipo logs the summed ratios, as before
+        chosen, rejected = policy_chosen - ref_chosen, policy_rejected - ref_rejected
+    return losses, (beta * chosen).detach(), (beta * rejected).detach()
 
 
 def kto_kl_estimate(policy_mismatched, ref_mismatched):

@@ -1,4 +1,5 @@
-"""Offline preference optimisation (DPO, IPO, cDPO, hinge, SimPO, KTO) on preference pairs or unpaired feedback.
+"""Offline preference optimisation (DPO, IPO, cDPO, hinge, SimPO, PaddleNLP's dpop / kto_pair / sppo_hard /
+nca_pair / or, KTO as loss_type kto) on preference pairs or unpaired feedback.
 
     python alignment/dpo/run_dpo.py config/tiny/dpo_argument.json [--key value ...]
 """
@@ -14,59 +15,12 @@ from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
-from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.dpo import DPOArguments  # noqa: E402
-from alignment.config.training import TrainingArguments  # noqa: E402
-from alignment.training import setup  # noqa: E402
-
-
-def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
-    """(train, eval or None, collate) for the loss type: preference pairs, or unpaired rows for kto."""
-    from alignment.data.tokenized import preference_datasets
-    from alignment.dpo.data import UnpairedDataset, collate_pairs, collate_unpaired
-
-    pad = tokenizer.pad_token_id
-    if dpo_args.loss_type == "kto":
-        make = lambda raw: UnpairedDataset(raw, tokenizer, data_args.max_length, seed)  # noqa: E731
-        return make(train_raw), make(eval_raw) if eval_raw is not None else None, lambda i: collate_unpaired(i, pad)
-    train, evaluation = preference_datasets(train_raw, eval_raw, tokenizer, data_args.max_length,
-                                            hint=f" (loss_type {dpo_args.loss_type!r}; unpaired data needs 'kto')")
-    return train, evaluation, lambda items: collate_pairs(items, pad)
+from alignment.dpo.stage import train  # noqa: E402
 
 
 def main(argv=None) -> dict:
-    model_args, data_args, dpo_args, lora_args, train_args, run = setup.parse_arguments(
-        argv, ModelArguments, DataArguments, DPOArguments, LoRAArguments, TrainingArguments)
-
-    from alignment.dpo.trainer import DPOTrainer, summarize
-
-    with setup.started(train_args, run):
-        tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
-        train_set, eval_set, collate = build_datasets(dpo_args, data_args, tokenizer, *raw, train_args.seed)
-        print(setup.datasets_line("rows", train_set, eval_set))
-        policy = setup.load_trained_model("causal", model_args.model_name_or_path, run.layout, lora_args,
-                                          recompute=train_args.recompute)
-        reference = setup.reference_model(policy, lora_args, model_args.model_name_or_path,
-                                          dpo_args.ref_model_name_or_path) if dpo_args.needs_reference else None
-        trainer = DPOTrainer(dpo_args, train_args, policy, reference, tokenizer, train_set, eval_set, collate,
-                             run.effective)
-    if dpo_args.precompute_ref_log_probs:
-        for dataset in (train_set, eval_set):
-            if dataset is not None:
-                trainer.precompute_reference(dataset, train_args.per_device_eval_batch_size)
-        trainer.reference = None  # every item now carries its reference log-probs
-        del reference
-    with setup.training_stops(trainer):
-        results = trainer.train()
-    before, results = results.get("start", {}), results.get("end", {})
-    final = os.path.join(train_args.output_dir, "model")
-    print(f"\n{dpo_args.loss_type} done")
-    summary = summarize(before, results)
-    if summary:
-        print(summary)
-    print(f"  policy: {final} (HF layout); judge it with: python tools/judge_policy.py --model {final}")
-    setup.end_processes(train_args)  # prints the wall time; a multi-process run exits here
-    return {**results, **{f"start_{k}": v for k, v in before.items()}}
+    return train(argv, DPOArguments)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ class DPOTrainer(DatasetTrainer):
         b = logps.shape[0] // 2
         losses, chosen_rewards, rejected_rewards = preference_loss(
             logps[:b], logps[b:], ref[:b], ref[b:], counts[:b], counts[b:], dpo.loss_type, dpo.beta,
-            dpo.label_smoothing, dpo.simpo_gamma)  # [b] each
+            dpo.label_smoothing, dpo.simpo_gamma, dpo.dpop_lambda)  # [b] each
         loss = losses.mean() + self._nll(logps[:b], counts[:b])
         margins = chosen_rewards - rejected_rewards
         metrics = {"rewards/chosen": float(chosen_rewards.mean()), "rewards/rejected": float(rejected_rewards.mean()),

@@ -24,6 +24,10 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %} ASSISTANT:{% endif %}"
 )
 
+# PaddleNLP's chat_template "none": no template; prompts are used as they are (already templated text) and each
+# answer follows its prompt directly (the tokenizer's EOS is appended after answers by the data code)
+NO_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
 
 def _token_string(value) -> Optional[str]:
     """tokenizer_config.json stores special tokens as strings or as {"content": ...} dicts."""

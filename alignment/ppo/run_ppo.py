@@ -125,6 +125,7 @@ def main(argv=None) -> dict:
         server = RewardServerClient.from_args(ppo_args, tokenizer) if ppo_args.use_rm_server else None
         actor, reference, critic, reward_model, reward_tokenizer = build_models(
             model_args.for_reward_server() if server else model_args, ppo_args, lora_args, train_args, run.layout)
+        setup.template_as_asked(reward_tokenizer, data_args)  # chat_template none: the reward model reads raw text too
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score, server)
     scorer = ["reward model"] if reward_model else [f"reward server {', '.join(server.urls)}"] if server else []

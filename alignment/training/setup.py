@@ -208,8 +208,18 @@ def load_inputs(tokenizer_path: str, data_args, seed: int, run: Invocation):
     """(tokenizer, train raw dataset, eval raw dataset or None): what every stage reads first (`load_raw`)."""
     from alignment.models import Tokenizer
 
-    tokenizer = Tokenizer.from_pretrained(tokenizer_path)
+    tokenizer = template_as_asked(Tokenizer.from_pretrained(tokenizer_path), data_args)
     return (tokenizer, *load_raw(data_args, seed, run.argument_dir))
+
+
+def template_as_asked(tokenizer, data_args):
+    """The tokenizer with the template `chat_template` asks for: 'none' (PaddleNLP's value; validated) renders
+    conversations as their raw text (prompts already templated), null keeps the tokenizer's own."""
+    from alignment.models.tokenizer import NO_TEMPLATE
+
+    if tokenizer is not None and data_args.chat_template is not None:
+        tokenizer.chat_template = NO_TEMPLATE
+    return tokenizer
 
 
 def _model_classes(head: str):
@@ -265,8 +275,10 @@ def load_raw(data_args, seed: int, argument_dir: Optional[str]):
     Bad specs or files raise DataFormatError / FileNotFoundError / ValueError: call it inside `user_errors()`.
     """
     import_user_modules(data_args.user_dataset_modules, base_dir=argument_dir)
-    train = MixedRawDataset(data_args.train_datasets, seed=seed)
-    evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed) if data_args.eval_datasets else None
+    options = data_args.dataset_options()
+    train = MixedRawDataset(data_args.train_datasets, seed=seed, options=options)
+    evaluation = MixedRawDataset(data_args.eval_datasets, seed=seed, options=options) if data_args.eval_datasets \
+        else None
     for name, dataset in (("train", train), ("eval", evaluation)):
         if dataset is not None:
             print(f"{name} data: " + ", ".join(f"{s.name} {s.selected}/{s.available}" for s in dataset.sources))

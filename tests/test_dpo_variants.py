@@ -1,0 +1,85 @@
+"""PaddleNLP's / PaddleFormers' DPO loss types (paddlenlp/trl/dpo_criterion.py `dpo_loss`,
+paddleformers/nn/criterion/dpo_loss.py `cal_dpo_loss`): dpop, kto_pair, sppo_hard, nca_pair, or, each against
+values worked out by hand on test_dpo.py's 2-pair batch, and one DPO step with each on the tiny model."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from alignment.config.choices import PAIRED_LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES
+from alignment.dpo.losses import PAIRED_LOSSES, preference_loss
+from tests.test_dpo import CONFIG, NC, NR, PC, PR, RC, RR, losses_of, softplus, t
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_the_registry_is_the_list_the_arguments_accept():
+    assert tuple(PAIRED_LOSSES) == PAIRED_LOSS_TYPES
+    assert {name for name, (_, _, uses_reference) in PAIRED_LOSSES.items() if not uses_reference} == \
+        set(REFERENCE_FREE_LOSS_TYPES)
+
+
+def test_dpop_penalises_a_chosen_answer_that_lost_probability_by_hand():
+    # chosen ratios c = [-0.5, 0.5] (pair 1 lost 0.5), rejected r = [-0.5, -0.5]: h = [0, 1]; lambda 2:
+    # beta (h - lambda max(0, -c)) = 0.1 [0 - 1, 1 - 0] -> -log s: [softplus(0.1), softplus(-0.1)]
+    losses, chosen, _ = preference_loss(t(PC), t(PR), t([-0.5, -2.5]), t(RR), t(NC), t(NR), "dpop", beta=0.1,
+                                        dpop_lambda=2.0)
+    np.testing.assert_allclose(losses.numpy(), [softplus(0.1), softplus(-0.1)], rtol=1e-6)
+    np.testing.assert_allclose(losses.numpy(), [0.7443967, 0.6443967], rtol=1e-6)
+    np.testing.assert_allclose(chosen.numpy(), [-0.05, 0.05], atol=1e-7)
+    # no chosen answer lost probability in the shared batch: dpop is plain DPO there
+    np.testing.assert_allclose(losses_of("dpop")[0], losses_of("sigmoid")[0], rtol=1e-6)
+
+
+def test_kto_pair_uses_the_other_halfs_batch_kl_by_hand():
+    # c = [0.5, 0], r = [-0.5, -0.5]; KL_c = max(0, mean c) = 0.25, KL_r = max(0, -0.5) = 0
+    # chosen: 1 - s(0.1 (c - 0)); rejected: 1 - s(0.1 (0.25 - r)) = 1 - s(0.075); per pair the mean of the two
+    losses, _, _ = losses_of("kto_pair", beta=0.1)
+    expected = [((1 - sigmoid(0.05)) + (1 - sigmoid(0.075))) / 2, ((1 - sigmoid(0.0)) + (1 - sigmoid(0.075))) / 2]
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    np.testing.assert_allclose(losses, [0.4843807, 0.4906294], rtol=1e-6)
+
+
+def test_sppo_hard_by_hand():
+    # (c - 1/(2 beta))^2 + (r + 1/(2 beta))^2 with 1/(2 beta) = 5: (0.5 - 5)^2 + 4.5^2, (0 - 5)^2 + 4.5^2
+    losses, _, _ = losses_of("sppo_hard", beta=0.1)
+    np.testing.assert_allclose(losses, [40.5, 45.25], rtol=1e-6)
+
+
+def test_nca_pair_by_hand():
+    # beta c = [0.05, 0], beta r = [-0.05, -0.05]: softplus(-bc) + 0.5 softplus(bc) + 0.5 softplus(br)
+    losses, _, _ = losses_of("nca_pair", beta=0.1)
+    expected = [softplus(-0.05) + 0.5 * softplus(0.05) + 0.5 * softplus(-0.05),
+                softplus(0.0) + 0.5 * softplus(0.0) + 0.5 * softplus(-0.05)]
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    np.testing.assert_allclose(losses, [1.3619193, 1.3739506], rtol=1e-6)
+
+
+def test_odds_ratio_is_reference_free_on_token_averaged_log_probs_by_hand():
+    # averaged log-probs: chosen [-1/2, -2/4] = [-0.5, -0.5], rejected [-3/3, -1.5/1] = [-1, -1.5]
+    def log_odds(p):
+        return p - math.log1p(-math.exp(p))
+    losses, _, _ = losses_of("or", beta=0.1)
+    expected = [softplus(-(log_odds(-0.5) - log_odds(-1.0))), softplus(-(log_odds(-0.5) - log_odds(-1.5)))]
+    np.testing.assert_allclose(losses, expected, rtol=1e-6)
+    np.testing.assert_allclose(losses, [0.3202998, 0.1708592], rtol=1e-6)
+    moved, _, _ = preference_loss(t(PC), t(PR), t([7.0, 7.0]), t([-7.0, 3.0]), t(NC), t(NR), "or", beta=0.1)
+    np.testing.assert_allclose(moved.numpy(), losses, rtol=1e-6)  # the reference does not enter
+
+
+@pytest.mark.parametrize("loss_type", ["dpop", "kto_pair", "sppo_hard", "nca_pair", "or"])
+def test_each_paddlenlp_loss_type_trains_a_step(loss_type, tmp_path, tiny_model_dir):
+    from alignment.dpo import run_dpo
+    from tests.helpers import read_metrics
+
+    out = tmp_path / "out"
+    run_dpo.main([CONFIG, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "1",
+                  "--loss_type", loss_type, "--eval_datasets", "", "--per_device_train_batch_size", "4",
+                  "--disable_tqdm", "true"])
+    args = json.load(open(os.path.join(out, "args.json")))
+    (row,) = read_metrics(out)
+    assert args["loss_type"] == loss_type and math.isfinite(row["loss"]) and "rewards/margin" in row
