@@ -282,3 +282,15 @@ def test_episodes_train_with_lora_offload_and_dynamic_sampling(tmp_path, tiny_mo
         assert all("dynamic_sampling/gen_batches" in r for r in rows)
     else:
         assert all(np.isfinite(r["actor_loss"]) for r in rows)
+
+
+def test_an_environment_gets_every_column_of_its_jsonl_row(tmp_path, tiny_model_dir):
+    from alignment.data import MixedRawDataset
+    from alignment.data.tokenized import PromptOnlyDataset
+    from alignment.ppo.episodes import environment_row
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"prompt": "Find it.", "answer": "42", "secret": 7, "tools": ["calculator"]}) + "\n")
+    prompts = PromptOnlyDataset(MixedRawDataset(f"prompt-only:1.0:{data}", seed=0),
+                                Tokenizer.from_pretrained(tiny_model_dir), 128)
+    assert environment_row(prompts[0]) == {"input": "Find it.", "answer": "42", "secret": 7, "tools": ["calculator"]}

@@ -285,6 +285,9 @@ class Alpaca(JsonRowsDataset):
         return RawSample(input=_instruction_prompt(row), answer=_text(row, "output"))
 
 
+ANSWER_KEYS = ("answer", "output", "response")
+
+
 class GenericJson(JsonRowsDataset):
     """Local prompt(-answer) rows: ``prompt`` (or ``instruction`` [+ ``input``], or ``input``
     as a string or list of turns) and optionally ``answer``/``output``/``response``; or a
@@ -307,6 +310,10 @@ class GenericJson(JsonRowsDataset):
             if answer and answer.strip():
                 sample["answer"] = answer
                 break
+        columns = {k: v for k, v in row.items()
+                   if v is not None and k not in ("prompt", "instruction", "input", "dialogue", *ANSWER_KEYS)}
+        if columns:
+            sample["columns"] = columns
         return sample
 
     @staticmethod

@@ -49,6 +49,7 @@ class RawSample(TypedDict, total=False):
     dialogue: a whole conversation for multi-turn SFT (``list[str]``, alternating
         user/assistant turns starting with the user and ending with the assistant).
     desirable: unpaired feedback (KTO): ``True`` when ``answer`` is a desirable response.
+    columns: the row's other fields as written (a multi-turn environment's ``reset`` gets them).
     """
 
     input: Union[str, list[str]]
@@ -60,6 +61,7 @@ class RawSample(TypedDict, total=False):
     is_other_safe: bool
     dialogue: list[str]
     desirable: bool
+    columns: dict
 
 
 # --------------------------------------------------------------------------- registry

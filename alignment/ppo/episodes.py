@@ -38,8 +38,9 @@ def build_environments(env_args, count: int) -> List[Environment]:
 
 
 def environment_row(item: Mapping) -> Dict:
-    """The dataset row an environment's reset() gets: the raw sample (input, answer, and any other field)."""
-    return dict(item.get("row") or {"input": item["prompt"], "answer": item.get("answer")})
+    """The dataset row an environment's reset() gets: its other columns as written, then input and answer."""
+    sample = dict(item.get("row") or {"input": item["prompt"], "answer": item.get("answer")})
+    return {**sample.pop("columns", {}), **sample}
 
 
 @paddle.no_grad()
