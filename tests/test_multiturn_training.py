@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import paddle
@@ -217,26 +216,52 @@ def test_evaluation_judging_and_the_generations_view_show_whole_episodes(tmp_pat
     assert means == [0.0] and [r["messages"] for r in judged] == [r["messages"] for r in rows if r["step"] == 1]
 
 
-def test_multi_turn_runs_resume_exactly_after_a_kill(tmp_path, tiny_model_dir):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run_ppo.main(run_args(straight, tiny_model_dir, "gae", "--save_steps", "2"))
+KILLER = """import os, signal
+from alignment.envs import StepResult
+import guess_number_env
+
+RESETS = [0]
+
+
+class KilledMidBatch(guess_number_env.GuessNumber):
+    NAME = "test-guess-killed-mid-batch"
+
+    def reset(self, row):
+        RESETS[0] += 1
+        marker = os.environ["KILL_MARKER"]
+        if RESETS[0] == 9 and os.path.exists(marker):  # the first episode of step 3, after checkpoint-2
+            os.remove(marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().reset(row)
+"""
+
+
+def test_multi_turn_runs_resume_exactly_after_a_kill_mid_batch(tmp_path, tiny_model_dir):
+    (tmp_path / "killer_env.py").write_text(KILLER)
+    marker = tmp_path / "kill-once"
+    env = {**os.environ, "KILL_MARKER": str(marker),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.join(REPO, "examples"), REPO])}
     script = os.path.join(REPO, "alignment", "ppo", "run_ppo.py")
-    proc = subprocess.Popen([sys.executable, script, *run_args(killed, tiny_model_dir, "gae", "--save_steps", "2")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    deadline = time.time() + 300
-    while not (killed / "latest").exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)  # during step 3's episodes (or later: then a later checkpoint resumes)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL and (killed / "latest").exists()
-    assert len([r for r in read_metrics(killed) if "actor_loss" in r]) < 4  # killed before the end
-    run_ppo.main(run_args(killed, tiny_model_dir, "gae", "--save_steps", "2", "--resume_from_checkpoint", "auto"))
+
+    def run(out, *extra):  # every run in a subprocess of its own: the same thread settings for all of them
+        args = run_args(out, tiny_model_dir, "gae", "--save_steps", "2", "--environment",
+                        "test-guess-killed-mid-batch", "--user_env_modules", str(tmp_path / "killer_env.py"), *extra)
+        return subprocess.run([sys.executable, script, *args], cwd=REPO, env=env, capture_output=True, text=True)
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert run(straight).returncode == 0
+    marker.write_text("")
+    stopped = run(killed)  # SIGKILLs itself in step 3's first reset
+    assert stopped.returncode == -signal.SIGKILL and not marker.exists()
+    assert (killed / "latest").read_text().strip() == "checkpoint-2"
+    assert [r["step"] for r in read_metrics(killed) if "actor_loss" in r] == [1, 2]
+    assert run(killed, "--resume_from_checkpoint", "auto").returncode == 0
     assert [r["step"] for r in read_metrics(killed) if "actor_loss" in r] == [1, 2, 3, 4]
-    without_times = [[{k: v for k, v in row.items() if not k.startswith("time/")} for row in read_metrics(run)]
-                     for run in (straight, killed)]
+    without_times = [[{k: v for k, v in row.items() if not k.startswith("time/")} for row in read_metrics(out)]
+                     for out in (straight, killed)]
     assert without_times[0] == without_times[1]
     for sub in ("policy", "value"):
-        a, b = (load_file(os.path.join(run, sub, "model.safetensors")) for run in (straight, killed))
+        a, b = (load_file(os.path.join(out, sub, "model.safetensors")) for out in (straight, killed))
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=f"{sub} {key}")
 
