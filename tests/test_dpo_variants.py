@@ -10,7 +10,7 @@ import pytest
 
 from alignment.config.choices import PAIRED_LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES
 from alignment.dpo.losses import PAIRED_LOSSES, preference_loss
-from tests.test_dpo import CONFIG, NC, NR, PC, PR, RC, RR, losses_of, softplus, t
+from tests.test_dpo import CONFIG, NC, NR, PC, PR, RR, losses_of, softplus, t
 
 
 def sigmoid(x):

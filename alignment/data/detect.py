@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from typing import Any, Optional
 
 from alignment.data.builtin import JsonRowsDataset

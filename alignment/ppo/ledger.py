@@ -15,8 +15,6 @@ import json
 import os
 from typing import List, Optional
 
-import numpy as np
-
 ROTATE = 100
 
 
