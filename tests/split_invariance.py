@@ -87,7 +87,7 @@ class Update:
     def __init__(self, ppo, actor, critic=None):
         self.ppo, self.actor, self.critic = ppo, actor, critic
         self.trainer = types.SimpleNamespace(  # what PPOTrainer.actor_step reads of its trainer
-            ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None,
+            ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None, global_step=0,
             policy=types.SimpleNamespace(optimizer=types.SimpleNamespace(get_lr=lambda: 0.0)))
 
     def parameters(self):

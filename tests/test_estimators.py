@@ -72,7 +72,7 @@ def test_ppo_trains_a_step_with_the_toy_estimator(tmp_path, tiny_model_dir):
 
 
 def test_the_built_in_names_and_traits():
-    assert ADVANTAGE_ESTIMATORS.names(where=lambda e: e.needs_critic) == ["gae"]
+    assert ADVANTAGE_ESTIMATORS.names(where=lambda e: e.needs_critic) == ["gae", "vapo"]
     assert ADVANTAGE_ESTIMATORS.names(where=lambda e: e.min_group_size == 2)[:2] == ["grpo", "rloo"]
     assert POLICY_LOSSES.names() == ["ppo", "gspo"]
     assert KL_ESTIMATORS.names(where=lambda kl: not kl.loss_only) == ["k1", "k2", "k3"]
@@ -85,3 +85,73 @@ def test_a_name_cannot_be_registered_twice():
         class AnotherGAE(AdvantageEstimator):  # noqa: F841
             NAME = "gae"
     assert ADVANTAGE_ESTIMATORS["gae"].__name__ == "GAE"
+
+
+def test_vapo_decouples_the_critics_and_the_policys_lambda():
+    import math
+
+    import numpy as np
+    import paddle
+
+    from alignment.config.ppo import PPOArguments
+    from alignment.ppo import algorithms as rl
+    from alignment.ppo.estimators import VAPO
+
+    lengths = paddle.to_tensor([40.0, 10.0, 1.0])
+    np.testing.assert_allclose(rl.length_adaptive_lambda(lengths, 0.05).numpy(), [0.5, 0.0, 0.0], atol=1e-7)
+    np.testing.assert_allclose(rl.length_adaptive_lambda(paddle.to_tensor([200.0]), 0.05).numpy(), [0.9], rtol=1e-6)
+
+    class Scored:  # two rows of 3 tokens, the second with 2; the rewards at each row's end
+        response_mask = paddle.to_tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+        old_values = paddle.to_tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 9.0]])
+        end_rewards = paddle.to_tensor([1.0, -1.0])
+        old_log_probs = ref_log_probs = paddle.zeros([2, 3])
+        turn_rewards = None
+
+    ppo = PPOArguments(advantage_estimator="vapo", kl_coeff=0.0, gamma=1.0, normalize_advantage=False,
+                       vapo_length_alpha=0.5)  # lambda = 1 - 1 / (0.5 l): 1/3 for l = 3, 0 for l = 2
+    advantages, returns = VAPO()(Scored, ppo, None)
+    lam = 1.0 - 1.0 / 1.5
+    d = [0.4 - 0.2, 0.6 - 0.4, 1.0 - 0.6]  # row 0's deltas
+    a2 = d[2]
+    a1 = d[1] + lam * a2
+    a0 = d[0] + lam * a1
+    np.testing.assert_allclose(advantages.numpy()[0], [a0, a1, a2], rtol=1e-6)
+    np.testing.assert_allclose(advantages.numpy()[1], [0.3 - 0.1, -1.0 - 0.3, 0.0], rtol=1e-6)  # lambda 0: TD(0)
+    np.testing.assert_allclose(returns.numpy(), [[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]], rtol=1e-6)  # lambda 1: MC
+    assert not math.isclose(float(advantages[0, 0]), 1.0 - 0.2)  # the policy's lambda is not the critic's
+
+
+def test_vapo_pretrains_the_critic_before_the_policy_moves(tmp_path, tiny_model_dir, tiny_reward_dir):
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from alignment.ppo import run_ppo
+    from tests.helpers import REPO, read_metrics
+
+    out = tmp_path / "run"
+    run_ppo.main([f"{REPO}/config/tiny/ppo_argument.json", "--actor_model_name_or_path", tiny_model_dir,
+                  "--reward_model_name_or_path", tiny_reward_dir, "--output_dir", str(out), "--disable_tqdm",
+                  "--eval_datasets", "", "--max_steps", "3", "--save_steps", "2", "--max_new_tokens", "6",
+                  "--per_device_prompt_batch_size", "4", "--per_device_train_batch_size", "4",
+                  "--advantage_estimator", "vapo", "--pretrain_critic_steps", "2", "--logging_steps", "1"])
+    start = load_file(f"{tiny_model_dir}/model.safetensors")
+    after_two = load_file(str(out / "checkpoint-2" / "policy" / "model.safetensors"))
+    final = load_file(str(out / "policy" / "model.safetensors"))
+    assert all(np.array_equal(start[k], after_two[k]) for k in start)  # the policy waited two steps
+    assert any(not np.array_equal(start[k], final[k]) for k in start)  # and moved in the third
+    rows = read_metrics(out)
+    assert ["actor_loss" in r for r in rows] == [False, False, True] and all("critic_loss" in r for r in rows)
+    critic_start = load_file(f"{tiny_reward_dir}/model.safetensors")
+    critic_two = load_file(str(out / "checkpoint-2" / "value" / "model.safetensors"))
+    assert any(not np.array_equal(critic_start[k], critic_two[k]) for k in critic_two if k in critic_start)
+
+
+def test_paddlenlps_rl_algorithm_vapo_runs_vapo():
+    args = ArgumentParser(*PARSER).parse_dict({**BASE, "rl_algorithm": "vapo", "pretrain_critic_steps": 5,
+                                               "num_return_sequences": 1})
+    ppo = next(a for a in args if hasattr(a, "advantage_estimator"))
+    assert (ppo.advantage_estimator, ppo.pretrain_critic_steps) == ("vapo", 5)
+    with pytest.raises(ArgumentError, match="'pretrain_critic_steps': advantage_estimator 'grpo' has no critic"):
+        ArgumentParser(*PARSER).parse_dict({**BASE, "advantage_estimator": "grpo", "num_return_sequences": 2,
+                                            "pretrain_critic_steps": 5})

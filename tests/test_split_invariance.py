@@ -28,7 +28,7 @@ def test_the_reference_knows_every_registered_name():
     assert set(LOSS_AGG_MODES) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                    "seq-mean-token-sum-norm"}
     assert set(ADVANTAGE_ESTIMATORS.names(**BUILT_IN)) == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_baseline",
-                                                 "reinforce_plus_plus"}
+                                                           "reinforce_plus_plus", "vapo"}
 
 
 def scored(ppo, seed=0, critic=False):

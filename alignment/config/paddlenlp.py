@@ -123,7 +123,7 @@ OWN_VALUES: Dict[str, Callable] = {
 
 # --- the keys PaddleNLP computes from others ------------------------------------------------------------------------
 
-RL_ALGORITHMS = {"ppo": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus"}
+RL_ALGORITHMS = {"ppo": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus", "vapo": "vapo"}
 STRATEGIES = ("no", "steps", "epoch")
 
 

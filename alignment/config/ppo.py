@@ -138,6 +138,10 @@ class PPOArguments:
     clip_range_value: float = field(5.0, gt=0, help="Critic value clipping around the rollout's values.")
     gamma: float = field(1.0, ge=0, le=1, help="Discount factor of GAE / REINFORCE++ returns.")
     gae_lambda: float = field(0.95, ge=0, le=1, help="GAE lambda.")
+    vapo_length_alpha: float = field(0.05, gt=0, help="VAPO's length-adaptive policy lambda 1 - 1 / (alpha x response "
+                                                      "length) (advantage_estimator vapo).")
+    pretrain_critic_steps: int = field(0, ge=0, help="Value pretraining (VAPO; PaddleNLP's key): for the first this "
+                                                     "many steps only the critic trains, the policy stays as it is.")
     normalize_reward: bool = field(False, help="Standardise end rewards with running statistics over training.")
     normalize_advantage: bool = field(True, help="Whiten advantages over the response tokens of each batch.")
     ptx_coeff: float = field(0.0, ge=0, help="Weight of the supervised (ptx) loss on ptx_datasets.")
@@ -274,6 +278,11 @@ class PPOArguments:
         if not (self.reward_funcs or model_args.reward_model_name_or_path or self.use_rm_server or environment):
             raise ValueError("nothing gives a reward: set 'reward_model_name_or_path', 'use_rm_server', "
                              "'reward_funcs' or 'environment'")
+        if self.pretrain_critic_steps and not self.uses_critic:
+            raise ValueError(f"key 'pretrain_critic_steps': advantage_estimator {self.advantage_estimator!r} has no "
+                             "critic to pretrain")
+        if self.pretrain_critic_steps and pipelined(others):
+            raise ValueError("key 'pretrain_critic_steps' with pipeline_parallel_degree > 1 is not supported")
         if self.ptx_coeff > 0 and not data_args.ptx_datasets:
             raise ValueError("key 'ptx_coeff' > 0 needs 'ptx_datasets'")
         if data_args.ptx_datasets and self.ptx_coeff == 0:

@@ -72,6 +72,7 @@ def masked_whiten(x, mask, shift_mean=True, eps=1e-8, reduce_sum=None):
 
 def compute_gae(values, rewards, mask, gamma, lam):
     """Generalised advantage estimation over the masked tokens. All [B,T] -> (advantages, returns), both [B,T].
+    lam: a float, or one lambda per row [B] (VAPO's length-adaptive lambda).
 
     The masked tokens are the time steps; an unmasked token between two of them (an environment's or a tool's
     text in a multi-turn trajectory) is not a step and passes the next step's value and advantage through
@@ -82,6 +83,7 @@ def compute_gae(values, rewards, mask, gamma, lam):
     """
     mask = _f32(mask).detach()
     values, rewards = _masked(values.detach(), mask), _masked(rewards.detach(), mask)  # [B, T]
+    lam = lam if isinstance(lam, (int, float)) else _f32(lam).reshape([-1])  # float or [B]
     next_value = paddle.zeros_like(values[:, 0])  # [B]  V at the next masked token
     next_adv = paddle.zeros_like(values[:, 0])  # [B]  A at the next masked token
     advs = []
@@ -94,6 +96,13 @@ def compute_gae(values, rewards, mask, gamma, lam):
         advs.append(adv)
     advantages = paddle.stack(advs[::-1], axis=1)  # [B, T]
     return advantages, advantages + values  # [B, T], [B, T]
+
+
+def length_adaptive_lambda(lengths, alpha):
+    """VAPO's policy lambda per response (Yue et al. 2025, arXiv 2504.05118, eq. 8): 1 - 1 / (alpha * l), so the
+    sum of lambda^t over a response of l tokens is about alpha * l; clipped to [0, 1]. lengths [B] -> [B]."""
+    lengths = paddle.clip(_f32(lengths), min=1.0)  # [B]
+    return paddle.clip(1.0 - 1.0 / (alpha * lengths), 0.0, 1.0)  # [B]
 
 
 def last_valid_index(mask):

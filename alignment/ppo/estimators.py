@@ -71,6 +71,27 @@ class GAE(AdvantageEstimator):
         return advantages, returns
 
 
+class VAPO(AdvantageEstimator):
+    """VAPO (Yue et al. 2025, arXiv 2504.05118): PPO with decoupled GAE, the critic's returns with lambda 1
+    (unbiased targets for its long-horizon values) and the policy's advantages with the length-adaptive lambda
+    1 - 1 / (vapo_length_alpha * response length), whitened when normalize_advantage. Its value pretraining is
+    pretrain_critic_steps; clip-higher and the token-mean loss are the clip_range_ratio_high / loss_agg_mode keys."""
+
+    NAME = "vapo"
+    needs_critic = True
+    token_level_rewards = True
+
+    def __call__(self, rollout, ppo, reduce_sum):
+        mask = rollout.response_mask
+        rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
+        lam = rl.length_adaptive_lambda(mask.sum(axis=1), ppo.vapo_length_alpha)  # [N]
+        advantages, _ = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, lam)  # [N, R]
+        _, returns = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, 1.0)  # [N, R]
+        if ppo.normalize_advantage:
+            advantages = rl.masked_whiten(advantages, mask, reduce_sum=reduce_sum)
+        return advantages, returns
+
+
 class ReinforcePlusPlus(AdvantageEstimator):
     """REINFORCE++ (Hu 2025, arXiv 2501.03262): whitened returns-to-go of the KL-penalised token rewards."""
 

@@ -280,6 +280,8 @@ class PPOTrainer(Trainer):
         """Backward of this micro-batch's `share` of the optimizer step's token-mean policy loss (+ ptx_scale of
         the ptx loss); returns its share of each statistic."""
         ppo, mask = self.ppo, batch.response_mask
+        if self.global_step < ppo.pretrain_critic_steps:  # value pretraining (VAPO): only the critic learns
+            return {}
         with self.precision.autocast():
             log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask,
                                                     batch.prompt_len, ppo.temperature, with_entropy=True,
