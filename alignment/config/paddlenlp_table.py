@@ -284,6 +284,8 @@ TABLE: Dict[str, Rule] = {
     "lazy_data_processing": Rule(NOTICE, None, MEMORY_ONLY, inert=lambda value, values: True),
     "lazy": Rule(NOTICE, None, "data is tokenized up front here; same samples"),
     "greedy_zero_padding": Rule(NOTICE, None, "micro-batches are padded here (no zero-padding packing); same loss"),
+    "zero_padding": Rule(NOTICE, None, "micro-batches are padded here (no zero-padding packing); same loss",
+                         inert=lambda value, values: as_flag(value) is False),
     "remove_unused_columns": Rule(NOTICE, None, "datasets keep the columns their type reads",
                                   inert=lambda value, values: True),
     "label_names": Rule(NOTICE, None, "labels come from the dataset type here"),

@@ -19,6 +19,16 @@ class RewardArguments:
     normalizer_type: str = field("RunningMeanStd", help=f"Score normalizer, one of {NORMALIZER_TYPES}; its "
                                                         "statistics are saved with the model either way.")
     normalizer_momentum: float = field(0.9, gt=0, lt=1, help="Momentum of the ExponentialMovingAverage normalizer.")
+    process_reward: bool = field(False, help="Train a process reward model (PRM) on step-labelled rows (dataset "
+                                             "'process-reward', e.g. Math-Shepherd) instead of a pairwise reward "
+                                             "model: a causal LM scoring each step at its placeholder.")
+    placeholder_token: str = field("ки", help="PRM: the text after each step where its score is read "
+                                              "(Math-Shepherd's 'ки').")
+    reward_tokens: str = field("+,-", help="PRM: the tokens of a correct and a wrong step, 'good,bad'.")
+
+    def validate_with(self, *others) -> None:
+        if self.process_reward and any(getattr(o, "pipeline_parallel_degree", 1) > 1 for o in others):
+            raise ValueError("key 'process_reward' with pipeline_parallel_degree > 1 is not supported")
 
     def validate(self) -> None:
         if self.loss_type not in REWARD_LOSS_TYPES:

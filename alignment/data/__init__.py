@@ -21,6 +21,7 @@ from alignment.data.builtin import (  # noqa: E402  (registers the built-ins)
     split_hh_rlhf_transcript,
 )
 from alignment.data import paddlenlp_files  # noqa: E402,F401  (registers PaddleNLP's formats)
+from alignment.data import process_rewards  # noqa: E402,F401  (registers the PRM step formats)
 from alignment.data.detect import AutoDataset  # noqa: E402  (reads a bare path by its keys)
 
 __all__ = [

@@ -50,6 +50,7 @@ class RawSample(TypedDict, total=False):
         user/assistant turns starting with the user and ending with the assistant).
     desirable: unpaired feedback (KTO): ``True`` when ``answer`` is a desirable response.
     columns: the row's other fields as written (a multi-turn environment's ``reset`` gets them).
+    steps, step_labels: a solution's steps after ``input`` and whether each is correct (process rewards).
     """
 
     input: Union[str, list[str]]
@@ -62,6 +63,8 @@ class RawSample(TypedDict, total=False):
     dialogue: list[str]
     desirable: bool
     columns: dict
+    steps: list[str]
+    step_labels: list[bool]
 
 
 # --------------------------------------------------------------------------- registry

@@ -32,14 +32,16 @@ def build_models(model_args, ppo_args, lora_args, train_args, layout: Layout = L
     and reward models stay whole (or tensor-parallel)."""
     from alignment.models import Tokenizer
     from alignment.ppo.pipeline_update import PolicyPipeLoss, ValuePipeLoss
+    from alignment.rewards.process import is_process_reward_model
 
     path = model_args.actor_model_name_or_path
     actor = setup.load_trained_model("causal", path, layout, lora_args, PolicyPipeLoss(ppo_args),
                                      recompute=train_args.recompute)
     reference = setup.reference_model(actor, lora_args, path)
     reward_model = reward_tokenizer = critic = None
-    if model_args.reward_model_name_or_path:
-        reward_model = setup.load_frozen_model("score", model_args.reward_model_name_or_path)
+    if model_args.reward_model_name_or_path:  # a score model, or a process reward model (a causal LM)
+        process = is_process_reward_model(model_args.reward_model_name_or_path)
+        reward_model = setup.load_frozen_model("causal" if process else "score", model_args.reward_model_name_or_path)
         reward_tokenizer = Tokenizer.from_pretrained(model_args.reward_model_name_or_path)
     if ppo_args.uses_critic:
         critic_path = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path or path

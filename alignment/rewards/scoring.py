@@ -18,7 +18,8 @@ import numpy as np
 import paddle
 
 from alignment.data.tokenized import attention_mask_for, pad_sequences, tokenize_conversation
-from alignment.rewards.functions import function_scores, load_reward_function
+from alignment.rewards.functions import function_scores, load_reward_function, prompt_text
+from alignment.rewards.process import ProcessRewardScorer, is_process_reward_model
 
 
 def same_tokenizer(a, b) -> bool:
@@ -68,12 +69,18 @@ class RewardComputer:
                  weights: List[float] = (), clip_range_score: float = math.inf, server=None):
         self.model, self.tokenizer, self.clip, self.server = reward_model, reward_tokenizer, clip_range_score, server
         self.retokenize = reward_model is not None and not same_tokenizer(reward_tokenizer, actor_tokenizer)
+        self.process = None  # a process reward model scores responses step by step (rewards/process.py)
+        if reward_model is not None and is_process_reward_model(getattr(reward_model, "name_or_path", "")):
+            self.process = ProcessRewardScorer(reward_model, reward_tokenizer, reward_model.name_or_path)
         self.funcs = [(spec, load_reward_function(spec)) for spec in funcs]
         self.weights = list(weights) or [1.0] * len(self.funcs)
 
     @paddle.no_grad()
     def model_scores(self, rollout) -> paddle.Tensor:
         """Reward-model end scores [N], clipped to +/- clip_range_score."""
+        if self.process is not None:
+            scores = self.process.end_scores([prompt_text(p) for p in rollout.prompts], rollout.completions)
+            return paddle.clip(paddle.to_tensor(scores.astype("float32")), -self.clip, self.clip)
         if self.retokenize:
             ids = conversation_ids(self.tokenizer, rollout.prompts, rollout.completions)
             input_ids = paddle.to_tensor(pad_sequences(ids, self.tokenizer.pad_token_id))

@@ -20,6 +20,37 @@ from alignment.config.training import TrainingArguments  # noqa: E402
 from alignment.training import setup  # noqa: E402
 
 
+def train_process_reward_model(model_args, data_args, reward_args, lora_args, train_args, run) -> dict:
+    """process_reward: a PRM (alignment/rm/process.py) on step-labelled rows; held-out step accuracy."""
+    from alignment.rewards.process import save_settings, step_tokens
+    from alignment.rm.process import ProcessRewardTrainer, StepDataset, collate_steps
+
+    with setup.started(train_args, run):
+        tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
+        tokens = step_tokens(tokenizer, reward_args.placeholder_token, reward_args.reward_tokens)
+        train_set = StepDataset(train_raw, tokenizer, tokens, data_args.max_length)
+        eval_set = StepDataset(eval_raw, tokenizer, tokens, data_args.max_length) if eval_raw is not None else None
+        print(f"solutions: {len(train_set)} train {train_set.stats}"
+              + (f", {len(eval_set)} eval {eval_set.stats}" if eval_set is not None else ""))
+        model = setup.load_trained_model("causal", model_args.model_name_or_path, run.layout, lora_args,
+                                         recompute=train_args.recompute)
+        trainer = ProcessRewardTrainer(tokens, train_args, model, tokenizer, train_set, eval_set,
+                                       lambda items: collate_steps(items, tokenizer.pad_token_id), run.effective)
+    with setup.training_stops(trainer):
+        results = trainer.train()
+    before, results = results.get("start", {}), results.get("end", {})
+    final = os.path.join(train_args.output_dir, "model")
+    save_settings(final, reward_args.placeholder_token, reward_args.reward_tokens)
+    print("\nprocess reward model done")
+    if "eval/step_accuracy" in results and before:
+        print(f"  held-out step accuracy: {before['eval/step_accuracy']:.3f} before -> "
+              f"{results['eval/step_accuracy']:.3f} after")
+    print(f"  use it in PPO / GRPO: \"reward_model_name_or_path\": \"{final}\" (responses scored step by step at "
+          "line breaks; the end reward is the lowest step's p(good))")
+    setup.end_processes(train_args)
+    return {**results, **{f"start_{k}": v for k, v in before.items()}}
+
+
 def main(argv=None) -> dict:
     model_args, data_args, reward_args, lora_args, train_args, run = setup.parse_arguments(
         argv, ModelArguments, DataArguments, RewardArguments, LoRAArguments, TrainingArguments)
@@ -27,6 +58,8 @@ def main(argv=None) -> dict:
     from alignment.data.tokenized import collate_preference, preference_datasets
     from alignment.rm.trainer import RewardTrainer
 
+    if reward_args.process_reward:
+        return train_process_reward_model(model_args, data_args, reward_args, lora_args, train_args, run)
     with setup.started(train_args, run):
         tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
         train_set, eval_set = preference_datasets(train_raw, eval_raw, tokenizer, data_args.max_length)
