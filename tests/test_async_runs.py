@@ -88,12 +88,20 @@ def rank_pid(launcher_pid: int, rank: int) -> int:
     raise AssertionError(f"rank {rank} not found")
 
 
+KILL_FLAGS = ("--rollout_ranks", "1", "--max_staleness", "1", "--save_steps", "2")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tiny_reward_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight") / "run"
+    launch(out.parent / "logs", ppo_args(out, tiny_model_dir, tiny_reward_dir, "gae", *KILL_FLAGS))
+    return out
+
+
 @pytest.mark.parametrize("killed_rank", [1, 0], ids=["rollout-rank", "training-rank"])
 def test_kill_9_of_a_rank_then_resume_auto_continues_exactly(tmp_path, tiny_model_dir, tiny_reward_dir,
-                                                             killed_rank):
-    flags = ("--rollout_ranks", "1", "--max_staleness", "1", "--save_steps", "2")
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    launch(tmp_path / "logs-straight", ppo_args(straight, tiny_model_dir, tiny_reward_dir, "gae", *flags))
+                                                             killed_rank, uninterrupted):
+    flags, straight, killed = KILL_FLAGS, uninterrupted, tmp_path / "killed"
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
            str(tmp_path / "logs-killed"), *ppo_args(killed, tiny_model_dir, tiny_reward_dir, "gae", *flags)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
