@@ -1,3 +1,5 @@
+import pytest
+
 from alignment.rewards.rules import accuracy, extract_answer, format_reward
 
 
@@ -29,3 +31,25 @@ def test_an_empty_answer_block_is_no_answer():
     assert format_reward([""] * 4, [hack, "<answer></answer>", "<answer> \n</answer>", "<answer>7</answer>"]) == \
         [0.0, 0.0, 0.0, 1.0]
     assert accuracy([""] * 2, [hack, "<answer></answer> so 5"], answer=["1", "5"]) == [1.0, 1.0]
+
+
+def test_gsm8k_rule_reward_is_paddlenlps_strict_hash_answer():
+    """PaddleNLP's compute_score (method strict, format_score 0, score 1) on hand-written completions."""
+    from alignment.rewards.functions import load_reward_function
+    from alignment.rewards.rules import gsm8k, gsm8k_answer
+
+    assert load_reward_function("gsm8k") is gsm8k
+    assert gsm8k_answer("so 3 + 4 = 7\n#### 7") == "7"
+    assert gsm8k_answer("#### 5 then #### -1,250") == "-1250"    # the last one, commas removed
+    assert gsm8k_answer("####7") is None and gsm8k_answer("The answer is 7.") is None  # "#### " is required
+    completions = ["Natalia sold 48 + 24 = 72 clips.\n#### 72",   # right
+                   "#### 1,000",                                  # right: commas go
+                   "48 + 24 = 72. The answer is 72.",             # right number, no '#### ': 0 (strict)
+                   "#### 71",                                     # wrong number: format_score 0
+                   "#### 72.0",                                   # text compare, as PaddleNLP: 0
+                   "#### 3 ... on second thought #### 72",        # the last '#### N' counts
+                   "#### 72"]                                     # label given as a GSM8K solution
+    answers = ["72", "1000", "72", "72", "72", "72", "Natalia sold 24 clips in May... 48+24=72\n#### 72"]
+    assert gsm8k([""] * 7, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="'gsm8k' rule reward needs an 'answer' column"):
+        gsm8k([""], ["#### 1"])

@@ -185,7 +185,8 @@ def test_five_mistakes_among_paddlenlp_keys_are_reported_in_one_run(tmp_path, ca
     for fragment in ("unknown key 'rollout_m'; did you mean rollout_n",
                      "key 'num_return_sequences': expected an integer, got 'many' (set by 'rollout_n')",
                      "key 'evaluation_strategy': must be one of ['no', 'steps', 'epoch'], got 'sometimes'",
-                     "key 'use_rule_reward': PaddleNLP's gsm8k rule reward",
+                     "keys 'use_rule_reward' and 'reward_funcs' both set 'reward_funcs', to ['gsm8k'] and "
+                     "['sentiment']",
                      "keys 'rl_algorithm' and 'advantage_estimator' both set 'advantage_estimator', to 'grpo' and "
                      "'rloo'"):
         assert fragment in message

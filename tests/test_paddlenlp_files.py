@@ -141,28 +141,34 @@ def test_qwen_rl_yaml_with_a_reward_server_runs_one_step(name, estimator, kl_coe
     assert (args["dynamic_sampling"], args["max_gen_batches"]) == (False, 2)  # ours (tests/test_dynamic_sampling.py)
 
 
-def test_qwen_ppo_yaml_runs_one_step_with_a_reward_model_for_its_rule_reward(tmp_path, tiny_model_dir,
-                                                                           tiny_reward_dir, capsys):
-    """use_rule_reward (PaddleNLP's gsm8k '#### N' reward) is refused, so the reward source is swapped for a model."""
+def test_qwen_ppo_yaml_runs_one_step_with_its_gsm8k_rule_reward(tmp_path, tiny_model_dir, tiny_reward_dir, capsys):
+    """use_rule_reward: true scores with the registered 'gsm8k' reward on PaddleNLP's src / tgt rows."""
     from alignment.ppo import run_ppo
 
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps({"src": f"What is {a} + {a}? Answer after '####'.", "tgt": str(2 * a)}) + "\n"
+                            for a in range(1, 5)))
     notices = run(run_ppo, [
         fixture("ppo_argument.yaml"), "--actor_model_name_or_path", tiny_model_dir,
-        "--critic_model_name_or_path", tiny_reward_dir, "--use_rule_reward", "false",
-        "--reward_model_name_or_path", tiny_reward_dir, "--train_datasets", PROMPTS, "--eval_datasets", "",
+        "--critic_model_name_or_path", tiny_reward_dir, "--train_dataset_path", str(data), "--eval_datasets", "",
         "--output_dir", str(tmp_path / "out"), "--tensor_parallel_degree", "1", "--max_steps", "1",
         "--max_dec_len", "4", "--global_batch_size", "2", "--global_mini_batch_size", "2"], capsys)
     assert {"report_to", "reward_server", "use_fused_rms_norm", "max_prompt_len"} <= keys_of(notices)
     args = one_step(tmp_path / "out")
     assert (args["advantage_estimator"], args["reward_critic_model_name_or_path"]) == ("gae", tiny_reward_dir)
-    assert (args["report_to"], args["reward_server"], args["use_rm_server"]) == ("visualdl", None, False)
+    assert (args["reward_funcs"], args["use_rm_server"]) == (["gsm8k"], False)
     assert (args["per_device_prompt_batch_size"], args["gradient_accumulation_steps"]) == (2, 1)
 
 
-def test_the_rule_reward_is_refused_with_the_alternative():
-    with pytest.raises(ArgumentError, match=r"key 'use_rule_reward': PaddleNLP's gsm8k rule reward .* reward_funcs"):
-        ArgumentParser(*PPO_CLASSES).parse_args([fixture("ppo_argument.yaml"), "--tensor_parallel_degree", "1"])
-
+def test_the_rule_reward_replaces_a_reward_server_and_conflicts_with_other_reward_funcs():
+    values = {"actor_model_name_or_path": "m", "train_datasets": "x", "use_rule_reward": True,
+              "use_rm_server": True, "reward_server": "http://127.0.0.1:1"}
+    _, _, ppo, _, _ = ArgumentParser(*PPO_CLASSES).parse_dict(values)
+    assert (ppo.reward_funcs, ppo.use_rm_server) == (["gsm8k"], False)
+    _, _, ppo, _, _ = ArgumentParser(*PPO_CLASSES).parse_dict({**values, "use_rule_reward": False})
+    assert (ppo.reward_funcs, ppo.use_rm_server) == ([], True)
+    with pytest.raises(ArgumentError, match="keys 'use_rule_reward' and 'reward_funcs' both set 'reward_funcs'"):
+        ArgumentParser(*PPO_CLASSES).parse_dict({**values, "reward_funcs": ["accuracy"]})
 
 
 # The fields of PaddleNLP's argument classes, as read from PaddlePaddle/PaddleNLP: paddlenlp/trainer/training_args.py

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 from alignment.config.parser import field
 from alignment.config.training import DatasetSpecs, pipelined
@@ -60,6 +60,22 @@ class DataArguments:
                              "tokenizer's tokenizer_config.json")
 
 
+class LoRAScaling(NamedTuple):
+    alpha: float
+    rslora: bool
+    plus_scale: float
+
+
+def lora_scaling(rank: int, alpha: float, rslora: bool, plus_scale: float, rslora_plus: bool) -> LoRAScaling:
+    """PaddleNLP's run_finetune.py / run_dpo.py: rslora_plus sets rslora, lora_plus_scale 4 and lora_alpha 4; then
+    lora_alpha -1 becomes 4 with rslora, else 2 x lora_rank."""
+    if rslora_plus:
+        rslora, plus_scale, alpha = True, 4.0, 4.0
+    if alpha == -1:
+        alpha = 4.0 if rslora else 2.0 * rank
+    return LoRAScaling(float(alpha), bool(rslora), float(plus_scale))
+
+
 @dataclasses.dataclass
 class LoRAArguments:
     """Low-rank adapters instead of full fine-tuning."""
@@ -69,7 +85,15 @@ class LoRAArguments:
                                    "layout (merge with tools/merge_lora.py). In PPO this is the actor (critic_lora: "
                                    "the critic).")
     lora_rank: int = field(8, ge=1, help="LoRA rank r.")
-    lora_alpha: float = field(16.0, gt=0, help="LoRA alpha; the adapter output is scaled by lora_alpha / lora_rank.")
+    lora_alpha: float = field(16.0, help="LoRA alpha; the adapter output is scaled by lora_alpha / lora_rank "
+                                         "(lora_alpha / sqrt(lora_rank) with rslora). -1: PaddleNLP's default, "
+                                         "2 x lora_rank (4 with rslora).")
+    rslora: bool = field(False, help="Rank-stabilised LoRA: scale by lora_alpha / sqrt(lora_rank) (recorded as "
+                                     "PEFT's use_rslora in adapter_config.json).")
+    lora_plus_scale: float = field(1.0, gt=0, help="LoRA+: the learning rate (and decoupled weight decay) of the "
+                                                   "B matrices is lora_plus_scale x the base learning rate.")
+    rslora_plus: bool = field(False, help="PaddleNLP's rsLoRA+: rslora true, lora_plus_scale 4 and lora_alpha 4 "
+                                          "(they replace the values of those keys, as PaddleNLP does).")
     lora_dropout: float = field(0.0, ge=0, lt=1, help="Dropout on the adapter input.")
     lora_target_modules: List[str] = field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj"],
@@ -79,10 +103,16 @@ class LoRAArguments:
                                                 "adapter_config.json) instead of fresh ones; needs lora true.")
 
     def validate(self) -> None:
+        if not (self.lora_alpha > 0 or self.lora_alpha == -1):
+            raise ValueError(f"key 'lora_alpha': must be > 0, or -1 for PaddleNLP's default, got {self.lora_alpha}")
         if not self.lora_target_modules:
             raise ValueError("key 'lora_target_modules' is empty")
         if self.lora_path and not self.lora:
             raise ValueError("key 'lora_path' needs 'lora': true")
+
+    def scaling(self) -> "LoRAScaling":
+        """The alpha, rsLoRA switch and LoRA+ scale that run, after rslora_plus and lora_alpha -1."""
+        return lora_scaling(self.lora_rank, self.lora_alpha, self.rslora, self.lora_plus_scale, self.rslora_plus)
 
     def validate_with(self, *others) -> None:
         if self.lora and pipelined(others):

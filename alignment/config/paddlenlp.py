@@ -184,10 +184,23 @@ def _global_mini_batch(ctx, key, value):
     ctx.alias(key, "gradient_accumulation_steps", max(steps, 1))  # PaddleNLP's formula, at least 1
 
 
+def _rule_reward(ctx, key, value):
+    if not as_flag(value):
+        return
+    if not ctx.alias(key, "reward_funcs", ["gsm8k"]):
+        return
+    # PaddleNLP scores with the rule when use_rule_reward is true, before asking a reward model or server
+    for other in ("use_rm_server", "reward_server", "reward_model_name_or_path"):
+        if not asks_nothing(ctx.values.get(other)):
+            ctx.notice(other, f"use_rule_reward is true, so the gsm8k rule reward scores and {other} "
+                              f"{ctx.values.pop(other)!r} is not used (as in PaddleNLP)")
+
+
 SPECIAL: Dict[str, Callable] = {
-    "rl_algorithm": _rl_algorithm, "evaluation_strategy": _strategy("eval_steps"),
+    "rl_algorithm": _rl_algorithm, "use_rule_reward": _rule_reward, "evaluation_strategy": _strategy("eval_steps"),
     "save_strategy": _strategy("save_steps"), "global_batch_size": _global_batch,
-    "global_mini_batch_size": _global_mini_batch, **paddleformers_table.SPECIAL,
+    "global_mini_batch_size": _global_mini_batch, "mini_batch_size": _global_mini_batch,
+    **paddleformers_table.SPECIAL,
 }
 
 

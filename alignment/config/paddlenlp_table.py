@@ -135,6 +135,10 @@ TABLE: Dict[str, Rule] = {
                                                                          "update_iters / per_device_train_batch_size "
                                                                          "/ data-parallel processes, as PaddleNLP "
                                                                          "computes it (-1: global_batch_size)"),
+    "mini_batch_size": Rule(ALIAS, "gradient_accumulation_steps", "the earlier name of global_mini_batch_size "
+                                                                  "(qwen grpo_argument.yaml before the rename, same "
+                                                                  "comment 'Mini-batch size for training'): the "
+                                                                  "same formula"),
     "evaluation_strategy": Rule(ALIAS, "eval_steps", "'no': eval_steps 0 (no evaluation during training; do_eval "
                                                      "still evaluates at the end); 'steps': eval_steps (or "
                                                      "logging_steps when unset); 'epoch': at the end of a one-epoch "
@@ -323,9 +327,10 @@ TABLE: Dict[str, Rule] = {
     "per_device_sample_batch_size": Rule(NOTICE, None, "dynamic sampling keeps per_device_prompt_batch_size "
                                                        "(from global_batch_size) prompt groups per step here",
                                          inert=_sample_batch_inert),
-    "use_rule_reward": Rule(REFUSE, None, "PaddleNLP's gsm8k rule reward ('#### N' answers) is not built in; score "
-                                          "with reward_funcs (e.g. [\"accuracy\"]: the last <answer> block or "
-                                          "number equals the dataset's 'answer') or a 'file.py:function'"),
+    "use_rule_reward": Rule(ALIAS, "reward_funcs", "true: reward_funcs [\"gsm8k\"], PaddleNLP's gsm8k rule reward "
+                                                   "(1 when the number after the last '#### ' equals the row's "
+                                                   "tgt / answer, else 0); it replaces a reward model or server, as "
+                                                   "in PaddleNLP"),
     "use_tgt_len_value": Rule(REFUSE, None, "values over the target length are not built"),
     "stage": Rule(NOTICE, None, "the entry point names the stage here (run_sft.py, run_reward.py, run_dpo.py, "
                                 "run_kto.py, run_ppo.py), not this key", inert=one_of("PPO")),
@@ -342,7 +347,4 @@ TABLE: Dict[str, Rule] = {
     "ref_model_update_steps": Rule(REFUSE, None, "the reference model stays fixed here (no TR-DPO updates)"),
     "weight_quantize_algo": Rule(REFUSE, None, "quantized base weights (QLoRA) are not built; train LoRA on the "
                                                "float32 weights"),
-    "rslora": Rule(REFUSE, None, "rank-stabilised LoRA scaling is not built; LoRA scales by lora_alpha / lora_rank"),
-    "rslora_plus": Rule(REFUSE, None, "rsLoRA+ is not built; LoRA scales by lora_alpha / lora_rank"),
-    "lora_plus_scale": Rule(REFUSE, None, "LoRA+ (a larger learning rate for B) is not built", inert=one_of(1.0)),
 }

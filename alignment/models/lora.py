@@ -2,6 +2,10 @@
 
     y = x W + b + dropout(x) A B * (alpha / r)       W [in, out] frozen; A [in, r], B [r, out] trained (B starts at 0)
 
+rsLoRA scales by alpha / sqrt(r) instead (PEFT's use_rslora, recorded in adapter_config.json so merging and loading
+give the same model). LoRA+ gives each B a learning-rate multiplier (ParamAttr learning_rate = plus_scale, as
+PaddleNLP's LoRALinear does): AdamW steps B with plus_scale x the scheduled learning rate.
+
 `apply_lora` swaps each targeted `nn.Linear` for a `LoRALinear` that keeps the same `weight` / `bias` parameters
 (same names, so checkpoints of the base load unchanged) and adds `lora_A` / `lora_B`; every other parameter is
 frozen except the modules named in `trainable` (a score model's head). `adapters_disabled(model)` switches the
@@ -37,8 +41,14 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 PEFT_PREFIX = "base_model.model."
 
 
+def adapter_scaling(alpha: float, rank: int, rslora: bool = False) -> float:
+    """The factor on x A B: alpha / r, or alpha / sqrt(r) with rsLoRA."""
+    return alpha / math.sqrt(rank) if rslora else alpha / rank
+
+
 class LoRALinear(nn.Layer):
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float, rslora: bool = False,
+                 plus_scale: float = 1.0):
         super().__init__()
         in_features, out_features = base.weight.shape
         self.weight, self.bias = base.weight, base.bias  # the base parameters, under their original names
@@ -48,8 +58,9 @@ class LoRALinear(nn.Layer):
         bound = 1.0 / math.sqrt(in_features)  # PEFT: kaiming_uniform(a=sqrt(5)) on A, zeros on B
         self.lora_A = self.create_parameter([in_features, rank], default_initializer=nn.initializer.Uniform(
             -bound, bound))
-        self.lora_B = self.create_parameter([rank, out_features], default_initializer=nn.initializer.Constant(0.0))
-        self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank
+        self.lora_B = self.create_parameter([rank, out_features], attr=paddle.ParamAttr(learning_rate=plus_scale),
+                                            default_initializer=nn.initializer.Constant(0.0))
+        self.rank, self.alpha, self.scaling = rank, alpha, adapter_scaling(alpha, rank, rslora)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else None
         self.enabled = True
 
@@ -78,9 +89,11 @@ def _matches(name: str, targets: Sequence[str]) -> bool:
 
 
 def apply_lora(model: nn.Layer, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-               target_modules: Sequence[str] = DEFAULT_TARGETS, trainable: Iterable[str] = ()) -> List[str]:
+               target_modules: Sequence[str] = DEFAULT_TARGETS, trainable: Iterable[str] = (), rslora: bool = False,
+               plus_scale: float = 1.0) -> List[str]:
     """Wrap the targeted Linear layers in place, freeze the rest except `trainable` prefixes; return the wrapped
-    layer names. Raises when nothing matches."""
+    layer names. Raises when nothing matches. `rslora`: scale by alpha / sqrt(rank); `plus_scale`: LoRA+'s
+    learning-rate multiplier of every B."""
     if getattr(getattr(model, "config", None), "tensor_parallel_degree", 1) > 1:
         raise ValueError("LoRA with tensor_parallel_degree > 1 is not supported: set 'lora' false or the degree to 1")
     wrapped = []
@@ -90,14 +103,14 @@ def apply_lora(model: nn.Layer, rank: int = 8, alpha: float = 16.0, dropout: flo
             *path, leaf = name.split(".")
             for part in path:
                 parent = getattr(parent, part)
-            setattr(parent, leaf, LoRALinear(layer, rank, alpha, dropout))
+            setattr(parent, leaf, LoRALinear(layer, rank, alpha, dropout, rslora, plus_scale))
             wrapped.append(name)
     if not wrapped:
         raise ValueError(f"key 'lora_target_modules': {list(target_modules)} matches no Linear layer of the model")
     keep = tuple(trainable)
     for name, param in model.named_parameters():
         param.stop_gradient = not (".lora_A" in name or ".lora_B" in name or (bool(keep) and name.startswith(keep)))
-    model.lora_config = {"r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
+    model.lora_config = {"r": rank, "lora_alpha": alpha, "lora_dropout": dropout, "use_rslora": bool(rslora),
                          "target_modules": sorted({n.split(".")[-1] for n in wrapped}),
                          "modules_to_save": [p.rstrip(".") for p in keep] or None}
     return wrapped
@@ -168,9 +181,21 @@ def read_adapter_config(path: str) -> dict:
     return config
 
 
+def check_scaling(config: dict, layers: Dict[str, LoRALinear], path: str) -> None:
+    """The adapter's recorded r / lora_alpha / use_rslora must give the scaling the model's layers have."""
+    saved = adapter_scaling(float(config.get("lora_alpha", 0)), int(config.get("r", 1)),
+                            bool(config.get("use_rslora", False)))
+    for layer in layers.values():
+        if not math.isclose(layer.scaling, saved, rel_tol=1e-6):
+            raise ValueError(f"{path}: the adapter was trained with scaling {saved:g} (r {config.get('r')}, "
+                             f"lora_alpha {config.get('lora_alpha')}, use_rslora {config.get('use_rslora', False)}), "
+                             f"this run's is {layer.scaling:g}; set keys 'lora_alpha' / 'rslora' to match")
+
+
 def load_adapter(model: nn.Layer, path: str) -> None:
-    """Copy saved adapter (and modules_to_save) weights into a model that `apply_lora` prepared the same way."""
-    read_adapter_config(path)
+    """Copy saved adapter (and modules_to_save) weights into a model that `apply_lora` prepared the same way (same
+    scaling: r, lora_alpha and use_rslora are checked)."""
+    check_scaling(read_adapter_config(path), lora_layers(model), path)
     tensors = load_file(os.path.join(path, ADAPTER_WEIGHTS))
     expected = peft_state_dict(model)
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
@@ -209,10 +234,11 @@ def merge_lora(model: nn.Layer) -> None:
 
 
 def add_lora(model: nn.Layer, lora_args, trainable: Iterable[str] = (), adapter_path: Optional[str] = None):
-    """Adapters with the rank / alpha / dropout / targets of `lora_args` (config.LoRAArguments) on `model`, loaded
-    from `adapter_path` when given; returns the model."""
-    apply_lora(model, lora_args.lora_rank, lora_args.lora_alpha, lora_args.lora_dropout,
-               lora_args.lora_target_modules, trainable)
+    """Adapters with the rank / alpha / rsLoRA / LoRA+ / dropout / targets of `lora_args` (config.LoRAArguments) on
+    `model`, loaded from `adapter_path` when given; returns the model."""
+    alpha, rslora, plus_scale = lora_args.scaling()
+    apply_lora(model, lora_args.lora_rank, alpha, lora_args.lora_dropout, lora_args.lora_target_modules, trainable,
+               rslora, plus_scale)
     if adapter_path:
         load_adapter(model, adapter_path)
     return model

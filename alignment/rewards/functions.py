@@ -1,7 +1,7 @@
 """Reward functions: `fn(prompts, completions, **labels) -> list[float]`, one float per completion (labels are
 dataset columns such as `answer`). A spec names a registered function (the judges of alignment/rewards/judges.py,
-`arithmetic`, `sentiment`, ..., and the rule rewards `accuracy`, `format_reward` of alignment/rewards/rules.py), a
-`module:function`, or a `path/to/file.py:function`. Pure Python: no paddle.
+`arithmetic`, `sentiment`, ..., and the rule rewards `accuracy`, `format_reward`, `gsm8k` of
+alignment/rewards/rules.py), a `module:function`, or a `path/to/file.py:function`. Pure Python: no paddle.
 """
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 
 from alignment.data import import_function
 from alignment.rewards.judges import JUDGES
-from alignment.rewards.rules import accuracy, format_reward
+from alignment.rewards.rules import accuracy, format_reward, gsm8k
 
-REWARD_FUNCTIONS: Dict[str, Callable] = {**JUDGES, "accuracy": accuracy, "format_reward": format_reward}
+REWARD_FUNCTIONS: Dict[str, Callable] = {**JUDGES, "accuracy": accuracy, "format_reward": format_reward,
+                                       "gsm8k": gsm8k}
 
 
 class RewardFunctionError(ValueError):

@@ -9,7 +9,12 @@ format:   1.0 when the completion is an optional <think>...</think> block follow
 An empty block (`<answer></answer>`, `<answer> </answer>`) is not an answer for either reward: GRPO on SmolLM2
 learned to echo the prompt's literal "<answer></answer>" tags with a number after them ("The final number inside
 <answer></answer> is 1.") for the format credit, and accuracy then read the empty block.
-Both have the reward-function signature fn(prompts, completions, **labels) -> list[float].
+gsm8k:    PaddleNLP's rule reward (`use_rule_reward: true`; paddlenlp/rl/trainer/reward_trainer.py compute_score,
+          method "strict", after ReFT): 1.0 when the number after the last "#### " equals the `answer` label as
+          text (commas removed from the completion's number, as PaddleNLP does), 0.0 when it differs or there is
+          no "#### N" (PaddleNLP's format_score and its no-answer score are both 0). The label is the number, as
+          PaddleNLP's gsm8k_processor.py writes `tgt`, or a GSM8K solution whose own "#### N" gives it.
+All have the reward-function signature fn(prompts, completions, **labels) -> list[float].
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Any, List, Optional, Sequence
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 STRICT_FORMAT = re.compile(r"^\s*(<think>.*?</think>\s*)?<answer>(?:(?!<answer>).)*?</answer>\s*$", re.DOTALL)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")  # PaddleNLP's reward_utils.extract_solution, "strict"
 
 
 def answer_blocks(completion: str) -> List[str]:
@@ -63,3 +69,17 @@ def format_reward(prompts: Sequence[str], completions: Sequence[str], **labels: 
         else:
             scores.append(0.0)
     return scores
+
+
+def gsm8k_answer(text: str) -> Optional[str]:
+    """The number after the last "#### " (commas and "$" removed), or None: PaddleNLP's strict extraction."""
+    found = GSM8K_ANSWER.findall(text)
+    return found[-1].replace(",", "").replace("$", "") if found else None
+
+
+def gsm8k(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any] = None,
+          **labels: Any) -> List[float]:
+    if answer is None:
+        raise ValueError("the 'gsm8k' rule reward needs an 'answer' column in the prompt dataset (PaddleNLP's 'tgt')")
+    truths = [gsm8k_answer(str(a)) or str(a).strip() for a in answer]
+    return [float(gsm8k_answer(c) is not None and gsm8k_answer(c) == t) for c, t in zip(completions, truths)]

@@ -19,7 +19,8 @@ def merge(adapter: str, output: str, base: str = None, is_rm: bool = False) -> s
                          f"{'needs' if config.get('task_type') == 'SEQ_CLS' else 'does not take'} --is_rm")
     model = (ScoreModel if is_rm else LlamaForCausalLM).from_pretrained(base)
     apply_lora(model, config["r"], config["lora_alpha"], 0.0, config["target_modules"],
-               trainable=[f"{m}." for m in config.get("modules_to_save") or []])
+               trainable=[f"{m}." for m in config.get("modules_to_save") or []],
+               rslora=bool(config.get("use_rslora", False)))
     load_adapter(model, adapter)
     if is_rm:
         model.load_extra_files(adapter)  # the score normaliser saved beside the adapter
