@@ -15,7 +15,8 @@ from alignment.models.generation import generate
 
 
 def parse_line(line: str, where: str):
-    """A JSON object with "prompt" (its record) or a plain text line ({"prompt": line}); None for a blank line."""
+    """A JSON object with "prompt" or PaddleNLP's "src" (its record), or a plain text line ({"prompt": line}); None
+    for a blank line."""
     text = line.rstrip("\r\n")
     if not text.strip():
         return None
@@ -25,12 +26,33 @@ def parse_line(line: str, where: str):
         except ValueError:
             record = None
         if isinstance(record, dict):
+            if "prompt" not in record and "src" in record:
+                record = {**record, "prompt": paddlenlp_turns(record, where)}
             prompt = record.get("prompt")
             if not isinstance(prompt, str) and not (isinstance(prompt, list) and prompt
                                                     and all(isinstance(turn, str) for turn in prompt)):
-                raise ValueError(f"{where}: a JSON line needs a \"prompt\" key (a string or a list of turns)")
+                raise ValueError(f"{where}: a JSON line needs a \"prompt\" key (a string or a list of turns) or "
+                                 f"PaddleNLP's \"src\"")
             return record
     return {"prompt": text}
+
+
+def paddlenlp_turns(record: dict, where: str):
+    """PaddleNLP's data file row (llm/predict/predictor.py): "src" a string, or for several rounds "src" and "tgt"
+    lists, the conversation src[0], tgt[0], ..., src[-1] (the last round's answer is the one to generate)."""
+    src, tgt = record["src"], record.get("tgt", "")
+    if isinstance(src, str):
+        return src
+    if (not isinstance(src, list) or not src or not isinstance(tgt, list) or len(tgt) < len(src) - 1
+            or not all(isinstance(t, str) for t in src + tgt)):
+        raise ValueError(f"{where}: \"src\" must be a string, or a list of strings with a \"tgt\" list of the "
+                         f"answers to all but the last")
+    return [turn for pair in zip(src, tgt[: len(src) - 1] + [None]) for turn in pair if turn is not None]
+
+
+def paddlenlp_output(result: dict) -> dict:
+    """A result in the shape PaddleNLP's --output_file has: {"src", "tgt", "output"}."""
+    return {"src": result.get("src", result["prompt"]), "tgt": result.get("tgt", ""), "output": result["response"]}
 
 
 MAX_PROMPT_CHARS, MAX_PROMPTS = 1_000_000, 1_000_000  # per line, per file: read without holding more
@@ -63,8 +85,10 @@ def read_prompts(prompts: List[str], prompts_file: str = None, stdin=None) -> Li
     return records
 
 
-def encode(tokenizer, records: List[dict], raw: bool, max_new_tokens: int, max_positions: int) -> List[List[int]]:
-    """Token ids of each record's prompt (chat template unless raw), checked against the model's positions."""
+def encode(tokenizer, records: List[dict], raw: bool, max_new_tokens: int, max_positions: int,
+           src_length: int = None) -> List[List[int]]:
+    """Token ids of each record's prompt (chat template unless raw), the last src_length of them if given (PaddleNLP
+    truncates on the left), checked against the model's positions."""
     rows = []
     for i, record in enumerate(records, 1):
         prompt = record["prompt"]
@@ -72,11 +96,14 @@ def encode(tokenizer, records: List[dict], raw: bool, max_new_tokens: int, max_p
             raise ValueError(f"prompt {i}: --raw needs a string prompt, not a list of turns")
         text = prompt if raw else tokenizer.apply_chat_template(tokenizer.chat_messages(prompt))
         ids = tokenizer.encode(text, add_special_tokens=True)
+        if src_length is not None:
+            ids = ids[-src_length:]
         if not ids:
             raise ValueError(f"prompt {i} is empty")
         if len(ids) + max_new_tokens > max_positions:
             raise ValueError(f"prompt {i} has {len(ids)} tokens; with --max-new-tokens {max_new_tokens} it "
-                             f"exceeds the model's max_position_embeddings {max_positions}")
+                             f"exceeds the model's max_position_embeddings {max_positions} (--src_length N keeps "
+                             f"the last N)")
         rows.append(ids)
     return rows
 

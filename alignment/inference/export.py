@@ -19,7 +19,7 @@ import sys
 import paddle
 
 from alignment.fileio import atomic_directory, write_json_atomic
-from alignment.inference.exported_model import EXPORT_INFO
+from alignment.inference.exported_model import EXPORT_INFO, weight_dtype
 from alignment.models import LlamaForCausalLM, Tokenizer
 from alignment.models.convert.merge_adapter import merge
 from alignment.models.static_decode import CACHED_FORWARD_INPUTS, EXPORT_FORMAT, CachedForward, cached_forward_spec
@@ -62,11 +62,6 @@ def save_hf(model_dir: str, hf_dir: str, base: str = None) -> None:
         raise FileNotFoundError(f"{model_dir}: no tokenizer.json to export with the model")
 
 
-def weight_dtype(model) -> str:
-    """"float32", "bfloat16", ...: the dtype of the weights, and so of the KV cache."""
-    return str(model.model.embed_tokens.weight.dtype).replace("paddle.", "")
-
-
 def save_program(model, folder: str) -> None:
     """paddle.jit.save of CachedForward with dynamic batch, width and cache length."""
     if model.config.tensor_parallel_degree > 1:
@@ -88,8 +83,9 @@ def export_info(model, tokenizer, model_dir: str) -> dict:
             "eos_token_ids": cfg.eos_token_ids, "pad_token_id": tokenizer.pad_token_id}
 
 
-def export(model_dir: str, output: str, base: str = None, quiet: bool = False) -> str:
-    """Write <output>/hf and <output>/inference (see the module docstring); all or nothing."""
+def export(model_dir: str, output: str, base: str = None, quiet: bool = False, dtype: str = None) -> str:
+    """Write <output>/hf and <output>/inference (see the module docstring); all or nothing. dtype, if given, must be
+    the weights' (PaddleNLP's --dtype; they are not converted)."""
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"{model_dir}: model directory not found")
     progress = Progress(quiet)
@@ -100,6 +96,9 @@ def export(model_dir: str, output: str, base: str = None, quiet: bool = False) -
                 save_hf(model_dir, hf_dir, base)
             with progress.stage(STAGES[1]):
                 model, tokenizer = LlamaForCausalLM.from_pretrained(hf_dir), Tokenizer.from_pretrained(hf_dir)
+                if dtype is not None and dtype != weight_dtype(model):
+                    raise ValueError(f"--dtype {dtype}: {model_dir} is {weight_dtype(model)} (converting weights is "
+                                     f"not built; pass --dtype {weight_dtype(model)} or leave it out)")
             with progress.stage(STAGES[2]):
                 save_program(model, folder)
             with progress.stage(STAGES[3]):

@@ -104,3 +104,38 @@ def load(model_dir: str, device: str = "auto", threads: Optional[int] = None) ->
         config.set_cpu_math_library_num_threads(threads or int(os.environ.get("MKL_NUM_THREADS") or 1))
     config.disable_glog_info()
     return ExportedLM(inference.create_predictor(config), info, device, threads)
+
+
+def weight_dtype(model) -> str:
+    """"float32", "bfloat16", ...: the dtype of the weights, and so of the KV cache."""
+    return str(model.model.embed_tokens.weight.dtype).replace("paddle.", "")
+
+
+def has_export(model_dir: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, EXPORT_INFO)) for folder in (os.path.join(model_dir, "inference"),
+                                                                                model_dir))
+
+
+def checkpoint_dir(model_dir: str) -> str:
+    """The HF-layout checkpoint of model_dir: an export's hf/, or model_dir itself."""
+    hf = os.path.join(model_dir, "hf")
+    return hf if os.path.exists(os.path.join(hf, "config.json")) else model_dir
+
+
+def load_checkpoint(model_dir: str, device: str = "auto"):
+    """The dynamic model of a checkpoint (or of an export's hf/) for `generate`, with the .info and .device an
+    ExportedLM has (PaddleNLP's --mode dynamic)."""
+    from alignment.models import LlamaForCausalLM, Tokenizer
+
+    folder = checkpoint_dir(model_dir)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{model_dir}: model directory not found")
+    device = pick_device(device)
+    paddle.set_device(device)
+    model = LlamaForCausalLM.from_pretrained(folder)
+    model.eval()
+    cfg = model.config
+    model.info = {"eos_token_ids": cfg.eos_token_ids, "pad_token_id": Tokenizer.from_pretrained(folder).pad_token_id,
+                  "max_position_embeddings": cfg.max_position_embeddings, "dtype": weight_dtype(model)}
+    model.device = device
+    return model
