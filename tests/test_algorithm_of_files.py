@@ -33,7 +33,7 @@ ENTRIES = {
     "ppo": ((PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
              TrainingArguments), "advantage_estimator"),
 }
-STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce": "ppo", **{stage: stage for stage in ENTRIES}}
+STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce": "ppo", "prm": "rm", **{stage: stage for stage in ENTRIES}}
 DEFAULTS = {"rm": "sequence-wise", "dpo": "sigmoid", "kto": "kto", "ppo": "gae"}
 # what a test run changes in every file (degrees and reward sources this machine has); nothing algorithmic
 OVERRIDES = ["--tensor_parallel_degree", "1", "--sharding_parallel_degree", "1", "--sharding", ""]
@@ -62,6 +62,8 @@ def test_each_file_runs_the_algorithm_it_names(path):
         return  # SFT has one algorithm
     effective = {k: v for instance in instances for k, v in vars(instance).items()}
     assert effective[key] == asked_for(load_argument_file(path), stage), (path, key)
+    if stage == "rm":  # a process reward model's file trains a PRM, a pairwise one's a pairwise reward model
+        assert effective["process_reward"] is bool(load_argument_file(path).get("process_reward")), path
 
 
 def test_every_kind_of_file_is_covered():
