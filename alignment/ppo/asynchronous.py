@@ -82,8 +82,7 @@ class Mailbox:
 
     def publish_start(self, first_batch: int) -> None:
         self.store.set("async/start", str(first_batch))
-        for sender_key in ("async/taken",):  # counters continue from the resumed position
-            self.store.add(sender_key, first_batch - self.count(sender_key))
+        self.store.add("async/taken", first_batch - self.count("async/taken"))  # the stream's earlier batches
 
     def first_batch(self) -> int:
         return int(bytes(self.store.get("async/start")).decode())
@@ -139,15 +138,16 @@ class RolloutSource:
         return time.perf_counter() - begin
 
     def parts(self, batch: int) -> List[str]:
+        """The rollout ranks' JSON parts of `batch`: sampled ahead into the buffer, or taken from the mailbox."""
         if batch in self.buffer:
             return self.buffer.pop(batch)
-        return [self.mailbox.take(sender, batch) for sender in range(self.layout.rollout)]
+        parts = [self.mailbox.take(sender, batch) for sender in range(self.layout.rollout)]
+        self.after_take(batch)
+        return parts
 
     def rollout(self, batch: int, pad_id: int) -> Rollout:
         """The whole global batch `batch`, rows in stream order (every training rank gets all of it)."""
-        parts = [wire.rollout_from_json(text) for text in self.parts(batch)]
-        self.after_take(batch)
-        whole = concat_rollouts(parts, pad_id)
+        whole = concat_rollouts([wire.rollout_from_json(text) for text in self.parts(batch)], pad_id)
         order = np.argsort([int(sid.split(":")[1]) for sid in whole.sample_ids], kind="stable")
         return whole if (order == np.arange(len(order))).all() else whole.take(order.tolist())
 
@@ -162,8 +162,7 @@ class RolloutSource:
         """Take every batch already sampled ahead (next_step .. next_step + k - 1) into the buffer."""
         for batch in range(next_step, min(next_step + self.staleness, self.total)):
             if batch not in self.buffer:
-                self.buffer[batch] = [self.mailbox.take(s, batch) for s in range(self.layout.rollout)]
-                self.after_take(batch)
+                self.buffer[batch] = self.parts(batch)
 
     def state_dict(self) -> dict:
         return {"buffer": {str(b): parts for b, parts in self.buffer.items()}}

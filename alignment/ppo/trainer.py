@@ -118,8 +118,8 @@ class PPOTrainer(Trainer):
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
         self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
-        self.ledger = Ledger(train_args.output_dir, is_main_process() and async_args is not None and
-                             async_args.ledger, reward_sources(ppo_args, self.reward))
+        self.ledger = Ledger(train_args.output_dir, is_main_process(), reward_sources(ppo_args, self.reward)) \
+            if async_args is not None and async_args.ledger else None  # rank 0 writes every rank's rows
         self.resume_if_asked()
         if source is not None:
             source.start(self.global_step)
@@ -156,7 +156,8 @@ class PPOTrainer(Trainer):
                     self.precision.autocast():
                 metrics.update(self.score(rollout, rewards))
             metrics.update(self.compute_advantages(rollout))
-            self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.sampling)))
+            if self.ledger is not None:
+                self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.sampling)))
         self.show_phase(phase="train", **self.generation_speed)
         with timer.phase("train"):
             with self.offload.phase("train", [self.actor, self.critic.model], self.offload.optimizers):
@@ -331,7 +332,8 @@ class PPOTrainer(Trainer):
         self.reward_stats.load_state_dict(state["reward_stats"])
         if self.source is not None:
             self.source.load_state_dict(state["sampled_ahead"])
-        self.ledger.resume_at(self.global_step)
+        if self.ledger is not None:
+            self.ledger.resume_at(self.global_step)
 
     def save_step_checkpoint(self) -> None:
         if self.source is not None:  # the batches sampled ahead belong to the checkpoint
