@@ -1,4 +1,5 @@
 """Tokenized datasets and collators on the tiny tokenizer (ChatML template) with hand-checked expectations."""
+import json
 import re
 
 import numpy as np
@@ -31,6 +32,33 @@ def test_multi_turn_dialogue_trains_on_every_assistant_turn_only(tok):
     assert tok.decode(item["input_ids"], skip_special_tokens=False) == text.rstrip("\n")  # ends at the last eos
     trained = tok.decode([t for t in item["labels"] if t != IGNORE_INDEX], skip_special_tokens=False)
     assert trained == "Hello!<|im_end|>\n3.<|im_end|>"
+
+
+def test_messages_rows_train_on_assistant_turns_only_never_on_system_user_or_tool(tok, tmp_path):
+    from alignment.data import RawDataset
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call>'
+    messages = [{"role": "system", "content": "Tools: calculator"}, {"role": "user", "content": "12 * 34?"},
+                {"role": "assistant", "content": call}, {"role": "tool", "content": "408"},
+                {"role": "assistant", "content": "The answer is 408."}]
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    item = SupervisedDataset(RawDataset.load("jsonl", path=str(path)), tok, 256)[0]
+    text = tok.apply_chat_template(messages, add_generation_prompt=False)
+    assert tok.decode(item["input_ids"], skip_special_tokens=False) == text.rstrip("\n")
+    trained = tok.decode([t for t in item["labels"] if t != IGNORE_INDEX], skip_special_tokens=False)
+    assert trained == f"{call}<|im_end|>\nThe answer is 408.<|im_end|>"  # the tool's 408 is context, not a target
+
+
+def test_messages_rows_with_an_unknown_role_or_no_final_answer_name_the_line(tmp_path):
+    from alignment.data import DataFormatError, RawDataset
+    path = tmp_path / "bad.jsonl"
+    for messages, says in (([{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}], "role 'robot'"),
+                           ([{"role": "user", "content": "hi"}], "must end with an assistant message")):
+        path.write_text(json.dumps({"messages": [{"role": "user", "content": "ok"},
+                                                 {"role": "assistant", "content": "ok"}]}) + "\n"
+                        + json.dumps({"messages": messages}) + "\n")
+        with pytest.raises(DataFormatError, match=f"bad.jsonl line 2: 'messages' .*{says}"):
+            RawDataset.load("jsonl", path=str(path))
 
 
 def test_truncation_and_dropping_are_counted(tok):

@@ -18,7 +18,7 @@ import datasets
 
 from alignment.data.jsonfiles import (UnreadableJsonError, scan_records, json_type_name,
                                       load_json_file, resolve_data_files)
-from alignment.data.raw import DataFormatError, RawDataset, RawSample
+from alignment.data.raw import DataFormatError, RawDataset, RawSample, messages_problem
 
 __all__ = ["JsonRowsDataset", "RowError", "UnreadableJsonError", "load_json_file", "resolve_data_files",
            "split_hh_rlhf_transcript"]
@@ -291,14 +291,21 @@ ANSWER_KEYS = ("answer", "output", "response")
 class GenericJson(JsonRowsDataset):
     """Local prompt(-answer) rows: ``prompt`` (or ``instruction`` [+ ``input``], or ``input``
     as a string or list of turns) and optionally ``answer``/``output``/``response``; or a
-    ``dialogue`` list of alternating turns ending with the assistant."""
+    ``dialogue`` list of alternating turns ending with the assistant; or ``messages``, chat messages
+    (``{"role", "content"}``, roles system/user/assistant/tool) ending with the assistant."""
 
     NAME = "jsonl"
     ALIASES = ("prompt-only", "json")
-    REQUIREMENT = "rows need prompt (or instruction/input), optionally answer/output/response, or dialogue"
-    DETECT_KEYS = tuple(frozenset({key}) for key in ("prompt", "input", "dialogue"))
+    DETECT_KEYS = tuple(frozenset({key}) for key in ("prompt", "input", "dialogue", "messages"))
+    REQUIREMENT = ("rows need prompt (or instruction/input), optionally answer/output/response, or dialogue, or "
+                   "messages")
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
+        if row.get("messages") is not None:
+            problem = messages_problem(row["messages"])
+            if problem:
+                raise RowError(f"'messages' {problem}", "messages")
+            return RawSample(messages=[{"role": m["role"], "content": m["content"]} for m in row["messages"]])
         if row.get("dialogue") is not None:
             turns = _turns(row, "dialogue")
             if len(turns) % 2:

@@ -51,6 +51,8 @@ class RawSample(TypedDict, total=False):
     desirable: unpaired feedback (KTO): ``True`` when ``answer`` is a desirable response.
     columns: the row's other fields as written (a multi-turn environment's ``reset`` gets them).
     steps, step_labels: a solution's steps after ``input`` and whether each is correct (process rewards).
+    messages: a whole conversation for SFT as chat messages (``list`` of ``{"role", "content"}``, roles
+        system/user/assistant/tool, ending with the assistant), e.g. a tool-use trace; loss on assistant turns.
     """
 
     input: Union[str, list[str]]
@@ -65,6 +67,7 @@ class RawSample(TypedDict, total=False):
     columns: dict
     steps: list[str]
     step_labels: list[bool]
+    messages: list[dict[str, str]]
 
 
 # --------------------------------------------------------------------------- registry
@@ -305,6 +308,7 @@ class MixedRawDataset(RawDataset):
 
 
 _FLAG_FIELDS = ("better", "safer", "is_safe", "is_other_safe", "desirable")
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MAX_MIXTURE_SAMPLES = 10_000_000  # the mixture's index is a Python list in memory
 
 
@@ -316,8 +320,7 @@ def check_sample(sample: Any, where: str) -> None:
     its text is at most MAX_SAMPLE_CHARS characters."""
     if not isinstance(sample, dict):
         raise DataFormatError(f"{where}: a sample must be a dict (RawSample), got {type(sample).__name__}")
-    chars = sum(len(v) if isinstance(v, str) else sum(len(t) for t in v if isinstance(t, str))
-                for v in sample.values() if isinstance(v, (str, list)))
+    chars = sum(_text_chars(value) for value in sample.values())
     if chars > MAX_SAMPLE_CHARS:
         raise DataFormatError(f"{where}: {chars} characters of text; a sample may hold at most {MAX_SAMPLE_CHARS}")
     for key in _FLAG_FIELDS:
@@ -332,6 +335,32 @@ def check_sample(sample: Any, where: str) -> None:
                 isinstance(value, list) and all(isinstance(turn, str) for turn in value)):
             raise DataFormatError(f"{where}: {key!r} must be {'a string or ' if key == 'input' else ''}a list of "
                                   f"strings, got {type(value).__name__}")
+    if "messages" in sample and messages_problem(sample["messages"]):
+        raise DataFormatError(f"{where}: 'messages' {messages_problem(sample['messages'])}")
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of text in a field: a string, a list of strings, or chat messages' contents."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return _text_chars(value.get("content"))
+    return sum(_text_chars(item) for item in value) if isinstance(value, list) else 0
+
+
+def messages_problem(messages: Any) -> str | None:
+    """What is wrong with a `messages` field (a list of {"role", "content"} dicts, roles MESSAGE_ROLES, the last
+    one the assistant's), or None."""
+    if not isinstance(messages, list) or not messages:
+        return "must be a non-empty list of {'role', 'content'} objects"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            return f"message {i} must be an object with a string 'content'"
+        if message.get("role") not in MESSAGE_ROLES:
+            return f"message {i} has role {message.get('role')!r}; roles are {', '.join(MESSAGE_ROLES)}"
+    if messages[-1]["role"] != "assistant":
+        return f"must end with an assistant message (the last is {messages[-1]['role']!r})"
+    return None
 
 
 def samples_with(raw: Sequence, needs, advice: str) -> Iterator[RawSample]:

@@ -1,6 +1,7 @@
 """Tokenized datasets built from raw samples with the tokenizer's chat template.
 
-SupervisedDataset: prompt + answer, loss only on answer tokens (prompt labels = IGNORE_INDEX).
+SupervisedDataset: prompt + answer, loss only on answer tokens (prompt labels = IGNORE_INDEX); or a `dialogue` /
+`messages` conversation (roles system/user/assistant/tool), loss on every assistant turn.
 PreferenceDataset: (better, worse) token sequences sharing a prompt, for reward models and DPO.
 PromptOnlyDataset: chat-formatted prompts, deduplicated, for rollouts.
 Samples longer than `max_length` are truncated (supervised / preference, from the right) or dropped (prompts);
@@ -70,12 +71,18 @@ class TokenizedDataset:
         return self.items[index]
 
 
+def _sft_fields(sample) -> tuple:
+    """The fields an SFT sample needs: none for a whole conversation, else its prompt and answer."""
+    return () if sample.get("dialogue") or sample.get("messages") else ("input", "answer")
+
+
 class SupervisedDataset(TokenizedDataset):
     def __init__(self, raw, tokenizer, max_length: int):
         self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0}
-        needs = lambda sample: () if sample.get("dialogue") else ("input", "answer")  # noqa: E731
-        for sample in samples_with(raw, needs, "SFT needs 'input' and 'answer', or 'dialogue'"):
-            if sample.get("dialogue"):
+        for sample in samples_with(raw, _sft_fields, "SFT needs 'input' and 'answer', or 'dialogue', or 'messages'"):
+            if sample.get("messages"):
+                messages = [dict(message) for message in sample["messages"]]
+            elif sample.get("dialogue"):
                 messages = tokenizer.chat_messages(sample["dialogue"])
             else:
                 messages = answer_messages(tokenizer, sample, sample["answer"])

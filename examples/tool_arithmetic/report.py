@@ -1,0 +1,75 @@
+"""The tool demo's table: held-out accuracy of each arm before RL (the SFT model) and after, with wall and CPU times.
+
+    python examples/tool_arithmetic/report.py --arm "with the calculator" outputs/smollm2-grpo-tools \
+        --arm "no tools" outputs/smollm2-grpo-direct [--times outputs/tool_demo_times.tsv]
+
+Reads each GRPO run's metrics.jsonl: its evaluation before the first step (the SFT model) and its last one, both
+greedy on the held-out questions and scored by the run's gold judge (exact match of the last number of the final
+assistant message). --times: lines of `arm-directory <tab> stage <tab> wall seconds <tab> CPU seconds` written by
+examples/tool_demo.sh.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List, Tuple
+
+
+def evaluations(output_dir: str) -> Tuple[dict, dict]:
+    """(the first, the last) rows of metrics.jsonl that hold eval/gold_reward."""
+    path = os.path.join(output_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        raise SystemExit(f"error: {path} not found (run the GRPO config first)")
+    with open(path, encoding="utf-8") as f:
+        rows = [row for row in map(json.loads, f) if "eval/gold_reward" in row]
+    if len(rows) < 2:
+        raise SystemExit(f"error: {path} holds {len(rows)} evaluations; a finished run has one before and one after")
+    return rows[0], rows[-1]
+
+
+def read_times(path: str) -> Dict[Tuple[str, str], Tuple[float, float]]:
+    times = {}
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                run, stage, wall, cpu = line.rstrip("\n").split("\t")
+                times[(os.path.normpath(run), stage)] = (float(wall), float(cpu))
+    return times
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
+
+
+def table(arms: List[Tuple[str, str]], times: Dict[Tuple[str, str], Tuple[float, float]]) -> str:
+    lines = ["| arm | held-out accuracy after SFT | after GRPO | tool calls per question (after) | SFT wall / CPU "
+             "| GRPO wall / CPU | total wall / CPU |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for label, run in arms:
+        before, after = evaluations(run)
+        calls = after.get("eval/env/tool_calls")
+        cells = [label, f"{before['eval/gold_reward']:.2f}", f"**{after['eval/gold_reward']:.2f}**",
+                 "-" if calls is None else f"{calls:.2f}"]
+        total = [0.0, 0.0]
+        for stage in ("sft", "grpo"):
+            wall, cpu = times.get((os.path.normpath(run), stage), (None, None))
+            cells.append("-" if wall is None else f"{minutes(wall)} / {minutes(cpu)}")
+            total = [total[0] + (wall or 0), total[1] + (cpu or 0)]
+        cells.append(f"{minutes(total[0])} / {minutes(total[1])}" if total[0] else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arm", nargs=2, action="append", metavar=("LABEL", "GRPO_OUTPUT_DIR"), required=True)
+    parser.add_argument("--times", default=None, help="the wall and CPU seconds of each run (see above)")
+    args = parser.parse_args(argv)
+    text = table([tuple(arm) for arm in args.arm], read_times(args.times))
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)
