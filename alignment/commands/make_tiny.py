@@ -31,14 +31,15 @@ VOCAB_SIZE = 1024
 SEED = 1234
 
 
-# Text the tiny model itself sampled must not shape its tokenizer: the pairs would change the tokenizer, hence the
-# SFT model that samples them, and no longer be that model's own samples.
-SAMPLED_BY_THE_TINY_MODEL = ("judged_tiny",)
+# The folders of data/ the tiny tokenizer is trained on, named: data added later (another demo's) must not change
+# the tokenizer, hence the tiny models every test and the tiny pipeline build. Text the tiny model itself sampled
+# (judged_tiny) is left out: it would change the tokenizer, hence the SFT model that sampled it.
+TOKENIZER_CORPUS = ("hh_rlhf_sample", "judged", "preference", "prompts", "reasoning", "sft")
 
 
 def corpus_files(data_dir: str) -> list:
     files = sorted(file for file in glob.glob(os.path.join(data_dir, "**", "*.jsonl"), recursive=True)
-                   if os.path.relpath(file, data_dir).split(os.sep)[0] not in SAMPLED_BY_THE_TINY_MODEL)
+                   if os.path.relpath(file, data_dir).split(os.sep)[0] in TOKENIZER_CORPUS)
     if not files:
         raise FileNotFoundError(f"{data_dir}: no .jsonl files to train the tiny tokenizer on")
     return files
