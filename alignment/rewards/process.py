@@ -87,12 +87,21 @@ class ProcessRewardScorer:
         """[N] float64: min over each response's steps of p(good); 0.5 for a response with no step that fits."""
         self.model.eval()
         out = np.full(len(completions), 0.5, dtype="float64")
-        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-            steps = [line for line in completion.split("\n") if line.strip()]
-            ids, positions = step_ids(self.tokenizer, prompt, steps, self.tokens, self.max_length)
-            if not positions:
-                continue
-            logits = step_logits(self.model, paddle.to_tensor([ids]), paddle.ones([1, len(ids)], "int64"),
-                                 paddle.to_tensor([[0, p] for p in positions]), self.tokens)  # [k, 2]
-            out[i] = float(paddle.nn.functional.softmax(logits, axis=-1)[:, 0].min())
+        rows = [step_ids(self.tokenizer, prompt, [line for line in completion.split("\n") if line.strip()],
+                         self.tokens, self.max_length) for prompt, completion in zip(prompts, completions)]
+        scored = [i for i, (_, positions) in enumerate(rows) if positions]
+        if not scored:
+            return out
+        ids = [rows[i][0] for i in scored]  # one right-padded forward for every response with a step
+        width = max(len(row) for row in ids)
+        input_ids = paddle.to_tensor([row + [0] * (width - len(row)) for row in ids], dtype="int64")
+        mask = paddle.to_tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids], dtype="int64")
+        positions = [[b, p] for b, i in enumerate(scored) for p in rows[i][1]]
+        good = paddle.nn.functional.softmax(step_logits(self.model, input_ids, mask, paddle.to_tensor(positions),
+                                                        self.tokens), axis=-1)[:, 0].numpy()  # [k]
+        start = 0
+        for i in scored:
+            count = len(rows[i][1])
+            out[i] = float(good[start: start + count].min())
+            start += count
         return out

@@ -22,6 +22,7 @@ from alignment.training import setup  # noqa: E402
 
 def train_process_reward_model(model_args, data_args, reward_args, lora_args, train_args, run) -> dict:
     """process_reward: a PRM (alignment/rm/process.py) on step-labelled rows; held-out step accuracy."""
+    from alignment.parallel.distributed import is_main_process
     from alignment.rewards.process import save_settings, step_tokens
     from alignment.rm.process import ProcessRewardTrainer, StepDataset, collate_steps
 
@@ -40,7 +41,8 @@ def train_process_reward_model(model_args, data_args, reward_args, lora_args, tr
         results = trainer.train()
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
-    save_settings(final, reward_args.placeholder_token, reward_args.reward_tokens)
+    if is_main_process():  # rank 0 wrote the model
+        save_settings(final, reward_args.placeholder_token, reward_args.reward_tokens)
     print("\nprocess reward model done")
     if "eval/step_accuracy" in results and before:
         print(f"  held-out step accuracy: {before['eval/step_accuracy']:.3f} before -> "
