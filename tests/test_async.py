@@ -12,7 +12,7 @@ from alignment.commands import replay_ledger
 from alignment.config.parser import ArgumentError, ArgumentParser
 from alignment.models import LlamaForCausalLM
 from alignment.ppo import off_policy, wire
-from alignment.ppo.asynchronous import version_for, versions_needed
+from alignment.ppo.asynchronous import token_version, version_for, versions_needed
 from alignment.ppo.ledger import Ledger, read_ledger
 from alignment.ppo.rollout import Rollout
 from alignment.ppo.run_ppo import AsyncArguments, EnvironmentArguments, LoRAArguments
@@ -26,6 +26,19 @@ def test_the_schedule_names_each_batchs_version_and_the_versions_to_send():
     assert versions_needed(0, 6, 2) == [0, 1, 2, 3]  # batches 0-2 share version 0
     assert versions_needed(4, 6, 2) == [2, 3]  # resumed at step 2 with batches 2, 3 sampled ahead
     assert versions_needed(0, 3, 0) == [0, 1, 2]
+
+
+def test_partial_rollouts_move_each_generation_one_version_on_every_segment_up_to_the_step_before():
+    # k = 2, a segment of 4 tokens: batch 5 starts at version 3, moves to 4 at token 4 and stays (4 = 5 - 1)
+    assert [token_version(5, t, 2, 4) for t in (0, 3, 4, 7, 8, 20)] == [3, 3, 4, 4, 4, 4]
+    assert [token_version(2, t, 2, 4) for t in (0, 3, 4, 9)] == [0, 0, 1, 1]
+    assert [token_version(1, t, 2, 4) for t in (0, 9)] == [0, 0]  # version 0 is the newest batch 1 may use
+    assert [token_version(6, t, 3, 2) for t in (0, 2, 4, 6)] == [3, 4, 5, 5]
+    assert token_version(5, 9, 2, 0) == 3  # off: the batch's one version
+    assert versions_needed(0, 6, 2, 4, 8) == [0, 1, 2, 3, 4]  # one more than without: batch 5's tail by 4
+    assert versions_needed(0, 6, 2) == [0, 1, 2, 3]
+    assert versions_needed(4, 6, 2, 4, 8) == [2, 3, 4]
+    assert versions_needed(0, 6, 2, 4, 4) == [0, 1, 2, 3]  # 4 tokens never reach the second segment
 
 
 def test_behaviour_weights_are_truncated_ratios_on_stale_rows_only():
@@ -44,6 +57,15 @@ def test_behaviour_weights_are_truncated_ratios_on_stale_rows_only():
     assert off_policy.corrected_advantages(advantages, prox, behaviour, mask, fresh, 2.0) is advantages
     assert off_policy.log_prob_gap(prox, behaviour, mask)[0] == pytest.approx(8.0)
     assert off_policy.log_prob_gap(prox, behaviour, paddle.zeros([2, 3])) == (0.0, 0.0)
+
+
+def test_partial_rollouts_weigh_each_token_by_its_own_version():
+    prox = paddle.to_tensor([[-1.0, -2.0, -3.0]])
+    behaviour = paddle.to_tensor([[-1.5, -1.0, -2.0]])
+    mask = paddle.to_tensor([[1.0, 1.0, 1.0]])
+    stale = paddle.to_tensor([[True, True, False]])  # the last token drawn by the current version
+    weights = off_policy.behaviour_weights(prox, behaviour, mask, stale, 2.0).numpy()
+    np.testing.assert_allclose(weights, [[math.exp(0.5), math.exp(-1.0), 1.0]], rtol=1e-6)
 
 
 def test_a_rollout_survives_the_wire_bit_for_bit():
@@ -113,6 +135,10 @@ BASE = ["--actor_model_name_or_path", "m", "--train_datasets", "prompt-only", "-
     (["--max_staleness", "1"], "key 'max_staleness' > 0 needs rollout_ranks > 0"),
     (["--rollout_ranks", "1", "--dynamic_sampling", "true"], "key 'dynamic_sampling' with rollout_ranks > 0"),
     (["--rollout_ranks", "1", "--behaviour_weight_cap", "0"], "key 'behaviour_weight_cap' must be > 0"),
+    (["--rollout_ranks", "1", "--max_staleness", "1", "--partial_rollout_tokens", "4"],
+     "key 'partial_rollout_tokens' needs max_staleness >= 2"),
+    (["--rollout_ranks", "1", "--max_staleness", "2", "--partial_rollout_tokens", "4", "--environment",
+      "calculator"], "key 'partial_rollout_tokens' with an 'environment'"),
 ])
 def test_what_an_asynchronous_run_refuses_is_named(flags, message):
     with pytest.raises(ArgumentError, match=message):
@@ -135,3 +161,40 @@ def test_a_synchronous_run_writes_the_ledger_when_asked(tmp_path, tiny_model_dir
     assert all(len(r["response_ids"]) == len(r["policy_token"]) <= 6 for r in rows)
     sources = json.load(open(out / "ledger" / "sources.json"))
     assert sources["reward_model"] == tiny_reward_dir and len(sources["reward_model_sha256"]) == 64
+
+
+def test_the_mailbox_answers_two_threads_each_their_own_question():
+    """A rollout rank reads the weights counter in its receiver thread while sampling posts batches: over one
+    TCPStore client without the mailbox's lock the answers cross (or the socket breaks) and the receiver waits on a
+    transfer never sent."""
+    import socket
+    import threading
+
+    from paddle.base import core
+
+    from alignment.ppo.asynchronous import Mailbox, weights_key
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = core.TCPStore("127.0.0.1", port, True, 0, 30)
+    mailbox = Mailbox(core.TCPStore("127.0.0.1", port, False, 0, 30), slots=3)
+    mailbox.publish_start(0)
+    seen, errors = set(), []
+
+    def receiver():
+        try:
+            for _ in range(3000):
+                seen.add(mailbox.count(weights_key(1)))
+        except Exception as err:  # noqa: BLE001 - the test reports it
+            errors.append(err)
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    for batch in range(3000):
+        mailbox.add("async/taken", 1)
+        mailbox.put(0, batch, f"batch {batch}")
+    thread.join()
+    assert errors == [] and seen == {0}
+    assert mailbox.take(0, 2999) == "batch 2999" and mailbox.first_batch(0) == 0
+    del server

@@ -2,7 +2,8 @@
 as the one-process synchronous run (every metric, bitwise weights) for PPO with a critic and for GRPO; staleness 1
 overlaps and its ledger holds every sample once; kill -9 of the rollout rank or of the training rank stops the
 launch, and resume_from_checkpoint auto continues to the uninterrupted run's metrics and weights, the ledger still
-holding every sample exactly once."""
+holding every sample exactly once; so does a kill in the middle of a weight transfer; partial rollouts tag each
+token with the version that drew it and resume exactly."""
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from alignment.commands import replay_ledger
+from alignment.ppo.asynchronous import HOLD_VARIABLE, token_version
 from alignment.ppo.ledger import read_ledger
 from tests.helpers import REPO, read_metrics
 
@@ -98,27 +100,68 @@ def uninterrupted(tiny_model_dir, tiny_reward_dir, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("killed_rank", [1, 0], ids=["rollout-rank", "training-rank"])
-def test_kill_9_of_a_rank_then_resume_auto_continues_exactly(tmp_path, tiny_model_dir, tiny_reward_dir,
-                                                             killed_rank, uninterrupted):
-    flags, straight, killed = KILL_FLAGS, uninterrupted, tmp_path / "killed"
+def kill_then_resume(tmp_path, args, killed_rank, straight, when, env=None):
+    """Launch `args` (writing to tmp_path / "killed"), kill -9 `killed_rank` once the path `when` exists, check the
+    launch stops naming it, resume auto and compare with the uninterrupted run `straight`."""
+    killed = tmp_path / "killed"
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
-           str(tmp_path / "logs-killed"), *ppo_args(killed, tiny_model_dir, tiny_reward_dir, "gae", *flags)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           str(tmp_path / "logs-killed"), *args(killed)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
     deadline = time.time() + 300
-    while not (killed / "latest").exists() and proc.poll() is None and time.time() < deadline:
+    while not when(killed).exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     os.kill(rank_pid(proc.pid, killed_rank), signal.SIGKILL)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and f"Container rank {killed_rank} status failed" in output
+    assert proc.returncode != 0 and f"Container rank {killed_rank} status failed" in output, output[-3000:]
     trained = [r["step"] for r in read_metrics(killed)]
     assert (killed / "latest").exists() and len(trained) < 6, trained
-    launch(tmp_path / "logs-resumed", ppo_args(killed, tiny_model_dir, tiny_reward_dir, "gae", *flags,
-                                               "--resume_from_checkpoint", "auto"))
+    launch(tmp_path / "logs-resumed", [*args(killed), "--resume_from_checkpoint", "auto"])
     assert comparable(killed) == comparable(straight)
-    assert_same_weights(straight, killed, ["policy", "value"])
+    assert_same_weights(straight, killed, ["policy"] + (["value"] if (straight / "value").exists() else []))
     assert replay_ledger.main([str(killed)]) == 0  # every sample once across the kill
     assert [r["sample"] for r in read_ledger(str(killed))] == [r["sample"] for r in read_ledger(str(straight))]
+    return killed
+
+
+@pytest.mark.parametrize("killed_rank", [1, 0], ids=["rollout-rank", "training-rank"])
+def test_kill_9_of_a_rank_then_resume_auto_continues_exactly(tmp_path, tiny_model_dir, tiny_reward_dir,
+                                                             killed_rank, uninterrupted):
+    kill_then_resume(tmp_path, lambda out: ppo_args(out, tiny_model_dir, tiny_reward_dir, "gae", *KILL_FLAGS),
+                     killed_rank, uninterrupted, lambda out: out / "latest")
+
+
+@pytest.mark.parametrize("killed_rank", [1, 0], ids=["rollout-rank", "training-rank"])
+def test_kill_9_during_a_weight_transfer_then_resume_auto_continues_exactly(tmp_path, tiny_model_dir,
+                                                                            tiny_reward_dir, killed_rank,
+                                                                            uninterrupted):
+    """The sender of version 3 (after checkpoint-2) holds between the header and the weights (the receiver has
+    posted its recv for them) until the test kills one side."""
+    held = tmp_path / "held"
+    kill_then_resume(tmp_path, lambda out: ppo_args(out, tiny_model_dir, tiny_reward_dir, "gae", *KILL_FLAGS),
+                     killed_rank, uninterrupted, lambda out: held, {HOLD_VARIABLE: f"3:{held}"})
+
+
+PARTIAL = 3  # partial_rollout_tokens: 8 new tokens are drawn by up to 3 versions' segments (two, after the cap)
+
+
+def test_partial_rollouts_tag_each_token_with_its_version_and_resume_exactly(tmp_path, tiny_model_dir,
+                                                                             tiny_reward_dir):
+    def args(out):
+        return ppo_args(out, tiny_model_dir, tiny_reward_dir, "grpo", "--rollout_ranks", "1", "--max_staleness",
+                        "2", "--partial_rollout_tokens", str(PARTIAL), "--save_steps", "2")
+
+    straight = tmp_path / "straight"
+    launch(tmp_path / "logs-straight", args(straight))
+    ledger = read_ledger(str(straight))
+    for row in ledger:
+        batch = int(row["sample"].split(":")[0])
+        drawn = [t for t, policy in enumerate(row["policy_token"]) if policy]
+        assert row["token_versions"] == [token_version(batch, t, 2, PARTIAL) for t in drawn], row["sample"]
+    assert any(len(set(row["token_versions"])) == 2 for row in ledger)  # generations that moved on mid-way
+    staleness = [r["async/staleness"] for r in read_metrics(straight)]
+    assert staleness[:2] == [0, 1] and all(1 <= s <= 2 for s in staleness[2:]), staleness
+    kill_then_resume(tmp_path, args, 1, straight, lambda out: out / "latest")
 
 
 def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_dir):

@@ -23,6 +23,11 @@ class AsyncArguments:
                                                         "pi_behaviour, C) that corrects samples from an older "
                                                         "policy (decoupled PPO with truncated importance "
                                                         "sampling; alignment/ppo/off_policy.py).")
+    partial_rollout_tokens: int = field(0, ge=0, help="Partial rollouts: a generation moves to the next policy "
+                                                      "version every this many new tokens (keeping its KV cache, "
+                                                      "as PipelineRL's in-flight weight updates), up to version "
+                                                      "t - 1 for the batch step t trains; each token is tagged "
+                                                      "with its version. Needs max_staleness >= 2. 0 = off.")
     rollout_ledger: bool = field(False, help="Write every trained sample (ids, version, behaviour log-probs, reward "
                                              "parts, the step that trained it) to <output_dir>/ledger/; always on "
                                              "with rollout_ranks > 0. tools/replay_ledger.py reports on it.")
@@ -44,6 +49,13 @@ class AsyncArguments:
         if ppo.dynamic_sampling:
             raise ValueError("key 'dynamic_sampling' with rollout_ranks > 0: dynamic sampling draws prompt batches "
                              "until groups are kept, which the rollout ranks' fixed schedule does not do yet")
+        if self.partial_rollout_tokens and self.max_staleness < 2:
+            raise ValueError("key 'partial_rollout_tokens' needs max_staleness >= 2: with max_staleness "
+                             f"{self.max_staleness} a batch is already sampled by the newest version a partial "
+                             "rollout may move to (the one before the step that trains it)")
+        if self.partial_rollout_tokens and any(getattr(other, "multi_turn", False) for other in others):
+            raise ValueError("key 'partial_rollout_tokens' with an 'environment': multi-turn episodes are sampled "
+                             "by one version each")
         if ppo.eval_mode == "single":
             raise ValueError("key 'eval_mode' 'single' with rollout_ranks > 0: the rollout ranks hold their own "
                              "whole copy; leave eval_mode null")

@@ -6,7 +6,7 @@ from the attention mask so padding does not shift RoPE.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, NamedTuple, Optional, Union
+from typing import Callable, List, NamedTuple, Optional, Union
 
 import paddle
 import paddle.nn.functional as F
@@ -136,7 +136,8 @@ def token_log_prob(logits, token, temperature: float):
 @paddle.no_grad()
 def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True,
              static=None, rows: Optional[SampleRows] = None,
-             log_prob_temperature: Optional[float] = None) -> GenerationOutput:
+             log_prob_temperature: Optional[float] = None,
+             between_tokens: Optional[Callable[[int], None]] = None) -> GenerationOutput:
     """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens.
 
     use_cache=False recomputes the whole sequence every step: the reference path, with the same tokens under
@@ -144,7 +145,9 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
     over a preallocated cache (the prompt is still prefilled eagerly). rows: sample by row position in a batch
     split over processes (SampleRows), else with paddle.multinomial. log_prob_temperature: also return each
     drawn token's log-prob under the model's logits divided by it (token_log_prob), from the same logits the
-    token was drawn from, so no second forward pass is needed to score the response.
+    token was drawn from, so no second forward pass is needed to score the response. between_tokens: called with
+    the number of tokens drawn before each decode step (partial rollouts change the weights there, keeping the
+    KV cache of the earlier tokens).
     """
     b = input_ids.shape[0]
     attention_mask = attention_mask.astype("int64")
@@ -174,6 +177,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
             break
         if config.repetition_penalty != 1.0:
             seen = mark_seen(seen, token.unsqueeze(-1), paddle.ones([b, 1], "int64"))
+        if between_tokens is not None:
+            between_tokens(len(tokens))
         if stepper is not None:
             logits = stepper.step(token)
             continue

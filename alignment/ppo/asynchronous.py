@@ -12,17 +12,24 @@ Weights: at the start of step g the first training rank sends version g, when so
 needs it, to every rollout rank over Paddle's send/recv (a header [version, crc32, size] and the trainable
 parameters as one flat float32 tensor; the receiver checks the checksum). A rollout rank receives the versions in
 a thread of its own, so sampling goes on while a transfer waits. The receiver posts its recv only once the mailbox
-says version g is on its way: gloo gives up on a recv that waits 30 s, and a training step may take longer.
+says version g is on its way to it: gloo gives up on a recv that waits 30 s, and a training step may take longer.
 Rollouts: rollout rank r samples rows r, r + R, ... of each global prompt batch (R rollout ranks; each row with
 its own random numbers, so the split does not change a token) and puts the rows, as JSON (wire.py), into a
 mailbox: a ring of k + 2 slots in a TCPStore served by training rank 0. A rank never gets more than k + 1 batches
 ahead of the training ranks. Training ranks take batch g at step g; each keeps its data shard.
+Partial rollouts (partial_rollout_tokens S > 0, k >= 2): token t of batch g is drawn by version
+min(max(g - k, g - 1), g - k + t // S) (token_version): the generation loads the next version between two decode
+steps every S tokens and keeps the KV cache of the earlier tokens (PipelineRL's in-flight weight updates, Piche et
+al. 2025, arXiv 2509.19128), never past version g - 1. Each token is tagged with its version (Rollout.token_versions,
+the ledger) and the off-policy correction weighs each token by its own. The switch points are token positions, not
+arrival times, so the schedule stays fixed and a resumed run regenerates a cut-off generation exactly.
 Checkpoints: the batches sampled but not yet trained (at most k) are taken from the mailbox into the trainer state;
 the resumed run trains them first and its rollout ranks start at the batch after them, receiving the version they
 need from the training ranks (they never read checkpoints).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Dict, List, Optional
@@ -43,9 +50,24 @@ def version_for(batch: int, staleness: int) -> int:
     return max(0, batch - staleness)
 
 
-def versions_needed(first_batch: int, total: int, staleness: int) -> List[int]:
-    """The versions the rollout ranks need to sample batches first_batch .. total - 1, in order."""
-    return sorted({version_for(b, staleness) for b in range(first_batch, total)})
+def token_version(batch: int, token: int, staleness: int, segment: int = 0) -> int:
+    """The version that samples new token `token` (0-based) of batch `batch`: version_for(batch); with partial
+    rollouts (segment > 0 tokens) one version newer every `segment` tokens, up to batch - 1 (version `batch`
+    would make the batch wait for the step before the one that trains it: the synchronous schedule)."""
+    start = version_for(batch, staleness)
+    return min(max(start, batch - 1), start + token // segment) if segment else start
+
+
+def versions_needed(first_batch: int, total: int, staleness: int, segment: int = 0, max_tokens: int = 1) -> List[int]:
+    """The versions the rollout ranks need to sample batches first_batch .. total - 1 (responses of at most
+    `max_tokens` new tokens), in order."""
+    return sorted({v for b in range(first_batch, total) for v in range(
+        version_for(b, staleness), token_version(b, max_tokens - 1, staleness, segment) + 1)})
+
+
+def weights_key(receiver: int) -> str:
+    """The mailbox counter of the versions sent to rollout rank `receiver`."""
+    return f"async/weights_sent/{receiver}"
 
 
 def sample_ids(batch_index: int, batch, positions, group: int) -> List[str]:
@@ -55,13 +77,32 @@ def sample_ids(batch_index: int, batch, positions, group: int) -> List[str]:
 
 
 class Mailbox:
-    """Slots in a TCPStore of training rank 0 (alignment/parallel/stores.py), one ring per rollout rank."""
+    """Slots in a TCPStore of training rank 0 (alignment/parallel/stores.py), one ring per rollout rank.
+
+    A rollout rank calls it from two threads (sampling, and the WeightReceiver), and a TCPStore client is one
+    socket with no lock of its own: two threads' requests interleave and one gets the other's answer (measured:
+    the receiver read the "posted" counter as the weights announcement and waited on a transfer never sent, until
+    gloo's 30 s timeout). Every call goes through `self.lock`."""
 
     def __init__(self, store, slots: int):
         self.store, self.slots = store, slots
+        self.lock = threading.Lock()
+
+    def add(self, key: str, amount: int) -> int:
+        with self.lock:
+            return int(self.store.add(key, amount))
 
     def count(self, key: str) -> int:
-        return int(self.store.add(key, 0))
+        return self.add(key, 0)
+
+    def set(self, key: str, text: str) -> None:
+        with self.lock:
+            self.store.set(key, text)
+
+    def get(self, key: str) -> str:
+        """The value of a key already set (a get of a missing key would block holding the lock)."""
+        with self.lock:
+            return bytes(self.store.get(key)).decode("utf-8")
 
     def wait_until(self, ready) -> None:
         while not ready():
@@ -70,25 +111,30 @@ class Mailbox:
     def put(self, sender: int, batch: int, text: str) -> None:
         """Rollout rank `sender` posts batch `batch` once the slot it takes is free (trained or taken)."""
         self.wait_until(lambda: batch - self.count("async/taken") < self.slots)
-        self.store.set(f"async/{sender}/{batch % self.slots}", text)
-        self.store.add(f"async/{sender}/posted", 1)
+        self.set(f"async/{sender}/{batch % self.slots}", text)
+        self.add(f"async/{sender}/posted", 1)
 
     def take(self, sender: int, batch: int) -> str:
         self.wait_until(lambda: self.count(f"async/{sender}/posted") > batch)
-        return bytes(self.store.get(f"async/{sender}/{batch % self.slots}")).decode("utf-8")
+        return self.get(f"async/{sender}/{batch % self.slots}")
 
     def mark_taken(self) -> None:
-        self.store.add("async/taken", 1)
+        self.add("async/taken", 1)
 
     def publish_start(self, first_batch: int) -> None:
-        self.store.set("async/start", str(first_batch))
-        self.store.add("async/taken", first_batch - self.count("async/taken"))  # the stream's earlier batches
+        self.add("async/taken", first_batch - self.count("async/taken"))  # the stream's earlier batches
+        self.set("async/start", str(first_batch))
+        self.add("async/started", 1)
 
-    def first_batch(self) -> int:
-        return int(bytes(self.store.get("async/start")).decode())
+    def first_batch(self, sender: int) -> int:
+        """The stream position the run (re)starts at; rollout rank `sender` starts its posted counter there."""
+        self.wait_until(lambda: self.count("async/started") > 0)
+        first = int(self.get("async/start"))
+        self.add(f"async/{sender}/posted", first)
+        return first
 
     def announce(self, key: str) -> None:
-        self.store.add(key, 1)
+        self.add(key, 1)
 
     def wait_for(self, key: str, count: int) -> None:
         self.wait_until(lambda: self.count(key) >= count)
@@ -110,30 +156,47 @@ def open_mailbox(layout, staleness: int, timeout: int = STORE_SECONDS) -> Mailbo
     return Mailbox(store, staleness + 2)
 
 
+HOLD_VARIABLE = "ALIGNMENT_HOLD_WEIGHT_SYNC"
+
+
+def hold_mid_transfer(version: int) -> None:
+    """With ALIGNMENT_HOLD_WEIGHT_SYNC=VERSION:PATH (tests/test_async_runs.py), the sender of that version stops
+    between the header and the weights, creates PATH and waits to be killed: a kill during a weight transfer."""
+    held, _, path = os.environ.get(HOLD_VARIABLE, "").partition(":")
+    if held == str(version) and path:
+        open(path, "w").close()
+        time.sleep(600)
+
+
 class RolloutSource:
     """The training ranks' side: weights out at the start of each step, the step's rollout in."""
 
-    def __init__(self, mailbox: Mailbox, layout, staleness: int, total_steps: int):
+    def __init__(self, mailbox: Mailbox, layout, staleness: int, total_steps: int, segment: int = 0,
+                 max_tokens: int = 1):
         self.mailbox, self.layout, self.staleness, self.total = mailbox, layout, staleness, total_steps
+        self.segment, self.max_tokens = segment, max_tokens  # partial rollouts (token_version)
         self.buffer: Dict[int, List[str]] = {}  # batch -> the rollout ranks' JSON parts, taken ahead (checkpoints)
         self.needed: List[int] = []
+        self.sent = set()
 
     def start(self, step: int) -> None:
         """Before the first step (fresh, or resumed at `step` with the buffer restored)."""
         first = step + len(self.buffer)
-        self.needed = versions_needed(first, self.total, self.staleness)
+        self.needed = versions_needed(first, self.total, self.staleness, self.segment, self.max_tokens)
         if rank() == 0:
             self.mailbox.publish_start(first)
 
     def send_weights(self, step: int, model) -> float:
-        """Version `step` to every rollout rank, when one still needs it; -> seconds spent (0 otherwise)."""
-        if step not in self.needed or rank() != 0:
+        """Version `step` to every rollout rank, once, when one still needs it; -> seconds spent (0 otherwise)."""
+        if step not in self.needed or step in self.sent or rank() != 0:
             return 0.0
+        self.sent.add(step)
         begin = time.perf_counter()
         header, flat = wire.pack_weights(model, step)
-        self.mailbox.announce("async/weights_sent")
         for receiver in range(self.layout.world, self.layout.processes):
+            self.mailbox.announce(weights_key(receiver))  # just before its send: the receiver's recv waits <= 30 s
             dist.send(header, dst=receiver)
+            hold_mid_transfer(step)
             dist.send(flat, dst=receiver)
         return time.perf_counter() - begin
 
@@ -158,8 +221,10 @@ class RolloutSource:
         if rank() == 0:
             self.mailbox.mark_taken()
 
-    def drain(self, next_step: int) -> None:
-        """Take every batch already sampled ahead (next_step .. next_step + k - 1) into the buffer."""
+    def drain(self, next_step: int, model) -> None:
+        """Take every batch sampled ahead (next_step .. next_step + k - 1) into the buffer. Version next_step goes
+        out first: with partial rollouts the last of these batches ends with it."""
+        self.send_weights(next_step, model)
         for batch in range(next_step, min(next_step + self.staleness, self.total)):
             if batch not in self.buffer:
                 self.buffer[batch] = self.parts(batch)
@@ -184,7 +249,7 @@ class WeightReceiver(threading.Thread):
     def run(self) -> None:
         try:
             for sent, _ in enumerate(self.needed, 1):
-                self.mailbox.wait_for("async/weights_sent", sent)
+                self.mailbox.wait_for(weights_key(rank()), sent)
                 header = paddle.zeros([3], dtype="int64")
                 dist.recv(header, src=0)
                 flat = paddle.zeros([int(header[2])], dtype="float32")

@@ -2,7 +2,8 @@
 
 Each row: the step that trained it, its `sample` id ("batch:row:prompt": its place in the prompt stream and the
 prompt's index in the dataset), the prompt, the policy version that sampled it (the step's own for a synchronous
-run), the response token ids and the behaviour log-probs of its policy tokens (when recorded), each reward part
+run; with partial rollouts also `token_versions`, one per policy token), the response token ids and the behaviour
+log-probs of its policy tokens (when recorded), each reward part
 and the end reward, and the sampling parameters. `sources.json` says where rewards come from (reward functions,
 the reward model's path and a digest of its weights, the reward server URLs and what their /health reports).
 Files rotate every ROTATE steps (steps-000001.jsonl holds steps 1-100); on resume the rows after the checkpoint
@@ -28,6 +29,7 @@ def ledger_rows(step: int, rollout, sampling: dict) -> List[dict]:
     mask = rollout.response_mask.numpy() > 0
     attention = rollout.attention_mask.numpy()[:, rollout.prompt_len:] > 0
     behaviour = rollout.behaviour_log_probs.numpy() if rollout.behaviour_log_probs is not None else None
+    token_versions = rollout.token_versions.numpy() if rollout.token_versions is not None else None
     end = rollout.end_rewards.numpy()
     rows = []
     for i in range(len(rollout)):
@@ -40,6 +42,8 @@ def ledger_rows(step: int, rollout, sampling: dict) -> List[dict]:
                "sampling": sampling}
         if behaviour is not None:
             row["behaviour_log_probs"] = [float(x) for x in behaviour[i][mask[i]]]
+        if token_versions is not None:  # partial rollouts: the version of each policy token
+            row["token_versions"] = token_versions[i][mask[i]].tolist()
         rows.append(row)
     return rows
 

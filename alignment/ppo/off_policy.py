@@ -19,12 +19,18 @@ import paddle
 from alignment.ppo import algorithms as rl
 
 
+def per_token(stale):
+    """stale [N] bool (a version per row) or [N, R] (partial rollouts: a version per token) -> broadcastable to
+    [N, R]."""
+    return stale if stale.ndim == 2 else stale.reshape([-1, 1])
+
+
 def behaviour_weights(prox_log_probs, behaviour_log_probs, mask, stale, cap):
-    """Truncated importance weights [N, R]: min(exp(prox - behaviour), cap) on the masked tokens of stale rows
-    (stale [N] bool), 1 on every other token. Inputs [N, R]."""
+    """Truncated importance weights [N, R]: min(exp(prox - behaviour), cap) on the masked stale tokens (stale [N]
+    bool per row, or [N, R] per token), 1 on every other token. Inputs [N, R]."""
     log_ratio = (rl._f32(prox_log_probs) - rl._f32(behaviour_log_probs)).clip(max=80.0)  # [N, R]
     weights = paddle.minimum(paddle.exp(log_ratio), paddle.full_like(log_ratio, cap))  # [N, R]
-    use = (rl._f32(mask) > 0) & stale.reshape([-1, 1])  # [N, R]
+    use = (rl._f32(mask) > 0) & per_token(stale)  # [N, R]
     return paddle.where(use, weights, paddle.ones_like(weights))  # [N, R]
 
 

@@ -16,7 +16,7 @@ rows share no left padding; `response_index` [N, R] then gives the column of eac
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import paddle
@@ -45,6 +45,7 @@ class Rollout:
     sample_ids: Optional[List[str]] = None  # "batch:row" of each row in the prompt stream (the rollout ledger)
     versions: Optional[List[int]] = None  # asynchronous RL: the policy version that sampled each row
     behaviour_log_probs: Optional[paddle.Tensor] = None  # [N, R] asynchronous RL: the sampler's log-probs
+    token_versions: Optional[paddle.Tensor] = None  # [N, R] int64 partial rollouts: the version that drew each token
     reward_rows: Optional[List[dict]] = None  # each row's reward parts (the rollout ledger)
 
     def __len__(self) -> int:
@@ -177,13 +178,15 @@ def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool) -> 
 @paddle.no_grad()
 def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig, num_return_sequences: int,
                    collate, positions: Optional[List[int]] = None, total: Optional[int] = None,
-                   static=None, log_prob_temperature: Optional[float] = None) -> Rollout:
+                   static=None, log_prob_temperature: Optional[float] = None,
+                   between_tokens: Optional[Callable[[int], None]] = None) -> Rollout:
     """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous.
 
     positions / total: the items' positions in a global batch of `total` prompts shared by several processes;
     each response is then sampled with that row's random numbers, the same as in a one-process run.
     static: a StaticDecoder of `actor` to run the decode steps with (see generate).
     log_prob_temperature: set old_log_probs from the sampling pass (see generate); None leaves them unset.
+    between_tokens: called with the number of tokens drawn before each decode step (see generate).
     """
     items = [item for item in prompt_items for _ in range(num_return_sequences)]
     positions = list(range(len(prompt_items))) if positions is None else positions
@@ -195,7 +198,7 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
     prompt_mask = paddle.to_tensor(batch["attention_mask"])  # [N, P]
     actor.eval()
     out = generate(actor, prompt_ids, prompt_mask, gen_config, static=static, rows=rows,
-                   log_prob_temperature=log_prob_temperature)
+                   log_prob_temperature=log_prob_temperature, between_tokens=between_tokens)
     response_mask = out.response_mask  # [N, R]
     responses = out.sequences[:, prompt_ids.shape[1]:].numpy()
     completions = [tokenizer.decode(row[: int(n)]) for row, n in zip(responses, response_mask.sum(axis=1).numpy())]

@@ -5,6 +5,7 @@ sampling and posting (benchmarks/bench_async.py draws the timeline from it)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -15,7 +16,7 @@ import paddle
 from alignment.launcher import rank
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo import wire
-from alignment.ppo.asynchronous import WeightReceiver, sample_ids, version_for, versions_needed
+from alignment.ppo.asynchronous import WeightReceiver, sample_ids, token_version, version_for, versions_needed
 from alignment.ppo.samplers import Draw
 from alignment.training.batches import epoch_batches, skip_batches
 
@@ -32,20 +33,30 @@ class WorkerPlan:
     min_size: int  # the training data ranks (a batch never has fewer prompts)
     temperature: float  # behaviour log-probs are taken at the sampling temperature
     output_dir: str  # where rollout_rank<N>.jsonl (this rank's timeline: one line per batch) goes
+    segment: int = 0  # partial_rollout_tokens (0: each batch sampled by one version)
+    max_tokens: int = 1  # the longest response (the versions partial rollouts may need)
 
 
 def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, gen_config, mailbox, layout,
                        staleness: int) -> int:
     """Sample and post every batch from the published first one to the end; -> batches posted."""
     sender, senders = rank() - layout.world, layout.rollout
-    first = mailbox.first_batch()
-    mailbox.store.add(f"async/{sender}/posted", first)  # the counter counts stream positions
-    receiver = WeightReceiver(actor, versions_needed(first, plan.total_steps, staleness), mailbox)
+    first = mailbox.first_batch(sender)  # the posted counter counts stream positions from there
+    receiver = WeightReceiver(actor, versions_needed(first, plan.total_steps, staleness, plan.segment,
+                                                     plan.max_tokens), mailbox)
     receiver.start()
     batches = epoch_batches(len(plan.prompts), plan.prompt_batch, plan.seed, min_size=plan.min_size,
                             drop_last=plan.drop_last)
     skip_batches(batches, first)
     current, posted = None, 0
+
+    def move_on(batch_index: int, tokens: int) -> None:
+        """Partial rollouts: before the forward that draws new token `tokens`, the version the schedule names."""
+        nonlocal current
+        version = token_version(batch_index, tokens, staleness, plan.segment)
+        if version != current:
+            receiver.apply(version, actor)
+            current = version
     actor.eval()
     timeline = open(os.path.join(plan.output_dir, f"rollout_rank{rank()}.jsonl"), "a", encoding="utf-8")
     for batch_index in range(first, plan.total_steps):
@@ -60,10 +71,15 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
         seed = ds.generation_seed(plan.seed, batch_index, 0)
         paddle.seed(seed)  # the synchronous trainer's seed for this step's generation
         items = [plan.prompts[int(batch[p])] for p in positions]
+        between_tokens = functools.partial(move_on, batch_index) if plan.segment else None
         rollout = sampler(actor, tokenizer, gen_config, Draw(items, plan.group, False, positions, len(batch), seed,
-                                                              plan.temperature))
+                                                              plan.temperature, between_tokens))
         rollout.behaviour_log_probs, rollout.old_log_probs = rollout.old_log_probs, None
         rollout.versions = [version] * len(rollout)
+        if plan.segment:  # [N, R]: every row's token t was drawn by the same version
+            tags = [token_version(batch_index, t, staleness, plan.segment) for t in range(rollout.response_mask.shape[1])]
+            rollout.token_versions = paddle.to_tensor([tags] * len(rollout), dtype="int64")
+            times["versions"] = sorted(set(tags))
         rollout.sample_ids = sample_ids(batch_index, batch, positions, plan.group)
         times["post_start"] = time.time()
         mailbox.put(sender, batch_index, wire.rollout_to_json(rollout))

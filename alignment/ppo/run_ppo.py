@@ -74,7 +74,8 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
     layout = run.layout
     plan = WorkerPlan(prompts, ppo_args.per_device_prompt_batch_size * layout.data, ppo_args.num_return_sequences,
                       stream_steps(ppo_args, train_args, layout, len(prompts)), train_args.seed,
-                      train_args.dataloader_drop_last, layout.data, ppo_args.temperature, train_args.output_dir)
+                      train_args.dataloader_drop_last, layout.data, ppo_args.temperature, train_args.output_dir,
+                      async_args.partial_rollout_tokens, ppo_args.max_new_tokens or data_args.max_length)
     sampler = make_sampler(ppo_args, data_args.max_length, lambda items: collate_prompts(items, tokenizer.pad_token_id),
                            env_args)
     posted = run_rollout_worker(plan, actor, tokenizer, sampler, rollout_generation_config(ppo_args, actor, tokenizer),
@@ -139,7 +140,8 @@ def main(argv=None) -> dict:
         data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
                           lambda items: collate_supervised(items, tokenizer.pad_token_id))
         source = RolloutSource(mailbox, run.layout, async_args.max_staleness, stream_steps(
-            ppo_args, train_args, run.layout, len(prompts))) if mailbox is not None else None
+            ppo_args, train_args, run.layout, len(prompts)), async_args.partial_rollout_tokens,
+            ppo_args.max_new_tokens or data_args.max_length) if mailbox is not None else None
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward), data,
                              tokenizer, run.effective, env_args, async_args, source)
     try:

@@ -25,6 +25,7 @@ class Draw:
     total: Optional[int] = None
     seed: int = 0
     log_prob_temperature: Optional[float] = None
+    between_tokens: Optional[Callable[[int], None]] = None  # partial rollouts: moves the weights on (generate)
 
 
 class SingleTurn:
@@ -48,7 +49,7 @@ class SingleTurn:
                 self.static_decoders[id(actor)] = StaticDecoder(actor)
             static = self.static_decoders[id(actor)]
         return sample_rollout(actor, tokenizer, draw.items, self.config(base, draw), draw.n, self.collate,
-                              draw.positions, draw.total, static, draw.log_prob_temperature)
+                              draw.positions, draw.total, static, draw.log_prob_temperature, draw.between_tokens)
 
     @staticmethod
     def metrics(rollout) -> dict:

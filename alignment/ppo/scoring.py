@@ -107,16 +107,21 @@ def off_policy_correction(rollout, version: int, cap: float) -> Dict[str, float]
     stale tokens. {} for a synchronous rollout."""
     if rollout.versions is None:
         return {}
-    versions = np.asarray(rollout.versions)
-    stale = paddle.to_tensor(versions < version)  # [N]
-    out = {"async/staleness": float(np.mean(version - versions))}
+    if rollout.token_versions is not None:  # partial rollouts: a version per token
+        stale = rollout.token_versions < version  # [N, R]
+        ages = (version - rollout.token_versions).astype("float32").numpy()[rollout.response_mask.numpy() > 0]
+        out = {"async/staleness": float(ages.mean()) if ages.size else 0.0}
+    else:
+        versions = np.asarray(rollout.versions)
+        stale = paddle.to_tensor(versions < version)  # [N]
+        out = {"async/staleness": float(np.mean(version - versions))}
     if rollout.old_log_probs is None or rollout.behaviour_log_probs is None:
         return out
     mask = rollout.response_mask
     out["async/log_prob_gap_max"], out["async/log_prob_gap_p99"] = off_policy.log_prob_gap(
         rollout.old_log_probs, rollout.behaviour_log_probs, mask)
     weights = off_policy.behaviour_weights(rollout.old_log_probs, rollout.behaviour_log_probs, mask, stale, cap)
-    use = (mask > 0) & stale.reshape([-1, 1])  # [N, R]
+    use = (mask > 0) & off_policy.per_token(stale)  # [N, R]
     out["async/behaviour_weight"] = float(paddle.masked_select(weights, use).mean()) if bool(use.any()) else 1.0
     rollout.advantages = off_policy.corrected_advantages(rollout.advantages, rollout.old_log_probs,
                                                          rollout.behaviour_log_probs, mask, stale, cap)

@@ -337,7 +337,7 @@ class PPOTrainer(Trainer):
 
     def save_step_checkpoint(self) -> None:
         if self.source is not None:  # the batches sampled ahead belong to the checkpoint
-            self.source.drain(self.global_step)
+            self.source.drain(self.global_step, self.actor)
         with self.offload.phase("checkpoint", [self.actor, self.critic.model], self.offload.optimizers):
             super().save_step_checkpoint()
 
