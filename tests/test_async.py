@@ -133,7 +133,7 @@ BASE = ["--actor_model_name_or_path", "m", "--train_datasets", "prompt-only", "-
 
 @pytest.mark.parametrize("flags, message", [
     (["--max_staleness", "1"], "key 'max_staleness' > 0 needs rollout_ranks > 0"),
-    (["--rollout_ranks", "1", "--dynamic_sampling", "true"], "key 'dynamic_sampling' with rollout_ranks > 0"),
+    (["--rollout_ranks", "1", "--dynamic_sampling", "true"], "key 'max_gen_batches' must be >= 1 with"),
     (["--rollout_ranks", "1", "--behaviour_weight_cap", "0"], "key 'behaviour_weight_cap' must be > 0"),
     (["--rollout_ranks", "1", "--max_staleness", "1", "--partial_rollout_tokens", "4"],
      "key 'partial_rollout_tokens' needs max_staleness >= 2"),

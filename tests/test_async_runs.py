@@ -164,6 +164,34 @@ def test_partial_rollouts_tag_each_token_with_its_version_and_resume_exactly(tmp
     kill_then_resume(tmp_path, args, 1, straight, lambda out: out / "latest")
 
 
+def test_dynamic_sampling_keeps_groups_from_the_batches_sampled_ahead_and_the_ledger_accounts_for_every_row(
+        tmp_path, tiny_model_dir):
+    """max_gen_batches 3: the rollout rank samples 3 prompt batches for every step; the trainer keeps the groups
+    with reward spread in order, as synchronous DAPO does, and the batches it does not need are dropped unscored."""
+    from tests.test_dynamic_sampling import GRPO_CONFIG, PROMPTS, REWARDS
+
+    rewards = tmp_path / "ds_rewards.py"
+    rewards.write_text(REWARDS)
+    out = tmp_path / "run"
+    launch(tmp_path / "logs", [SCRIPT, GRPO_CONFIG, "--actor_model_name_or_path", tiny_model_dir, "--output_dir",
+                               str(out), "--disable_tqdm", "--train_datasets", PROMPTS, "--eval_datasets", "",
+                               "--max_new_tokens", "6", "--max_steps", "3", "--per_device_prompt_batch_size", "4",
+                               "--num_return_sequences", "4", "--logging_steps", "1", "--reward_funcs",
+                               f"{rewards}:some_equal", "--dynamic_sampling", "true", "--max_gen_batches", "3",
+                               "--rollout_ranks", "1", "--max_staleness", "1"])
+    rows = read_metrics(out)
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    assert all(r["dynamic_sampling/filled"] == 1.0 for r in rows)
+    gen = [int(r["dynamic_sampling/gen_batches"]) for r in rows]
+    ledger = read_ledger(str(out))
+    trained = [r for r in ledger if "dropped" not in r]
+    why = {r["dropped"] for r in ledger if "dropped" in r}
+    assert len(trained) == 3 * 16 and "no reward spread" in why
+    assert len(ledger) == 3 * 3 * 16  # every row of the 9 batches sampled, trained or dropped, once
+    assert sum(r["dropped"] == "not needed" for r in ledger if "dropped" in r) == sum(16 * (3 - g) for g in gen)
+    assert replay_ledger.main([str(out)]) == 0
+
+
 def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     args = [SCRIPT, os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json"), "--actor_model_name_or_path",

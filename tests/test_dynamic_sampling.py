@@ -64,6 +64,9 @@ def test_groups_are_kept_across_generation_batches_and_cut_to_the_target():
     sampled, parts = run_batches(batches, 2, 2, 0)
     assert parts == [(0, [2, 3]), (1, [0, 1])]
     assert (sampled.kept_groups, sampled.spread_groups, sampled.generated_groups) == (2, 3, 6)
+    # every row drawn and not kept, with why (the rollout ledger's dropped rows): each row of a batch exactly once
+    assert [(payload, rows.tolist(), why) for payload, rows, why in sampled.dropped] == [
+        (0, [0, 1, 4, 5], "no reward spread"), (1, [2, 3], "no reward spread"), (1, [4, 5], "over target")]
     # every group of the first batch has spread: one try, cut to the target of 2 of its 3 groups
     sampled, parts = run_batches([[0, 1, 0, 1, 0, 1]], 2, 2, 0)
     assert parts == [(0, [0, 1, 2, 3])] and sampled.gen_batches == 1

@@ -2,8 +2,9 @@
 
     python tools/replay_ledger.py OUTPUT_DIR [--steps 10]
 
-Prints one line per step (samples trained, the policy versions that sampled them, staleness, mean reward), then
-checks the ledger as a whole: every sample ("batch:row:prompt") trained exactly once, the prompt stream's batches
+Prints one line per step (samples trained, the policy versions that sampled them, staleness, mean reward, samples
+dynamic sampling drew and dropped), then checks the ledger as a whole: every sample ("batch:row:prompt") trained
+(or dropped) exactly once, the prompt stream's batches
 contiguous from the first (none lost), each batch complete (the same number of rows). Exits 1 when a check fails,
 naming the samples.
 """
@@ -30,9 +31,10 @@ def ledger_checks(rows: List[dict]) -> Dict[str, list]:
 
 
 def step_lines(rows: List[dict], limit: int) -> List[str]:
-    by_step = defaultdict(list)
+    by_step, dropped = defaultdict(list), Counter(row["step"] for row in rows if "dropped" in row)
     for row in rows:
-        by_step[row["step"]].append(row)
+        if "dropped" not in row:
+            by_step[row["step"]].append(row)
     lines = []
     for step in sorted(by_step)[:limit]:
         group = by_step[step]
@@ -40,7 +42,7 @@ def step_lines(rows: List[dict], limit: int) -> List[str]:
         staleness = sum(step - 1 - row["version"] for row in group) / len(group)
         reward = sum(row["reward"] for row in group) / len(group)
         lines.append(f"step {step}: {len(group)} samples, versions {versions}, staleness {staleness:.2f}, "
-                     f"mean reward {reward:.4f}")
+                     f"mean reward {reward:.4f}" + (f", {dropped[step]} drawn and dropped" if dropped[step] else ""))
     return lines
 
 
@@ -51,8 +53,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = read_ledger(args.output_dir)
     steps = sorted({row["step"] for row in rows})
-    print(f"{len(rows)} trained samples over {len(steps)} steps"
-          + (f" ({steps[0]}-{steps[-1]})" if steps else ""))
+    dropped = sum("dropped" in row for row in rows)
+    print(f"{len(rows) - dropped} trained samples over {len(steps)} steps"
+          + (f" ({steps[0]}-{steps[-1]})" if steps else "") + (f"; {dropped} drawn and dropped" if dropped else ""))
     print("\n".join(step_lines(rows, args.steps)))
     checks = ledger_checks(rows)
     for name, bad in checks.items():

@@ -36,6 +36,11 @@ class AsyncArguments:
     def asynchronous(self) -> bool:
         return self.rollout_ranks > 0
 
+    @staticmethod
+    def batches_per_step(ppo) -> int:
+        """Prompt batches the rollout ranks sample for one step: dynamic sampling's max_gen_batches, else 1."""
+        return ppo.max_gen_batches if ppo.dynamic_sampling else 1
+
     @property
     def ledger(self) -> bool:
         return self.rollout_ledger or self.asynchronous
@@ -46,9 +51,9 @@ class AsyncArguments:
             raise ValueError("key 'max_staleness' > 0 needs rollout_ranks > 0 (a synchronous run is on-policy)")
         if not self.asynchronous:
             return
-        if ppo.dynamic_sampling:
-            raise ValueError("key 'dynamic_sampling' with rollout_ranks > 0: dynamic sampling draws prompt batches "
-                             "until groups are kept, which the rollout ranks' fixed schedule does not do yet")
+        if ppo.dynamic_sampling and ppo.max_gen_batches < 1:
+            raise ValueError("key 'max_gen_batches' must be >= 1 with dynamic_sampling and rollout_ranks > 0: the "
+                             "rollout ranks sample that many prompt batches ahead for every step")
         if self.partial_rollout_tokens and self.max_staleness < 2:
             raise ValueError("key 'partial_rollout_tokens' needs max_staleness >= 2: with max_staleness "
                              f"{self.max_staleness} a batch is already sampled by the newest version a partial "

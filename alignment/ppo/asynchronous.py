@@ -143,7 +143,7 @@ class Mailbox:
 STORE_SECONDS = 3600  # a blocking get waits this long (a lost rank is the watchdog's: lost_rank_timeout)
 
 
-def open_mailbox(layout, staleness: int, timeout: int = STORE_SECONDS) -> Mailbox:
+def open_mailbox(layout, staleness: int, per_step: int = 1, timeout: int = STORE_SECONDS) -> Mailbox:
     """Every process of an asynchronous launch calls this once: training rank 0 serves the store."""
     from paddle.base import core
 
@@ -153,7 +153,7 @@ def open_mailbox(layout, staleness: int, timeout: int = STORE_SECONDS) -> Mailbo
     host = endpoints()[0].rsplit(":", 1)[0] if endpoints() else "127.0.0.1"
     store = rank_zero_store(rank(), "/alignment/async_mailbox", host, core.create_or_get_global_tcp_store(),
                             timeout)
-    return Mailbox(store, staleness + 2)
+    return Mailbox(store, (staleness + 2) * per_step)
 
 
 HOLD_VARIABLE = "ALIGNMENT_HOLD_WEIGHT_SYNC"
@@ -172,17 +172,19 @@ class RolloutSource:
     """The training ranks' side: weights out at the start of each step, the step's rollout in."""
 
     def __init__(self, mailbox: Mailbox, layout, staleness: int, total_steps: int, segment: int = 0,
-                 max_tokens: int = 1):
+                 max_tokens: int = 1, per_step: int = 1):
         self.mailbox, self.layout, self.staleness, self.total = mailbox, layout, staleness, total_steps
         self.segment, self.max_tokens = segment, max_tokens  # partial rollouts (token_version)
+        self.per_step = per_step  # prompt batches sampled for each step (dynamic sampling's max_gen_batches)
         self.buffer: Dict[int, List[str]] = {}  # batch -> the rollout ranks' JSON parts, taken ahead (checkpoints)
         self.needed: List[int] = []
         self.sent = set()
 
     def start(self, step: int) -> None:
         """Before the first step (fresh, or resumed at `step` with the buffer restored)."""
-        first = step + len(self.buffer)
-        self.needed = versions_needed(first, self.total, self.staleness, self.segment, self.max_tokens)
+        first = step * self.per_step + len(self.buffer)  # the buffer holds whole steps
+        self.needed = versions_needed(first // self.per_step, self.total, self.staleness, self.segment,
+                                      self.max_tokens)
         if rank() == 0:
             self.mailbox.publish_start(first)
 
@@ -208,8 +210,10 @@ class RolloutSource:
         self.after_take(batch)
         return parts
 
-    def rollout(self, batch: int, pad_id: int) -> Rollout:
-        """The whole global batch `batch`, rows in stream order (every training rank gets all of it)."""
+    def rollout(self, step: int, attempt: int, pad_id: int) -> Rollout:
+        """The whole global prompt batch `attempt` of step `step`, rows in stream order (every training rank gets
+        all of it)."""
+        batch = step * self.per_step + attempt
         whole = concat_rollouts([wire.rollout_from_json(text) for text in self.parts(batch)], pad_id)
         order = np.argsort([int(sid.split(":")[1]) for sid in whole.sample_ids], kind="stable")
         return whole if (order == np.arange(len(order))).all() else whole.take(order.tolist())
@@ -221,11 +225,18 @@ class RolloutSource:
         if rank() == 0:
             self.mailbox.mark_taken()
 
+    def unused(self, step: int, attempts: int) -> List[str]:
+        """Dynamic sampling: take the batches of `step` after the first `attempts` (never scored: the step kept
+        enough groups before them) out of the way; -> their sample ids."""
+        texts = [text for b in range(step * self.per_step + attempts, (step + 1) * self.per_step)
+                 for text in self.parts(b)]
+        return [sample for text in texts for sample in wire.rollout_from_json(text).sample_ids]
+
     def drain(self, next_step: int, model) -> None:
-        """Take every batch sampled ahead (next_step .. next_step + k - 1) into the buffer. Version next_step goes
-        out first: with partial rollouts the last of these batches ends with it."""
+        """Take every batch sampled ahead (those of steps next_step .. next_step + k - 1) into the buffer. Version
+        next_step goes out first: with partial rollouts the last of these batches ends with it."""
         self.send_weights(next_step, model)
-        for batch in range(next_step, min(next_step + self.staleness, self.total)):
+        for batch in range(next_step * self.per_step, min(next_step + self.staleness, self.total) * self.per_step):
             if batch not in self.buffer:
                 self.buffer[batch] = self.parts(batch)
 

@@ -15,6 +15,12 @@ Each generation batch is sampled with noise seeded by (seed, step, try), and eve
 data-stream position a checkpoint stores, so a resumed run draws and samples the same batches. The keep decision
 is made on the rewards of the whole global batch; the kept rows are not moved between processes, so only one
 data-parallel process is supported (tensor parallelism, which shares the rows, is fine).
+
+Asynchronous runs (rollout_ranks > 0) need a bound: the rollout ranks sample max_gen_batches prompt batches for
+every step ahead of time (by the step's version, with the seeds above), the step keeps groups from them in order
+exactly as here, and the batches it does not reach are dropped unscored; so a step always uses up max_gen_batches
+prompt batches of the stream, where a synchronous step uses up only those it drew. The rollout ledger records each
+row not trained with why ("no reward spread", "over target", "not needed").
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ class Sampled:
     kept_groups: int  # groups trained on: min(target, spread_groups)
     spread_groups: int  # groups whose rewards differ, over all generation batches (before the cut to target)
     generated_groups: int  # groups generated
+    dropped: List[Tuple[object, np.ndarray, str]] = dataclasses.field(default_factory=list)  # (payload, rows, why)
 
     def metrics(self, target: int) -> Dict[str, float]:
         return {"dynamic_sampling/gen_batches": float(self.gen_batches),
@@ -54,7 +61,7 @@ def accumulate(draw: Callable[[int], Tuple[object, Sequence[float]]], group_size
     generation order and the last try's cut so that exactly min(target, groups with spread) are kept."""
     if target < 1:
         raise ValueError(f"dynamic sampling needs a target of at least one group, got {target}")
-    parts, kept, spread, generated, tries = [], 0, 0, 0, 0
+    parts, dropped, kept, spread, generated, tries = [], [], 0, 0, 0, 0
     while kept < target and (max_gen_batches <= 0 or tries < max_gen_batches):
         payload, rewards = draw(tries)
         tries += 1
@@ -62,11 +69,18 @@ def accumulate(draw: Callable[[int], Tuple[object, Sequence[float]]], group_size
         groups = np.flatnonzero(mask)  # [s_i]
         generated, spread = generated + len(mask), spread + len(groups)
         take = groups[: target - kept]  # [k_i]
+        for why, chosen in (("no reward spread", np.flatnonzero(~mask)), ("over target", groups[len(take):])):
+            if len(chosen):
+                dropped.append((payload, group_rows(chosen, group_size), why))
         if len(take):
-            rows = (take[:, None] * group_size + np.arange(group_size)[None]).reshape([-1])  # [k_i * G]
-            parts.append((payload, rows))
+            parts.append((payload, group_rows(take, group_size)))
             kept += len(take)
-    return Sampled(parts, tries, kept, spread, generated)
+    return Sampled(parts, tries, kept, spread, generated, dropped)
+
+
+def group_rows(groups: np.ndarray, group_size: int) -> np.ndarray:
+    """The rows [n * G] of groups [n] (a group's rows are contiguous)."""
+    return (groups[:, None] * group_size + np.arange(group_size)[None]).reshape([-1])
 
 
 def kept_rollout(sampled: Sampled, pad_id: int):

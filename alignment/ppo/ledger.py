@@ -1,4 +1,5 @@
-"""The rollout ledger: every trained sample, one JSON line, in <output_dir>/ledger/.
+"""The rollout ledger: every trained sample, one JSON line, in <output_dir>/ledger/ (and, with dynamic sampling,
+every sample drawn and not trained: {"step", "sample", "dropped": why}).
 
 Each row: the step that trained it, its `sample` id ("batch:row:prompt": its place in the prompt stream and the
 prompt's index in the dataset), the prompt, the policy version that sampled it (the step's own for a synchronous
@@ -46,6 +47,18 @@ def ledger_rows(step: int, rollout, sampling: dict) -> List[dict]:
             row["token_versions"] = token_versions[i][mask[i]].tolist()
         rows.append(row)
     return rows
+
+
+def dropped_rows(step: int, dropped, unused: List[str]) -> List[dict]:
+    """Rows for the samples drawn for step `step` and not trained: dynamic sampling's (payload (rollout, end rewards
+    [N], parts), rows, why) groups without reward spread or over its target, and the sample ids of prompt batches
+    an asynchronous step never needed."""
+    rows = []
+    for (rollout, rewards, _), picked, why in dropped:
+        values = rewards.numpy()
+        rows += [{"step": step, "sample": rollout.sample_ids[i] if rollout.sample_ids else None, "dropped": why,
+                  "reward": float(values[i])} for i in picked]
+    return rows + [{"step": step, "sample": sample, "dropped": "not needed"} for sample in unused]
 
 
 class Ledger:

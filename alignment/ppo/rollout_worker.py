@@ -35,6 +35,7 @@ class WorkerPlan:
     output_dir: str  # where rollout_rank<N>.jsonl (this rank's timeline: one line per batch) goes
     segment: int = 0  # partial_rollout_tokens (0: each batch sampled by one version)
     max_tokens: int = 1  # the longest response (the versions partial rollouts may need)
+    per_step: int = 1  # prompt batches sampled for each step (dynamic sampling's max_gen_batches)
 
 
 def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, gen_config, mailbox, layout,
@@ -42,25 +43,26 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
     """Sample and post every batch from the published first one to the end; -> batches posted."""
     sender, senders = rank() - layout.world, layout.rollout
     first = mailbox.first_batch(sender)  # the posted counter counts stream positions from there
-    receiver = WeightReceiver(actor, versions_needed(first, plan.total_steps, staleness, plan.segment,
-                                                     plan.max_tokens), mailbox)
+    receiver = WeightReceiver(actor, versions_needed(first // plan.per_step, plan.total_steps, staleness,
+                                                     plan.segment, plan.max_tokens), mailbox)
     receiver.start()
     batches = epoch_batches(len(plan.prompts), plan.prompt_batch, plan.seed, min_size=plan.min_size,
                             drop_last=plan.drop_last)
     skip_batches(batches, first)
     current, posted = None, 0
 
-    def move_on(batch_index: int, tokens: int) -> None:
+    def move_on(step: int, tokens: int) -> None:
         """Partial rollouts: before the forward that draws new token `tokens`, the version the schedule names."""
         nonlocal current
-        version = token_version(batch_index, tokens, staleness, plan.segment)
+        version = token_version(step, tokens, staleness, plan.segment)
         if version != current:
             receiver.apply(version, actor)
             current = version
     actor.eval()
     timeline = open(os.path.join(plan.output_dir, f"rollout_rank{rank()}.jsonl"), "a", encoding="utf-8")
-    for batch_index in range(first, plan.total_steps):
-        version = version_for(batch_index, staleness)
+    for batch_index in range(first, plan.total_steps * plan.per_step):
+        step, attempt = divmod(batch_index, plan.per_step)  # the step that trains it, and which of its batches
+        version = version_for(step, staleness)
         times = {"batch": batch_index, "version": version, "wait_start": time.time()}
         if version != current:
             receiver.apply(version, actor)
@@ -68,16 +70,16 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
         times["sample_start"] = time.time()
         batch = next(batches)
         positions = list(range(len(batch)))[sender::senders]
-        seed = ds.generation_seed(plan.seed, batch_index, 0)
-        paddle.seed(seed)  # the synchronous trainer's seed for this step's generation
+        seed = ds.generation_seed(plan.seed, step, attempt)
+        paddle.seed(seed)  # the synchronous trainer's seed for this generation batch
         items = [plan.prompts[int(batch[p])] for p in positions]
-        between_tokens = functools.partial(move_on, batch_index) if plan.segment else None
+        between_tokens = functools.partial(move_on, step) if plan.segment else None
         rollout = sampler(actor, tokenizer, gen_config, Draw(items, plan.group, False, positions, len(batch), seed,
                                                               plan.temperature, between_tokens))
         rollout.behaviour_log_probs, rollout.old_log_probs = rollout.old_log_probs, None
         rollout.versions = [version] * len(rollout)
         if plan.segment:  # [N, R]: every row's token t was drawn by the same version
-            tags = [token_version(batch_index, t, staleness, plan.segment) for t in range(rollout.response_mask.shape[1])]
+            tags = [token_version(step, t, staleness, plan.segment) for t in range(rollout.response_mask.shape[1])]
             rollout.token_versions = paddle.to_tensor([tags] * len(rollout), dtype="int64")
             times["versions"] = sorted(set(tags))
         rollout.sample_ids = sample_ids(batch_index, batch, positions, plan.group)

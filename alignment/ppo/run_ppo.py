@@ -75,7 +75,8 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
     plan = WorkerPlan(prompts, ppo_args.per_device_prompt_batch_size * layout.data, ppo_args.num_return_sequences,
                       stream_steps(ppo_args, train_args, layout, len(prompts)), train_args.seed,
                       train_args.dataloader_drop_last, layout.data, ppo_args.temperature, train_args.output_dir,
-                      async_args.partial_rollout_tokens, ppo_args.max_new_tokens or data_args.max_length)
+                      async_args.partial_rollout_tokens, ppo_args.max_new_tokens or data_args.max_length,
+                      async_args.batches_per_step(ppo_args))
     sampler = make_sampler(ppo_args, data_args.max_length, lambda items: collate_prompts(items, tokenizer.pad_token_id),
                            env_args)
     posted = run_rollout_worker(plan, actor, tokenizer, sampler, rollout_generation_config(ppo_args, actor, tokenizer),
@@ -120,7 +121,8 @@ def main(argv=None) -> dict:
         print(f"prompts: {len(prompts)} train {prompts.stats}" +
               (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
               (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
-        mailbox = open_mailbox(run.layout, async_args.max_staleness) if async_args.asynchronous else None
+        mailbox = open_mailbox(run.layout, async_args.max_staleness, async_args.batches_per_step(ppo_args)) \
+            if async_args.asynchronous else None
         if is_rollout_rank():
             return serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args,
                                   run, tokenizer, prompts, mailbox)
@@ -141,7 +143,8 @@ def main(argv=None) -> dict:
                           lambda items: collate_supervised(items, tokenizer.pad_token_id))
         source = RolloutSource(mailbox, run.layout, async_args.max_staleness, stream_steps(
             ppo_args, train_args, run.layout, len(prompts)), async_args.partial_rollout_tokens,
-            ppo_args.max_new_tokens or data_args.max_length) if mailbox is not None else None
+            ppo_args.max_new_tokens or data_args.max_length, async_args.batches_per_step(ppo_args)) \
+            if mailbox is not None else None
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward), data,
                              tokenizer, run.effective, env_args, async_args, source)
     try:

@@ -32,7 +32,7 @@ from alignment.ppo.asynchronous import sample_ids
 from alignment.ppo.critic import make_critic
 from alignment.ppo.evaluation import evaluate_policy
 from alignment.ppo.kl import kl_estimate
-from alignment.ppo.ledger import Ledger, ledger_rows, reward_sources
+from alignment.ppo.ledger import Ledger, dropped_rows, ledger_rows, reward_sources
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
 from alignment.ppo.rollout import response_log_probs
@@ -175,7 +175,7 @@ class PPOTrainer(Trainer):
         paddle.seed(self.sampling_seed)
         n = self.ppo.num_return_sequences
         if self.source is not None:  # the rollout ranks sampled the whole batch (asynchronous.py): this shard
-            whole = self.source.rollout(self.global_step, self.tokenizer.pad_token_id)
+            whole = self.source.rollout(self.global_step, attempt, self.tokenizer.pad_token_id)
             return whole.take([p * n + s for p in shard(list(range(len(whole) // n))) for s in range(n)])
         batch = next(self.prompt_batches)
         positions = shard(list(range(len(batch))))
@@ -198,6 +198,9 @@ class PPOTrainer(Trainer):
 
         target = self.ppo.per_device_prompt_batch_size
         sampled = ds.accumulate(draw, self.ppo.num_return_sequences, target, self.ppo.max_gen_batches)
+        unused = self.source.unused(self.global_step, sampled.gen_batches) if self.source is not None else []
+        if self.ledger is not None:  # every sample drawn and not trained, with why (the report accounts for it)
+            self.ledger.write(dropped_rows(self.global_step + 1, sampled.dropped, unused))
         return (*ds.kept_rollout(sampled, self.tokenizer.pad_token_id), sampled.metrics(target))
 
     def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
