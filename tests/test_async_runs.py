@@ -164,6 +164,24 @@ def test_partial_rollouts_tag_each_token_with_its_version_and_resume_exactly(tmp
     kill_then_resume(tmp_path, args, 1, straight, lambda out: out / "latest")
 
 
+def test_a_reward_server_scores_an_asynchronous_run_as_the_in_process_reward_model(tmp_path, tiny_model_dir,
+                                                                                   tiny_reward_dir):
+    from tests.test_reward_server import TOKEN, Server, server_argv
+
+    sync, served = tmp_path / "sync", tmp_path / "served"
+    subprocess.run([sys.executable, *ppo_args(sync, tiny_model_dir, tiny_reward_dir, "gae", "--max_steps", "3")],
+                   cwd=REPO, check=True, capture_output=True)
+    server = Server(tmp_path, "--model", tiny_reward_dir, "--token", TOKEN).wait()
+    try:
+        launch(tmp_path / "logs", ppo_args(served, tiny_model_dir, tiny_reward_dir, "gae", "--max_steps", "3",
+                                           "--rollout_ranks", "1", *server_argv(server.url)))
+    finally:
+        server.stop()
+    without_server = [{k: v for k, v in row.items() if not k.startswith("reward_server/")} for row in comparable(served)]
+    assert without_server == comparable(sync)
+    assert server.url in (served / "ledger" / "sources.json").read_text()
+
+
 def test_dynamic_sampling_keeps_groups_from_the_batches_sampled_ahead_and_the_ledger_accounts_for_every_row(
         tmp_path, tiny_model_dir):
     """max_gen_batches 3: the rollout rank samples 3 prompt batches for every step; the trainer keeps the groups
