@@ -225,3 +225,20 @@ def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_d
     ledger = read_ledger(str(out))
     assert len(ledger) == 16 and all(0 in r["policy_token"] for r in ledger)  # observations in, not trained
     assert replay_ledger.main([str(out)]) == 0
+
+
+def test_partial_rollouts_with_compiled_decoding_load_each_version_into_the_compiled_step(tmp_path, tiny_model_dir,
+                                                                                         tiny_reward_dir):
+    """rollout_decode static runs the decode steps as a compiled program: a version loaded mid-generation must reach
+    it (the same tokens and behaviour log-probs as eager decoding)."""
+    flags = ("--rollout_ranks", "1", "--max_staleness", "2", "--partial_rollout_tokens", str(PARTIAL), "--max_steps",
+             "4")
+    eager, static = tmp_path / "eager", tmp_path / "static"
+    launch(tmp_path / "logs-eager", ppo_args(eager, tiny_model_dir, tiny_reward_dir, "grpo", *flags))
+    launch(tmp_path / "logs-static", ppo_args(static, tiny_model_dir, tiny_reward_dir, "grpo", *flags,
+                                              "--rollout_decode", "static"))
+    a, b = read_ledger(str(eager)), read_ledger(str(static))
+    assert any(len(set(row["token_versions"])) == 2 for row in b)
+    assert [r["response_ids"] for r in a] == [r["response_ids"] for r in b]
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x["behaviour_log_probs"], y["behaviour_log_probs"], atol=1e-4)
