@@ -62,7 +62,8 @@ def make_plan(args, work: str) -> dict:
         "max_grad_norm": 1.0 if grpo else 0.0,  # TRL's PPO loop never clips; its GRPO (HF Trainer) clips at 1.0
         "kl_coeff": args.grpo_beta if grpo else args.ppo_kl, "kl_estimator": "k3" if grpo else "k1",
         "reward_funcs": ["accuracy", "format_reward"] if grpo else [], "reward_weights": [1.0, 0.5] if grpo else [],
-        "peer_gradient_checkpointing": args.peer_gradient_checkpointing, "clip_range_ratio": 0.2, "clip_range_value": 0.2, "gamma": 1.0, "gae_lambda": 0.95,
+        "clip_range_ratio": 0.2, "clip_range_value": 0.2, "gamma": 1.0, "gae_lambda": 0.95,
+        "peer_gradient_checkpointing": args.peer_gradient_checkpointing,
     }
 
 

@@ -179,8 +179,8 @@ def run_ppo(plan, tok, phases):
         **common_config(plan, max_grad_norm=plan["max_grad_norm"]))
     dataset = Dataset.from_dict({"input_ids": prompt_ids(tok, plan)})
     policy = AutoModelForCausalLM.from_pretrained(plan["model"], dtype=torch.float32)
-    reward = AutoModelForSequenceClassification.from_pretrained(plan["reward_model"], num_labels=1, dtype=torch.float32)
-    value = AutoModelForSequenceClassification.from_pretrained(plan["reward_model"], num_labels=1, dtype=torch.float32)
+    reward, value = (AutoModelForSequenceClassification.from_pretrained(plan["reward_model"], num_labels=1,
+                                                                         dtype=torch.float32) for _ in range(2))
     for model in (policy, reward, value):
         model.config.pad_token_id = tok.pad_token_id
     generation, forward = ppo_mod.batch_generation, ppo_mod.forward
