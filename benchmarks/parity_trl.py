@@ -99,7 +99,8 @@ def our_step(model_dir, rollout, recipe: dict, out_dir: str, lr: float = LR) -> 
     actor = LlamaForCausalLM.from_pretrained(model_dir)
     optimizer = paddle.optimizer.SGD(learning_rate=lr, parameters=actor.parameters())
     trainer = types.SimpleNamespace(ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None,
-                                    policy=types.SimpleNamespace(optimizer=optimizer), global_step=0)
+                                    policy=types.SimpleNamespace(optimizer=optimizer), global_step=0,
+                                    sampler_gap=None)
     norms = []
 
     def optimizer_step():

@@ -88,6 +88,7 @@ class Update:
         self.ppo, self.actor, self.critic = ppo, actor, critic
         self.trainer = types.SimpleNamespace(  # what PPOTrainer.actor_step reads of its trainer
             ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None, global_step=0,
+            sampler_gap=None,
             policy=types.SimpleNamespace(optimizer=types.SimpleNamespace(get_lr=lambda: 0.0)))
 
     def parameters(self):

@@ -196,8 +196,10 @@ class PPOArguments:
                                                 "OpenRLHF and verl recompute them; the recomputed ones are bitwise "
                                                 "the first update pass's, whose ratios are then exactly 1). The two "
                                                 "differ by float rounding here (KV-cache decode vs one whole-sequence "
-                                                "pass); the trainer still recomputes them once to log the difference "
-                                                "every step (rollout/log_prob_diff_max, rollout/log_prob_diff_p99). "
+                                                "pass); the difference is logged every step "
+                                                "(rollout/log_prob_diff_max, rollout/log_prob_diff_p99), measured on "
+                                                "the update's forward passes before its first optimizer step (no "
+                                                "extra pass; a pipelined run makes one). "
                                                 "Critic-free estimators with one pass and one optimizer step take "
                                                 "them from the update itself either way.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "

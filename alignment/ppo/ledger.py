@@ -24,8 +24,11 @@ def file_for(step: int) -> str:
     return f"steps-{(step - 1) // ROTATE * ROTATE + 1:06d}.jsonl"
 
 
-def ledger_rows(step: int, rollout, sampling: dict) -> List[dict]:
-    """One row per sample of a scored rollout trained at step `step` (1-based, as metrics.jsonl)."""
+def ledger_rows(step: int, rollout, ppo) -> List[dict]:
+    """One row per sample of a scored rollout trained at step `step` (1-based, as metrics.jsonl); ppo: the
+    PPOArguments whose sampling parameters each row records."""
+    sampling = {"temperature": ppo.temperature, "top_p": ppo.top_p, "top_k": ppo.top_k,
+                "repetition_penalty": ppo.repetition_penalty, "max_new_tokens": ppo.max_new_tokens}
     ids = rollout.input_ids.numpy()[:, rollout.prompt_len:]
     mask = rollout.response_mask.numpy() > 0
     attention = rollout.attention_mask.numpy()[:, rollout.prompt_len:] > 0

@@ -4,7 +4,7 @@ score() runs them in order after the log-prob and value passes; the DAPO math is
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -128,13 +128,53 @@ def off_policy_correction(rollout, version: int, cap: float) -> Dict[str, float]
     return out
 
 
+class SamplerGap:
+    """rollout_log_probs: the sampler-vs-trainer log-prob difference (log_prob_diff) measured on the update's own
+    forward passes before its first optimizer step: the weights are then the sampler's, and those log-probs are
+    bitwise what a separate pass over the rollout computes (update.log_probs_as_updated), so none is run. It covers
+    the rows of the first optimizer step: the whole rollout when one optimizer step takes it all."""
+
+    def __init__(self):
+        self.diffs, self.armed, self.open = [], False, False
+
+    def arm(self) -> None:
+        """This step's old log-probs are the sampler's: measure them in the coming update."""
+        self.armed = True
+
+    def recording_until(self, optimizer_step: Callable):
+        """optimizer_step, wrapped: recording stops at its first call."""
+        self.diffs, self.open = [], self.armed
+
+        def step(*args):
+            self.open = False
+            return optimizer_step(*args)
+        return step
+
+    def record(self, trainer_log_probs, sampler_log_probs, mask) -> None:
+        """One micro-batch's log-probs [n, R] (trainer's, sampler's) and response mask [n, R]."""
+        if self.open:
+            gap = (rl._f32(sampler_log_probs) - rl._f32(trainer_log_probs.detach())).abs().numpy()
+            self.diffs += gap[mask.numpy() > 0].tolist()
+
+    def metrics(self) -> Dict[str, float]:
+        if not self.armed:
+            return {}
+        self.armed = False
+        return percentiles(self.diffs)
+
+
+def percentiles(diffs) -> Dict[str, float]:
+    """rollout/log_prob_diff_max and _p99 over the global batch of this rank's differences `diffs`."""
+    every = np.asarray(gather_lists(list(diffs)), dtype="float64")  # the global batch's
+    if every.size == 0:
+        return {"rollout/log_prob_diff_max": 0.0, "rollout/log_prob_diff_p99": 0.0}
+    return {"rollout/log_prob_diff_max": float(every.max()),
+            "rollout/log_prob_diff_p99": float(np.percentile(every, 99))}
+
+
 def log_prob_diff(sampler_log_probs, trainer_log_probs, mask) -> Dict[str, float]:
     """rollout/log_prob_diff_max and _p99: |sampler - trainer| log-prob of the response tokens (the sampling pass's
     own, rollout_log_probs, against the trainer's recomputation), max and 99th percentile over the global batch.
     All [N, R]."""
     diff = (sampler_log_probs - trainer_log_probs).abs().numpy()[mask.numpy() > 0]  # [tokens]
-    every = np.asarray(gather_lists(diff.tolist()), dtype="float64")  # the global batch's
-    if every.size == 0:
-        return {"rollout/log_prob_diff_max": 0.0, "rollout/log_prob_diff_p99": 0.0}
-    return {"rollout/log_prob_diff_max": float(every.max()),
-            "rollout/log_prob_diff_p99": float(np.percentile(every, 99))}
+    return percentiles(diff.tolist())

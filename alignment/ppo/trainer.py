@@ -113,6 +113,8 @@ class PPOTrainer(Trainer):
         self.critic = make_critic(models.critic, ppo_args.clip_range_value, critic_copy, self.precision)
         if not pipelined:
             self.micro_batches = EagerMicroBatches(self.actor_step, self.critic, ppo_args)
+        # rollout_log_probs: the sampler-vs-trainer gap from the update's own first forward passes (not pipelined)
+        self.sampler_gap = scoring.SamplerGap() if ppo_args.rollout_log_probs and not pipelined else None
         self.sampler = make_sampler(ppo_args, data_args.max_length, data.collate_prompts, env_args)  # multi-turn?
         self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
         self.reward_stats = RunningMeanStd()
@@ -157,7 +159,7 @@ class PPOTrainer(Trainer):
                 metrics.update(self.score(rollout, rewards))
             metrics.update(self.compute_advantages(rollout))
             if self.ledger is not None:
-                self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.sampling)))
+                self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.ppo)))
         self.show_phase(phase="train", **self.generation_speed)
         with timer.phase("train"):
             with self.offload.phase("train", [self.actor, self.critic.model], self.offload.optimizers):
@@ -212,13 +214,6 @@ class PPOTrainer(Trainer):
                     getattr(self, "sampling_seed", 0), self.ppo.temperature if from_rollout else None)
         return self.sampler(self.rollout_actor(), self.tokenizer, self.gen_config, draw)
 
-    @property
-    def sampling(self) -> dict:
-        """The sampling parameters the ledger records."""
-        ppo = self.ppo
-        return {"temperature": ppo.temperature, "top_p": ppo.top_p, "top_k": ppo.top_k,
-                "repetition_penalty": ppo.repetition_penalty, "max_new_tokens": ppo.max_new_tokens}
-
     def rollout_actor(self):
         """The actor that generates and scores: the trained one, or its whole copy (eval_mode single, pipeline)."""
         if self.generation_copy is None:
@@ -255,12 +250,16 @@ class PPOTrainer(Trainer):
         """The old (the sampler's or the trainer's) and reference log-probs [N, R], as the first update pass's."""
         sampled = rollout.old_log_probs  # rollout_log_probs: the sampler's
         self.actor.eval()
-        if not self.reuse_update_log_probs:  # unless the update takes its own; its first ratios then exactly 1
+        measured_in_update = sampled is not None and self.sampler_gap is not None
+        if measured_in_update:
+            self.sampler_gap.arm()
+        elif not self.reuse_update_log_probs:  # unless the update takes its own; its first ratios then exactly 1
             trained = first_pass_log_probs(self.rollout_actor(), rollout, self.ppo, self.args, self.global_step)
             rollout.old_log_probs = trained if sampled is None else sampled
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs = first_pass_log_probs(self.reference, rollout, self.ppo, self.args, self.global_step)
-        return {} if sampled is None else scoring.log_prob_diff(sampled, trained, rollout.response_mask)
+        return {} if sampled is None or measured_in_update else scoring.log_prob_diff(sampled, trained,
+                                                                                      rollout.response_mask)
 
     @paddle.no_grad()
     def compute_advantages(self, rollout) -> Dict[str, float]:
@@ -278,7 +277,10 @@ class PPOTrainer(Trainer):
         for t in self.trained.values():
             t.model.train()
         rng = update_rng(self.args.seed, self.global_step)  # score_log_probs's first pass is the same
-        return run_update(rollout, self.micro_batches, self.optimizer_step, rng, self.ppo, self.args)
+        gap = self.sampler_gap
+        step = gap.recording_until(self.optimizer_step) if gap is not None else self.optimizer_step
+        return {**run_update(rollout, self.micro_batches, step, rng, self.ppo, self.args),
+                **(gap.metrics() if gap is not None else {})}
 
     def actor_step(self, batch, share: float, ptx_scale: float = 1.0) -> Dict[str, float]:
         """Backward of this micro-batch's `share` of the optimizer step's token-mean policy loss (+ ptx_scale of
@@ -292,6 +294,8 @@ class PPOTrainer(Trainer):
                                                     response_index=batch.response_index,
                                                     entropy_grad=ppo.entropy_coeff > 0)
         old_log_probs, out = batch.old_log_probs, {}
+        if self.sampler_gap is not None:
+            self.sampler_gap.record(log_probs, old_log_probs, mask)
         if old_log_probs is None:  # reuse_update_log_probs: this policy sampled the rollout
             old_log_probs = log_probs.detach()
             out["kl"] = float(rl.sequence_kl(old_log_probs, batch.ref_log_probs, mask, kl_estimate(ppo.kl_estimator)))
