@@ -125,6 +125,18 @@ def test_a_resumed_ledger_keeps_each_step_once_and_the_report_finds_duplicates_a
     assert "twice: 2:1:9" in out and "lost_batches: 3" in out
 
 
+def test_a_fresh_run_in_a_used_output_dir_starts_a_new_ledger(tmp_path):
+    first = Ledger(str(tmp_path), True)
+    first.write([ledger_row(step, f"{step - 1}:0:9") for step in (1, 2)])
+    again = Ledger(str(tmp_path), True)  # overwrite_output_dir: a new run, not a resume
+    again.write([ledger_row(1, "0:0:9")])
+    assert [(r["step"], r["sample"]) for r in read_ledger(str(tmp_path))] == [(1, "0:0:9")]
+    resumed = Ledger(str(tmp_path), True)
+    resumed.resume_at(1)
+    resumed.write([ledger_row(2, "1:0:9")])
+    assert [r["step"] for r in read_ledger(str(tmp_path))] == [1, 2]
+
+
 PARSER = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, AsyncArguments,
                         LoRAArguments, TrainingArguments)
 BASE = ["--actor_model_name_or_path", "m", "--train_datasets", "prompt-only", "--reward_funcs", "arithmetic",

@@ -65,11 +65,13 @@ def dropped_rows(step: int, dropped, unused: List[str]) -> List[dict]:
 
 
 class Ledger:
-    """Appends rows under <output_dir>/ledger/ (rank 0 only; the others pass enabled=False)."""
+    """Appends rows under <output_dir>/ledger/ (rank 0 only; the others pass enabled=False). A fresh run (no
+    resume_at before its first write) starts the ledger anew: rows of an earlier run in the same output_dir
+    (overwrite_output_dir) would read as samples trained twice."""
 
     def __init__(self, output_dir: str, enabled: bool, sources: Optional[dict] = None):
         self.folder = os.path.join(output_dir, "ledger")
-        self.enabled = enabled
+        self.enabled, self.fresh = enabled, True
         if enabled:
             os.makedirs(self.folder, exist_ok=True)
             if sources is not None:
@@ -79,6 +81,8 @@ class Ledger:
     def write(self, rows: List[dict]) -> None:
         if not self.enabled or not rows:
             return
+        if self.fresh:
+            self.resume_at(0)
         with open(os.path.join(self.folder, file_for(rows[0]["step"])), "a", encoding="utf-8") as f:
             f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
             f.flush()
@@ -86,6 +90,7 @@ class Ledger:
 
     def resume_at(self, step: int) -> None:
         """Drop the rows of steps after `step` (written by a run that stopped before its next checkpoint)."""
+        self.fresh = False
         if not self.enabled:
             return
         for name in sorted(os.listdir(self.folder)):
