@@ -106,12 +106,13 @@ class Ours:
             log_probs, _ = self.model.token_log_probs(hidden[:, :-1], self.ids[:, 1:])  # [b, s-1]
         return float(log_probs.sum())
 
-    def generate(self) -> List[int]:
+    def generate(self, fused: bool = True) -> List[int]:
+        """fused=False: decode through the model's layers instead of FusedDecoder (generate's `fused`)."""
         from alignment.models import GenerationConfig, generate
 
         self.model.eval()
         config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=2)
-        out = generate(self.model, self.prompt, self.paddle.ones_like(self.prompt), config)
+        out = generate(self.model, self.prompt, self.paddle.ones_like(self.prompt), config, fused=fused)
         assert out.sequences.shape[1] == PROMPT + NEW_TOKENS
         return out.sequences[0, PROMPT:].tolist()
 

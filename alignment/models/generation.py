@@ -11,6 +11,7 @@ from typing import Callable, List, NamedTuple, Optional, Union
 import paddle
 import paddle.nn.functional as F
 
+from alignment.models.fused_decode import FusedDecoder, fusable
 from alignment.models.logprobs import gather_log_probs
 
 
@@ -136,8 +137,8 @@ def token_log_prob(logits, token, temperature: float):
 @paddle.no_grad()
 def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True,
              static=None, rows: Optional[SampleRows] = None,
-             log_prob_temperature: Optional[float] = None,
-             between_tokens: Optional[Callable[[int], None]] = None) -> GenerationOutput:
+             log_prob_temperature: Optional[float] = None, fused: bool = True,
+             between_tokens: Optional[Callable[[int], bool]] = None) -> GenerationOutput:
     """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens.
 
     use_cache=False recomputes the whole sequence every step: the reference path, with the same tokens under
@@ -145,9 +146,11 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
     over a preallocated cache (the prompt is still prefilled eagerly). rows: sample by row position in a batch
     split over processes (SampleRows), else with paddle.multinomial. log_prob_temperature: also return each
     drawn token's log-prob under the model's logits divided by it (token_log_prob), from the same logits the
-    token was drawn from, so no second forward pass is needed to score the response. between_tokens: called with
-    the number of tokens drawn before each decode step (partial rollouts change the weights there, keeping the
-    KV cache of the earlier tokens).
+    token was drawn from, so no second forward pass is needed to score the response. fused: decode a plain
+    float32 model with the KV cache through FusedDecoder (fused_decode.py: the same bits in fewer calls); False
+    keeps the model's own layers for every step. between_tokens: called with the number of tokens drawn before
+    each decode step; True when it changed the model's weights (partial rollouts do, keeping the KV cache of the
+    earlier tokens), and the fused decoder then copies them again.
     """
     b = input_ids.shape[0]
     attention_mask = attention_mask.astype("int64")
@@ -160,6 +163,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
     logits, stepper = out.logits[:, -1], None
     if static is not None:
         stepper = _StaticSteps(static, out.past_key_values, attention_mask, config.max_new_tokens)
+    elif use_cache and fused and config.max_new_tokens > 1 and fusable(model):
+        stepper = FusedDecoder(model, out.past_key_values, attention_mask)
     sequences, tokens, alive, log_probs = input_ids, [], [], []
     position = attention_mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
     for _ in range(config.max_new_tokens):
@@ -177,8 +182,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
             break
         if config.repetition_penalty != 1.0:
             seen = mark_seen(seen, token.unsqueeze(-1), paddle.ones([b, 1], "int64"))
-        if between_tokens is not None:
-            between_tokens(len(tokens))
+        if between_tokens is not None and between_tokens(len(tokens)) and isinstance(stepper, FusedDecoder):
+            stepper.load_weights(model)
         if stepper is not None:
             logits = stepper.step(token)
             continue

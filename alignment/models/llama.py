@@ -80,13 +80,18 @@ def rotary_tables(position_ids, head_dim: int, theta: float, dtype, q_heads: int
         table = paddle.expand(table, [b, s, heads, head_dim])
         return table if dtype == paddle.float32 else table.astype(dtype)
 
+    # q's tables are scaled in float32, before any cast to a half-precision dtype (one rounding)
+    return Rotary(per_head(paddle.scale(cos, scale), q_heads), per_head(paddle.scale(sin, scale), q_heads),
+                  per_head(cos, kv_heads), per_head(sin, kv_heads), rotate_half_matrix(head_dim, dtype))
+
+
+def rotate_half_matrix(head_dim: int, dtype) -> paddle.Tensor:
+    """[d, d]: HF's rotate-half as a signed permutation, rotate_half(x) = x @ it (exact: one nonzero per column)."""
     half = head_dim // 2
     rotate = np.zeros([head_dim, head_dim], dtype="float32")
     rotate[np.arange(half), np.arange(half) + half] = 1.0  # out[half + i] = x[i]
     rotate[np.arange(half) + half, np.arange(half)] = -1.0  # out[i] = -x[half + i]
-    # q's tables are scaled in float32, before any cast to a half-precision dtype (one rounding)
-    return Rotary(per_head(paddle.scale(cos, scale), q_heads), per_head(paddle.scale(sin, scale), q_heads),
-                  per_head(cos, kv_heads), per_head(sin, kv_heads), paddle.to_tensor(rotate).astype(dtype))
+    return paddle.to_tensor(rotate).astype(dtype)
 
 
 def apply_rope(x, cos, sin, rotate):

@@ -179,7 +179,7 @@ def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool) -> 
 def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig, num_return_sequences: int,
                    collate, positions: Optional[List[int]] = None, total: Optional[int] = None,
                    static=None, log_prob_temperature: Optional[float] = None,
-                   between_tokens: Optional[Callable[[int], None]] = None) -> Rollout:
+                   between_tokens: Optional[Callable[[int], bool]] = None) -> Rollout:
     """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous.
 
     positions / total: the items' positions in a global batch of `total` prompts shared by several processes;

@@ -51,13 +51,16 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
     skip_batches(batches, first)
     current, posted = None, 0
 
-    def move_on(step: int, tokens: int) -> None:
-        """Partial rollouts: before the forward that draws new token `tokens`, the version the schedule names."""
+    def move_on(step: int, tokens: int) -> bool:
+        """Partial rollouts: before the forward that draws new token `tokens`, the version the schedule names;
+        -> whether the weights changed."""
         nonlocal current
         version = token_version(step, tokens, staleness, plan.segment)
-        if version != current:
-            receiver.apply(version, actor)
-            current = version
+        if version == current:
+            return False
+        receiver.apply(version, actor)
+        current = version
+        return True
     actor.eval()
     timeline = open(os.path.join(plan.output_dir, f"rollout_rank{rank()}.jsonl"), "a", encoding="utf-8")
     for batch_index in range(first, plan.total_steps * plan.per_step):

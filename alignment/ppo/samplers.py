@@ -25,7 +25,7 @@ class Draw:
     total: Optional[int] = None
     seed: int = 0
     log_prob_temperature: Optional[float] = None
-    between_tokens: Optional[Callable[[int], None]] = None  # partial rollouts: moves the weights on (generate)
+    between_tokens: Optional[Callable[[int], bool]] = None  # partial rollouts: moves the weights on (generate)
 
 
 class SingleTurn:

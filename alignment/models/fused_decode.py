@@ -1,0 +1,152 @@
+"""Eager decode steps of a LlamaForCausalLM over weights concatenated once per generation: the same numbers as
+the model's own layers with a KV cache, in fewer calls.
+
+A decode step of the layer path issues ~50 Paddle calls and 12 `nn.Layer` calls per decoder layer; here one
+function per layer issues 37: q, k and v come from one GEMM over [q_proj | k_proj | v_proj] and gate and up from
+one over [gate_proj | up_proj] (MKL computes each output column as the same dot product whatever the other
+columns: bit-identical, checked in tests/test_fused_decode.py), RoPE rotates q, k and v in one pass with cos 1
+and sin 0 for v (v * 1 + (v @ rotate) * 0 is v), the norm weights are expanded over the batch once, and the
+step's rotary tables and attention bias are built once for all layers. Every other operation is the one
+`LlamaModel` runs, in the same order: generated tokens, logits and log-probs are the same bits. The cache grows
+by concatenation as in the layer path: attending over a preallocated, masked width instead changed the bits
+(Paddle's CPU softmax gave the masked columns tiny nonzero weights, and the longer probs @ v rounded differently).
+The concatenated weights and LM-head slices are copies made per generate call: ~390 MB for SmolLM2-135M.
+
+Only plain single-process models qualify (`fusable`): LoRA adapters, tensor parallelism, biases or a non-float32
+model decode through the layers.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, NamedTuple
+
+import paddle
+import paddle.nn.functional as F
+
+from alignment.models.llama import (LlamaForCausalLM, RMSNorm, attention_bias, rope_cos_sin,
+                                   rotate_half_matrix)
+from alignment.parallel import tensor_parallel as tp
+
+
+class LayerWeights(NamedTuple):
+    input_norm: paddle.Tensor  # [b, 1, hidden]: the RMSNorm weight expanded over the batch
+    qkv: paddle.Tensor  # [hidden, (heads + 2 kv_heads) d]
+    o: paddle.Tensor  # [heads d, hidden]
+    post_norm: paddle.Tensor  # [b, 1, hidden]
+    gate_up: paddle.Tensor  # [hidden, 2 intermediate]
+    down: paddle.Tensor  # [intermediate, hidden]
+
+
+def fusable(model) -> bool:
+    """A one-process float32 LlamaForCausalLM whose projections are bias-free plain Linear layers."""
+    if type(model) is not LlamaForCausalLM or model.config.tensor_parallel_degree != 1:
+        return False
+    if any(p.dtype != paddle.float32 for p in model.parameters()):
+        return False
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(lin) is not tp.Linear or lin.bias is not None for lin in linears):
+            return False
+        if type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm:
+            return False
+    return model.config.tie_word_embeddings or type(model.lm_head) is tp.Linear and model.lm_head.bias is None
+
+
+def layer_weights(layer, batch: int) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    hidden = attn.q_proj.weight.shape[0]
+    return LayerWeights(
+        paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]),
+        paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1), attn.o_proj.weight,
+        paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]),
+        paddle.concat([mlp.gate_proj.weight, mlp.up_proj.weight], axis=1), mlp.down_proj.weight)
+
+
+# The LM head as this many GEMMs over vocabulary slices: MKL streamed SmolLM2's [576, 49152] head at 15 GB/s in 8
+# slices, 12.5 GB/s whole (batch 8, 2 Zen 4 cores; 1, 4, 8, 16 and 32 slices measured); the slices are copies.
+HEAD_SLICES = 8
+
+
+def vocab_slices(weight, axis: int, count: int) -> List[paddle.Tensor]:
+    """weight split along its vocabulary axis into `count` nearly equal parts (fewer when the vocabulary is small)."""
+    vocab = weight.shape[axis]
+    count = max(1, min(count, vocab))
+    sections = [vocab // count + (1 if i < vocab % count else 0) for i in range(count)]
+    return paddle.split(weight, sections, axis=axis)
+
+
+def rms_norm(x, weight, eps: float):
+    """RMSNorm.forward for float32 x with its weight already expanded to x's shape."""
+    normed = x * paddle.rsqrt(paddle.square(x).mean(axis=-1, keepdim=True) + eps)
+    return normed * weight
+
+
+def step_rotary(position_ids, head_dim: int, theta: float, heads: int, kv_heads: int):
+    """position_ids [b, 1] -> cos, sin [b, heads + 2 kv_heads, d] for the fused q | k | v heads: q's carry
+    attention's 1 / sqrt(d) as in `rotary_tables`, v's are 1 and 0 (v passes through unchanged)."""
+    cos, sin = rope_cos_sin(position_ids, head_dim, theta, paddle.float32)  # [b, 1, 1, d]
+    b, scale = position_ids.shape[0], 1.0 / math.sqrt(head_dim)
+
+    def table(t, v_value):
+        parts = [paddle.expand(paddle.scale(t, scale), [b, 1, heads, head_dim]),
+                 paddle.expand(t, [b, 1, kv_heads, head_dim]), paddle.full([b, 1, kv_heads, head_dim], v_value)]
+        return paddle.concat(parts, axis=2).reshape([b, heads + 2 * kv_heads, head_dim])
+
+    return table(cos, 1.0), table(sin, 0.0)
+
+
+class FusedDecoder:
+    """One generation's decode state: fused weights, the per-layer KV cache, its mask and the next position."""
+
+    def __init__(self, model, presents, prompt_mask):
+        cfg, attn = model.config, model.model.layers[0].self_attn
+        self.batch = prompt_mask.shape[0]
+        self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.eps, self.theta = cfg.rms_norm_eps, cfg.rope_theta
+        self.tied = cfg.tie_word_embeddings
+        self.load_weights(model)
+        self.rotate = rotate_half_matrix(self.head_dim, paddle.float32)
+        self.caches: List[tuple] = list(presents)  # per layer (k, v) [b, kv_heads, t, d]
+        self.mask = prompt_mask.astype("int64")  # [b, t]
+        self.position = self.mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
+
+    def load_weights(self, model) -> None:
+        """Copy the model's weights into the fused layout (again after they change mid-generation: partial
+        rollouts' in-flight weight updates)."""
+        self.layers = [layer_weights(layer, self.batch) for layer in model.model.layers]
+        self.final_norm = paddle.expand(model.model.norm.weight, [self.batch, 1, model.config.hidden_size])
+        self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
+        head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
+        self.head_slices = vocab_slices(head, 0 if self.tied else 1, HEAD_SLICES)
+
+    def step(self, token):
+        """Feed `token` [b]; return the logits [b, vocab] float32 for the token after it."""
+        b = self.batch
+        self.mask = paddle.concat([self.mask, paddle.ones([b, 1], "int64")], axis=1)
+        bias = attention_bias(self.mask, 1, paddle.float32, self.heads)
+        bias = bias.reshape([b, self.kv_heads, self.heads // self.kv_heads, -1])  # [b, kv_heads, groups, t]
+        cos, sin = step_rotary(self.position, self.head_dim, self.theta, self.heads, self.kv_heads)
+        self.position = self.position + 1
+        x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
+        for i, weights in enumerate(self.layers):
+            x = self._layer(x, weights, i, cos, sin, bias)
+        hidden = rms_norm(x, self.final_norm, self.eps)
+        logits = [paddle.matmul(hidden, part, transpose_y=self.tied) for part in self.head_slices]  # [b, 1, .]
+        return paddle.concat(logits, axis=-1).reshape([b, -1])
+
+    def _layer(self, x, w: LayerWeights, index: int, cos, sin, bias):
+        b, heads, kv_heads, d = self.batch, self.heads, self.kv_heads, self.head_dim
+        qkv = paddle.matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([b, heads + 2 * kv_heads, d])
+        qkv = qkv * cos + paddle.matmul(qkv, self.rotate) * sin
+        q, k, v = paddle.split(qkv, [heads, kv_heads, kv_heads], axis=1)
+        past_k, past_v = self.caches[index]
+        k = paddle.concat([past_k, k.reshape([b, kv_heads, 1, d])], axis=2)  # [b, kv_heads, t, d]
+        v = paddle.concat([past_v, v.reshape([b, kv_heads, 1, d])], axis=2)
+        self.caches[index] = (k, v)
+        # q head i attends with kv head i // groups (Attention's folded decode step)
+        scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k, transpose_y=True) + bias
+        out = paddle.matmul(F.softmax(scores, axis=-1), v).reshape([b, 1, heads * d])
+        x = x + paddle.matmul(out, w.o)
+        gate, up = paddle.split(paddle.matmul(rms_norm(x, w.post_norm, self.eps), w.gate_up), 2, axis=-1)
+        return x + paddle.matmul(F.silu(gate) * up, w.down)

@@ -1,0 +1,57 @@
+"""Fused decode steps (alignment/models/fused_decode.py) give the layer path's tokens and log-probs bit for bit."""
+import numpy as np
+import paddle
+import pytest
+
+from alignment.models import GenerationConfig, generate
+from alignment.models.fused_decode import fusable
+from alignment.models.generation import SampleRows
+from tests.test_model import left_padded_batch, tiny_model
+
+
+def assert_same_bits(fused, layers):
+    np.testing.assert_array_equal(fused.sequences.numpy(), layers.sequences.numpy())
+    np.testing.assert_array_equal(fused.response_mask.numpy(), layers.response_mask.numpy())
+    np.testing.assert_array_equal(fused.log_probs.numpy(), layers.log_probs.numpy())
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(num_key_value_heads=4), dict(num_key_value_heads=1),
+                                   dict(tie_word_embeddings=True)],
+                         ids=["grouped", "no-groups", "one-kv-head", "tied"])
+def test_greedy_tokens_and_log_probs_equal_the_layer_path(shape):
+    model = tiny_model(**shape)
+    assert fusable(model)
+    ids, mask = left_padded_batch()
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None)
+    layers = generate(model, ids, mask, config, log_prob_temperature=1.0, fused=False)
+    assert_same_bits(generate(model, ids, mask, config, log_prob_temperature=1.0), layers)
+    assert len(set(layers.sequences.numpy()[:, 6:].ravel().tolist())) > 3  # a real continuation
+
+
+def test_sampling_with_a_seed_equals_the_layer_path_with_eos_penalty_and_row_numbers():
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    free = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False)).sequences.numpy()
+    config = GenerationConfig(max_new_tokens=10, temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.3,
+                              min_new_tokens=2, eos_token_id=[int(free[0, 8])])
+    rows = SampleRows(paddle.to_tensor([0, 1, 2]), 3)
+    for row_numbers in (None, rows):
+        paddle.seed(3)
+        layers = generate(model, ids, mask, config, rows=row_numbers, log_prob_temperature=0.8, fused=False)
+        paddle.seed(3)
+        assert_same_bits(generate(model, ids, mask, config, rows=row_numbers, log_prob_temperature=0.8), layers)
+
+
+def test_lora_tensor_parallel_or_biased_models_decode_through_their_layers():
+    from alignment.models.lora import apply_lora
+
+    model = tiny_model()
+    apply_lora(model, rank=2)
+    assert not fusable(model)
+    assert not fusable(tiny_model(model_type="qwen2"))  # q/k/v biases
+    split = tiny_model()
+    split.config.tensor_parallel_degree = 2  # what fusable reads; building a split model needs fleet
+    assert not fusable(split)
+    ids, mask = left_padded_batch()
+    out = generate(model, ids, mask, GenerationConfig(max_new_tokens=4, do_sample=False))
+    assert out.sequences.shape == [3, 10]
