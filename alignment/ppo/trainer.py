@@ -250,7 +250,8 @@ class PPOTrainer(Trainer):
         """The old (the sampler's or the trainer's) and reference log-probs [N, R], as the first update pass's."""
         sampled = rollout.old_log_probs  # rollout_log_probs: the sampler's
         self.actor.eval()
-        measured_in_update = sampled is not None and self.sampler_gap is not None
+        measured_in_update = sampled is not None and self.sampler_gap is not None and \
+            self.global_step >= self.ppo.pretrain_critic_steps  # (value pretraining runs no actor forward)
         if measured_in_update:
             self.sampler_gap.arm()
         elif not self.reuse_update_log_probs:  # unless the update takes its own; its first ratios then exactly 1
