@@ -230,7 +230,7 @@ class RolloutSource:
         enough groups before them) out of the way; -> their sample ids."""
         texts = [text for b in range(step * self.per_step + attempts, (step + 1) * self.per_step)
                  for text in self.parts(b)]
-        return [sample for text in texts for sample in wire.rollout_from_json(text).sample_ids]
+        return [sample for text in texts for sample in wire.sample_ids_from_json(text)]
 
     def drain(self, next_step: int, model) -> None:
         """Take every batch sampled ahead (those of steps next_step .. next_step + k - 1) into the buffer. Version

@@ -52,6 +52,14 @@ def rollout_from_json(text: str) -> Rollout:
         raise ValueError(f"not a rollout ({err})") from None
 
 
+def sample_ids_from_json(text: str) -> List[str]:
+    """The sample ids of rollout_to_json's text, without building its tensors (batches dropped unscored)."""
+    try:
+        return list(json.loads(text)["sample_ids"])
+    except (TypeError, KeyError, ValueError) as err:
+        raise ValueError(f"not a rollout ({err})") from None
+
+
 def trainable(model) -> List[Tuple[str, paddle.Tensor]]:
     """The parameters an update changes (all of them, or LoRA's adapters and heads), in a fixed order."""
     return [(name, p) for name, p in model.named_parameters() if not p.stop_gradient]
