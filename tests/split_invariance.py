@@ -44,17 +44,21 @@ def tiny_models(seed=0, critic=False):
     return actor, value
 
 
-def tiny_rollout(seed=0) -> Rollout:
+def tiny_rollout(seed=0, answers_per_prompt=1) -> Rollout:
     """N left-padded prompts of 1..P tokens and responses of 1..R tokens (no two micro-batches alike), with old and
-    reference log-probs near the policy's (ratios off 1 by up to ~0.6, so some clip), rewards and old values."""
+    reference log-probs near the policy's (ratios off 1 by up to ~0.6, so some clip), rewards and old values.
+    answers_per_prompt: consecutive rows of that many share their prompt (GRPO's groups)."""
     rng = np.random.default_rng(seed)
     prompt_lens, response_lens = rng.integers(1, P + 1, N), np.array([1, R, 2, 5, 3, R])[rng.permutation(N)]
+    prompt_lens = np.repeat(prompt_lens[::answers_per_prompt], answers_per_prompt)
     attention, response = np.zeros((N, P + R), "int64"), np.zeros((N, R), "float32")
     for i in range(N):
         attention[i, P - prompt_lens[i]: P + response_lens[i]] = 1
         response[i, : response_lens[i]] = 1
     noise = lambda scale: paddle.to_tensor(rng.normal(0, scale, (N, R)).astype("float32"))  # noqa: E731
-    return Rollout(paddle.to_tensor(rng.integers(0, CONFIG["vocab_size"], (N, P + R))), paddle.to_tensor(attention),
+    ids = rng.integers(0, CONFIG["vocab_size"], (N, P + R))
+    ids[:, :P] = np.repeat(ids[::answers_per_prompt, :P], answers_per_prompt, axis=0)
+    return Rollout(paddle.to_tensor(ids), paddle.to_tensor(attention),
                    paddle.to_tensor(response), P, [], [], {}, old_log_probs=noise(0.3) - 3.5,
                    ref_log_probs=noise(0.3) - 3.5, end_rewards=paddle.to_tensor(rng.normal(0, 1, N).astype("float32")),
                    old_values=noise(0.5))

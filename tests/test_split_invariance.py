@@ -31,16 +31,16 @@ def test_the_reference_knows_every_registered_name():
                                                            "reinforce_plus_plus", "vapo"}
 
 
-def scored(ppo, seed=0, critic=False):
+def scored(ppo, seed=0, critic=False, answers_per_prompt=1):
     """Models, and a rollout scored by the registered estimator (advantages, returns) as the trainer does."""
     actor, value = tiny_models(seed, critic)
-    rollout = with_policy_log_probs(tiny_rollout(seed), actor)
+    rollout = with_policy_log_probs(tiny_rollout(seed, answers_per_prompt), actor)
     rollout.advantages, rollout.returns = ppo.estimator()(rollout, ppo, lambda t: t)
     return actor, value, rollout
 
 
-def check_every_split(ppo, critic=False, **tolerances):
-    actor, value, rollout = scored(ppo, critic=critic)
+def check_every_split(ppo, critic=False, answers_per_prompt=1, **tolerances):
+    actor, value, rollout = scored(ppo, critic=critic, answers_per_prompt=answers_per_prompt)
     want = reference(ppo, rollout, actor, value)
     update = Update(ppo, actor, value)
     for size, accum, by_length in SPLITS:
@@ -72,6 +72,15 @@ def test_every_kl_placement_and_estimator_under_every_aggregation(loss, mode, pl
     extra = dict(kl_in_loss=True, kl_estimator=kl, kl_coeff=0.3) if where == "kl_in_loss" else \
         dict(kl_in_loss=False, kl_loss_coeff=0.3, kl_loss_estimator=kl)
     check_every_split(ppo_args(policy_loss_mode=loss, loss_agg_mode=mode, **extra))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_prompts_shared_by_a_group_are_computed_once_or_per_row_alike(shared, estimator):
+    """Rows answering one prompt (Rollout.micro_batch shares its forward) against the reference's rows each with
+    its own prompt; the critic computes every row's prompt either way."""
+    ppo = ppo_args(advantage_estimator=estimator, shared_prompt_forward=shared, entropy_coeff=0.05)
+    check_every_split(ppo, critic=estimator == "gae", answers_per_prompt=2)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])

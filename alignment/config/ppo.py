@@ -86,6 +86,10 @@ class PPOArguments:
                                              "(shuffled sorted groups, as HF's group_by_length), so packed micro-"
                                              "batches carry little padding. Matters only when a rollout batch "
                                              "spans several micro-batches.")
+    shared_prompt_forward: bool = field(True, help="In the passes over a rollout (log-probs, update), run a "
+                                                   "prompt that several rows of a micro-batch share (GRPO's group) "
+                                                   "once, its rows attending to its keys and values; the same "
+                                                   "numbers up to float rounding. false: every row runs its own.")
     dynamic_sampling: bool = field(False, help="DAPO dynamic sampling: drop the prompt groups whose "
                                                "num_return_sequences rewards are all equal and generate further "
                                                "prompt batches of the stream until per_device_prompt_batch_size "

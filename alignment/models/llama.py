@@ -236,12 +236,26 @@ class LlamaModel(nn.Layer):
             if self.config.recompute and self.training and not use_cache:
                 # non-reentrant recompute of the hidden state only: the reentrant PyLayer path crashed on the
                 # (k, v) outputs that training does not need
-                x = recompute(lambda h, layer=layer: layer(h, rope, bias)[0], x, use_reentrant=False)
+                x = recompute(lambda h, layer=layer, past=past: layer(h, rope, bias, past)[0], x,
+                              use_reentrant=False)
                 present = None
             else:
                 x, present = layer(x, rope, bias, past, cache_column)
             presents.append(present)
         return self.norm(x), (presents if use_cache else None)
+
+    def forward_sharing_prompts(self, input_ids, attention_mask, prompt_len: int, prompt_groups):
+        """forward() of rows whose left-padded prompts (the first prompt_len columns) repeat, e.g. GRPO's answers
+        to one prompt: each distinct prompt runs once and its rows attend to its keys and values (their gradients
+        add up there), instead of once per row. input_ids, attention_mask [n, P + R]; prompt_groups [n] int64:
+        each row's prompt among the distinct ones, numbered in order of first appearance.
+        -> hidden [n, P + R, hidden]: forward()'s up to float rounding."""
+        first = paddle.to_tensor(np.unique(prompt_groups.numpy(), return_index=True)[1])  # [u]: a row per prompt
+        prompt_hidden, cache = self(paddle.gather(input_ids[:, :prompt_len], first),
+                                    paddle.gather(attention_mask[:, :prompt_len], first), use_cache=True)
+        past = [(paddle.gather(k, prompt_groups), paddle.gather(v, prompt_groups)) for k, v in cache]  # [n, ...]
+        hidden, _ = self(input_ids[:, prompt_len:], attention_mask, past_key_values=past)  # [n, R, hidden]
+        return paddle.concat([paddle.gather(prompt_hidden, prompt_groups), hidden], axis=1)
 
 
 class LlamaForCausalLM(PretrainedMixin, nn.Layer):

@@ -47,6 +47,7 @@ class Rollout:
     behaviour_log_probs: Optional[paddle.Tensor] = None  # [N, R] asynchronous RL: the sampler's log-probs
     token_versions: Optional[paddle.Tensor] = None  # [N, R] int64 partial rollouts: the version that drew each token
     reward_rows: Optional[List[dict]] = None  # each row's reward parts (the rollout ledger)
+    prompt_groups: Optional[paddle.Tensor] = None  # [N] int64 micro-batches sharing prompts: see micro_batch
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -122,6 +123,24 @@ class Rollout:
         picked["response_index"] = paddle.to_tensor(index.astype("int64"))
         picked["prompt_len"] = 0  # rows no longer share a prompt width: response_index says where responses are
         return Rollout(**picked)
+
+    def micro_batch(self, rows: np.ndarray, share_prompts: bool) -> "Rollout":
+        """The rows `rows` as the update computes them: packed(), or, with share_prompts and a prompt repeated
+        among them, trimmed() with prompt_groups set (each row's prompt among the distinct ones, in order of first
+        appearance), so the model runs each prompt once (LlamaModel.forward_sharing_prompts)."""
+        picked = self.select(paddle.to_tensor(rows))
+        if not share_prompts or picked.response_index is not None:
+            return picked.packed()
+        prompt = self.prompt_len
+        ids, mask = picked.input_ids[:, :prompt].numpy(), picked.attention_mask[:, :prompt].numpy()
+        keys = [(tuple(i[m > 0]), tuple(m)) for i, m in zip(ids, mask)]  # [n]: padding's ids do not matter
+        numbers = {}
+        groups = np.asarray([numbers.setdefault(key, len(numbers)) for key in keys], dtype="int64")
+        if len(numbers) == len(keys):
+            return picked.packed()
+        batch = picked.trimmed()
+        batch.prompt_groups = paddle.to_tensor(groups)
+        return batch
 
 
 def _pad_columns(x: paddle.Tensor, left: int, right: int, value) -> paddle.Tensor:
@@ -215,15 +234,20 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
 
 
 def response_log_probs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                       with_entropy: bool = False, response_index=None, entropy_grad: bool = False):
+                       with_entropy: bool = False, response_index=None, entropy_grad: bool = False,
+                       prompt_groups=None):
     """Log-probs [N, R] of the response tokens under `model` (and their entropies [N, R] when asked).
 
     The LM head runs on the response positions only. Logits are divided by the sampling temperature so the
     ratio and the KL compare the distributions the responses were actually drawn from (as TRL does).
     response_index [N, R]: the response tokens' columns in packed rows (default: prompt_len + t).
     entropy_grad: keep the entropies in the autograd graph (an entropy bonus in the loss).
+    prompt_groups [N]: rows that share a prompt (Rollout.micro_batch) compute it once.
     """
-    hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [N, W, h]
+    if prompt_groups is None:
+        hidden, _ = model.model(input_ids, attention_mask=attention_mask)  # [N, W, h]
+    else:
+        hidden = model.model.forward_sharing_prompts(input_ids, attention_mask, prompt_len, prompt_groups)
     if response_index is None:
         states, labels = hidden[:, prompt_len - 1: -1], input_ids[:, prompt_len:]  # [N, R, h], [N, R]
     else:

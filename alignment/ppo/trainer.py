@@ -293,6 +293,7 @@ class PPOTrainer(Trainer):
             log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask,
                                                     batch.prompt_len, ppo.temperature, with_entropy=True,
                                                     response_index=batch.response_index,
+                                                    prompt_groups=batch.prompt_groups,
                                                     entropy_grad=ppo.entropy_coeff > 0)
         old_log_probs, out = batch.old_log_probs, {}
         if self.sampler_gap is not None:

@@ -37,7 +37,7 @@ def first_pass_log_probs(model, rollout, ppo, train_args, step: int):
     """log_probs_as_updated over the micro-batches of step `step`'s first update pass. -> [N, R]"""
     parts = pass_micro_batches(rollout, update_rng(train_args.seed, step), train_args.per_device_train_batch_size,
                                ppo.group_by_length)
-    return log_probs_as_updated(model, rollout, parts, ppo.temperature)
+    return log_probs_as_updated(model, rollout, parts, ppo.temperature, ppo.shared_prompt_forward)
 
 
 def update_rng(seed: int, step: int):
@@ -52,15 +52,17 @@ def pass_micro_batches(rollout, rng, size: int, group_by_length: bool) -> List[n
 
 
 @paddle.no_grad()
-def log_probs_as_updated(model, rollout, micro_batches: List[np.ndarray], temperature: float):
+def log_probs_as_updated(model, rollout, micro_batches: List[np.ndarray], temperature: float,
+                         share_prompts: bool = False):
     """Log-probs [N, R] of the rollout's responses computed as the update computes them: micro-batch by
     micro-batch (the rows of each, packed), so at the same weights they are bitwise the update's and the first
     pass's ratios are exactly 1 (one pass over the whole padded rollout differs by float rounding, ~1e-7)."""
     out = np.zeros(rollout.response_mask.shape, dtype="float32")  # [N, R]
     for rows in micro_batches:
-        batch = rollout.select(paddle.to_tensor(rows)).packed()
+        batch = rollout.micro_batch(rows, share_prompts)
         log_probs, _ = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature,
-                                          response_index=batch.response_index)  # [n, keep]
+                                          response_index=batch.response_index,
+                                          prompt_groups=batch.prompt_groups)  # [n, keep]
         out[rows, : log_probs.shape[1]] = log_probs.numpy()
     return paddle.to_tensor(out)
 
@@ -76,7 +78,7 @@ class EagerMicroBatches:
         return contextlib.nullcontext()
 
     def run(self, rollout, micro_batches: List[np.ndarray]) -> Dict[str, float]:
-        batches = [rollout.select(paddle.to_tensor(rows)).packed() for rows in micro_batches]
+        batches = [rollout.micro_batch(rows, self.ppo.shared_prompt_forward) for rows in micro_batches]
         shares = step_shares([float(batch.response_mask.astype("float32").sum()) for batch in batches])
         actor_shares = shares if aggregation(self.ppo) == "token-mean" else step_shares(  # one collective less
             [step_weight(self.ppo, batch.response_mask) for batch in batches])
