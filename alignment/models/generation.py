@@ -86,14 +86,20 @@ class SampleRows(NamedTuple):
     total: int
 
 
-def block_tokens(logits, ids: List[int]):
+def block_tokens(logits, ids: List[int], blocked=None):
     """logits [b, vocab] with the columns `ids` set to -inf: those tokens cannot be drawn (HF's
-    MinNewTokensLengthLogitsProcessor does this to eos before min_new_tokens)."""
+    MinNewTokensLengthLogitsProcessor does this to eos before min_new_tokens). blocked: blocking_row(...) built
+    once for a loop that blocks the same ids every step."""
     if not ids:
         return logits
-    blocked = paddle.zeros([logits.shape[-1]], logits.dtype)  # [vocab]
+    return logits + (blocking_row(logits.shape[-1], ids, logits.dtype) if blocked is None else blocked)
+
+
+def blocking_row(vocab: int, ids: List[int], dtype) -> paddle.Tensor:
+    """[vocab]: -inf at `ids`, 0 elsewhere (what block_tokens adds)."""
+    blocked = paddle.zeros([vocab], dtype)
     blocked[paddle.to_tensor(ids, dtype="int64")] = float("-inf")
-    return logits + blocked
+    return blocked
 
 
 def next_token(logits, config: GenerationConfig, seen, rows: Optional[SampleRows] = None, uniform=None):
@@ -170,10 +176,12 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
         stepper = FusedDecoder(model, past, attention_mask)
     sequences, tokens, alive, log_probs = input_ids, [], [], []
     position = attention_mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
+    blocked = blocking_row(logits.shape[-1], config.eos_ids, logits.dtype) if config.min_new_tokens and \
+        config.eos_ids else None
     for _ in range(config.max_new_tokens):
         raw = logits
         if len(tokens) < config.min_new_tokens:
-            logits = block_tokens(logits, config.eos_ids)
+            logits = block_tokens(logits, config.eos_ids, blocked)
         token = next_token(logits, config, seen, rows)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
         if log_prob_temperature is not None:
