@@ -214,12 +214,14 @@ def test_recompute_gives_the_same_gradients():
 
 
 def test_min_new_tokens_blocks_eos_until_that_many_tokens():
-    from alignment.models.generation import block_tokens
+    from alignment.models.generation import block_tokens, blocking_row
 
     logits = paddle.to_tensor([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])
     blocked = block_tokens(logits, [1, 2]).numpy()
     assert blocked[:, 0].tolist() == [1.0, 0.0] and np.isneginf(blocked[:, 1:]).all()
     assert block_tokens(logits, []) is logits
+    row = blocking_row(3, [1, 2], logits.dtype)  # built once, as generate's loop does
+    np.testing.assert_array_equal(block_tokens(logits, [1, 2], row).numpy(), blocked)
     model = tiny_model()
     ids, mask = left_padded_batch()
     free = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False)).sequences.numpy()

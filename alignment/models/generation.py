@@ -13,6 +13,7 @@ import paddle.nn.functional as F
 
 from alignment.models.fused_decode import FusedDecoder, fusable
 from alignment.models.logprobs import gather_log_probs
+from alignment.models.shared_prefill import prefill
 
 
 @dataclasses.dataclass
@@ -85,14 +86,20 @@ class SampleRows(NamedTuple):
     total: int
 
 
-def block_tokens(logits, ids: List[int]):
+def block_tokens(logits, ids: List[int], blocked=None):
     """logits [b, vocab] with the columns `ids` set to -inf: those tokens cannot be drawn (HF's
-    MinNewTokensLengthLogitsProcessor does this to eos before min_new_tokens)."""
+    MinNewTokensLengthLogitsProcessor does this to eos before min_new_tokens). blocked: blocking_row(...) built
+    once for a loop that blocks the same ids every step."""
     if not ids:
         return logits
-    blocked = paddle.zeros([logits.shape[-1]], logits.dtype)  # [vocab]
+    return logits + (blocking_row(logits.shape[-1], ids, logits.dtype) if blocked is None else blocked)
+
+
+def blocking_row(vocab: int, ids: List[int], dtype) -> paddle.Tensor:
+    """[vocab]: -inf at `ids`, 0 elsewhere (what block_tokens adds)."""
+    blocked = paddle.zeros([vocab], dtype)
     blocked[paddle.to_tensor(ids, dtype="int64")] = float("-inf")
-    return logits + blocked
+    return blocked
 
 
 def next_token(logits, config: GenerationConfig, seen, rows: Optional[SampleRows] = None, uniform=None):
@@ -138,7 +145,8 @@ def token_log_prob(logits, token, temperature: float):
 def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cache: bool = True,
              static=None, rows: Optional[SampleRows] = None,
              log_prob_temperature: Optional[float] = None, fused: bool = True,
-             between_tokens: Optional[Callable[[int], bool]] = None) -> GenerationOutput:
+             between_tokens: Optional[Callable[[int], bool]] = None,
+             share_prompts: bool = True) -> GenerationOutput:
     """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or all at max_new_tokens.
 
     use_cache=False recomputes the whole sequence every step: the reference path, with the same tokens under
@@ -150,7 +158,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
     float32 model with the KV cache through FusedDecoder (fused_decode.py: the same bits in fewer calls); False
     keeps the model's own layers for every step. between_tokens: called with the number of tokens drawn before
     each decode step; True when it changed the model's weights (partial rollouts do, keeping the KV cache of the
-    earlier tokens), and the fused decoder then copies them again.
+    earlier tokens), and the fused decoder then copies them again. share_prompts: run a prompt that several rows
+    repeat once in the prompt pass, when that gives the same bits (shared_prefill.py); False: every row its own.
     """
     b = input_ids.shape[0]
     attention_mask = attention_mask.astype("int64")
@@ -159,18 +168,20 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
         seen = mark_seen(seen, input_ids, attention_mask)
     eos = paddle.to_tensor(config.eos_ids or [-1], dtype="int64")
     finished = paddle.zeros([b], dtype="bool")
-    out = model(input_ids, attention_mask=attention_mask, use_cache=use_cache or static is not None, last_only=True)
-    logits, stepper = out.logits[:, -1], None
+    logits, past = prefill(model, input_ids, attention_mask, use_cache or static is not None, share_prompts)
+    stepper = None
     if static is not None:
-        stepper = _StaticSteps(static, out.past_key_values, attention_mask, config.max_new_tokens)
+        stepper = _StaticSteps(static, past, attention_mask, config.max_new_tokens)
     elif use_cache and fused and config.max_new_tokens > 1 and fusable(model):
-        stepper = FusedDecoder(model, out.past_key_values, attention_mask)
+        stepper = FusedDecoder(model, past, attention_mask)
     sequences, tokens, alive, log_probs = input_ids, [], [], []
     position = attention_mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
+    blocked = blocking_row(logits.shape[-1], config.eos_ids, logits.dtype) if config.min_new_tokens and \
+        config.eos_ids else None
     for _ in range(config.max_new_tokens):
         raw = logits
         if len(tokens) < config.min_new_tokens:
-            logits = block_tokens(logits, config.eos_ids)
+            logits = block_tokens(logits, config.eos_ids, blocked)
         token = next_token(logits, config, seen, rows)  # [b]
         token = paddle.where(finished, paddle.full_like(token, config.pad_token_id), token)
         if log_prob_temperature is not None:
@@ -190,8 +201,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, use_cac
         attention_mask = paddle.concat([attention_mask, paddle.ones([b, 1], "int64")], axis=1)
         if use_cache:
             out = model(token.unsqueeze(-1), attention_mask=attention_mask, position_ids=position,
-                        past_key_values=out.past_key_values, use_cache=True, last_only=True)
-            position = position + 1
+                        past_key_values=past, use_cache=True, last_only=True)
+            past, position = out.past_key_values, position + 1
         else:
             sequences = paddle.concat([sequences, token.unsqueeze(-1)], axis=1)
             out = model(sequences, attention_mask=attention_mask, last_only=True)
