@@ -66,6 +66,19 @@ def test_length_grouped_order_is_a_permutation_of_similar_length_units():
     np.testing.assert_array_equal(one_unit, plain)  # one micro-batch: nothing to group
 
 
+def test_rows_kept_together_move_as_whole_groups_ordered_by_their_longest_row():
+    lengths = np.array([1, 2, 30, 31, 3, 4, 32, 33, 5, 6, 34, 35])  # groups of 2: rows (0, 1), (2, 3), ...
+    order = update_order(np.random.default_rng(0), lengths, 4, group_by_length=True, together=2)
+    assert sorted(order.tolist()) == list(range(12))
+    pairs = order.reshape([-1, 2])
+    np.testing.assert_array_equal(pairs[:, 1] - pairs[:, 0], 1)  # whole groups, in their own order
+    assert (pairs[:, 0] % 2 == 0).all()
+    units = sorted(sorted(lengths[order[i:i + 4]].tolist()) for i in range(0, 12, 4))
+    assert units == [[1, 2, 3, 4], [5, 6, 30, 31], [32, 33, 34, 35]]  # similar groups share a micro-batch
+    plain = update_order(np.random.default_rng(0), lengths, 4, group_by_length=False, together=2)
+    np.testing.assert_array_equal(plain.reshape([-1, 2])[:, 0] // 2, np.random.default_rng(0).permutation(6))
+
+
 def test_packing_moves_each_row_to_column_zero_and_points_at_its_response():
     packed = rollout().packed()
     # row 0: prompt 11 12 + 5 response tokens (truncated) = 7; row 1: 13 14 15 + 26, eos == pad = 5; row 2: 16

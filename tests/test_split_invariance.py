@@ -89,7 +89,7 @@ def test_we_are_not_the_mean_of_per_micro_batch_means(mode):
     each micro-batch's own mean, then the mean over the micro-batches. By definition that depends on the split
     whenever micro-batches differ in tokens (token-mean) or in responses; ours must equal the whole batch's
     mean and differ from theirs by far more than the tolerance on this rollout."""
-    ppo = ppo_args(loss_agg_mode=mode)
+    ppo = ppo_args(loss_agg_mode=mode, shared_prompt_forward=False)  # rows shuffled one by one, as below
     actor, _, rollout = scored(ppo)
     whole = reference(ppo, rollout, actor)[0]
     size, accum = 4, 2  # micro-batches of 4 and 2 rows

@@ -89,7 +89,10 @@ class PPOArguments:
     shared_prompt_forward: bool = field(True, help="In the passes over a rollout (log-probs, update), run a "
                                                    "prompt that several rows of a micro-batch share (GRPO's group) "
                                                    "once, its rows attending to its keys and values; the same "
-                                                   "numbers up to float rounding. false: every row runs its own.")
+                                                   "numbers up to float rounding; a prompt's answers then stay "
+                                                   "in one micro-batch when num_return_sequences divides "
+                                                   "per_device_train_batch_size (whole groups are shuffled instead "
+                                                   "of rows). false: every row runs its own, rows shuffled singly.")
     dynamic_sampling: bool = field(False, help="DAPO dynamic sampling: drop the prompt groups whose "
                                                "num_return_sequences rewards are all equal and generate further "
                                                "prompt batches of the stream until per_device_prompt_batch_size "

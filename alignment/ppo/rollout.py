@@ -182,10 +182,15 @@ def concat_rollouts(parts: List[Rollout], pad_id: int) -> Rollout:
     return Rollout(**joined)
 
 
-def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool) -> np.ndarray:
+def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool, together: int = 1) -> np.ndarray:
     """Row order for one pass over a rollout that is consumed `unit` rows at a time: a shuffle; with
     group_by_length the shuffled rows are sorted by length, cut into units and the units shuffled, so each
-    micro-batch holds rows of similar length and Rollout.trimmed() removes most of its padding."""
+    micro-batch holds rows of similar length and Rollout.trimmed() removes most of its padding.
+    together > 1 (dividing unit and the rows): runs of that many consecutive rows (one prompt's answers) are ordered
+    as one, by their longest row, so micro-batches hold whole groups and share their prompts (Rollout.micro_batch)."""
+    if together > 1:
+        groups = update_order(rng, lengths.reshape([-1, together]).max(axis=1), unit // together, group_by_length)
+        return (groups[:, None] * together + np.arange(together)[None]).reshape([-1])
     order = rng.permutation(len(lengths))
     if not group_by_length or len(lengths) <= unit:
         return order

@@ -26,7 +26,7 @@ def run_update(rollout, micro_batches, optimizer_step: Callable[[], object], rng
     size, accum, rows = train_args.per_device_train_batch_size, train_args.gradient_accumulation_steps, []
     with micro_batches.running():
         for _ in range(ppo.update_iters):
-            parts = pass_micro_batches(rollout, rng, size, ppo.group_by_length)
+            parts = pass_micro_batches(rollout, rng, size, ppo)
             for first in range(0, len(parts), accum):
                 rows.append(micro_batches.run(rollout, parts[first: first + accum]))
                 optimizer_step()
@@ -36,7 +36,7 @@ def run_update(rollout, micro_batches, optimizer_step: Callable[[], object], rng
 def first_pass_log_probs(model, rollout, ppo, train_args, step: int):
     """log_probs_as_updated over the micro-batches of step `step`'s first update pass. -> [N, R]"""
     parts = pass_micro_batches(rollout, update_rng(train_args.seed, step), train_args.per_device_train_batch_size,
-                               ppo.group_by_length)
+                               ppo)
     return log_probs_as_updated(model, rollout, parts, ppo.temperature, ppo.shared_prompt_forward)
 
 
@@ -45,9 +45,14 @@ def update_rng(seed: int, step: int):
     return np.random.default_rng(seed + 7919 * step)
 
 
-def pass_micro_batches(rollout, rng, size: int, group_by_length: bool) -> List[np.ndarray]:
-    """Row indices of each micro-batch of one pass over the rollout (`size` rows each, the last maybe fewer)."""
-    order = update_order(rng, rollout.attention_mask.sum(axis=1).numpy(), size, group_by_length)  # [N]
+def pass_micro_batches(rollout, rng, size: int, ppo) -> List[np.ndarray]:
+    """Row indices of each micro-batch of one pass over the rollout (`size` rows each, the last maybe fewer). With
+    shared_prompt_forward the answers to one prompt (num_return_sequences consecutive rows) stay together when
+    they fit the micro-batches evenly, so each prompt runs once per pass."""
+    n = ppo.num_return_sequences
+    together = n if ppo.shared_prompt_forward and n > 1 and size % n == 0 and len(rollout) % n == 0 else 1
+    order = update_order(rng, rollout.attention_mask.sum(axis=1).numpy(), size, ppo.group_by_length,
+                         together)  # [N]
     return [order[s: s + size] for s in range(0, len(rollout), size)]
 
 
