@@ -29,14 +29,19 @@ NAMES = ["a", "b", "a", "a", "c", "b"]
 RESPONSES = [[21, 22, 23, 24, 25], [26, PAD], [27, 28, 29], [], [30, 31, 32, 33, 34], [26, 35, 36, 37]]
 
 
-def test_rows_of_a_repeated_prompt_are_numbered_by_first_appearance():
+def partition(groups):
+    return sorted(sorted(np.flatnonzero(groups == g).tolist()) for g in set(groups.tolist()))
+
+
+def test_rows_of_a_repeated_prompt_share_a_group_number():
     full = rollout(NAMES, RESPONSES)
     shared = full.micro_batch(np.arange(6), share_prompts=True)
-    np.testing.assert_array_equal(shared.prompt_groups.numpy(), [0, 1, 0, 0, 2, 1])
+    assert partition(shared.prompt_groups.numpy()) == [[0, 2, 3], [1, 5], [4]]
+    assert sorted(set(shared.prompt_groups.numpy().tolist())) == [0, 1, 2]
     assert shared.response_index is None and shared.prompt_len == 3  # trimmed: the shared padding column dropped
     np.testing.assert_array_equal(shared.input_ids.numpy(), full.input_ids.numpy()[:, 1:])
     picked = full.micro_batch(np.array([4, 1, 5]), share_prompts=True)  # c, b, b
-    np.testing.assert_array_equal(picked.prompt_groups.numpy(), [0, 1, 1])
+    assert partition(picked.prompt_groups.numpy()) == [[0], [1, 2]]
     distinct = full.micro_batch(np.array([0, 1, 4]), share_prompts=True)  # nothing to share: packed as before
     off = full.micro_batch(np.arange(6), share_prompts=False)
     for batch in (distinct, off):
@@ -89,4 +94,5 @@ def test_a_shared_prompt_gives_each_row_its_own_log_probs_entropies_and_gradient
     np.testing.assert_allclose(ent_shared, ent_row, rtol=1e-5, atol=1e-5)
     assert grads_shared.keys() == grads_row.keys() and len(grads_row) == len(list(actor.parameters()))
     for name, grad in grads_row.items():
-        np.testing.assert_allclose(grads_shared[name], grad, rtol=1e-4, atol=1e-6, err_msg=name)
+        # float32 rounding, as tests/split_invariance.py's assert_matches: within 1e-5 of the tensor's largest entry
+        np.testing.assert_allclose(grads_shared[name], grad, rtol=0, atol=1e-5 * np.abs(grad).max(), err_msg=name)

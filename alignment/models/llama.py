@@ -248,7 +248,7 @@ class LlamaModel(nn.Layer):
         """forward() of rows whose left-padded prompts (the first prompt_len columns) repeat, e.g. GRPO's answers
         to one prompt: each distinct prompt runs once and its rows attend to its keys and values (their gradients
         add up there), instead of once per row. input_ids, attention_mask [n, P + R]; prompt_groups [n] int64:
-        each row's prompt among the distinct ones, numbered in order of first appearance.
+        each row's prompt among the distinct ones (numbered 0 .. u - 1).
         -> hidden [n, P + R, hidden]: forward()'s up to float rounding."""
         first = paddle.to_tensor(np.unique(prompt_groups.numpy(), return_index=True)[1])  # [u]: a row per prompt
         prompt_hidden, cache = self(paddle.gather(input_ids[:, :prompt_len], first),

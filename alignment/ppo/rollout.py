@@ -22,6 +22,7 @@ import numpy as np
 import paddle
 
 from alignment.models.generation import GenerationConfig, SampleRows, generate
+from alignment.models.shared_prefill import distinct_prompts
 
 
 @dataclasses.dataclass
@@ -126,20 +127,16 @@ class Rollout:
 
     def micro_batch(self, rows: np.ndarray, share_prompts: bool) -> "Rollout":
         """The rows `rows` as the update computes them: packed(), or, with share_prompts and a prompt repeated
-        among them, trimmed() with prompt_groups set (each row's prompt among the distinct ones, in order of first
-        appearance), so the model runs each prompt once (LlamaModel.forward_sharing_prompts)."""
+        among them, trimmed() with prompt_groups set (each row's prompt among the distinct ones, as generation's
+        shared_prefill.distinct_prompts numbers them), so the model runs each prompt once
+        (LlamaModel.forward_sharing_prompts)."""
         picked = self.select(paddle.to_tensor(rows))
-        if not share_prompts or picked.response_index is not None:
-            return picked.packed()
-        prompt = self.prompt_len
-        ids, mask = picked.input_ids[:, :prompt].numpy(), picked.attention_mask[:, :prompt].numpy()
-        keys = [(tuple(i[m > 0]), tuple(m)) for i, m in zip(ids, mask)]  # [n]: padding's ids do not matter
-        numbers = {}
-        groups = np.asarray([numbers.setdefault(key, len(numbers)) for key in keys], dtype="int64")
-        if len(numbers) == len(keys):
+        groups = None if not share_prompts or picked.response_index is not None else distinct_prompts(
+            picked.input_ids[:, :self.prompt_len], picked.attention_mask[:, :self.prompt_len])
+        if groups is None:
             return picked.packed()
         batch = picked.trimmed()
-        batch.prompt_groups = paddle.to_tensor(groups)
+        batch.prompt_groups = groups[1]
         return batch
 
 
