@@ -251,11 +251,16 @@ class LlamaModel(nn.Layer):
         each row's prompt among the distinct ones (numbered 0 .. u - 1).
         -> hidden [n, P + R, hidden]: forward()'s up to float rounding."""
         first = paddle.to_tensor(np.unique(prompt_groups.numpy(), return_index=True)[1])  # [u]: a row per prompt
-        prompt_hidden, cache = self(paddle.gather(input_ids[:, :prompt_len], first),
-                                    paddle.gather(attention_mask[:, :prompt_len], first), use_cache=True)
-        past = [(paddle.gather(k, prompt_groups), paddle.gather(v, prompt_groups)) for k, v in cache]  # [n, ...]
+        prompt_hidden, past = self.prompts_once(input_ids[:, :prompt_len], attention_mask[:, :prompt_len], first,
+                                                prompt_groups)
         hidden, _ = self(input_ids[:, prompt_len:], attention_mask, past_key_values=past)  # [n, R, hidden]
-        return paddle.concat([paddle.gather(prompt_hidden, prompt_groups), hidden], axis=1)
+        return paddle.concat([prompt_hidden, hidden], axis=1)
+
+    def prompts_once(self, input_ids, attention_mask, first, groups):
+        """forward(use_cache=True) over the rows `first` [u] only, repeated over the rows: groups [n] names each
+        row's among them. input_ids, attention_mask [n, P] -> (hidden [n, P, hidden], KV cache of n rows)."""
+        hidden, cache = self(paddle.gather(input_ids, first), paddle.gather(attention_mask, first), use_cache=True)
+        return paddle.gather(hidden, groups), [(paddle.gather(k, groups), paddle.gather(v, groups)) for k, v in cache]
 
 
 class LlamaForCausalLM(PretrainedMixin, nn.Layer):

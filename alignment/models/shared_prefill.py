@@ -64,11 +64,7 @@ def prefill(model, input_ids, attention_mask, use_cache: bool, share: bool = Tru
     plain one-process float32 LLaMA (fused_decode.fusable) shares."""
     groups = distinct_prompts(input_ids, attention_mask) if share and use_cache and fusable(model) else None
     if groups is not None and rows_agree(model, input_ids, attention_mask, *groups):
-        first, inverse = groups
-        hidden, presents = model.model(paddle.gather(input_ids, first), paddle.gather(attention_mask, first),
-                                       use_cache=True)
-        last = paddle.gather(hidden[:, -1:], inverse)  # [b, 1, hidden]
-        presents = [(paddle.gather(k, inverse), paddle.gather(v, inverse)) for k, v in presents]
-        return model.compute_logits(last)[:, -1], presents
+        hidden, presents = model.model.prompts_once(input_ids, attention_mask, *groups)  # [b, P, hidden]
+        return model.compute_logits(hidden[:, -1:])[:, -1], presents
     out = model(input_ids, attention_mask=attention_mask, use_cache=use_cache, last_only=True)
     return out.logits[:, -1], out.past_key_values
