@@ -88,8 +88,10 @@ class Update:
     loss or None, {parameter: gradient} of actor and critic). The optimizer step is replaced by reading and
     clearing the accumulated gradients."""
 
-    def __init__(self, ppo, actor, critic=None):
-        self.ppo, self.actor, self.critic = ppo, actor, critic
+    def __init__(self, ppo, actor, critic=None, values_in_update=False):
+        """values_in_update: the critic's old values and returns, and the advantages, come from the update's own
+        critic passes (Critic.values_in_update), as in PPOTrainer; the rollout then has none of them."""
+        self.ppo, self.actor, self.critic, self.values_in_update = ppo, actor, critic, values_in_update
         self.trainer = types.SimpleNamespace(  # what PPOTrainer.actor_step reads of its trainer
             ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None, global_step=0,
             sampler_gap=None,
@@ -102,8 +104,15 @@ class Update:
         ppo = dict(self.ppo.__dict__, group_by_length=group_by_length)
         ppo = types.SimpleNamespace(**ppo)
         self.trainer.ppo = ppo
+        estimator = self.ppo.estimator()
+        returns_of = functools.partial(estimator.critic_returns, ppo=ppo) if self.values_in_update else None
+
+        def advantages(rollout):
+            rollout.advantages, rollout.returns = estimator(rollout, ppo, lambda t: t)
+            return {"advantage/mean": float(rollout.advantages.mean())}
         runner = EagerMicroBatches(functools.partial(PPOTrainer.actor_step, self.trainer),
-                                   make_critic(self.critic, ppo.clip_range_value), ppo)
+                                   make_critic(self.critic, ppo.clip_range_value, returns_of=returns_of), ppo,
+                                   advantages)
         grads = []
 
         def optimizer_step():

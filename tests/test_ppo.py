@@ -219,3 +219,34 @@ def test_static_rollout_decode_gives_the_eager_run(tmp_path, tiny_model_dir, mon
     assert runs["eager"][1]["kl"] != 0.0  # step 2 sampled from an actor the first update changed
     np.testing.assert_allclose(weights(str(tmp_path / "static" / "out" / "policy")),
                                weights(str(tmp_path / "eager" / "out" / "policy")), atol=1e-6)
+
+
+def test_ppo_taking_the_old_values_from_the_critics_update_matches_a_separate_value_pass(tmp_path, tiny_model_dir,
+                                                                                        tiny_reward_dir, monkeypatch):
+    """The first optimizer step takes the whole rollout: the critic's own forward passes in it give the old values
+    (Critic.values_in_update), the advantages follow, and the run trains as with a critic pass before the update."""
+    from alignment.ppo.trainer import PPOTrainer
+
+    def run(name):
+        run_ppo.main([PPO_CONFIG, *common(tmp_path / name, tiny_model_dir, "--reward_model_name_or_path",
+                                          tiny_reward_dir, "--per_device_train_batch_size", "2",
+                                          "--gradient_accumulation_steps", "2", "--update_iters", "2")])
+        return read_metrics(tmp_path / name / "out")
+
+    fused, init, calls = run("fused"), PPOTrainer.__init__, []
+
+    def separate_pass(self, *a, **k):
+        init(self, *a, **k)
+        calls.append(self.critic.values_in_update)
+        self.critic.values_in_update = False
+
+    monkeypatch.setattr(PPOTrainer, "__init__", separate_pass)
+    separate = run("separate")
+    assert calls == [True]  # the default took the fused path
+    for key in ("actor_loss", "critic_loss", "explained_variance", "kl", "advantage/mean", "reward/mean"):
+        np.testing.assert_allclose([r[key] for r in fused], [r[key] for r in separate], rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+    for name, cls, start in (("policy", LlamaForCausalLM, tiny_model_dir), ("value", ScoreModel, tiny_reward_dir)):
+        fused, separate = (weights(str(tmp_path / run / "out" / name), cls) for run in ("fused", "separate"))
+        moved = np.abs(fused - weights(start, cls)).max()  # Adam turns rounding in a ~0 gradient into ~lr moves
+        assert moved > 1e-4 and np.abs(fused - separate).max() <= 0.01 * moved, name

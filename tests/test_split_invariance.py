@@ -8,14 +8,18 @@ the estimator reads it), every policy loss x every loss aggregation x entropy bo
 (in the loss with k1/k2/k3, or as GRPO's KL loss with every registered estimator) x every aggregation. Data-rank
 and pipeline splits are the parallel suite's (tests/test_layouts.py); they use the same step_shares.
 """
+import dataclasses
+
 import numpy as np
 import paddle
 import pytest
 
 from alignment.config.choices import LOSS_AGG_MODES
 from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
-from tests.split_invariance import (R, REFERENCE_KL, REFERENCE_LOSSES, SPLITS, Update, aggregate, assert_matches,
-                                    f64, ppo_args, reference, tiny_models, tiny_rollout, with_policy_log_probs)
+from alignment.ppo.rollout import critic_values
+from tests.split_invariance import (N, R, REFERENCE_KL, REFERENCE_LOSSES, SPLITS, Update, aggregate,
+                                    assert_matches, f64, ppo_args, reference, tiny_models, tiny_rollout,
+                                    with_policy_log_probs)
 
 BUILT_IN = dict(where=lambda cls: cls.__module__.startswith("alignment."))  # not the toys other tests register
 LOSS_SHAPES = [("ppo", mode) for mode in LOSS_AGG_MODES] + [("gspo", "seq-mean-token-mean")]
@@ -113,3 +117,35 @@ def test_the_reference_aggregations_by_hand():
     for mode, want in (("token-mean", 7 / 3), ("seq-mean-token-mean", (1.5 + 4) / 2),
                        ("seq-mean-token-sum", (3 + 4) / 2), ("seq-mean-token-sum-norm", (3 / R + 4 / R) / 2)):
         assert abs(float(aggregate(x, mask, mode, R)) - want) < 1e-12, mode
+
+
+@pytest.mark.parametrize("estimator", ["gae", "vapo"])
+def test_a_critic_scoring_the_rollout_in_its_first_update_step_trains_as_after_a_scoring_pass(estimator):
+    """Critic.values_in_update: no critic pass before the update; each micro-batch's critic forward gives its old
+    values and returns, then the advantages: the same old values, returns, advantages, losses and gradients as a
+    scoring pass over the padded rollout first (and the float64 reference on it), for every split of one optimizer
+    step, with one critic forward per micro-batch and none more."""
+    ppo = ppo_args(advantage_estimator=estimator, num_return_sequences=1, normalize_advantage=True)
+    actor, value = tiny_models(0, critic=True)
+    scored = with_policy_log_probs(tiny_rollout(0), actor)
+    with paddle.no_grad():
+        scored.old_values = critic_values(value, scored.input_ids, scored.attention_mask, scored.prompt_len)
+    scored.advantages, scored.returns = ppo.estimator()(scored, ppo, lambda t: t)
+    want = reference(ppo, scored, actor, value)
+    forwards = []
+    hook = value.register_forward_pre_hook(lambda layer, inputs: forwards.append(inputs[0].shape[0]))
+    try:
+        for size, accum, by_length in SPLITS:
+            rollout, forwards[:] = dataclasses.replace(scored, old_values=None, advantages=None, returns=None), []
+            got = Update(ppo, actor, value, values_in_update=True)(rollout, size, accum, by_length)
+            assert_matches(got, want, what=f"{size} rows x {accum}")
+            mask = scored.response_mask.numpy()  # (old values after a row's response are never read)
+            for name in ("old_values", "returns", "advantages"):
+                np.testing.assert_allclose(getattr(rollout, name).numpy() * mask, getattr(scored, name).numpy() * mask,
+                                           rtol=0, atol=2e-5, err_msg=f"{name}, {size} rows x {accum}")
+            assert forwards == [len(rows) for rows in np.array_split(np.arange(N), range(size, N, size))]
+        with pytest.raises(RuntimeError, match="whole rollout"):  # two optimizer steps: the second's rows unscored
+            Update(ppo, actor, value, values_in_update=True)(dataclasses.replace(
+                scored, old_values=None, advantages=None, returns=None), 3, 1)
+    finally:
+        hook.remove()

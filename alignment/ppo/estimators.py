@@ -33,6 +33,10 @@ class AdvantageEstimator(Registered, registry=ADVANTAGE_ESTIMATORS):
     min_group_size = 1  # the smallest num_return_sequences (2: compares the responses to one prompt)
     uses_old_log_probs = True  # the advantages read the rollout's old log-probs (e.g. the KL in the reward)
     token_level_rewards = False  # reads per-token rewards (a multi-turn episode's per-turn rewards)
+    # critic estimators: critic_returns(rollout, ppo) -> the critic's targets [N, R] from the rollout's old values,
+    # row by row (no statistic over the batch), so the update's first critic pass can give both (critic.py); None:
+    # the critic scores the rollout in a pass of its own first
+    critic_returns = None
 
     def __call__(self, rollout, ppo, reduce_sum):
         raise NotImplementedError
@@ -63,12 +67,18 @@ class GAE(AdvantageEstimator):
     token_level_rewards = True
 
     def __call__(self, rollout, ppo, reduce_sum):
-        mask = rollout.response_mask
-        rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
-        advantages, returns = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, ppo.gae_lambda)
+        advantages, returns = self.gae(rollout, ppo)  # [N, R] each
         if ppo.normalize_advantage:
-            advantages = rl.masked_whiten(advantages, mask, reduce_sum=reduce_sum)
+            advantages = rl.masked_whiten(advantages, rollout.response_mask, reduce_sum=reduce_sum)
         return advantages, returns
+
+    def critic_returns(self, rollout, ppo):
+        return self.gae(rollout, ppo)[1]  # [N, R]
+
+    @staticmethod
+    def gae(rollout, ppo):
+        rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
+        return rl.compute_gae(rollout.old_values, rewards, rollout.response_mask, ppo.gamma, ppo.gae_lambda)
 
 
 class VAPO(AdvantageEstimator):
@@ -86,10 +96,13 @@ class VAPO(AdvantageEstimator):
         rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
         lam = rl.length_adaptive_lambda(mask.sum(axis=1), ppo.vapo_length_alpha)  # [N]
         advantages, _ = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, lam)  # [N, R]
-        _, returns = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, 1.0)  # [N, R]
         if ppo.normalize_advantage:
             advantages = rl.masked_whiten(advantages, mask, reduce_sum=reduce_sum)
-        return advantages, returns
+        return advantages, self.critic_returns(rollout, ppo)
+
+    def critic_returns(self, rollout, ppo):
+        rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
+        return rl.compute_gae(rollout.old_values, rewards, rollout.response_mask, ppo.gamma, 1.0)[1]  # [N, R]
 
 
 class ReinforcePlusPlus(AdvantageEstimator):

@@ -9,6 +9,7 @@ skeleton's (training/trainer.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Callable, Dict, List, Optional
@@ -91,12 +92,12 @@ class PPOTrainer(Trainer):
                 warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
             self.add_trained("value", models.critic, optimizer_steps, critic_args)
         pipelined, self.estimator = isinstance(self.actor, PipelineModel), ppo_args.estimator()
-        # one pass and one optimizer step over a rollout whose advantages do not use the old log-probs: the policy
-        # that sampled it is the one being updated, so old log-probs = the update's own (detached); score() skips
-        # that forward pass (as TRL's GRPO does with num_iterations 1)
+        # the update's first optimizer step takes the whole rollout, at the weights that sampled and scored it
+        one_step = not pipelined and micro_batches <= train_args.gradient_accumulation_steps
+        # ... and is its only one, and the advantages do not use the old log-probs: old log-probs = the update's
+        # own (detached); score() skips that forward pass (as TRL's GRPO does with num_iterations 1)
         self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None
-                                       and ppo_args.update_iters == 1 and not pipelined
-                                       and micro_batches <= train_args.gradient_accumulation_steps)
+                                       and ppo_args.update_iters == 1 and one_step)
         self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
@@ -110,9 +111,11 @@ class PPOTrainer(Trainer):
             self.micro_batches = PipelineMicroBatches(self.actor, models.critic, ppo_args, train_args,
                                                       self.precision, self.policy.optimizer.get_lr)
         critic_copy = WholeCopy(models.critic, ScoreModel) if pipelined and models.critic is not None else None
-        self.critic = make_critic(models.critic, ppo_args.clip_range_value, critic_copy, self.precision)
+        returns_of = functools.partial(self.estimator.critic_returns, ppo=ppo_args) if (  # its values: the old ones
+            one_step and self.estimator.critic_returns is not None) else None
+        self.critic = make_critic(models.critic, ppo_args.clip_range_value, critic_copy, self.precision, returns_of)
         if not pipelined:
-            self.micro_batches = EagerMicroBatches(self.actor_step, self.critic, ppo_args)
+            self.micro_batches = EagerMicroBatches(self.actor_step, self.critic, ppo_args, self.compute_advantages)
         # rollout_log_probs: the sampler-vs-trainer gap from the update's own first forward passes (not pipelined)
         self.sampler_gap = scoring.SamplerGap() if ppo_args.rollout_log_probs and not pipelined else None
         self.sampler = make_sampler(ppo_args, data_args.max_length, data.collate_prompts, env_args)  # multi-turn?
@@ -157,7 +160,8 @@ class PPOTrainer(Trainer):
             with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model]), \
                     self.precision.autocast():
                 metrics.update(self.score(rollout, rewards))
-            metrics.update(self.compute_advantages(rollout))
+            if not self.critic.values_in_update:  # else the update computes them after its critic passes
+                metrics.update(self.compute_advantages(rollout))
             if self.ledger is not None:
                 self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.ppo)))
         self.show_phase(phase="train", **self.generation_speed)
@@ -324,11 +328,6 @@ class PPOTrainer(Trainer):
     def evaluate(self) -> Dict[str, float]:
         with self.offload.phase("evaluate", [self.actor, self.reward.model]):
             return evaluate_policy(self)
-
-    def log_row(self, window: List[Dict[str, float]]) -> Dict[str, float]:
-        """Key-wise means over the steps that have each key (a step dynamic sampling skipped has no losses)."""
-        keys = dict.fromkeys(k for row in window for k in row)
-        return {k: float(np.mean([r[k] for r in window if k in r])) for k in keys}
 
     def trainer_state(self) -> dict:
         sampled = {} if self.source is None else {"sampled_ahead": self.source.state_dict()}

@@ -62,22 +62,33 @@ def log_probs_as_updated(model, rollout, micro_batches: List[np.ndarray], temper
     """Log-probs [N, R] of the rollout's responses computed as the update computes them: micro-batch by
     micro-batch (the rows of each, packed), so at the same weights they are bitwise the update's and the first
     pass's ratios are exactly 1 (one pass over the whole padded rollout differs by float rounding, ~1e-7)."""
-    out = np.zeros(rollout.response_mask.shape, dtype="float32")  # [N, R]
+    parts = []
     for rows in micro_batches:
         batch = rollout.micro_batch(rows, share_prompts)
         log_probs, _ = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature,
                                           response_index=batch.response_index,
                                           prompt_groups=batch.prompt_groups)  # [n, keep]
-        out[rows, : log_probs.shape[1]] = log_probs.numpy()
+        parts.append(log_probs)
+    return joined_rows(rollout, micro_batches, parts)
+
+
+def joined_rows(rollout, micro_batches: List[np.ndarray], parts: List[paddle.Tensor]) -> paddle.Tensor:
+    """One [N, R] tensor of the rollout's rows from each micro-batch's [n, keep] part (its first keep response
+    columns; zeros after them)."""
+    out = np.zeros(rollout.response_mask.shape, dtype="float32")  # [N, R]
+    for rows, part in zip(micro_batches, parts):
+        out[rows, : part.shape[1]] = part.numpy()
     return paddle.to_tensor(out)
 
 
 class EagerMicroBatches:
-    """Each micro-batch in turn: backward of its share of the step's actor loss (actor_step(batch, share,
-    ptx_scale) -> its share of each statistic) and of the critic's (critic: critic.py's strategy)."""
+    """The critic's micro-batches, then the actor's: backward of each one's share of the step's critic loss
+    (critic: critic.py's strategy) and actor loss (actor_step(batch, share, ptx_scale) -> its share of each
+    statistic). A rollout without advantages gets them in between (advantages(rollout) -> their metrics, which
+    join the step's): the critic's first step has just computed the old values (Critic.values_in_update)."""
 
-    def __init__(self, actor_step: Callable, critic, ppo):
-        self.actor_step, self.critic, self.ppo = actor_step, critic, ppo
+    def __init__(self, actor_step: Callable, critic, ppo, advantages: Callable = None):
+        self.actor_step, self.critic, self.ppo, self.advantages = actor_step, critic, ppo, advantages
 
     def running(self):
         return contextlib.nullcontext()
@@ -88,10 +99,20 @@ class EagerMicroBatches:
         actor_shares = shares if aggregation(self.ppo) == "token-mean" else step_shares(  # one collective less
             [step_weight(self.ppo, batch.response_mask) for batch in batches])
         step = {}
-        for batch, share, actor_share in zip(batches, shares, actor_shares):
-            stats = self.actor_step(batch, actor_share, ptx_scale=1.0 / len(batches))
-            stats.update(self.critic.train_step(batch, share))
-            for key, value in stats.items():  # token-weighted shares add up; per-row means average
-                part = value / len(batches) if key in PER_MICRO_BATCH_MEANS else value
-                step[key] = step.get(key, 0.0) + part
+        for batch, share in zip(batches, shares):
+            add_shares(step, self.critic.train_step(batch, share), len(batches))
+        if self.critic.values_in_update and rollout.advantages is None:
+            if sum(map(len, micro_batches)) != len(rollout):  # PPOTrainer takes values_in_update only when it holds
+                raise RuntimeError("the critic's first optimizer step must take the whole rollout for its old values")
+            rollout.old_values = joined_rows(rollout, micro_batches, [batch.old_values for batch in batches])
+            step.update(self.advantages(rollout))
+            batches = [rollout.micro_batch(rows, self.ppo.shared_prompt_forward) for rows in micro_batches]
+        for batch, actor_share in zip(batches, actor_shares):
+            add_shares(step, self.actor_step(batch, actor_share, ptx_scale=1.0 / len(batches)), len(batches))
         return step
+
+
+def add_shares(step: Dict[str, float], stats: Dict[str, float], micro_batches: int) -> None:
+    """Adds one micro-batch's statistics to the step's: token-weighted shares add up; per-row means average."""
+    for key, value in stats.items():
+        step[key] = step.get(key, 0.0) + (value / micro_batches if key in PER_MICRO_BATCH_MEANS else value)

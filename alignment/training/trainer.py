@@ -221,5 +221,6 @@ class Trainer:
 
 
 def mean_rows(rows: List[Dict[str, float]]) -> Dict[str, float]:
-    """Key-wise mean of metric rows that share their keys."""
-    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+    """Key-wise mean of metric rows, each key's over the rows that have it."""
+    keys = dict.fromkeys(k for row in rows for k in row)
+    return {k: float(np.mean([r[k] for r in rows if k in r])) for k in keys}
