@@ -12,9 +12,8 @@ import dataclasses
 import functools
 import math
 import os
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
-import numpy as np
 import paddle
 
 from alignment.models import LlamaForCausalLM
