@@ -106,7 +106,9 @@ class EagerMicroBatches:
                 raise RuntimeError("the critic's first optimizer step must take the whole rollout for its old values")
             rollout.old_values = joined_rows(rollout, micro_batches, [batch.old_values for batch in batches])
             step.update(self.advantages(rollout))
-            batches = [rollout.micro_batch(rows, self.ppo.shared_prompt_forward) for rows in micro_batches]
+            for rows, batch in zip(micro_batches, batches):  # the advantages [n, keep] the actor's loss reads
+                batch.advantages = paddle.gather(rollout.advantages, paddle.to_tensor(rows))[
+                    :, : batch.response_mask.shape[1]]
         for batch, actor_share in zip(batches, actor_shares):
             add_shares(step, self.actor_step(batch, actor_share, ptx_scale=1.0 / len(batches)), len(batches))
         return step
