@@ -98,11 +98,15 @@ class VAPO(AdvantageEstimator):
         advantages, _ = rl.compute_gae(rollout.old_values, rewards, mask, ppo.gamma, lam)  # [N, R]
         if ppo.normalize_advantage:
             advantages = rl.masked_whiten(advantages, mask, reduce_sum=reduce_sum)
-        return advantages, self.critic_returns(rollout, ppo)
+        return advantages, self.returns(rollout, rewards, ppo)
 
     def critic_returns(self, rollout, ppo):
-        rewards = token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator)  # [N, R]
-        return rl.compute_gae(rollout.old_values, rewards, rollout.response_mask, ppo.gamma, 1.0)[1]  # [N, R]
+        return self.returns(rollout, token_rewards(rollout, kl_in_reward(ppo), ppo.kl_estimator), ppo)  # [N, R]
+
+    @staticmethod
+    def returns(rollout, rewards, ppo):
+        """The critic's targets [N, R]: GAE with lambda 1 over the token rewards [N, R]."""
+        return rl.compute_gae(rollout.old_values, rewards, rollout.response_mask, ppo.gamma, 1.0)[1]
 
 
 class ReinforcePlusPlus(AdvantageEstimator):
