@@ -2,7 +2,8 @@
 """GRPO and PPO steps on SmolLM2-135M-Instruct: our PPOTrainer next to TRL (benchmarks/peer_rl_smollm2.py), each
 in its own process on the same HF checkpoint, prompts, shape and optimizer settings (benchmarks/README.md).
 
-    python benchmarks/bench_rl_smollm2.py [--algo both] [--steps 4] [--skip-peer] [--peer-python /tmp/trlv/bin/python]
+    python benchmarks/bench_rl_smollm2.py [--algo both] [--steps 6] [--warmup 2] [--skip-peer]
+                                          [--peer-python /tmp/trlv/bin/python]
 
 GRPO: 4 basic-arithmetic prompts (data/reasoning/basic_arithmetic_train.jsonl, SmolLM2's chat template) x 8
 answers, rewards accuracy + 0.5 x format_reward, beta 0.04 (k3 in the loss), one pass: 2 micro-batches of 16, one
@@ -29,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts  # noqa: E402
-from peer_rl_smollm2 import PHASES, ids_digest, peak_rss_gib, summarize  # noqa: E402  no torch import
+from peer_rl_smollm2 import PHASES, ids_digest, minor_faults, peak_rss_gib, summarize  # noqa: E402  no torch import
 
 CPU_VARIABLES = apply_cpu_defaults()  # ours: set before paddle is imported; the peer's environment drops them
 
@@ -154,18 +155,18 @@ def run_ours(plan: dict) -> dict:
     trainer.prompt_batches = iter(np.arange(per * plan["steps"]).reshape(plan["steps"], per))
     rows, rollouts = [], record_rollouts(trainer)
     for step in range(plan["steps"]):
-        start = time.perf_counter()
+        start, faults = time.perf_counter(), minor_faults()
         metrics = trainer.training_step()
-        total = time.perf_counter() - start
+        total, faults = time.perf_counter() - start, minor_faults() - faults
         trainer.global_step += 1
         rollout = rollouts.pop()
         widths = rollout.response_mask.sum(axis=1).numpy()
         rows.append({"step_s": total, "generate_s": metrics["time/generate"], "score_s": metrics["time/score"],
                      "train_s": metrics["time/train"], "reward": float(metrics["reward/mean"]),
-                     "response_tokens": [int(widths.min()), int(widths.max())]})
+                     "response_tokens": [int(widths.min()), int(widths.max())], "page_faults": faults})
         print(f"ours {plan['algo']} step {step + 1}: {total:.2f}s  generate {rows[-1]['generate_s']:.2f}  score "
               f"{rows[-1]['score_s']:.2f}  train {rows[-1]['train_s']:.2f}  [{len(widths)} x {rollout.prompt_len}+"
-              f"{widths.max()}] reward {rows[-1]['reward']:+.3f}", flush=True)
+              f"{widths.max()}] reward {rows[-1]['reward']:+.3f}  page faults {faults}", flush=True)
     result = summarize(rows, plan["warmup"])
     result.update(side="ours", peak_rss_gib=round(peak_rss_gib(), 3), prompt_ids=ids_digest(
         [item["input_ids"] for item in prompts.items]), response_tokens=[r["response_tokens"] for r in rows],
@@ -212,8 +213,9 @@ def uptime() -> str:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algo", choices=["grpo", "ppo", "both"], default="both")
-    p.add_argument("--steps", type=int, default=4, help="steps per run, warmup included")
-    p.add_argument("--warmup", type=int, default=1, help="first steps left out of the medians")
+    p.add_argument("--steps", type=int, default=6, help="steps per run, warmup included")
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians (the first two "
+                   "still grow our process's memory: see the page faults per step)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="HF-layout SmolLM2 checkpoint (tools/import_gguf.py)")
     p.add_argument("--data", default=DEFAULT_DATA, help="jsonl with prompt/answer rows, taken in file order")
     p.add_argument("--grpo-prompts", type=int, default=4)
@@ -277,7 +279,7 @@ def main(argv=None) -> dict:
             if "step_s_median" in r:
                 print(f"{algo} {side:4}: step {r['step_s_median']:.2f}s = generate {r['generate_s_median']:.2f} + "
                       f"score {r['score_s_median']:.2f} + train {r['train_s_median']:.2f}; peak RSS "
-                      f"{r['peak_rss_gib']:.2f} GiB", flush=True)
+                      f"{r['peak_rss_gib']:.2f} GiB; page faults per step {r.get('page_faults')}", flush=True)
         if run.get("ratio_ours_over_trl"):
             print(f"{algo} ours / TRL: {run['ratio_ours_over_trl']}; same prompt ids: {run['same_prompt_ids']}",
                   flush=True)

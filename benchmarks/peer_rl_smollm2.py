@@ -8,13 +8,15 @@ python with torch's default threads:
 Phase times per step: generate = TRL's generation call (GRPO `_generate`, PPO `batch_generation`); score = the rest
 of GRPO's `_generate_and_score_completions` (reference log-probs, rule rewards, advantages) / PPO's rollout block
 after generation (reference, value and reward forwards, rewards, GAE) up to its first forward with gradients;
-train = the rest of the step, to the `on_step_end` callback (loss, backward, optimizer, TRL's logging). Prints
+train = the rest of the step, to the `on_step_end` callback (loss, backward, optimizer, TRL's logging). Each step
+also records the process's minor page faults (first touches of memory it had not used before). Prints
 `SIDE {json}` last.
 """
 import argparse
 import hashlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -40,11 +42,18 @@ def peak_rss_gib() -> float:
     return float("nan")
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far: each is a first touch of a 4 KiB page (fresh heap or mmap), which
+    costs microseconds on a VM; counted per step, they show which steps still grow their memory."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def summarize(rows, warmup: int) -> dict:
-    """Medians of each phase over the steps after warmup, and the per-step lists."""
+    """Medians of each phase over the steps after warmup, and the per-step lists (with page faults)."""
     measured = rows[warmup:] or rows
     out = {f"{k}_median": round(statistics.median(r[k] for r in measured), 3) for k in PHASES}
     out.update({k: [round(r[k], 3) for r in rows] for k in PHASES})
+    out["page_faults"] = [r["page_faults"] for r in rows]
     return out
 
 
@@ -53,7 +62,7 @@ class Phases:
     """Per-step marks: generation start/end, the first gradient forward, the step's end."""
 
     def __init__(self):
-        self.rows, self.mark, self.current = [], time.perf_counter(), {}
+        self.rows, self.mark, self.current, self.faults = [], time.perf_counter(), {}, minor_faults()
 
     def timed(self, fn, key):
         def wrapper(*a, **k):
@@ -71,7 +80,7 @@ class Phases:
 
         class StepEnd(TrainerCallback):
             def on_train_begin(self, args, state, control, **kw):
-                phases.mark = time.perf_counter()
+                phases.mark, phases.faults = time.perf_counter(), minor_faults()
 
             def on_step_end(self, args, state, control, **kw):
                 phases.end_step()
@@ -87,10 +96,13 @@ class Phases:
         else:  # GRPO: score = generate-and-score minus generate
             row = {"generate_s": c["generate"], "score_s": c["generate_and_score"] - c["generate"],
                    "train_s": step - c["generate_and_score"]}
-        self.rows.append({**row, "step_s": step, "new_tokens": c.get("new_tokens")})
+        faults = minor_faults()
+        self.rows.append({**row, "step_s": step, "new_tokens": c.get("new_tokens"),
+                          "page_faults": faults - self.faults})
         print(f"TRL step {len(self.rows)}: {step:.2f}s  generate {row['generate_s']:.2f}  score {row['score_s']:.2f}"
-              f"  train {row['train_s']:.2f}  new tokens {c.get('new_tokens')}", flush=True)
-        self.mark, self.current = now, {}
+              f"  train {row['train_s']:.2f}  new tokens {c.get('new_tokens')}  page faults {faults - self.faults}",
+              flush=True)
+        self.mark, self.current, self.faults = now, {}, faults
 
 
 def tokenizer_for(plan):

