@@ -97,10 +97,10 @@ class Phases:
             row = {"generate_s": c["generate"], "score_s": c["generate_and_score"] - c["generate"],
                    "train_s": step - c["generate_and_score"]}
         faults = minor_faults()
-        self.rows.append({**row, "step_s": step, "new_tokens": c.get("new_tokens"),
-                          "page_faults": faults - self.faults})
+        row.update(step_s=step, new_tokens=c.get("new_tokens"), page_faults=faults - self.faults)
+        self.rows.append(row)
         print(f"TRL step {len(self.rows)}: {step:.2f}s  generate {row['generate_s']:.2f}  score {row['score_s']:.2f}"
-              f"  train {row['train_s']:.2f}  new tokens {c.get('new_tokens')}  page faults {faults - self.faults}",
+              f"  train {row['train_s']:.2f}  new tokens {row['new_tokens']}  page faults {row['page_faults']}",
               flush=True)
         self.mark, self.current, self.faults = now, {}, faults
 
