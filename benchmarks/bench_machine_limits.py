@@ -3,14 +3,17 @@
     python benchmarks/bench_machine_limits.py [--model DIR] [--repeats 5] [--json out.json] [--decode-only]
 
 Limits: the fp32 GEMM peak (Paddle's matmul and numpy's BLAS at the shapes SmolLM2's training and scoring run:
-1024 tokens x 576 against 576 x 1536, 576 x 576, 1536 x 576 and the 576 x 49152 LM head) and the memory bandwidth
-(a STREAM triad a = b + s * c over 3 x 256 MB arrays, numpy and Paddle; bytes counted as STREAM does, 3 per element
-x 4 B). Phases (benchmarks/bench_smollm2.py's workloads on our model): train_step and score as FLOP/s (6 and 2 x
-parameters x tokens, plus attention) against the best GEMM peak; greedy decode at batch 8 as tokens/s against the
-bandwidth bound, batch x bandwidth / (bytes of the fp32 weights + the KV cache read per step). Medians of
---repeats; the CPU and ISA are printed with the figures; every figure is a ratio measured in the same run.
---decode-only: the triad and greedy decoding only, through generate's FusedDecoder and through the model's layers
-(`fused=False`) alternating, each against the same bound.
+1024 tokens x 576 against 576 x 1536, 576 x 576, 1536 x 576 and the 576 x 49152 LM head, into reused output
+buffers) and the memory bandwidth (STREAM's triad a = b + s * c over 3 x 256 MB arrays in one pass, numpy on one
+thread per usable core, and Paddle's one-op a = b + c; bytes counted as STREAM does, 3 per element x 4 B). Phases
+(benchmarks/bench_smollm2.py's workloads on our model): train_step and score as FLOP/s (6 and 2 x parameters x
+tokens, plus attention) against the best GEMM peak; greedy generation at batch 8 split into its prompt pass (a
+call with one new token; FLOP/s against the GEMM peak) and its decode steps (the rest of the call; tokens/s
+against the bandwidth bound, batch x bandwidth / (bytes of the fp32 weights + the KV cache read per step)), and
+the whole call against the sum of those two bounds. Medians of --repeats; the CPU and ISA are printed with the
+figures; every figure is a ratio measured in the same run.
+--decode-only: the bandwidth and greedy decoding only, through generate's FusedDecoder and through the model's
+layers (`fused=False`) alternating with the prompt pass alone, each against the same bound.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts  # noqa: E402
+from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts, usable_cores  # noqa: E402
 
 apply_cpu_defaults()
 
@@ -34,6 +37,7 @@ import bench_smollm2 as smol  # noqa: E402
 TOKENS = 1024
 SHAPES = [(TOKENS, 576, 1536), (TOKENS, 576, 576), (TOKENS, 1536, 576), (TOKENS, 576, 49152)]
 TRIAD_ELEMENTS = 64 * 1024 * 1024  # 256 MB per float32 array
+TRIAD_CHUNK = 64 * 1024  # 256 KB: a chunk of s * c stays in L2
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -47,35 +51,58 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def gemm_peaks(repeats: int) -> dict:
+    """GFLOP/s of one matmul per SmolLM2 shape; outputs are written into buffers reused from call to call (numpy's
+    `out=`, Paddle's from the heap allocator), so no call pays for copying or first-touching its result."""
     import numpy as np
     import paddle
 
     out = {}
     for m, k, n in SHAPES:
         a, b = np.random.rand(m, k).astype("float32"), np.random.rand(k, n).astype("float32")
+        c = np.empty((m, n), dtype="float32")
         pa, pb = paddle.to_tensor(a), paddle.to_tensor(b)
         flops = 2.0 * m * k * n
-        out[f"{m}x{k}x{n}"] = {"paddle_gflops": flops / median_seconds(lambda: paddle.matmul(pa, pb).numpy(),
-                                                                        repeats) / 1e9,
-                               "numpy_gflops": flops / median_seconds(lambda: a @ b, repeats) / 1e9}
+        out[f"{m}x{k}x{n}"] = {"paddle_gflops": flops / median_seconds(lambda: paddle.matmul(pa, pb), repeats) / 1e9,
+                               "numpy_gflops": flops / median_seconds(lambda: np.matmul(a, b, out=c), repeats) / 1e9}
     return out
 
 
-def triad(repeats: int) -> dict:
+def stream_triad(a, b, c, threads: int) -> None:
+    """a = b + 3 * c over float32 numpy arrays in one pass over memory: `threads` threads (numpy releases the GIL)
+    each over its part, in L2-sized chunks so that a chunk's 3 * c stays in cache."""
+    import threading
+
+    import numpy as np
+
+    part = -(-len(a) // threads)
+
+    def run(start: int, stop: int) -> None:
+        scaled = np.empty(TRIAD_CHUNK, dtype=a.dtype)
+        for lo in range(start, stop, TRIAD_CHUNK):
+            hi = min(lo + TRIAD_CHUNK, stop)
+            np.multiply(c[lo:hi], a.dtype.type(3.0), out=scaled[:hi - lo])
+            np.add(b[lo:hi], scaled[:hi - lo], out=a[lo:hi])
+
+    workers = [threading.Thread(target=run, args=(i * part, min((i + 1) * part, len(a)))) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+def bandwidth(repeats: int) -> dict:
+    """Memory bandwidth in GB/s, bytes counted as STREAM does (read b and c, write a: 3 x 4 B per element, no
+    write-allocate traffic): numpy's one-pass triad on one thread per usable core (stream_triad), and Paddle's
+    one-op a = b + c. A whole-array b + 3 * c would be two passes, 5 x 4 B per element."""
     import numpy as np
     import paddle
 
     b, c = np.random.rand(TRIAD_ELEMENTS).astype("float32"), np.random.rand(TRIAD_ELEMENTS).astype("float32")
     a = np.empty_like(b)
-
-    def numpy_triad():
-        np.multiply(c, np.float32(3.0), out=a)
-        np.add(a, b, out=a)
-
     pb, pc = paddle.to_tensor(b), paddle.to_tensor(c)
     moved = 3 * 4 * TRIAD_ELEMENTS
-    return {"numpy_gb_s": moved / median_seconds(numpy_triad, repeats) / 1e9,
-            "paddle_gb_s": moved / median_seconds(lambda: (pb + 3.0 * pc)._clear_data(), repeats) / 1e9}
+    return {"numpy_triad_gb_s": moved / median_seconds(lambda: stream_triad(a, b, c, usable_cores()), repeats) / 1e9,
+            "paddle_add_gb_s": moved / median_seconds(lambda: paddle.add(pb, pc)._clear_data(), repeats) / 1e9}
 
 
 def model_flops(config, tokens: int, seq: int, factor: int) -> float:
@@ -86,7 +113,7 @@ def model_flops(config, tokens: int, seq: int, factor: int) -> float:
 
 
 def decode_bound(model, bandwidth_gb_s: float) -> float:
-    """Greedy decode's tokens/s if every step read the fp32 weights and the mean KV cache once at this bandwidth."""
+    """A decode step's tokens/s if it read the fp32 weights and the mean KV cache once at this bandwidth."""
     cfg = model.config
     weight_bytes = 4 * sum(int(p.size) for p in model.parameters())
     kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
@@ -94,13 +121,48 @@ def decode_bound(model, bandwidth_gb_s: float) -> float:
     return smol.BATCH * bandwidth_gb_s * 1e9 / (weight_bytes + smol.BATCH * mean_context * kv_bytes)
 
 
+def prompt_flops(model) -> float:
+    """generate's prompt pass: 2 x the decoder's parameters x prompt tokens plus attention, and the LM head at each
+    row's last position only (last_only)."""
+    cfg = model.config
+    head = cfg.vocab_size * cfg.hidden_size
+    decoder = sum(int(p.size) for p in model.parameters()) - head * (1 if cfg.tie_word_embeddings else 2)
+    tokens = smol.BATCH * smol.PROMPT
+    attention = 4 * smol.PROMPT * cfg.hidden_size * cfg.num_hidden_layers * tokens
+    return 2 * decoder * tokens + attention + 2 * head * smol.BATCH
+
+
+def generate_figures(generate_s: float, prompt_s: float, bound: float) -> dict:
+    """A generate call (prompt pass, then NEW_TOKENS - 1 decode steps) split into its prompt pass (a call with one
+    new token) and its decode steps (the difference), the steps' tokens/s against the bandwidth bound."""
+    steps = smol.BATCH * (smol.NEW_TOKENS - 1) / (generate_s - prompt_s)
+    return {"generate_tokens_s": smol.BATCH * smol.NEW_TOKENS / generate_s, "prompt_seconds": prompt_s,
+            "decode_steps_tokens_s": steps, "decode_steps_of_bound": steps / bound}
+
+
+def print_generate(name: str, figures: dict, bound: float) -> None:
+    print(f"generate {name} (batch {smol.BATCH}, {smol.PROMPT}-token prompts, {smol.NEW_TOKENS} new tokens): "
+          f"{figures['generate_tokens_s']:.1f} tokens/s; prompt pass {figures['prompt_seconds']:.3f} s; decode "
+          f"steps {figures['decode_steps_tokens_s']:.1f} tokens/s = {figures['decode_steps_of_bound']:.0%} of the "
+          f"bandwidth bound {bound:.1f} tokens/s")
+
+
+def write_result(result: dict, path) -> dict:
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+    print("RESULT " + json.dumps(result))
+    return result
+
+
 def decode_only(args) -> dict:
     """The bound and greedy decoding through FusedDecoder and through the model's layers, alternating call by
-    call (medians of --repeats each), so the two figures share the machine's state."""
-    bandwidth = max(triad(args.repeats).values())
+    call with the prompt pass alone (medians of --repeats each), so the figures share the machine's state."""
+    memory = max(bandwidth(args.repeats).values())
     ours = smol.Ours(smol.ensure_checkpoint(args.model))
-    bound = decode_bound(ours.model, bandwidth)
-    paths = {"fused": lambda: ours.generate(fused=True), "layers": lambda: ours.generate(fused=False)}
+    bound = decode_bound(ours.model, memory)
+    paths = {"fused": lambda: ours.generate(fused=True), "layers": lambda: ours.generate(fused=False),
+             "prompt": lambda: ours.generate(new_tokens=1)}
     times = {name: [] for name in paths}
     for fn in paths.values():
         fn()  # warm-up
@@ -109,19 +171,16 @@ def decode_only(args) -> dict:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    tokens_s = {name: smol.BATCH * smol.NEW_TOKENS / statistics.median(t) for name, t in times.items()}
-    print(f"triad {bandwidth:.1f} GB/s; bandwidth bound {bound:.1f} tokens/s (batch {smol.BATCH})")
-    for name, rate in tokens_s.items():
-        print(f"decode {name}: {rate:.1f} tokens/s = {rate / bound:.0%} of the bound")
-    print(f"fused / layers: {tokens_s['fused'] / tokens_s['layers']:.2f}x")
-    result = {"machine": machine_facts(), "triad_gb_s": bandwidth, "decode_bound_tokens_s": bound,
-              "decode_tokens_s": tokens_s, "decode_of_bound": {n: r / bound for n, r in tokens_s.items()},
-              "seconds": times}
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-    print("RESULT " + json.dumps(result))
-    return result
+    prompt_s = statistics.median(times["prompt"])
+    figures = {name: generate_figures(statistics.median(times[name]), prompt_s, bound) for name in ("fused",
+                                                                                                  "layers")}
+    print(f"memory bandwidth {memory:.1f} GB/s; bandwidth bound {bound:.1f} tokens/s per decode step")
+    for name, fig in figures.items():
+        print_generate(name, fig, bound)
+    ratio = figures["fused"]["decode_steps_tokens_s"] / figures["layers"]["decode_steps_tokens_s"]
+    print(f"decode steps, fused / layers: {ratio:.2f}x")
+    return write_result({"machine": machine_facts(), "bandwidth_gb_s": memory, "decode_bound_tokens_s": bound,
+                         "generate": figures, "seconds": times}, args.json)
 
 
 def main(argv=None) -> dict:
@@ -137,31 +196,36 @@ def main(argv=None) -> dict:
         return decode_only(args)
     gemm = gemm_peaks(args.repeats)
     peak = max(max(v.values()) for v in gemm.values())
-    bandwidth = max(triad(args.repeats).values())
+    memory = bandwidth(args.repeats)
+    best = max(memory.values())
     ours = smol.Ours(smol.ensure_checkpoint(args.model))
     cfg = ours.model.config
     shape = {"params": list(ours.model.parameters()), "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers}
-    seconds = {name: median_seconds(getattr(ours, name), args.repeats) for name in ("train_step", "score",
-                                                                                   "generate")}
+    workloads = {"train_step": ours.train_step, "score": ours.score, "generate": ours.generate,
+                 "prompt": lambda: ours.generate(new_tokens=1)}
+    seconds = {name: median_seconds(fn, args.repeats) for name, fn in workloads.items()}
     tokens = smol.BATCH * smol.SEQ
     train_gflops = model_flops(shape, tokens, smol.SEQ, 6) / seconds["train_step"] / 1e9
     score_gflops = model_flops(shape, tokens, smol.SEQ, 2) / seconds["score"] / 1e9
-    bound = decode_bound(ours.model, bandwidth)
-    decode = smol.BATCH * smol.NEW_TOKENS / seconds["generate"]
-    result = {"machine": machine_facts(), "gemm_gflops": gemm, "gemm_peak_gflops": peak,
-              "triad_gb_s": bandwidth, "train_gflops": train_gflops, "train_of_peak": train_gflops / peak,
-              "score_gflops": score_gflops, "score_of_peak": score_gflops / peak, "decode_tokens_s": decode,
-              "decode_bound_tokens_s": bound, "decode_of_bound": decode / bound}
-    print(f"GEMM peak {peak:.0f} GFLOP/s; triad {bandwidth:.1f} GB/s")
+    prompt_gflops = prompt_flops(ours.model) / seconds["prompt"] / 1e9
+    bound = decode_bound(ours.model, best)
+    figures = generate_figures(seconds["generate"], seconds["prompt"], bound)
+    # the whole call's bound: its prompt pass at the GEMM peak, its decode steps at the bandwidth bound
+    generate_bound_s = prompt_flops(ours.model) / (peak * 1e9) + smol.BATCH * (smol.NEW_TOKENS - 1) / bound
+    result = {"machine": machine_facts(), "gemm_gflops": gemm, "gemm_peak_gflops": peak, "bandwidth_gb_s": memory,
+              "train_gflops": train_gflops, "train_of_peak": train_gflops / peak, "score_gflops": score_gflops,
+              "score_of_peak": score_gflops / peak, "prompt_gflops": prompt_gflops,
+              "prompt_of_peak": prompt_gflops / peak, "decode_bound_tokens_s": bound, **figures,
+              "generate_of_bound": generate_bound_s / seconds["generate"], "seconds": seconds}
+    print(f"GEMM peak {peak:.0f} GFLOP/s; memory bandwidth {best:.1f} GB/s "
+          f"({', '.join(f'{k} {v:.1f}' for k, v in memory.items())})")
     print(f"train_step {train_gflops:.0f} GFLOP/s = {train_gflops / peak:.0%} of the GEMM peak; score "
-          f"{score_gflops:.0f} GFLOP/s = {score_gflops / peak:.0%}")
-    print(f"decode (batch {smol.BATCH}) {decode:.1f} tokens/s = {decode / bound:.0%} of the bandwidth bound "
-          f"{bound:.1f} tokens/s")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
-    print("RESULT " + json.dumps(result))
-    return result
+          f"{score_gflops:.0f} GFLOP/s = {score_gflops / peak:.0%}; generate's prompt pass {prompt_gflops:.0f} "
+          f"GFLOP/s = {prompt_gflops / peak:.0%}")
+    print_generate("", figures, bound)
+    print(f"the whole generate call: {seconds['generate']:.3f} s against its bound {generate_bound_s:.3f} s = "
+          f"{result['generate_of_bound']:.0%}")
+    return write_result(result, args.json)
 
 
 if __name__ == "__main__":

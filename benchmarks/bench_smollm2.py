@@ -106,14 +106,15 @@ class Ours:
             log_probs, _ = self.model.token_log_probs(hidden[:, :-1], self.ids[:, 1:])  # [b, s-1]
         return float(log_probs.sum())
 
-    def generate(self, fused: bool = True) -> List[int]:
-        """fused=False: decode through the model's layers instead of FusedDecoder (generate's `fused`)."""
+    def generate(self, fused: bool = True, new_tokens: int = NEW_TOKENS) -> List[int]:
+        """fused=False: decode through the model's layers instead of FusedDecoder (generate's `fused`);
+        new_tokens=1: the prompt pass and the first token only."""
         from alignment.models import GenerationConfig, generate
 
         self.model.eval()
-        config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=2)
+        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=2)
         out = generate(self.model, self.prompt, self.paddle.ones_like(self.prompt), config, fused=fused)
-        assert out.sequences.shape[1] == PROMPT + NEW_TOKENS
+        assert out.sequences.shape[1] == PROMPT + new_tokens
         return out.sequences[0, PROMPT:].tolist()
 
 

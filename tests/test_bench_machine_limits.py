@@ -1,0 +1,56 @@
+"""benchmarks/bench_machine_limits.py's arithmetic: the one-pass STREAM triad computes b + 3c over every element
+whatever the split, the prompt pass's FLOPs count the LM head once per row (tied or not), and a generate call's
+decode steps are its time after the prompt pass."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from alignment.models import LlamaConfig, LlamaForCausalLM
+from tests.helpers import REPO
+
+
+def limits_module():
+    spec = importlib.util.spec_from_file_location("bench_machine_limits",
+                                                  os.path.join(REPO, "benchmarks", "bench_machine_limits.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stream_triad_writes_b_plus_3c_over_uneven_parts_and_chunks(threads):
+    limits = limits_module()
+    n = 2 * limits.TRIAD_CHUNK + 1001  # neither the threads' parts nor the chunks divide it
+    rng = np.random.default_rng(0)
+    b, c = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+    a = np.full(n, np.nan, dtype=np.float32)
+    limits.stream_triad(a, b, c, threads)
+    np.testing.assert_array_equal(a, b + np.float32(3.0) * c)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_prompt_flops_count_the_head_at_the_last_position_only(tied):
+    limits = limits_module()
+    smol = limits.smol
+    hidden, inter, layers, heads, kv_heads, vocab = 16, 40, 2, 4, 2, 96
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                         num_hidden_layers=layers, num_attention_heads=heads,
+                                         num_key_value_heads=kv_heads, tie_word_embeddings=tied))
+    d = hidden // heads
+    per_layer = hidden * heads * d * 2 + 2 * hidden * kv_heads * d + 3 * hidden * inter + 2 * hidden
+    decoder = layers * per_layer + hidden  # the final norm; the embedding lookup is no FLOPs
+    tokens = smol.BATCH * smol.PROMPT
+    expected = 2 * decoder * tokens + 4 * smol.PROMPT * hidden * layers * tokens + 2 * vocab * hidden * smol.BATCH
+    assert limits.prompt_flops(model) == expected
+
+
+def test_decode_steps_are_the_call_after_its_prompt_pass():
+    limits = limits_module()
+    smol = limits.smol
+    figures = limits.generate_figures(generate_s=4.0, prompt_s=0.5, bound=400.0)
+    steps = smol.BATCH * (smol.NEW_TOKENS - 1) / 3.5
+    assert figures["decode_steps_tokens_s"] == pytest.approx(steps)
+    assert figures["decode_steps_of_bound"] == pytest.approx(steps / 400.0)
+    assert figures["generate_tokens_s"] == pytest.approx(smol.BATCH * smol.NEW_TOKENS / 4.0)
