@@ -54,3 +54,11 @@ def test_decode_steps_are_the_call_after_its_prompt_pass():
     assert figures["decode_steps_tokens_s"] == pytest.approx(steps)
     assert figures["decode_steps_of_bound"] == pytest.approx(steps / 400.0)
     assert figures["generate_tokens_s"] == pytest.approx(smol.BATCH * smol.NEW_TOKENS / 4.0)
+
+
+def test_the_bound_takes_the_largest_bandwidth_of_both_measurements():
+    limits = limits_module()
+    best, line = limits.best_bandwidth({"numpy_triad_gb_s": 20.0, "paddle_add_gb_s": 10.5},
+                                       {"numpy_triad_gb_s": 23.1, "paddle_add_gb_s": 21.0})
+    assert best == 23.1
+    assert "before: numpy_triad_gb_s 20.0, paddle_add_gb_s 10.5" in line and "after: numpy_triad_gb_s 23.1" in line
