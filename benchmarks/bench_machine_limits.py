@@ -220,11 +220,12 @@ def main(argv=None) -> dict:
     tokens = smol.BATCH * smol.SEQ
     train_gflops = model_flops(shape, tokens, smol.SEQ, 6) / seconds["train_step"] / 1e9
     score_gflops = model_flops(shape, tokens, smol.SEQ, 2) / seconds["score"] / 1e9
-    prompt_gflops = prompt_flops(ours.model) / seconds["prompt"] / 1e9
+    prompt_work = prompt_flops(ours.model)
+    prompt_gflops = prompt_work / seconds["prompt"] / 1e9
     bound = decode_bound(ours.model, best)
     figures = generate_figures(seconds["generate"], seconds["prompt"], bound)
     # the whole call's bound: its prompt pass at the GEMM peak, its decode steps at the bandwidth bound
-    generate_bound_s = prompt_flops(ours.model) / (peak * 1e9) + smol.BATCH * (smol.NEW_TOKENS - 1) / bound
+    generate_bound_s = prompt_work / (peak * 1e9) + smol.BATCH * (smol.NEW_TOKENS - 1) / bound
     result = {"machine": machine_facts(), "gemm_gflops": gemm, "gemm_peak_gflops": peak, "bandwidth_gb_s": memory,
               "train_gflops": train_gflops, "train_of_peak": train_gflops / peak, "score_gflops": score_gflops,
               "score_of_peak": score_gflops / peak, "prompt_gflops": prompt_gflops,
