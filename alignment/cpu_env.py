@@ -4,7 +4,9 @@ Entry points call `apply_cpu_defaults()` first thing (importing `alignment` chan
 AMD EPYC and Intel Xeon machines (README, "CPU performance"; `python benchmarks/bench_cpu_settings.py` re-measures
 any machine):
 - OMP_NUM_THREADS=1 with MKL_NUM_THREADS = the usable cores: eager training ran 3-4x faster than with OpenMP
-  threads competing with MKL's.
+  threads competing with MKL's. Under `paddle.distributed.launch` the processes on one host share its cores, so
+  each gets the usable cores over their number (at least 1): 8 processes on 2 cores, each on 2 MKL threads, ran
+  a tiny 3-step PPO 1.7x slower than on 1 thread each (tests/test_layouts.py, tp2xpp2xdp2).
 - MKL_DEBUG_CPU_TYPE=5 makes the MKL bundled with paddle take its AVX2 code paths on AMD CPUs (SmolLM2 training
   73 -> 137 tokens/s); on an Intel Xeon with AVX-512 it halves fp32 GEMM (156 vs 287-301 GFLOP/s), so it is set on
   AMD only.
@@ -22,7 +24,9 @@ any machine):
   kernel is an `omp parallel for` over 512-element chunks, memory-bound) on that many threads, and everything
   else keeps OMP_NUM_THREADS (`optimizer_threads()`). AdamW of the 8.3M-parameter peer policy 15.6 -> 9.1 ms,
   of SmolLM2-135M 227 -> 123 ms; element-wise loops give the same bits on any thread count. 1 turns it off.
-Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone.
+Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone. A
+value this module set in a parent process (pytest, a driver script) is not the user's: the parent names what it
+set in ALIGNMENT_CPU_DEFAULTS, and a child chooses those again for itself.
 """
 from __future__ import annotations
 
@@ -34,7 +38,10 @@ import sys
 import warnings
 from typing import Dict, Tuple
 
+from alignment.launcher import local_processes
+
 _applied: Dict[str, str] = {}
+INHERITED = "ALIGNMENT_CPU_DEFAULTS"  # "KEY=VALUE;..." this module set in a parent process (not the user's)
 
 
 def cpuinfo_fields() -> Dict[str, str]:
@@ -63,6 +70,11 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def cores_per_process() -> int:
+    """The usable cores over the processes `paddle.distributed.launch` started on this host, at least 1."""
+    return max(1, usable_cores() // local_processes())
 
 
 def has_cuda_paddle() -> bool:
@@ -94,13 +106,15 @@ def apply_cpu_defaults() -> Dict[str, str]:
     # lines of noise before every command's output, and before its one-line error
     warnings.filterwarnings("ignore", message="No ccache found", module="paddle.utils.cpp_extension")
     vendor, _ = cpu_model()
-    defaults = cpu_defaults(vendor, usable_cores())
+    defaults = cpu_defaults(vendor, cores_per_process())
     if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         defaults.pop("ALIGNMENT_MALLOC")  # the user tuned malloc already
+    inherited = dict(item.split("=", 1) for item in os.environ.get(INHERITED, "").split(";") if "=" in item)
     for key, value in defaults.items():
-        if key not in os.environ:
+        if key not in os.environ or inherited.get(key) == os.environ[key]:
             os.environ[key] = value
             _applied[key] = value
+    os.environ[INHERITED] = ";".join(f"{key}={value}" for key, value in _applied.items())
     configure_malloc(os.environ.get("ALIGNMENT_MALLOC", "system"))
     optimizer_thread_count()  # a bad value fails at start-up, not at the first optimizer step
     return dict(_applied)
@@ -129,20 +143,35 @@ def _is_glibc() -> bool:
         return False
 
 
-_openmp: list = []  # [handle or None], found once paddle is imported
+_libraries: Dict[str, object] = {}  # name -> handle or None, found once paddle is imported
 
 
-def _paddle_openmp():
-    """Paddle's OpenMP runtime (the libiomp5 its CPU wheel ships, which its kernels and MKL share), or None.
-    Looked up once, at the first optimizer step after paddle is imported."""
+def _paddle_library(name: str):
+    """A library Paddle's CPU wheel ships and loads (libiomp5.so: the OpenMP runtime its kernels and MKL share;
+    libmklml_intel.so: MKL), or None (paddle not imported, a CUDA build). dlopen of the same path gives the handle
+    paddle already has."""
     paddle = sys.modules.get("paddle")
     if paddle is None:
         return None
-    if not _openmp:
-        path = os.path.join(os.path.dirname(paddle.__file__), "libs", "libiomp5.so")
-        usable = not has_cuda_paddle() and os.path.exists(path)
-        _openmp.append(ctypes.CDLL(path) if usable else None)  # the library paddle already loaded: same handle
-    return _openmp[0]
+    if name not in _libraries:
+        path = os.path.join(os.path.dirname(paddle.__file__), "libs", name)
+        _libraries[name] = ctypes.CDLL(path) if not has_cuda_paddle() and os.path.exists(path) else None
+    return _libraries[name]
+
+
+def share_cores(processes: int) -> None:
+    """From now on this process runs MKL and the optimizer step on the usable cores over `processes`, where the
+    start-up default divided them among every process on the host. For ranks whose neighbours on the host mostly
+    wait: an asynchronous run's training ranks beside its rollout ranks (on 2 cores, 1 rollout + 1 training rank
+    took 2.1-2.6 s a step with 2 MKL threads on the training rank, 3.4 s with 1; benchmarks/bench_async.py). Only
+    counts this module chose change; the user's stay."""
+    threads = str(max(1, usable_cores() // max(1, processes)))
+    mkl = _paddle_library("libmklml_intel.so") if "MKL_NUM_THREADS" in _applied else None
+    if mkl is not None:
+        mkl.MKL_Set_Num_Threads(int(threads))
+        os.environ["MKL_NUM_THREADS"] = _applied["MKL_NUM_THREADS"] = threads
+    if "ALIGNMENT_OPTIMIZER_THREADS" in _applied:
+        os.environ["ALIGNMENT_OPTIMIZER_THREADS"] = _applied["ALIGNMENT_OPTIMIZER_THREADS"] = threads
 
 
 def optimizer_thread_count():
@@ -162,7 +191,7 @@ def optimizer_threads():
     OMP_NUM_THREADS, or when paddle's OpenMP runtime is not there (a CUDA build: the optimizer runs on the GPU)."""
     wanted = optimizer_thread_count()
     usual = int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit() else 1
-    runtime = _paddle_openmp() if wanted is not None and wanted > usual else None
+    runtime = _paddle_library("libiomp5.so") if wanted is not None and wanted > usual else None
     if runtime is None:
         yield
         return
@@ -202,4 +231,6 @@ def describe() -> str:
             "ALIGNMENT_OPTIMIZER_THREADS")
     values = ", ".join(f"{k}={os.environ[k]}" + ("" if k in _applied else " (yours)")
                        for k in keys if k in os.environ)
-    return f"cpu: {model or vendor or 'unknown'}, {usable_cores()} usable cores; {values or 'no thread settings'}"
+    shared = f" shared by {local_processes()} processes" if local_processes() > 1 else ""
+    return (f"cpu: {model or vendor or 'unknown'}, {usable_cores()} usable cores{shared}; "
+            f"{values or 'no thread settings'}")

@@ -14,6 +14,17 @@ def rank() -> int:
     return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
 
 
+def local_processes() -> int:
+    """How many processes the launch started on this host (the CPU cores are shared among them)."""
+    return max(1, int(os.environ.get("PADDLE_LOCAL_SIZE", "1")))
+
+
+def ranks_on_host() -> range:
+    """The ranks of the processes on this process's host."""
+    first = rank() - int(os.environ.get("PADDLE_RANK_IN_NODE", "0"))
+    return range(first, first + local_processes())
+
+
 def speaks_for_all() -> bool:
     """Rank 0 prints what every rank would print alike (arguments, notices)."""
     return rank() == 0

@@ -71,6 +71,12 @@ def figures(out: str, prompts: int, new_tokens: int) -> dict:
             "score_s": statistics.median(r["time/score"] for r in rows[1:])}
 
 
+def cpu_line(workerlog: str) -> str:
+    """The training rank's `cpu:` line: its thread settings (chosen per rank under the launch)."""
+    with open(workerlog, encoding="utf-8", errors="replace") as f:
+        return next((line.strip() for line in f if line.startswith("cpu: ")), "")
+
+
 def timeline(out: str, png: str) -> None:
     import matplotlib
 
@@ -117,6 +123,7 @@ def main() -> None:
             out = os.path.join(work, name.replace(" ", "_").replace(",", ""))
             run(name, paths, out, args.steps, args.new_tokens, args.prompts, extra, out + "-logs")
             results[name] = figures(out, args.prompts, args.new_tokens)
+            results[name]["rank0_cpu"] = cpu_line(os.path.join(out + "-logs", "workerlog.0"))
             if "staleness 1" in name:
                 timeline(out, os.path.join(results_dir, f"async_{stamp}.png"))
     base = results["sync, 2 data-parallel ranks"]["median_step_s"]
@@ -128,7 +135,7 @@ def main() -> None:
         json.dump(report, f, indent=2)
     for name, figure in results.items():
         print(f"{name}: {figure['median_step_s']:.3f} s/step ({figure['step_time_vs_sync']:.2f}x sync), "
-              f"{figure['trained_tokens_per_s']:.0f} trained tokens/s")
+              f"{figure['trained_tokens_per_s']:.0f} trained tokens/s; rank 0 {figure['rank0_cpu']}")
     print("RESULT " + json.dumps(report))
 
 

@@ -16,6 +16,7 @@ from alignment.ppo.asynchronous import token_version, version_for, versions_need
 from alignment.ppo.ledger import Ledger, read_ledger
 from alignment.ppo.rollout import Rollout
 from alignment.ppo.run_ppo import AsyncArguments, EnvironmentArguments, LoRAArguments
+from tests.test_stores import Rendezvous
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
 from alignment.config.training import TrainingArguments
 
@@ -179,18 +180,14 @@ def test_the_mailbox_answers_two_threads_each_their_own_question():
     """A rollout rank reads the weights counter in its receiver thread while sampling posts batches: over one
     TCPStore client without the mailbox's lock the answers cross (or the socket breaks) and the receiver waits on a
     transfer never sent."""
-    import socket
     import threading
 
-    from paddle.base import core
-
+    from alignment.parallel.stores import rank_zero_store
     from alignment.ppo.asynchronous import Mailbox, weights_key
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = core.TCPStore("127.0.0.1", port, True, 0, 30)
-    mailbox = Mailbox(core.TCPStore("127.0.0.1", port, False, 0, 30), slots=3)
+    rendezvous = Rendezvous()
+    server = rank_zero_store(0, "/test/mailbox", "127.0.0.1", rendezvous, 30)
+    mailbox = Mailbox(rank_zero_store(1, "/test/mailbox", "127.0.0.1", rendezvous, 30), slots=3)
     mailbox.publish_start(0)
     seen, errors = set(), []
 

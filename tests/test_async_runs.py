@@ -24,6 +24,16 @@ pytestmark = pytest.mark.parallel
 SCRIPT = os.path.join(REPO, "alignment", "ppo", "run_ppo.py")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_mkl_thread_in_every_process():
+    """Every run here, launched or not (and the module's shared uninterrupted run), on 1 MKL thread: runs are
+    compared bit for bit, and MKL sums a GEMM in another order on 2 threads, which a launch's training rank and a
+    one-process run would otherwise have while the rollout rank has 1 (alignment/cpu_env.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MKL_NUM_THREADS", "1")
+        yield
+
+
 def ppo_args(out, actor, reward, estimator, *extra):
     args = [SCRIPT, os.path.join(REPO, "config", "tiny", "ppo_argument.json"), "--actor_model_name_or_path", actor,
             "--reward_model_name_or_path", reward, "--output_dir", str(out), "--disable_tqdm", "--eval_datasets", "",
@@ -66,10 +76,15 @@ def test_max_staleness_0_equals_the_synchronous_run(tmp_path, tiny_model_dir, ti
     assert_same_weights(sync, overlapped, ["policy"] + (["value"] if estimator == "gae" else []))
 
 
-def test_staleness_1_trains_every_sample_once_and_overlaps(tmp_path, tiny_model_dir, tiny_reward_dir):
+def test_staleness_1_trains_every_sample_once_and_overlaps(tmp_path, tiny_model_dir, tiny_reward_dir, monkeypatch):
+    from alignment.cpu_env import usable_cores
+
+    monkeypatch.delenv("MKL_NUM_THREADS")  # chosen per rank
     out = tmp_path / "run"
     launch(tmp_path / "logs", ppo_args(out, tiny_model_dir, tiny_reward_dir, "gae", "--rollout_ranks", "1",
                                        "--max_staleness", "1"))
+    # the training rank (0) runs on the host's cores, not on the half the launch gave each of the two processes
+    assert f"MKL_NUM_THREADS={usable_cores()}," in (tmp_path / "logs" / "workerlog.0").read_text()
     rows = read_metrics(out)
     assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1, 1, 1]
     assert all(0.25 < r["async/behaviour_weight"] < 4 for r in rows[1:])

@@ -13,7 +13,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _fresh_process(code, **env_overrides):
     """Run code in a new interpreter without any CPU setting (or GLIBC_TUNABLES) inherited from this one."""
-    env = {k: v for k, v in os.environ.items() if k not in cpu_env.SETTINGS and k != "GLIBC_TUNABLES"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in cpu_env.SETTINGS and k not in ("GLIBC_TUNABLES", cpu_env.INHERITED, "PADDLE_LOCAL_SIZE")}
     env.update(PYTHONPATH=REPO, **env_overrides)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
 
@@ -40,6 +41,69 @@ def test_a_fresh_process_gets_the_defaults_and_keeps_what_the_user_set():
     assert (facts["vendor"], facts["model"]) == (vendor, model)
     assert facts["usable_cores"] == cpu_env.usable_cores() >= 1
     assert set(facts["isa"]) <= set(cpu_env.ISA_FLAGS)
+
+
+APPLY = ("import json, os; from alignment.cpu_env import apply_cpu_defaults; apply_cpu_defaults(); "
+         "print(json.dumps({k: os.environ.get(k) for k in ('MKL_NUM_THREADS', 'ALIGNMENT_OPTIMIZER_THREADS', "
+         "'ALIGNMENT_CPU_DEFAULTS')}))")
+
+
+def _applied_in_child(**env):
+    done = _fresh_process(APPLY, **env)
+    done.check_returncode()
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_processes_launched_on_one_host_share_its_cores():
+    cores = cpu_env.usable_cores()
+    alone = _applied_in_child()
+    assert alone["MKL_NUM_THREADS"] == alone["ALIGNMENT_OPTIMIZER_THREADS"] == str(cores)
+    crowded = _applied_in_child(PADDLE_LOCAL_SIZE=str(cores * 4))  # more processes than cores: 1 thread each
+    assert crowded["MKL_NUM_THREADS"] == crowded["ALIGNMENT_OPTIMIZER_THREADS"] == "1"
+    assert f"MKL_NUM_THREADS={cores}" in alone["ALIGNMENT_CPU_DEFAULTS"].split(";")
+    if cores >= 2:
+        assert _applied_in_child(PADDLE_LOCAL_SIZE="2")["MKL_NUM_THREADS"] == str(cores // 2)
+
+
+def test_a_parents_defaults_are_chosen_again_by_a_launched_child_and_the_users_values_are_kept():
+    parent = _applied_in_child()  # what pytest or a driver script leaves in the environment it passes on
+    child = _applied_in_child(PADDLE_LOCAL_SIZE=str(cpu_env.usable_cores() * 4), MKL_NUM_THREADS=parent[
+        "MKL_NUM_THREADS"], ALIGNMENT_CPU_DEFAULTS=parent["ALIGNMENT_CPU_DEFAULTS"])
+    assert child["MKL_NUM_THREADS"] == "1"
+    users = _applied_in_child(PADDLE_LOCAL_SIZE="8", MKL_NUM_THREADS="3")  # set by the user, no parent's mark
+    assert users["MKL_NUM_THREADS"] == "3" and "MKL_NUM_THREADS" not in users["ALIGNMENT_CPU_DEFAULTS"]
+    overridden = _applied_in_child(PADDLE_LOCAL_SIZE="8", MKL_NUM_THREADS="3",
+                                   ALIGNMENT_CPU_DEFAULTS="MKL_NUM_THREADS=2")  # the user changed the parent's
+    assert overridden["MKL_NUM_THREADS"] == "3"
+
+
+SHARE_CORES = """
+import json, os
+from alignment.cpu_env import apply_cpu_defaults, share_cores, _paddle_library
+apply_cpu_defaults()
+import paddle
+paddle.matmul(paddle.ones([64, 64]), paddle.ones([64, 64]))  # MKL initialised with the start-up count
+mkl = _paddle_library("libmklml_intel.so")
+before = mkl.MKL_Get_Max_Threads() if mkl else None
+share_cores(1)
+after = mkl.MKL_Get_Max_Threads() if mkl else None
+print(json.dumps([before, after, os.environ["MKL_NUM_THREADS"], os.environ["ALIGNMENT_OPTIMIZER_THREADS"]]))
+"""
+
+
+def test_a_rank_given_the_hosts_cores_after_start_up_runs_mkl_on_them_unless_the_user_set_its_threads():
+    cores = cpu_env.usable_cores()
+    crowded = str(cores * 4)  # 1 thread at start-up
+    done = _fresh_process(SHARE_CORES, PADDLE_LOCAL_SIZE=crowded)
+    done.check_returncode()
+    before, after, mkl_variable, optimizer_variable = json.loads(done.stdout.strip().splitlines()[-1])
+    assert mkl_variable == optimizer_variable == str(cores)
+    if before is not None:  # paddle's CPU wheel with its MKL
+        assert (before, after) == (1, cores)
+    users = _fresh_process(SHARE_CORES, PADDLE_LOCAL_SIZE=crowded, MKL_NUM_THREADS="1")
+    users.check_returncode()
+    before, after, mkl_variable, _ = json.loads(users.stdout.strip().splitlines()[-1])
+    assert mkl_variable == "1" and (before is None or (before, after) == (1, 1))
 
 
 def test_describe_machine_names_the_cpu_isa_cores_and_settings():
@@ -116,10 +180,10 @@ def test_a_bad_allocator_setting_is_refused_with_the_variable_named_and_tuned_gl
 
 OPTIMIZER_THREADS = """
 import json, os
-from alignment.cpu_env import apply_cpu_defaults, optimizer_threads, _paddle_openmp
+from alignment.cpu_env import apply_cpu_defaults, optimizer_threads, _paddle_library
 set_now = apply_cpu_defaults()
 import numpy as np, paddle
-omp = _paddle_openmp()
+omp = _paddle_library("libiomp5.so")
 def one_step(threaded):
     paddle.seed(0)
     layer = paddle.nn.Linear(300, 700)  # 210,700 weights: over 400 of AdamW's 512-element OpenMP chunks

@@ -23,7 +23,7 @@ import math
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -162,13 +162,16 @@ def error_response(status: int, message: str, retry_after: Optional[float] = Non
     return JSONResponse({"error_code": status, "error_msg": message, "detail": message}, status, headers=headers)
 
 
-def create_app(scorer, limits: ServerLimits, info: dict) -> FastAPI:
-    """The app serving `scorer` (alignment.rewards.scoring.ServerScorer or anything with its score())."""
+def create_app(scorer, limits: ServerLimits, info: dict, on_ready: Optional[Callable[[], None]] = None) -> FastAPI:
+    """The app serving `scorer` (alignment.rewards.scoring.ServerScorer or anything with its score()); on_ready runs
+    once the server has started."""
     metrics = Metrics()
     batcher = MicroBatcher(scorer, limits, metrics)
 
     async def lifespan(app):
         batcher.start()
+        if on_ready is not None:
+            on_ready()
         yield
         await batcher.stop()
 
@@ -247,12 +250,10 @@ def load_scorer(model_dir: Optional[str], judges=(), weights=(), max_batch: int 
 
 def serve(scorer, limits: ServerLimits, info: dict, host: str, port: int, port_file: Optional[str] = None) -> None:
     """Bind host:port (0 = any free port), announce the address (stdout, and port_file when given), serve."""
-    import os
     import socket
 
     import uvicorn
 
-    app = create_app(scorer, limits, info)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY only then
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse the port of a killed server
@@ -266,7 +267,8 @@ def serve(scorer, limits: ServerLimits, info: dict, host: str, port: int, port_f
     bound = sock.getsockname()[1]
     print(f"reward server listening on http://{host}:{bound} (model {info.get('model')}, judges "
           f"{info.get('judges')}; max batch {limits.max_batch} rows, queue {limits.max_queue})", flush=True)
-    if port_file:
-        write_text_atomic(port_file, str(bound))
+    # the port file appears once uvicorn serves (and handles signals): a signal before it would leave its
+    # coroutine unawaited, with a warning on stderr
+    app = create_app(scorer, limits, info, (lambda: write_text_atomic(port_file, str(bound))) if port_file else None)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])

@@ -171,15 +171,17 @@ def start_processes(train_args, layout: Layout) -> None:
     """Start the process groups `layout` asks for (fleet's hybrid groups for tensor / pipeline parallelism or
     sharding), before any model is built: models built afterwards are split accordingly. Then claim output_dir
     for this run (alignment/training/output_dir.py) and seed every random number generator."""
-    from alignment.parallel.distributed import from_main_process, init_distributed, is_main_process, rank
+    from alignment.cpu_env import describe, share_cores
+    from alignment.parallel.distributed import (from_main_process, init_distributed, is_main_process,
+                                                is_rollout_rank, rank)
     from alignment.parallel.watchdog import start_watchdog
     from alignment.training.batches import set_seed
     from alignment.training.output_dir import claim_output_dir
 
     init_distributed(layout)
+    if layout.rollout and not is_rollout_rank():  # the rollout ranks beside it mostly wait for weights
+        share_cores(sum(1 for r in launcher.ranks_on_host() if r < layout.world))
     if is_main_process():
-        from alignment.cpu_env import describe
-
         print(describe())
     problem = None
     if is_main_process():
