@@ -72,9 +72,10 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cores_per_process() -> int:
-    """The usable cores over the processes `paddle.distributed.launch` started on this host, at least 1."""
-    return max(1, usable_cores() // local_processes())
+def cores_per_process(processes: int = 0) -> int:
+    """The usable cores over `processes` (default: the processes `paddle.distributed.launch` started on this
+    host), at least 1."""
+    return max(1, usable_cores() // max(1, processes or local_processes()))
 
 
 def has_cuda_paddle() -> bool:
@@ -165,7 +166,7 @@ def share_cores(processes: int) -> None:
     wait: an asynchronous run's training ranks beside its rollout ranks (on 2 cores, 1 rollout + 1 training rank
     took 2.1-2.6 s a step with 2 MKL threads on the training rank, 3.4 s with 1; benchmarks/bench_async.py). Only
     counts this module chose change; the user's stay."""
-    threads = str(max(1, usable_cores() // max(1, processes)))
+    threads = str(cores_per_process(processes))
     mkl = _paddle_library("libmklml_intel.so") if "MKL_NUM_THREADS" in _applied else None
     if mkl is not None:
         mkl.MKL_Set_Num_Threads(int(threads))
