@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from alignment.parallel.stores import FD_DIR, no_delay_to, rank_zero_store
+from alignment.parallel.stores import FD_DIR, connected_tcp_sockets, no_delay_to, rank_zero_store
 
 
 class Rendezvous:
@@ -23,19 +23,8 @@ class Rendezvous:
 
 def sockets_to(port):
     """TCP_NODELAY of each of this process's sockets connected to `port`."""
-    flags = []
-    for name in os.listdir(FD_DIR):
-        try:
-            sock = socket.socket(fileno=os.dup(int(name)))
-        except OSError:
-            continue
-        with sock:
-            try:
-                if sock.type == socket.SOCK_STREAM and sock.getpeername()[1] == port:
-                    flags.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
-            except OSError:
-                continue
-    return flags
+    return [sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            for sock, peer in connected_tcp_sockets() if peer[1] == port]
 
 
 @pytest.mark.skipif(not os.path.isdir(FD_DIR), reason="lists the process's sockets through /proc")

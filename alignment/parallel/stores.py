@@ -15,18 +15,16 @@ import socket
 FD_DIR = "/proc/self/fd"
 
 
-def no_delay_to(host: str, port: int) -> int:
-    """Sets TCP_NODELAY on this process's TCP sockets connected to host:port; returns how many (0 where the
-    process's file descriptors cannot be listed)."""
-    addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+def connected_tcp_sockets():
+    """(socket, peer address) for each of this process's connected TCP sockets, as duplicates of their descriptors
+    (closing one leaves the original open); nothing where the descriptors cannot be listed."""
     try:
         descriptors = [int(name) for name in os.listdir(FD_DIR)]
     except OSError:
-        return 0
-    found = 0
+        return
     for fd in descriptors:
         try:
-            sock = socket.socket(fileno=os.dup(fd))  # a duplicate: closing it leaves the store's socket open
+            sock = socket.socket(fileno=os.dup(fd))
         except OSError:  # not a socket, or closed since the listing
             continue
         with sock:
@@ -36,9 +34,17 @@ def no_delay_to(host: str, port: int) -> int:
                 peer = sock.getpeername()
             except OSError:  # a listening or unconnected socket
                 continue
-            if peer[1] == port and peer[0] in addresses:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                found += 1
+            yield sock, peer
+
+
+def no_delay_to(host: str, port: int) -> int:
+    """Sets TCP_NODELAY on this process's TCP sockets connected to host:port; returns how many."""
+    addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    found = 0
+    for sock, peer in connected_tcp_sockets():
+        if peer[1] == port and peer[0] in addresses:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            found += 1
     return found
 
 
