@@ -3,10 +3,10 @@ each candidate setting, each measured in a fresh process (the variables only act
 
     python benchmarks/bench_cpu_settings.py [--repeats 3] [--rounds 2] [--json out.json]
 
-Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5, OpenMP
-threads instead of (or as well as) MKL threads, one MKL thread, Paddle's strided views left on, glibc's default
-allocator instead of ALIGNMENT_MALLOC=heap, and the optimizer step on one OpenMP thread instead of
-ALIGNMENT_OPTIMIZER_THREADS = cores (identical candidates are measured once). Prints one row per candidate with
+Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5 (and =7,
+MKL's AVX-512 path, on an AMD CPU with AVX-512), OpenMP threads instead of (or as well as) MKL threads, one MKL
+thread, Paddle's strided views left on, glibc's default allocator instead of ALIGNMENT_MALLOC=heap, and the
+optimizer step on one OpenMP thread instead of ALIGNMENT_OPTIMIZER_THREADS = cores (identical candidates are measured once). Prints one row per candidate with
 ratios to the chosen setting and the spread of its rounds, so the choice can be re-checked on any new machine (the
 CPU model is printed with the figures); a candidate ahead of the chosen one by less than the rounds' spread is
 reported as a tie, not as a better setting.
@@ -22,7 +22,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import SETTINGS, cpu_defaults, cpu_model, machine_facts, usable_cores  # noqa: E402
+from alignment.cpu_env import (AVX512_PATH, SETTINGS, cpu_defaults, cpu_model, cpuinfo_fields, machine_facts,  # noqa: E402
+                               usable_cores)
 
 CHILD = r"""
 import json, os, sys, time
@@ -62,13 +63,15 @@ print(json.dumps({"gemm_gflops": 2 * 1024 ** 3 / gemm / 1e9, "train_tokens_per_s
 
 
 def candidates() -> dict:
-    vendor, _ = cpu_model()
-    cores = usable_cores()
-    chosen = cpu_defaults(vendor, cores)
+    cpu, cores = cpuinfo_fields(), usable_cores()
+    chosen = cpu_defaults(cpu, cores)
     without = {k: v for k, v in chosen.items() if k != "MKL_DEBUG_CPU_TYPE"}
     found = {"chosen for this CPU": chosen,
              "without MKL_DEBUG_CPU_TYPE": without,
              "with MKL_DEBUG_CPU_TYPE=5": {**without, "MKL_DEBUG_CPU_TYPE": "5"},
+             **({"with MKL_DEBUG_CPU_TYPE=7 (AVX-512)": {**without, "MKL_DEBUG_CPU_TYPE": "7"}}
+                if cpu.get("vendor_id") == "AuthenticAMD" and set(cpu.get("flags", "").split()) >= set(AVX512_PATH)
+                else {}),  # MKL's AVX-512 path on an AMD CPU that has its instructions (see mkl_code_path)
              "OpenMP threads (OMP=cores, MKL=1)": {**chosen, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": "1"},
              "OpenMP and MKL threads (OMP=MKL=cores)": {**chosen, "OMP_NUM_THREADS": str(cores),
                                                          "MKL_NUM_THREADS": str(cores)},
@@ -77,7 +80,7 @@ def candidates() -> dict:
              "glibc's default allocator": {**chosen, "ALIGNMENT_MALLOC": "system"},
              "optimizer step on one thread": {**chosen, "ALIGNMENT_OPTIMIZER_THREADS": "1"}}
     unique = {}
-    for name, settings in found.items():  # on AMD the chosen setting already has MKL_DEBUG_CPU_TYPE=5
+    for name, settings in found.items():  # on AMD the chosen setting already has MKL_DEBUG_CPU_TYPE 5 or 7
         if settings not in unique.values():
             unique[name] = settings
     return unique

@@ -19,13 +19,29 @@ def _fresh_process(code, **env_overrides):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
 
 
+ZEN4 = {"vendor_id": "AuthenticAMD", "cpu family": "25", "flags": "fpu avx avx2 fma avx512f avx512cd avx512bw "
+        "avx512dq avx512vl avx512_bf16"}
+ZEN5 = {**ZEN4, "cpu family": "26"}
+XEON = {"vendor_id": "GenuineIntel", "cpu family": "6", "flags": ZEN4["flags"]}
+
+
 def test_mkl_debug_cpu_type_is_set_on_amd_only_and_threads_follow_the_cores():
-    amd, intel = cpu_env.cpu_defaults("AuthenticAMD", 4), cpu_env.cpu_defaults("GenuineIntel", 4)
+    amd, intel = cpu_env.cpu_defaults(ZEN4, 4), cpu_env.cpu_defaults(XEON, 4)
     assert amd["MKL_DEBUG_CPU_TYPE"] == "5" and "MKL_DEBUG_CPU_TYPE" not in intel  # it halves GEMM on Intel
     for settings in (amd, intel):
         assert settings["OMP_NUM_THREADS"] == "1" and settings["MKL_NUM_THREADS"] == "4"
         assert settings["FLAGS_use_stride_kernel"] == "0"
-    assert cpu_env.cpu_defaults("", 0)["MKL_NUM_THREADS"] == "1"
+    assert cpu_env.cpu_defaults({}, 0)["MKL_NUM_THREADS"] == "1"
+
+
+def test_mkl_takes_its_avx512_path_only_on_amd_cpus_that_run_it_at_full_width():
+    assert cpu_env.mkl_code_path(ZEN5) == "7"  # Zen 5
+    assert cpu_env.mkl_code_path(ZEN4) == "5"  # Zen 4: 512-bit FMAs in two halves
+    without_dq = {**ZEN5, "flags": ZEN5["flags"].replace("avx512dq ", "")}
+    assert cpu_env.mkl_code_path(without_dq) == "5"  # a path whose instructions are missing dies of SIGILL
+    assert cpu_env.mkl_code_path({**ZEN5, "flags": "fpu sse2 avx"}) is None  # no AVX2 either: MKL's generic code
+    assert cpu_env.mkl_code_path({**ZEN5, "cpu family": ""}) == "5"
+    assert cpu_env.mkl_code_path(XEON) is None and cpu_env.mkl_code_path({}) is None
 
 
 def test_a_fresh_process_gets_the_defaults_and_keeps_what_the_user_set():
@@ -119,13 +135,19 @@ def test_the_settings_benchmark_measures_each_distinct_candidate_once(monkeypatc
     from benchmarks import bench_cpu_settings as bench
 
     monkeypatch.setattr(bench, "usable_cores", lambda: 2)
-    monkeypatch.setattr(bench, "cpu_model", lambda: ("AuthenticAMD", "AMD EPYC"))
+    monkeypatch.setattr(bench, "cpuinfo_fields", lambda: ZEN4)
     amd = bench.candidates()
     assert list(amd)[0] == "chosen for this CPU" and "with MKL_DEBUG_CPU_TYPE=5" not in amd  # same as chosen
-    monkeypatch.setattr(bench, "cpu_model", lambda: ("GenuineIntel", "Intel Xeon"))
+    assert amd["with MKL_DEBUG_CPU_TYPE=7 (AVX-512)"]["MKL_DEBUG_CPU_TYPE"] == "7"  # measured against the chosen 5
+    monkeypatch.setattr(bench, "cpuinfo_fields", lambda: ZEN5)
+    zen5 = bench.candidates()
+    assert zen5["chosen for this CPU"]["MKL_DEBUG_CPU_TYPE"] == "7" and "with MKL_DEBUG_CPU_TYPE=7 (AVX-512)" not in zen5
+    assert zen5["with MKL_DEBUG_CPU_TYPE=5"]["MKL_DEBUG_CPU_TYPE"] == "5"
+    monkeypatch.setattr(bench, "cpuinfo_fields", lambda: XEON)
     intel = bench.candidates()
     assert "without MKL_DEBUG_CPU_TYPE" not in intel and intel["with MKL_DEBUG_CPU_TYPE=5"]["MKL_DEBUG_CPU_TYPE"] == "5"
-    for found in (amd, intel):
+    assert not any("=7" in name for name in intel)  # Intel: MKL dispatches to AVX-512 itself
+    for found in (amd, zen5, intel):
         values = [json.dumps(s, sort_keys=True) for s in found.values()]
         assert len(values) == len(set(values))
         assert found["strided views on (Paddle's default)"]["FLAGS_use_stride_kernel"] == "1"
@@ -213,7 +235,7 @@ def test_the_optimizer_step_runs_on_the_optimizer_threads_with_the_same_bits():
     assert same  # AdamW's element-wise loop gives the same weights on 1 and 2 threads
     if outside is not None:  # paddle's CPU wheel with its libiomp5
         assert (outside, inside, after) == (1, 2, 1)
-    assert cpu_env.cpu_defaults("GenuineIntel", 4)["ALIGNMENT_OPTIMIZER_THREADS"] == "4"
+    assert cpu_env.cpu_defaults(XEON, 4)["ALIGNMENT_OPTIMIZER_THREADS"] == "4"
 
 
 def test_a_bad_optimizer_threads_setting_fails_at_start_up_with_the_variable_named():
