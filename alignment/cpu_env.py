@@ -10,10 +10,10 @@ any machine):
 - MKL_DEBUG_CPU_TYPE (AMD only, `mkl_code_path`): the MKL bundled with paddle runs its generic code on AMD CPUs
   unless told which of its paths to take. 5, the AVX2 path: SmolLM2 training 73 -> 137 tokens/s. 7, the AVX-512
   (Skylake-SP) path, on Zen 5 (family 26), which executes 512-bit FMAs at full width: fp32 GEMM 237 -> 434
-  GFLOP/s, a SmolLM2 GRPO step 18.8 -> 13.1 s (2 EPYC family 26 cores). Zen 4 splits each 512-bit FMA in two, and
-  its AVX2 path already ran at 87% of that width's peak, so it keeps 5. A path whose instructions the CPU lacks
-  dies of SIGILL (8 does on that Zen 5), so each is set only with its ISA flags present. On an Intel Xeon MKL
-  dispatches itself, and 5 halves fp32 GEMM there (156 vs 287-301 GFLOP/s): nothing is set.
+  GFLOP/s, a SmolLM2 GRPO step 18.8 -> 13.1 s (2 EPYC family 26 cores). Zen 4 splits each 512-bit FMA in two, so
+  the path cannot raise its FMA rate; it keeps 5, measured there (7 is not yet). A path whose instructions the
+  CPU lacks dies of SIGILL (8 does on that Zen 5), so each is set only with its ISA flags present. On an Intel
+  Xeon MKL dispatches itself, and 5 halves fp32 GEMM there (156 vs 287-301 GFLOP/s): nothing is set.
 - FLAGS_use_stride_kernel=0: transpose and slicing copy with dense kernels instead of returning strided views,
   whose backward took most of the gap to torch on CPU (one PPO step 2.857 s -> 2.021 s).
 - FLAGS_new_executor_serial_run=1: a static program's ops run on the calling thread instead of executor threads
@@ -40,7 +40,7 @@ import importlib.metadata
 import os
 import sys
 import warnings
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from alignment.launcher import local_processes
 
@@ -97,7 +97,7 @@ AVX512_PATH = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")  # wha
 FULL_WIDTH_AVX512_FAMILY = 26  # AMD Zen 5: 512-bit FMAs at full width (Zen 4, family 25, splits them in two)
 
 
-def mkl_code_path(cpu: Dict[str, str]):
+def mkl_code_path(cpu: Dict[str, str]) -> Optional[str]:
     """MKL_DEBUG_CPU_TYPE for the CPU described by these /proc/cpuinfo fields, or None (MKL's own choice)."""
     if cpu.get("vendor_id") != "AuthenticAMD":
         return None

@@ -6,10 +6,10 @@ each candidate setting, each measured in a fresh process (the variables only act
 Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5 (and =7,
 MKL's AVX-512 path, on an AMD CPU with AVX-512), OpenMP threads instead of (or as well as) MKL threads, one MKL
 thread, Paddle's strided views left on, glibc's default allocator instead of ALIGNMENT_MALLOC=heap, and the
-optimizer step on one OpenMP thread instead of ALIGNMENT_OPTIMIZER_THREADS = cores (identical candidates are measured once). Prints one row per candidate with
-ratios to the chosen setting and the spread of its rounds, so the choice can be re-checked on any new machine (the
-CPU model is printed with the figures); a candidate ahead of the chosen one by less than the rounds' spread is
-reported as a tie, not as a better setting.
+optimizer step on one OpenMP thread instead of ALIGNMENT_OPTIMIZER_THREADS = cores (identical candidates are
+measured once). Prints one row per candidate with ratios to the chosen setting and the spread of its rounds, so
+the choice can be re-checked on any new machine (the CPU model is printed with the figures); a candidate ahead of
+the chosen one by less than the rounds' spread is reported as a tie, not as a better setting.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import (AVX512_PATH, SETTINGS, cpu_defaults, cpu_model, cpuinfo_fields, machine_facts,  # noqa: E402
-                               usable_cores)
+from alignment.cpu_env import (AVX512_PATH, SETTINGS, cpu_defaults, cpu_model, cpuinfo_fields,  # noqa: E402
+                               machine_facts, usable_cores)
 
 CHILD = r"""
 import json, os, sys, time
