@@ -229,11 +229,13 @@ SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "FLAGS_u
 
 
 def machine_facts() -> Dict[str, object]:
-    """What a benchmark result must record about where it ran: CPU vendor and model, the ISA flags that decide
-    GEMM and elementwise kernels, usable cores, and the settings in force (unset ones left out)."""
+    """What a benchmark result must record about where it ran: CPU vendor, model name and family/model numbers (a
+    VM names Zen 4 and Zen 5 both "AMD EPYC"), the ISA flags that decide GEMM and elementwise kernels, usable
+    cores, and the settings in force (unset ones left out)."""
     fields = cpuinfo_fields()
     flags = set(fields.get("flags", "").split())
     return {"vendor": fields.get("vendor_id", ""), "model": fields.get("model name", ""),
+            "family": fields.get("cpu family", ""), "model_number": fields.get("model", ""),
             "isa": [f for f in ISA_FLAGS if f in flags],
             "usable_cores": usable_cores(), "settings": {k: os.environ[k] for k in SETTINGS if k in os.environ}}
 
@@ -241,7 +243,8 @@ def machine_facts() -> Dict[str, object]:
 def describe_machine(facts: Dict[str, object]) -> str:
     """machine_facts() in one line, for the head of a benchmark's printout and its markdown."""
     settings = " ".join(f"{k}={v}" for k, v in facts["settings"].items()) or "no CPU settings"
-    return (f"{facts['model'] or facts['vendor'] or 'unknown CPU'} ({facts['vendor']}), ISA "
+    family = f" family {facts['family']} model {facts.get('model_number', '')}" if facts.get("family") else ""
+    return (f"{facts['model'] or facts['vendor'] or 'unknown CPU'} ({facts['vendor']}{family}), ISA "
             f"{' '.join(facts['isa']) or '-'}, {facts['usable_cores']} usable cores; {settings}")
 
 

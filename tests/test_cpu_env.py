@@ -55,6 +55,7 @@ def test_a_fresh_process_gets_the_defaults_and_keeps_what_the_user_set():
     assert facts["settings"]["OMP_NUM_THREADS"] == "1"
     vendor, model = cpu_env.cpu_model()
     assert (facts["vendor"], facts["model"]) == (vendor, model)
+    assert facts["family"] == cpu_env.cpuinfo_fields().get("cpu family", "")
     assert facts["usable_cores"] == cpu_env.usable_cores() >= 1
     assert set(facts["isa"]) <= set(cpu_env.ISA_FLAGS)
 
@@ -128,6 +129,9 @@ def test_describe_machine_names_the_cpu_isa_cores_and_settings():
     assert cpu_env.describe_machine(facts) == ("Intel Xeon (GenuineIntel), ISA avx2 avx512f, 2 usable cores; "
                                                "OMP_NUM_THREADS=1 MKL_NUM_THREADS=2")
     assert "no CPU settings" in cpu_env.describe_machine({**facts, "settings": {}})
+    zen5 = cpu_env.describe_machine({**facts, "vendor": "AuthenticAMD", "model": "AMD EPYC", "family": "26",
+                                     "model_number": "2"})
+    assert zen5.startswith("AMD EPYC (AuthenticAMD family 26 model 2), ISA avx2 avx512f")
 
 
 def test_the_settings_benchmark_measures_each_distinct_candidate_once(monkeypatch):
