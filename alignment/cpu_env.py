@@ -97,15 +97,17 @@ AVX512_PATH = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")  # wha
 FULL_WIDTH_AVX512_FAMILY = 26  # AMD Zen 5: 512-bit FMAs at full width (Zen 4, family 25, splits them in two)
 
 
+def can_take_mkl_path(cpu: Dict[str, str], isa) -> bool:
+    """Is this an AMD CPU (where MKL takes the path MKL_DEBUG_CPU_TYPE names) with every flag of that path's ISA?"""
+    return cpu.get("vendor_id") == "AuthenticAMD" and set(cpu.get("flags", "").split()).issuperset(isa)
+
+
 def mkl_code_path(cpu: Dict[str, str]) -> Optional[str]:
     """MKL_DEBUG_CPU_TYPE for the CPU described by these /proc/cpuinfo fields, or None (MKL's own choice)."""
-    if cpu.get("vendor_id") != "AuthenticAMD":
-        return None
-    flags = set(cpu.get("flags", "").split())
     family = cpu.get("cpu family", "0")
-    if family.isdigit() and int(family) >= FULL_WIDTH_AVX512_FAMILY and flags.issuperset(AVX512_PATH):
+    if can_take_mkl_path(cpu, AVX512_PATH) and family.isdigit() and int(family) >= FULL_WIDTH_AVX512_FAMILY:
         return "7"
-    return "5" if flags.issuperset(AVX2_PATH) else None
+    return "5" if can_take_mkl_path(cpu, AVX2_PATH) else None
 
 
 def cpu_defaults(cpu: Dict[str, str], cores: int) -> Dict[str, str]:

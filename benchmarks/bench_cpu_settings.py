@@ -22,8 +22,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import (AVX512_PATH, SETTINGS, cpu_defaults, cpu_model, cpuinfo_fields,  # noqa: E402
-                               machine_facts, usable_cores)
+from alignment.cpu_env import (AVX512_PATH, SETTINGS, can_take_mkl_path, cpu_defaults, cpu_model,  # noqa: E402
+                               cpuinfo_fields, machine_facts, usable_cores)
 
 CHILD = r"""
 import json, os, sys, time
@@ -70,8 +70,7 @@ def candidates() -> dict:
              "without MKL_DEBUG_CPU_TYPE": without,
              "with MKL_DEBUG_CPU_TYPE=5": {**without, "MKL_DEBUG_CPU_TYPE": "5"},
              **({"with MKL_DEBUG_CPU_TYPE=7 (AVX-512)": {**without, "MKL_DEBUG_CPU_TYPE": "7"}}
-                if cpu.get("vendor_id") == "AuthenticAMD" and set(cpu.get("flags", "").split()) >= set(AVX512_PATH)
-                else {}),  # MKL's AVX-512 path on an AMD CPU that has its instructions (see mkl_code_path)
+                if can_take_mkl_path(cpu, AVX512_PATH) else {}),  # on any AMD CPU with its instructions
              "OpenMP threads (OMP=cores, MKL=1)": {**chosen, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": "1"},
              "OpenMP and MKL threads (OMP=MKL=cores)": {**chosen, "OMP_NUM_THREADS": str(cores),
                                                          "MKL_NUM_THREADS": str(cores)},
