@@ -7,12 +7,22 @@ output column as the same dot product whatever the other columns: bit-identical,
 tests/test_fused_decode.py), RoPE rotates q, k and v in one pass with cos 1 and sin 0 for v (v * 1 +
 (v @ rotate) * 0 is v), the norm weights are expanded over the batch once, and the step's rotary tables and
 attention bias are built once for all layers. Every other operation is the one `LlamaModel` runs, in the same
-order: generated tokens, logits and log-probs are the same bits. The cache grows by concatenation as in the
-layer path: attending over a preallocated, masked width instead changed the bits (Paddle's CPU softmax gave the
-masked columns tiny nonzero weights, and the longer probs @ v rounded differently). The concatenated weights and
+order: generated tokens, logits and log-probs are the same bits, except for tied embeddings at batch < 16 (below).
+The cache grows by concatenation as in the layer path: attending over a preallocated, masked width instead changed
+the bits (Paddle's CPU softmax gave the masked columns tiny nonzero weights, and the longer probs @ v rounded
+differently). The concatenated weights and
 LM-head slices are copies made per generate call: ~180 MB for SmolLM2-135M. Gate and up stay two GEMMs over the
 model's own weights: one over [gate_proj | up_proj] took 40 ms a step over SmolLM2's 30 layers at batch 32, its
 transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
+
+A tied LM head multiplies by a transposed copy of the embedding ([hidden, vocab], as an untied head is stored)
+instead of by the embedding with transpose_y: SmolLM2's head took 3.4 against 6.0 ms at batch 8 and 7.4 against
+12.1 ms at batch 32 (2 AMD EPYC Zen 5 cores, family 26, MKL_DEBUG_CPU_TYPE=7; the same time either way on Zen 4
+with 5). Below 16 rows MKL's transposed-B kernel rounds its dot products differently from its own result at 16 rows
+and more, while the plain kernel gives one result at every batch from 2 rows on: the copy's logits are the bits a
+scoring pass over many rows computes from the same hidden state, and differ from the layer path's decode step by
+float rounding at batch 2-15 (SmolLM2, greedy, 64 tokens: the same tokens, log-probs up to 1.5e-5 apart at batch 8,
+the same bits at batch 32).
 
 Only plain single-process models qualify (`fusable`): LoRA adapters, tensor parallelism, biases or a non-float32
 model decode through the layers.
@@ -66,17 +76,20 @@ def layer_weights(layer, batch: int) -> LayerWeights:
         mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
 
 
-# The LM head as this many GEMMs over vocabulary slices: MKL streamed SmolLM2's [576, 49152] head at 15 GB/s in 8
-# slices, 12.5 GB/s whole (batch 8, 2 Zen 4 cores; 1, 4, 8, 16 and 32 slices measured); the slices are copies.
+# The LM head as this many GEMMs over [hidden, vocab] slices: MKL streamed SmolLM2's [576, 49152] head at 15 GB/s
+# in 8 slices, 12.5 GB/s whole (batch 8, 2 Zen 4 cores; 1, 4, 8, 16 and 32 slices measured); on Zen 5 (MKL's
+# AVX-512 path) 33 GB/s in 8, 29 whole, 35 in 16. The slices are copies.
 HEAD_SLICES = 8
 
 
 def vocab_slices(weight, axis: int, count: int) -> List[paddle.Tensor]:
-    """weight split along its vocabulary axis into `count` nearly equal parts (fewer when the vocabulary is small)."""
+    """weight split along its vocabulary axis into `count` nearly equal [hidden, part] copies (fewer parts when the
+    vocabulary is small); axis 0: weight is [vocab, hidden] (an embedding) and each part is transposed."""
     vocab = weight.shape[axis]
     count = max(1, min(count, vocab))
     sections = [vocab // count + (1 if i < vocab % count else 0) for i in range(count)]
-    return paddle.split(weight, sections, axis=axis)
+    parts = paddle.split(weight, sections, axis=axis)
+    return [paddle.assign(part.t()) for part in parts] if axis == 0 else parts
 
 
 def rms_norm(x, weight, eps: float):
@@ -135,7 +148,7 @@ class FusedDecoder:
         for i, weights in enumerate(self.layers):
             x = self._layer(x, weights, i, cos, sin, bias)
         hidden = rms_norm(x, self.final_norm, self.eps)
-        logits = [paddle.matmul(hidden, part, transpose_y=self.tied) for part in self.head_slices]  # [b, 1, .]
+        logits = [paddle.matmul(hidden, part) for part in self.head_slices]  # [b, 1, part]
         return paddle.concat(logits, axis=-1).reshape([b, -1])
 
     def _layer(self, x, w: LayerWeights, index: int, cos, sin, bias):
