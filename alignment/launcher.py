@@ -3,7 +3,7 @@ reads it. A plain `python ...` run is one process, rank 0, with no endpoints."""
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Optional, Tuple
 
 
 def world_size() -> int:
@@ -33,3 +33,13 @@ def speaks_for_all() -> bool:
 def endpoints() -> List[str]:
     """host:port of every rank, in rank order."""
     return [e for e in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
+
+
+def store_address() -> Optional[Tuple[str, int]]:
+    """host, port of the store every rank meets at in init_parallel_env, read as Paddle's global TCPStore reads it
+    (phi/core/distributed/store/store_utils.cc): PADDLE_MASTER, else the first endpoint (None in a plain run)."""
+    address = os.environ.get("PADDLE_MASTER") or next(iter(endpoints()), None)
+    if not address:
+        return None
+    host, port = address.rsplit(":", 1)
+    return host, int(port)

@@ -15,11 +15,13 @@ import paddle
 import paddle.distributed as dist
 from paddle import _C_ops
 
-from alignment.launcher import rank, world_size
+from alignment.launcher import rank, store_address, world_size
+from alignment.parallel.stores import wait_until_listening
 
 _hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up a hybrid layout
 _trainers = None  # asynchronous RL (Layout.rollout > 0): the group of the training ranks; collectives here use it
 _training_world = None  # the number of training ranks (None: every process trains)
+STORE_WAIT_SECONDS = 900  # Paddle's own default for the launch's store (FLAGS_stop_check_timeout)
 
 
 def is_main_process() -> bool:
@@ -32,6 +34,9 @@ def init_distributed(layout=None) -> None:
     global _hybrid, _trainers, _training_world
     if world_size() == 1 or dist.is_initialized():
         return
+    store = store_address()
+    if rank() != 0 and store:  # a connect before rank 0 listens can connect to itself (stores.wait_until_listening)
+        wait_until_listening(*store, STORE_WAIT_SECONDS)
     if layout is not None and layout.rollout:  # training ranks 0 .. world - 1, then the rollout ranks
         dist.init_parallel_env()
         _trainers = dist.new_group(list(range(layout.world)))

@@ -6,13 +6,19 @@ asynchronous RL's mailbox, alignment/ppo/asynchronous.py).
 Paddle's TCPStore client sends a request in several small writes and leaves Nagle's algorithm on, so every write
 after the first waits for the store's delayed ACK (40 ms on Linux): on loopback an `add` took 42 ms and a `get`
 88 ms, 0.05 and 0.09 ms with TCP_NODELAY on the client's socket. `rank_zero_store` sets it.
+
+`wait_until_listening` keeps the other ranks from connecting to the launch's own store before rank 0 serves it.
 """
 from __future__ import annotations
 
 import os
 import socket
+import time
+from typing import Set
 
 FD_DIR = "/proc/self/fd"
+SOCKET_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+LISTEN = "0A"  # the state column of a listening socket in those tables
 
 
 def connected_tcp_sockets():
@@ -65,3 +71,55 @@ def rank_zero_store(group_rank: int, key: str, host: str, rendezvous, timeout: i
         store = core.TCPStore(host, port, False, 0, timeout)
     no_delay_to(host, port)
     return store
+
+
+def is_local_address(host: str) -> bool:
+    """Whether `host` names an address of this machine (a socket can be bound to it); nothing is sent."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(address)
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def listening_ports() -> Set[int]:
+    """The TCP ports something on this machine listens on, from the kernel's socket tables (empty if unreadable)."""
+    ports = set()
+    for table in SOCKET_TABLES:
+        try:
+            with open(table) as rows:
+                next(rows, None)  # the header
+                for row in rows:
+                    fields = row.split()
+                    if len(fields) > 3 and fields[3] == LISTEN:
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    return ports
+
+
+def wait_until_listening(host: str, port: int, timeout: float, poll: float = 0.05) -> bool:
+    """On the host of the launch's store, wait (without connecting) until it listens, at most `timeout` seconds;
+    True once it does, or at once when the store is on another host (or the socket tables cannot be read).
+
+    Why: Paddle's launcher picks the store's port in 35100-64000, which overlaps Linux's ephemeral range
+    (32768-60999 by default), and a rank's TCPStore client retries connect() in a tight loop until rank 0
+    listens. A retry whose kernel-chosen source port equals the store's port connects to itself (measured: 0.34 s
+    of retries to a closed port 38508 on 127.0.0.1); that rank then reads its own request back and stops, and rank
+    0 cannot listen on the taken port and aborts (`uv__finish_close` assertion). Self-connection needs the same
+    address on both ends, so only ranks on the store's host wait."""
+    if not is_local_address(host) or not os.path.exists(SOCKET_TABLES[0]):
+        return True
+    deadline = time.monotonic() + timeout
+    while port not in listening_ports():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
