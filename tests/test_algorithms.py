@@ -82,6 +82,43 @@ def test_entropy_stays_accurate_for_large_logits_over_a_large_vocabulary():
     close(lp.entropy_from_logits(t(z)), -(np.exp(log_p) * log_p).sum(-1), atol=3e-4)
 
 
+def test_log_probs_and_entropy_from_the_kernels_softmax():
+    """One softmax for both: the log-probs are gather_log_probs' bit for bit (values and gradient), the entropy
+    is the definition's, detached, for hand cases, large logits and a SmolLM2-sized vocabulary."""
+    h = -(1 / 6 * math.log(1 / 6) + 1 / 3 * math.log(1 / 3) + 1 / 2 * math.log(1 / 2))
+    logits = t([[[0.0, 0, 0, 0], [math.log(1.0), math.log(2.0), math.log(3.0), -1e4]]])  # [1, 2, 4]; e^-1e4 = 0
+    log_probs, entropy = lp.log_probs_and_entropy(logits, t([[1, 2]], "int64"))
+    close(log_probs, [[math.log(1 / 4), math.log(1 / 2)]])
+    close(entropy, [[math.log(4), h]])
+    # one certain token -> 0, whatever the label (the kernel clips log p(label) at -64, here of -2000); two tied far
+    # above the rest -> ln 2
+    big = t([[[1000.0, 0.0, -1000.0], [1000.0, 0.0, -1000.0], [500.0, 500.0, -500.0]]])
+    log_probs, entropy = lp.log_probs_and_entropy(big, t([[0, 2, 1]], "int64"))
+    close(log_probs, [[0.0, -64.0, math.log(0.5)]])
+    close(entropy, [[0.0, 0.0, math.log(2)]])
+
+    rng = np.random.default_rng(4)
+    z = t(rng.normal(size=(3, 5, 11)) * 3)
+    z.stop_gradient = False
+    labels = t(rng.integers(0, 11, size=(3, 5)), "int64")
+    log_probs, entropy = lp.log_probs_and_entropy(z, labels)
+    assert entropy.stop_gradient and not log_probs.stop_gradient
+    log_probs.sum().backward()
+    grad = z.grad.numpy().copy()
+    z.clear_gradient()
+    reference = lp.gather_log_probs(z, labels)
+    reference.sum().backward()
+    assert np.array_equal(log_probs.numpy(), reference.numpy()) and np.array_equal(grad, z.grad.numpy())
+    close(entropy, lp.entropy_from_logits(z.detach()), atol=1e-5)
+
+    z = (40 + 4 * rng.standard_normal((2, 2, 49152))).astype(np.float32)
+    labels = rng.integers(0, 49152, size=(2, 2))
+    shifted = z.astype(np.float64) - z.max(-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    _, entropy = lp.log_probs_and_entropy(t(z), t(labels, "int64"))
+    close(entropy, -(np.exp(log_p) * log_p).sum(-1), atol=1e-4)
+
+
 # ---------------------------------------------------------------- KL estimators
 def test_kl_estimators_hand_values():
     # p = 0.5, q = 0.25: k1 = ln 2; k2 = (ln 2)^2 / 2; k3 = q/p - ln(q/p) - 1 = 0.5 + ln 2 - 1

@@ -46,6 +46,27 @@ def test_head_slices_are_the_head_as_hidden_by_vocab_copies():
     assert len(vocab_slices(embedding, 0, 32)) == 11
 
 
+def test_rotary_rows_are_step_rotary_of_the_positions_across_table_rebuilds():
+    from alignment.models.fused_decode import FusedDecoder, step_rotary
+
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    decoder = FusedDecoder(model, [None] * len(model.model.layers), mask)
+    attn = model.model.layers[0].self_attn
+    widths = []
+    for _ in range(3 * mask.shape[1]):  # the mask outgrows the first table (twice its width) once
+        positions = paddle.to_tensor(np.random.default_rng(len(widths)).integers(0, decoder.mask.shape[1],
+                                                                                  mask.shape[0]))
+        cos, sin = decoder.rotary_rows(positions)
+        ref_cos, ref_sin = step_rotary(positions.reshape([-1, 1]), attn.head_dim, model.config.rope_theta,
+                                       attn.num_heads, attn.num_kv_heads)
+        np.testing.assert_array_equal(cos.numpy(), ref_cos.numpy())
+        np.testing.assert_array_equal(sin.numpy(), ref_sin.numpy())
+        widths.append(decoder.rotary[0].shape[0])
+        decoder.mask = paddle.concat([decoder.mask, paddle.ones([mask.shape[0], 1], "int64")], axis=1)
+    assert widths[0] == 2 * mask.shape[1] and len(set(widths)) == 2
+
+
 def test_sampling_with_a_seed_equals_the_layer_path_with_eos_penalty_and_row_numbers():
     model = tiny_model()
     ids, mask = left_padded_batch()

@@ -109,7 +109,9 @@ def next_token(logits, config: GenerationConfig, seen, rows: Optional[SampleRows
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if not config.do_sample:
         return paddle.argmax(logits, axis=-1)
-    logits = apply_top_p(apply_top_k(logits / config.temperature, config.top_k), config.top_p)
+    if config.temperature != 1.0:  # a [b, vocab] pass saved at 1.0 (x / 1.0 is x)
+        logits = logits / config.temperature
+    logits = apply_top_p(apply_top_k(logits, config.top_k), config.top_p)
     if uniform is not None:
         return inverse_cdf_sample(logits, uniform)
     if rows is None:

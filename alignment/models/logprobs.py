@@ -6,7 +6,7 @@ via LlamaForCausalLM.token_log_probs), so they live with the models, not with an
 from __future__ import annotations
 
 import paddle
-import paddle.nn.functional as F
+from paddle import _C_ops
 
 from alignment.data.tokenized import IGNORE_INDEX
 from alignment.parallel import tensor_parallel as tp
@@ -17,18 +17,48 @@ def _f32(x):
     return x if x.dtype == paddle.float32 else x.astype("float32")
 
 
+def _softmax_cross_entropy(logits, labels):
+    """(softmax [B*T, V], nll [B*T, 1]) of logits [B,T,V] and labels [B,T]: Paddle's fused kernel, the call
+    F.cross_entropy makes (reduction "none", ignore_index -100), which discards the softmax it computes."""
+    logits = _f32(logits)
+    flat = logits.reshape([-1, logits.shape[-1]])  # [B*T, V]
+    flat_labels = labels.astype("int64").reshape([-1, 1])  # [B*T, 1]
+    return _C_ops.cross_entropy_with_softmax(flat, flat_labels, False, True, True, IGNORE_INDEX, -1)
+
+
 def gather_log_probs(logits, labels):
     """log softmax(logits)[label]  = logits[label] - logsumexp(logits), per token. [B,T,V], [B,T] -> [B,T].
 
     Computed as -cross_entropy (fast on CPU, unlike F.log_softmax over a big vocabulary); differentiable.
     Labels equal to -100 (paddle's ignore_index) give 0.
     """
-    logits = _f32(logits)
-    vocab = logits.shape[-1]
-    flat = logits.reshape([-1, vocab])  # [B*T, V]
-    flat_labels = labels.astype("int64").reshape([-1, 1])  # [B*T, 1]
-    nll = F.cross_entropy(flat, flat_labels, reduction="none")  # [B*T, 1]
+    _, nll = _softmax_cross_entropy(logits, labels)
     return -nll.reshape(labels.shape)  # [B, T]
+
+
+EXACT_NLL = 50.0  # below it a label's -log p is exact; the cross-entropy kernel clips it at 64
+
+
+def log_probs_and_entropy(logits, labels):
+    """(log p(label) [B,T], differentiable; entropy [B,T], detached) from one softmax over the vocabulary: the
+    softmax the cross-entropy kernel computes anyway. Labels must be token ids (>= 0).
+
+    H = sum_v p_v (lse - z_v), with lse = z_label - log p(label): every term is >= 0, so the sum has no
+    cancellation. The kernel clips -log p(label) at 64, so rows whose label is that unlikely take
+    entropy_from_logits instead (a token of probability below e^-50; none in practice). Against
+    entropy_from_logits, log-probs + entropy of [16, 32, 8000] logits took 12.5-13.0 -> 6.9-7.2 ms and of
+    [32, 64, 49152] 296-311 -> 181-198 ms (2 cores, AMD EPYC family 26 / Zen 5, AVX-512)."""
+    probs, nll = _softmax_cross_entropy(logits, labels)  # [N, V], [N, 1]
+    with paddle.no_grad():
+        flat, probs = _f32(logits).detach().reshape(probs.shape), probs.detach()  # [N, V]
+        nll_value = nll.detach()
+        lse = paddle.take_along_axis(flat, labels.astype("int64").reshape([-1, 1]), axis=1) + nll_value  # [N, 1]
+        gaps = paddle.expand(lse, flat.shape) - flat  # [N, V], >= 0 up to rounding; expanded: faster than broadcast
+        entropy = sum_last_axis(probs * gaps)  # [N]
+        unlikely = paddle.nonzero(nll_value.reshape([-1]) > EXACT_NLL).reshape([-1])  # rows of clipped labels
+        if unlikely.shape[0]:
+            entropy = paddle.scatter(entropy, unlikely, entropy_from_logits(paddle.gather(flat, unlikely)))
+    return -nll.reshape(labels.shape), entropy.reshape(labels.shape)
 
 
 def sum_last_axis(x):
