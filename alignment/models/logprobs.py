@@ -17,13 +17,16 @@ def _f32(x):
     return x if x.dtype == paddle.float32 else x.astype("float32")
 
 
-def _softmax_cross_entropy(logits, labels):
-    """(softmax [B*T, V], nll [B*T, 1]) of logits [B,T,V] and labels [B,T]: Paddle's fused kernel, the call
-    F.cross_entropy makes (reduction "none", ignore_index -100), which discards the softmax it computes."""
-    logits = _f32(logits)
-    flat = logits.reshape([-1, logits.shape[-1]])  # [B*T, V]
-    flat_labels = labels.astype("int64").reshape([-1, 1])  # [B*T, 1]
+def _softmax_cross_entropy(flat, flat_labels):
+    """(softmax [N, V], nll [N, 1]) of float32 logits [N, V] and int64 labels [N, 1]: Paddle's fused kernel, the
+    call F.cross_entropy makes (reduction "none", ignore_index -100), which discards the softmax it computes."""
     return _C_ops.cross_entropy_with_softmax(flat, flat_labels, False, True, True, IGNORE_INDEX, -1)
+
+
+def _flat(logits, labels):
+    """logits [B,T,V] -> float32 [B*T, V]; labels [B,T] -> int64 [B*T, 1]."""
+    logits = _f32(logits)
+    return logits.reshape([-1, logits.shape[-1]]), labels.astype("int64").reshape([-1, 1])
 
 
 def gather_log_probs(logits, labels):
@@ -32,7 +35,7 @@ def gather_log_probs(logits, labels):
     Computed as -cross_entropy (fast on CPU, unlike F.log_softmax over a big vocabulary); differentiable.
     Labels equal to -100 (paddle's ignore_index) give 0.
     """
-    _, nll = _softmax_cross_entropy(logits, labels)
+    _, nll = _softmax_cross_entropy(*_flat(logits, labels))
     return -nll.reshape(labels.shape)  # [B, T]
 
 
@@ -48,11 +51,11 @@ def log_probs_and_entropy(logits, labels):
     entropy_from_logits instead (a token of probability below e^-50; none in practice). Against
     entropy_from_logits, log-probs + entropy of [16, 32, 8000] logits took 12.5-13.0 -> 6.9-7.2 ms and of
     [32, 64, 49152] 296-311 -> 181-198 ms (2 cores, AMD EPYC family 26 / Zen 5, AVX-512)."""
-    probs, nll = _softmax_cross_entropy(logits, labels)  # [N, V], [N, 1]
+    flat, flat_labels = _flat(logits, labels)  # [N, V], [N, 1]
+    probs, nll = _softmax_cross_entropy(flat, flat_labels)  # [N, V], [N, 1]
     with paddle.no_grad():
-        flat, probs = _f32(logits).detach().reshape(probs.shape), probs.detach()  # [N, V]
-        nll_value = nll.detach()
-        lse = paddle.take_along_axis(flat, labels.astype("int64").reshape([-1, 1]), axis=1) + nll_value  # [N, 1]
+        flat, probs, nll_value = flat.detach(), probs.detach(), nll.detach()
+        lse = paddle.take_along_axis(flat, flat_labels, axis=1) + nll_value  # [N, 1]
         gaps = paddle.expand(lse, flat.shape) - flat  # [N, V], >= 0 up to rounding; expanded: faster than broadcast
         entropy = sum_last_axis(probs * gaps)  # [N]
         unlikely = paddle.nonzero(nll_value.reshape([-1]) > EXACT_NLL).reshape([-1])  # rows of clipped labels
