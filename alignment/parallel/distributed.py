@@ -21,7 +21,7 @@ from alignment.parallel.stores import wait_until_listening
 _hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up a hybrid layout
 _trainers = None  # asynchronous RL (Layout.rollout > 0): the group of the training ranks; collectives here use it
 _training_world = None  # the number of training ranks (None: every process trains)
-STORE_WAIT_SECONDS = 900  # Paddle's own default for the launch's store (FLAGS_stop_check_timeout)
+STORE_WAIT_SECONDS = 900  # as long as init_parallel_env's own default wait (FLAGS_stop_check_timeout)
 
 
 def is_main_process() -> bool:

@@ -110,10 +110,10 @@ def wait_until_listening(host: str, port: int, timeout: float, poll: float = 0.0
     True once it does, or at once when the store is on another host (or the socket tables cannot be read).
 
     Why: Paddle's launcher picks the store's port in 35100-64000, which overlaps Linux's ephemeral range
-    (32768-60999 by default), and a rank's TCPStore client retries connect() in a tight loop until rank 0
-    listens. A retry whose kernel-chosen source port equals the store's port connects to itself (measured: 0.34 s
-    of retries to a closed port 38508 on 127.0.0.1); that rank then reads its own request back and stops, and rank
-    0 cannot listen on the taken port and aborts (`uv__finish_close` assertion). Self-connection needs the same
+    (32768-60999 by default), and a rank's TCPStore client retries connect() (about once a second) until rank 0
+    listens. A retry whose kernel-chosen source port equals the store's port connects to itself (a Python loop
+    retrying a closed 127.0.0.1:38508 did after 24821 attempts); that rank then reads its own request back and
+    stops, and rank 0 cannot listen on the taken port and aborts (`uv__finish_close` assertion; seen once in CI). Self-connection needs the same
     address on both ends, so only ranks on the store's host wait."""
     if not is_local_address(host) or not os.path.exists(SOCKET_TABLES[0]):
         return True
