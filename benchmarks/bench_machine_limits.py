@@ -11,16 +11,24 @@ before and after the workloads, the largest figure taken). Phases
 tokens, plus attention) against the best GEMM peak; greedy generation at batch 8 split into its prompt pass (a
 call with one new token; FLOP/s against the GEMM peak) and its decode steps (the rest of the call; tokens/s
 against the bandwidth bound, batch x bandwidth / (bytes of the fp32 weights + the KV cache read per step)), and
-the whole call against the sum of those two bounds. Medians of --repeats; the CPU and ISA are printed with the
-figures; every figure is a ratio measured in the same run.
+the whole call against the sum of those two bounds. Medians of --repeats, each workload first called until a
+call faults in no new memory page (`settle`: the heap's steady state, which a training run reaches in its first
+few steps); the CPU and ISA are printed with the figures; every figure is a ratio measured in the same run.
 --decode-only: the bandwidth and greedy decoding only, through generate's FusedDecoder and through the model's
 layers (`fused=False`) alternating with the prompt pass alone, each against the same bound.
+Ceilings (both modes; the training one in the full run only): the same phases reduced to their GEMMs, as
+Paddle's matmul runs them on random inputs: a decode step's weight GEMMs at batch 8 over the FusedDecoder's own
+weight copies, against the bandwidth bound, and a training step's forward and backward GEMMs (projections, the
+LM head, attention's products) against the GEMM peak. No arrangement of Paddle calls takes a phase past its
+ceiling; a target above it needs faster kernels, not fewer calls.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -39,6 +47,26 @@ TOKENS = 1024
 SHAPES = [(TOKENS, 576, 1536), (TOKENS, 576, 576), (TOKENS, 1536, 576), (TOKENS, 576, 49152)]
 TRIAD_ELEMENTS = 64 * 1024 * 1024  # 256 MB per float32 array
 TRIAD_CHUNK = 64 * 1024  # 256 KB: a chunk of s * c stays in L2
+
+
+SETTLE_CALLS = 10  # at most this many warm-up calls of a workload (settle)
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def settle(fn, limit: int = SETTLE_CALLS, faults=minor_faults) -> int:
+    """Warm-up calls of `fn` until one faults in no new page (at most `limit`); returns how many ran. With
+    ALIGNMENT_MALLOC=heap the heap grows over a workload's first calls until its free chunks fit every buffer:
+    a SmolLM2 training step faulted in 750k, 495k, 74k, 49k and 49k pages on its first five calls (3.4, 4.4, 3.5,
+    3.2, 3.2 s) and none from the sixth on (2.7 s), the state a training run spends its steps in."""
+    for calls in range(1, limit + 1):
+        before = faults()
+        fn()
+        if faults() == before:
+            return calls
+    return limit
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -131,6 +159,68 @@ def decode_bound(model, bandwidth_gb_s: float) -> float:
     return smol.BATCH * bandwidth_gb_s * 1e9 / (weight_bytes + smol.BATCH * mean_context * kv_bytes)
 
 
+def run_matmuls(calls) -> None:
+    """One paddle.matmul per (a, b, transpose_x, transpose_y) in `calls`, in order, recording no gradients."""
+    import paddle
+
+    with paddle.no_grad():
+        for a, b, tx, ty in calls:
+            paddle.matmul(a, b, transpose_x=tx, transpose_y=ty)
+
+
+def decode_gemms(model, batch: int) -> list:
+    """The weight GEMMs of one FusedDecoder step at `batch` rows, over the weight copies the decoder itself makes
+    (q | k | v, o, gate, up and down per layer, then the LM head's slices); inputs [batch, 1, K] of random numbers."""
+    import paddle
+
+    from alignment.models.fused_decode import FusedDecoder
+
+    with paddle.no_grad():
+        decoder = FusedDecoder(model, [], paddle.ones([batch, 1], "int64"))  # weights only: no step is taken
+    weights = [w for layer in decoder.layers for w in (layer.qkv, layer.o, layer.gate, layer.up, layer.down)]
+    weights += decoder.head_slices
+    inputs = {k: paddle.rand([batch, 1, k]) for k in {int(w.shape[0]) for w in weights}}
+    return [(inputs[int(w.shape[0])], w, False, False) for w in weights]
+
+
+def train_gemms(model, batch: int, seq: int) -> tuple:
+    """(calls, FLOPs) of a training step's GEMMs on [batch, seq] tokens: every projection forward (x @ W) and
+    backward (dY @ W^T, X^T @ dY) over the model's own weights, the LM head on seq - 1 positions as
+    token_log_probs takes them (tied: against the embedding, transpose_y), and per layer attention's q @ k^T and
+    p @ v with their four backward products; random inputs, one tensor per shape."""
+    import paddle
+
+    cfg, tokens = model.config, batch * seq
+    d = cfg.hidden_size // cfg.num_attention_heads
+    cache: dict = {}
+
+    def rand(*shape):
+        return cache.setdefault(shape, paddle.rand(list(shape)))
+
+    calls = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            k, n = lin.weight.shape
+            calls += [(rand(tokens, k), lin.weight, False, False), (rand(tokens, n), lin.weight, False, True),
+                      (rand(tokens, k), rand(tokens, n), True, False)]
+        q, s = rand(batch, cfg.num_attention_heads, seq, d), rand(batch, cfg.num_attention_heads, seq, seq)
+        calls += [(q, q, False, True), (s, q, False, False),  # scores, out
+                  (s, q, False, False), (s, q, True, False),  # d scores @ k -> dq, d scores^T @ q -> dk
+                  (q, q, False, True), (s, q, True, False)]  # d out @ v^T -> d probs, probs^T @ d out -> dv
+    head = model.model.embed_tokens.weight if cfg.tie_word_embeddings else model.lm_head.weight
+    rows, tied = batch * (seq - 1), cfg.tie_word_embeddings
+    hidden, grad = rand(rows, cfg.hidden_size), rand(rows, cfg.vocab_size)
+    calls += [(hidden, head, False, tied), (grad, head, False, not tied),
+              (grad, hidden, True, False) if tied else (hidden, grad, True, False)]
+    flops = 0.0
+    for a, b, tx, ty in calls:
+        m, k = (a.shape[-1], a.shape[-2]) if tx else (a.shape[-2], a.shape[-1])
+        n = b.shape[-2] if ty else b.shape[-1]
+        flops += 2.0 * m * k * n * math.prod(a.shape[:-2])
+    return calls, flops
+
+
 def prompt_flops(model) -> float:
     """generate's prompt pass: 2 x the decoder's parameters x prompt tokens plus attention, and the LM head at each
     row's last position only (last_only)."""
@@ -157,6 +247,17 @@ def print_generate(name: str, figures: dict, bound: float) -> None:
           f"bandwidth bound {bound:.1f} tokens/s")
 
 
+def decode_ceiling(gemms_s: float, bound: float) -> dict:
+    """Decode steps that ran nothing but their weight GEMMs (one pass of decode_gemms in gemms_s seconds)."""
+    tokens_s = smol.BATCH / gemms_s
+    return {"decode_gemms_tokens_s": tokens_s, "decode_gemms_of_bound": tokens_s / bound}
+
+
+def print_decode_ceiling(ceiling: dict) -> None:
+    print(f"ceiling: decode steps that ran only their weight GEMMs (Paddle's matmul) at batch {smol.BATCH}: "
+          f"{ceiling['decode_gemms_tokens_s']:.1f} tokens/s = {ceiling['decode_gemms_of_bound']:.0%} of the bound")
+
+
 def write_result(result: dict, path) -> dict:
     if path:
         with open(path, "w", encoding="utf-8") as f:
@@ -167,14 +268,15 @@ def write_result(result: dict, path) -> dict:
 
 def decode_only(args) -> dict:
     """The bound and greedy decoding through FusedDecoder and through the model's layers, alternating call by
-    call with the prompt pass alone (medians of --repeats each), so the figures share the machine's state."""
+    call with the prompt pass alone and the decode step's weight GEMMs alone (medians of --repeats each), so the
+    figures share the machine's state."""
     before = bandwidth(args.repeats)
     ours = smol.Ours(smol.ensure_checkpoint(args.model))
+    gemms = decode_gemms(ours.model, smol.BATCH)
     paths = {"fused": lambda: ours.generate(fused=True), "layers": lambda: ours.generate(fused=False),
-             "prompt": lambda: ours.generate(new_tokens=1)}
+             "prompt": lambda: ours.generate(new_tokens=1), "weight_gemms": lambda: run_matmuls(gemms)}
     times = {name: [] for name in paths}
-    for fn in paths.values():
-        fn()  # warm-up
+    warmups = {name: settle(fn) for name, fn in paths.items()}
     for _ in range(args.repeats):
         for name, fn in paths.items():
             start = time.perf_counter()
@@ -191,8 +293,11 @@ def decode_only(args) -> dict:
         print_generate(name, fig, bound)
     ratio = figures["fused"]["decode_steps_tokens_s"] / figures["layers"]["decode_steps_tokens_s"]
     print(f"decode steps, fused / layers: {ratio:.2f}x")
+    ceiling = decode_ceiling(statistics.median(times["weight_gemms"]), bound)
+    print_decode_ceiling(ceiling)
     return write_result({"machine": machine_facts(), "bandwidth_gb_s": memory, "decode_bound_tokens_s": bound,
-                         "generate": figures, "seconds": times}, args.json)
+                         "generate": figures, "ceiling": ceiling, "seconds": times, "warmup_calls": warmups},
+                        args.json)
 
 
 def main(argv=None) -> dict:
@@ -214,7 +319,13 @@ def main(argv=None) -> dict:
     shape = {"params": list(ours.model.parameters()), "hidden": cfg.hidden_size, "layers": cfg.num_hidden_layers}
     workloads = {"train_step": ours.train_step, "score": ours.score, "generate": ours.generate,
                  "prompt": lambda: ours.generate(new_tokens=1)}
+    warmups = {name: settle(fn) for name, fn in workloads.items()}
     seconds = {name: median_seconds(fn, args.repeats) for name, fn in workloads.items()}
+    train_calls, train_gemm_flops = train_gemms(ours.model, smol.BATCH, smol.SEQ)
+    seconds["train_gemms"] = median_seconds(lambda: run_matmuls(train_calls), args.repeats)
+    decode_calls = decode_gemms(ours.model, smol.BATCH)
+    seconds["decode_gemms"] = median_seconds(lambda: run_matmuls(decode_calls), args.repeats)
+    del train_calls, decode_calls
     memory = {"before": before, "after": bandwidth(args.repeats)}
     best, line = best_bandwidth(memory["before"], memory["after"])
     tokens = smol.BATCH * smol.SEQ
@@ -226,18 +337,26 @@ def main(argv=None) -> dict:
     figures = generate_figures(seconds["generate"], seconds["prompt"], bound)
     # the whole call's bound: its prompt pass at the GEMM peak, its decode steps at the bandwidth bound
     generate_bound_s = prompt_work / (peak * 1e9) + smol.BATCH * (smol.NEW_TOKENS - 1) / bound
+    train_gemms_gflops = train_gemm_flops / seconds["train_gemms"] / 1e9
+    ceiling = {"train_gemms_gflops": train_gemms_gflops, "train_gemms_of_peak": train_gemms_gflops / peak,
+               **decode_ceiling(seconds["decode_gemms"], bound)}
     result = {"machine": machine_facts(), "gemm_gflops": gemm, "gemm_peak_gflops": peak, "bandwidth_gb_s": memory,
               "train_gflops": train_gflops, "train_of_peak": train_gflops / peak, "score_gflops": score_gflops,
               "score_of_peak": score_gflops / peak, "prompt_gflops": prompt_gflops,
               "prompt_of_peak": prompt_gflops / peak, "decode_bound_tokens_s": bound, **figures,
-              "generate_of_bound": generate_bound_s / seconds["generate"], "seconds": seconds}
+              "generate_of_bound": generate_bound_s / seconds["generate"], "ceiling": ceiling, "seconds": seconds,
+              "warmup_calls": warmups}
     print(f"GEMM peak {peak:.0f} GFLOP/s; {line}")
+    print("warm-up calls until one faulted in no new page: " + ", ".join(f"{k} {v}" for k, v in warmups.items()))
     print(f"train_step {train_gflops:.0f} GFLOP/s = {train_gflops / peak:.0%} of the GEMM peak; score "
           f"{score_gflops:.0f} GFLOP/s = {score_gflops / peak:.0%}; generate's prompt pass {prompt_gflops:.0f} "
           f"GFLOP/s = {prompt_gflops / peak:.0%}")
     print_generate("", figures, bound)
     print(f"the whole generate call: {seconds['generate']:.3f} s against its bound {generate_bound_s:.3f} s = "
           f"{result['generate_of_bound']:.0%}")
+    print(f"ceiling: the training step's own GEMMs alone (Paddle's matmul) {train_gemms_gflops:.0f} GFLOP/s = "
+          f"{ceiling['train_gemms_of_peak']:.0%} of the GEMM peak")
+    print_decode_ceiling(ceiling)
     return write_result(result, args.json)
 
 

@@ -1,6 +1,7 @@
 """benchmarks/bench_machine_limits.py's arithmetic: the one-pass STREAM triad computes b + 3c over every element
-whatever the split, the prompt pass's FLOPs count the LM head once per row (tied or not), and a generate call's
-decode steps are its time after the prompt pass."""
+whatever the split, the prompt pass's FLOPs count the LM head once per row (tied or not), a generate call's
+decode steps are its time after the prompt pass, and the ceilings' GEMMs are a training step's products and the
+decoder's streamed weights."""
 import importlib.util
 import os
 
@@ -62,3 +63,53 @@ def test_the_bound_takes_the_largest_bandwidth_of_both_measurements():
                                        {"numpy_triad_gb_s": 23.1, "paddle_add_gb_s": 21.0})
     assert best == 23.1
     assert "before: numpy_triad_gb_s 20.0, paddle_add_gb_s 10.5" in line and "after: numpy_triad_gb_s 23.1" in line
+
+
+def tiny_model(tied: bool):
+    return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=16, intermediate_size=40, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_train_gemms_are_a_steps_forward_and_backward_products(tied):
+    limits = limits_module()
+    model = tiny_model(tied)
+    batch, seq = 3, 5
+    calls, flops = limits.train_gemms(model, batch, seq)
+    cfg, tokens = model.config, batch * seq
+    projections = sum(int(p.size) for name, p in model.named_parameters() if "proj" in name)
+    attention = 3 * 2 * 2 * batch * seq * seq * cfg.hidden_size * cfg.num_hidden_layers  # q k^T and p v, x 3
+    head = 6 * batch * (seq - 1) * cfg.vocab_size * cfg.hidden_size
+    assert flops == 6 * projections * tokens + attention + head
+    assert len(calls) == cfg.num_hidden_layers * (7 * 3 + 6) + 3
+    limits.run_matmuls(calls)  # every product's shapes agree
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_decode_gemms_multiply_every_weight_the_decoder_streams(tied):
+    limits = limits_module()
+    model = tiny_model(tied)
+    calls = limits.decode_gemms(model, 4)
+    streamed = sum(int(b.size) for _, b, _, _ in calls)
+    norms = sum(int(p.size) for name, p in model.named_parameters() if "norm" in name)
+    lookup_only = 0 if tied else int(model.model.embed_tokens.weight.size)  # an untied embedding is only indexed
+    assert streamed == sum(int(p.size) for p in model.parameters()) - norms - lookup_only
+    assert all(list(a.shape) == [4, 1, b.shape[0]] and not tx and not ty for a, b, tx, ty in calls)
+    limits.run_matmuls(calls)
+
+
+def test_decode_ceiling_is_a_batch_per_gemm_pass_against_the_bound():
+    limits = limits_module()
+    ceiling = limits.decode_ceiling(gemms_s=0.02, bound=800.0)
+    assert ceiling["decode_gemms_tokens_s"] == pytest.approx(limits.smol.BATCH / 0.02)
+    assert ceiling["decode_gemms_of_bound"] == pytest.approx(limits.smol.BATCH / 0.02 / 800.0)
+
+
+def test_settle_calls_until_a_call_faults_in_no_page_and_stops_at_the_limit():
+    limits = limits_module()
+    counts = iter([0, 500, 500, 620, 620, 620, 620])  # page-fault counter read before and after each call
+    calls = []
+    assert limits.settle(lambda: calls.append(1), limit=10, faults=lambda: next(counts)) == 3
+    assert len(calls) == 3
+    always = iter(range(0, 1000, 7))
+    assert limits.settle(lambda: None, limit=4, faults=lambda: next(always)) == 4
