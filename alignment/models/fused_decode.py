@@ -76,10 +76,16 @@ def layer_weights(layer, batch: int) -> LayerWeights:
         mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
 
 
-# The LM head as this many GEMMs over [hidden, vocab] slices: MKL streamed SmolLM2's [576, 49152] head at 15 GB/s
-# in 8 slices, 12.5 GB/s whole (batch 8, 2 Zen 4 cores; 1, 4, 8, 16 and 32 slices measured); on Zen 5 (MKL's
-# AVX-512 path) 33 GB/s in 8, 29 whole, 35 in 16. The slices are copies.
-HEAD_SLICES = 8
+# The LM head as GEMMs over [hidden, about this many] vocabulary slices: MKL streamed SmolLM2's [576, 49152] head
+# at 15 GB/s in 8 slices, 12.5 GB/s whole (batch 8, 2 Zen 4 cores; 1, 4, 8, 16 and 32 slices measured); on Zen 5
+# (MKL's AVX-512 path) 33 GB/s in 8, 29 whole, 35 in 16. A small head is fastest whole: [256, 8000] at batch 16 took
+# 135 us whole, 198 in 8 slices and their concatenation (Zen 5). Each output column is the same dot product however
+# the columns are sliced (the same bits, tested). The slices are copies.
+HEAD_SLICE_COLUMNS = 6144
+
+
+def head_slice_count(vocab: int) -> int:
+    return max(1, round(vocab / HEAD_SLICE_COLUMNS))
 
 
 def vocab_slices(weight, axis: int, count: int) -> List[paddle.Tensor]:
@@ -135,7 +141,7 @@ class FusedDecoder:
         self.final_norm = paddle.expand(model.model.norm.weight, [self.batch, 1, model.config.hidden_size])
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
-        self.head_slices = vocab_slices(head, 0 if self.tied else 1, HEAD_SLICES)
+        self.head_slices = vocab_slices(head, 0 if self.tied else 1, head_slice_count(model.config.vocab_size))
 
     def step(self, token):
         """Feed `token` [b]; return the logits [b, vocab] float32 for the token after it."""
@@ -150,7 +156,7 @@ class FusedDecoder:
             x = self._layer(x, weights, i, cos, sin, bias)
         hidden = rms_norm(x, self.final_norm, self.eps)
         logits = [paddle.matmul(hidden, part) for part in self.head_slices]  # [b, 1, part]
-        return paddle.concat(logits, axis=-1).reshape([b, -1])
+        return (paddle.concat(logits, axis=-1) if len(logits) > 1 else logits[0]).reshape([b, -1])
 
     def rotary_rows(self, positions):
         """cos, sin [b, heads + 2 kv_heads, d] of positions [b]: rows of tables built for every position up to the
