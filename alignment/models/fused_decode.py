@@ -141,7 +141,8 @@ class FusedDecoder:
         self.final_norm = paddle.expand(model.model.norm.weight, [self.batch, 1, model.config.hidden_size])
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
-        self.head_slices = vocab_slices(head, 0 if self.tied else 1, head_slice_count(model.config.vocab_size))
+        axis = 0 if self.tied else 1  # the vocabulary's
+        self.head_slices = vocab_slices(head, axis, head_slice_count(head.shape[axis]))
 
     def step(self, token):
         """Feed `token` [b]; return the logits [b, vocab] float32 for the token after it."""
