@@ -175,6 +175,55 @@ def divide(a: int, b: int) -> float:
 
 
 
+class AsyncGuess(Environment):
+    NAME = "test-async-guess"
+
+    async def reset(self, row):
+        import asyncio
+
+        await asyncio.sleep(0)
+        self.secret = row["answer"]
+        return [{"role": "user", "content": "guess"}]
+
+    async def step(self, assistant_message):
+        if assistant_message == "raise":
+            raise ValueError("remote server down")
+        done = assistant_message.strip() == self.secret
+        return StepResult([] if done else [{"role": "user", "content": "no"}], float(done), done, {"guesses": 1})
+
+
+def test_async_reset_and_step_are_awaited_and_checked_like_sync_ones():
+    env = AsyncGuess()
+    assert checked_reset(env, {"answer": "7"}) == [{"role": "user", "content": "guess"}]
+    assert checked_step(env, "3") == StepResult([{"role": "user", "content": "no"}], 0.0, False, {"guesses": 1})
+    assert checked_step(env, " 7 ") == StepResult([], 1.0, True, {"guesses": 1})
+    with pytest.raises(EnvironmentFailure, match="^environment 'test-async-guess': step raised ValueError: remote "
+                                                 "server down$"):
+        checked_step(env, "raise")
+
+
+def test_async_steps_called_from_several_threads_overlap_on_one_loop():
+    import asyncio
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Slow(Environment):
+        async def reset(self, row):
+            return [{"role": "user", "content": "go"}]
+
+        async def step(self, text):
+            await asyncio.sleep(0.3)
+            return StepResult([], 1.0, True)
+
+    envs = [Slow() for _ in range(8)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda env: checked_step(env, "x"), envs))
+    elapsed = time.perf_counter() - start
+    assert [r.reward for r in results] == [1.0] * 8
+    assert elapsed < 8 * 0.3 / 2  # serially it would take 2.4 s
+
+
 def test_tool_environment_runs_calls_then_ends_on_an_answer():
     answers = []
     env = ToolEnvironment(tools=["calculator", divide], reward_fn=lambda answer, row: answers.append(

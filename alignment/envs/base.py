@@ -2,6 +2,7 @@
 environment returns. Pure Python (no paddle)."""
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import os
@@ -9,6 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Seq
 
 from alignment.config.registry import ENVIRONMENTS, Registered
 from alignment.data import import_user_modules
+from alignment.envs.event_loop import run_awaitable
 
 Message = Dict[str, str]  # {"role": ..., "content": ...}
 
@@ -49,7 +51,8 @@ class Environment(Registered, registry=ENVIRONMENTS):
     `reset(row)` gets the dataset row and returns the first messages (chat dicts with "role" and "content");
     `step(text)` gets the assistant's turn as text and returns a StepResult. An episode that never sets `done`
     ends at the rollout's `max_turns`. The observation may be empty only when `done` is true. A turn ends at eos,
-    at the per-turn token limit, or after one of `stop_strings`.
+    at the per-turn token limit, or after one of `stop_strings`. `reset` and `step` may be `async def` (a remote
+    game server, an HTTP tool): they are awaited on one shared event loop, so the waits of a batch overlap.
     """
 
     stop_strings: Sequence[str] = ()  # text that ends an assistant turn besides eos (e.g. a tool call's close)
@@ -86,7 +89,7 @@ def load_environment_modules(paths: Union[Iterable[Union[str, os.PathLike]], str
 def checked_reset(env: Environment, row: Mapping[str, Any]) -> List[Message]:
     """env.reset(row), with an EnvironmentFailure naming the environment if it raises or returns no messages."""
     try:
-        messages = env.reset(row)
+        messages = _resolved(env.reset(row))
     except Exception as err:  # a user environment's bug: name it, keep the cause
         raise EnvironmentFailure(f"environment {env.env_name!r}: reset raised {_one_line(err)}") from err
     messages = check_messages(messages, f"environment {env.env_name!r}: reset")
@@ -99,7 +102,7 @@ def checked_step(env: Environment, assistant_message: str) -> StepResult:
     """env.step(text), checked: a StepResult (or a 3/4-tuple) of messages, a finite number and a bool."""
     where = f"environment {env.env_name!r}: step"
     try:
-        result = env.step(assistant_message)
+        result = _resolved(env.step(assistant_message))
     except Exception as err:
         raise EnvironmentFailure(f"{where} raised {_one_line(err)}") from err
     if not isinstance(result, tuple) or len(result) not in (3, 4):
@@ -117,6 +120,11 @@ def checked_step(env: Environment, assistant_message: str) -> StepResult:
     if not isinstance(metrics, Mapping) or not all(isinstance(v, numbers.Real) for v in metrics.values()):
         raise EnvironmentFailure(f"{where} returned metrics {metrics!r}; they must be a dict of numbers")
     return StepResult(observation, float(reward), done, dict(metrics))
+
+
+def _resolved(value: Any) -> Any:
+    """An async method's result: its coroutine awaited on the environments' event loop."""
+    return run_awaitable(value) if inspect.isawaitable(value) else value
 
 
 def _one_line(err: BaseException) -> str:
