@@ -118,7 +118,7 @@ def test_every_shipped_argument_file_parses():
         "ppo_argument.json": rl,
         "grpo_argument.json": rl,
         "rloo_argument.json": rl,
-        **{f"{recipe}_argument.json": rl for recipe in ("dr_grpo", "reinforce_plus_plus", "dapo", "gspo", "vapo")},
+        **{f"{first_word}_argument.json": rl for first_word in ("dr", "reinforce", "dapo", "gspo", "vapo")},
         "grpo_tools_argument.json": rl,
         "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, LoRAArguments,
                                             TrainingArguments),
