@@ -29,6 +29,7 @@ sys.path.insert(0, REPO)
 import peer_shape  # noqa: E402
 
 from alignment.cpu_env import machine_facts  # noqa: E402
+from benchmarks import record  # noqa: E402
 
 
 def build(workdir: str, prompts: int) -> dict:
@@ -110,8 +111,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step (global batch), even")
     args = parser.parse_args()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    results_dir = os.path.join(REPO, "benchmarks", "results")
+    stamp = record.stamp()
+    results_dir = record.RESULTS
     os.makedirs(results_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         paths = build(work, args.prompts)
@@ -131,8 +132,7 @@ def main() -> None:
         figure["step_time_vs_sync"] = figure["median_step_s"] / base
     report = {"machine": machine_facts(), "steps": args.steps, "new_tokens": args.new_tokens,
               "prompts": args.prompts, "runs": results}
-    with open(os.path.join(results_dir, f"async_{stamp}.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+    record.save("async", report, results_dir, machine=report.pop("machine"), when=stamp)
     for name, figure in results.items():
         print(f"{name}: {figure['median_step_s']:.3f} s/step ({figure['step_time_vs_sync']:.2f}x sync), "
               f"{figure['trained_tokens_per_s']:.0f} trained tokens/s; rank 0 {figure['rank0_cpu']}")

@@ -114,6 +114,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=2, help="passes over the candidates, interleaved so a "
                                                                "machine's load drifts over all of them alike")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--no-save", action="store_true", help="write no benchmarks/results file")
     args = parser.parse_args(argv)
     vendor, model = cpu_model()
     print(f"CPU: {model or vendor} ({vendor}), {usable_cores()} usable cores")
@@ -135,9 +136,13 @@ def main(argv=None) -> dict:
               f"{r['train_tokens_per_s']:12.0f} {r['train_tokens_per_s'] / base['train_tokens_per_s']:9.2f} "
               f"{100 * r['spread']:6.1f}%")
     print(verdict(results))
+    facts = {k: v for k, v in machine_facts().items() if k != "settings"}  # settings: per candidate
+    if not args.no_save:
+        from benchmarks import record
+
+        record.save("cpu_settings", {"results": results}, machine=facts)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            facts = {k: v for k, v in machine_facts().items() if k != "settings"}  # settings: per candidate
             json.dump({"machine": facts, "results": results}, f, indent=2)
     return results
 

@@ -260,7 +260,13 @@ def print_decode_ceiling(ceiling: dict) -> None:
           f"{ceiling['decode_gemms_tokens_s']:.1f} tokens/s = {ceiling['decode_gemms_of_bound']:.0%} of the bound")
 
 
-def write_result(result: dict, path) -> dict:
+def write_result(benchmark: str, result: dict, args) -> dict:
+    """benchmarks/results/<benchmark>_<stamp>.json (unless --no-save), --json's file, and the RESULT line."""
+    if not args.no_save:
+        from benchmarks import record
+
+        record.save(benchmark, {k: v for k, v in result.items() if k != "machine"}, machine=result["machine"])
+    path = args.json
     if path:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2)
@@ -297,16 +303,17 @@ def decode_only(args) -> dict:
     print(f"decode steps, fused / layers: {ratio:.2f}x")
     ceiling = decode_ceiling(statistics.median(times["weight_gemms"]), bound)
     print_decode_ceiling(ceiling)
-    return write_result({"machine": machine_facts(), "bandwidth_gb_s": memory, "decode_bound_tokens_s": bound,
-                         "generate": figures, "ceiling": ceiling, "seconds": times, "warmup_calls": warmups},
-                        args.json)
+    return write_result("decode_only", {"machine": machine_facts(), "bandwidth_gb_s": memory,
+                                        "decode_bound_tokens_s": bound, "generate": figures, "ceiling": ceiling,
+                                        "seconds": times, "warmup_calls": warmups}, args)
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--model", default=smol.DEFAULT_MODEL)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--no-save", action="store_true", help="write no benchmarks/results file")
     parser.add_argument("--decode-only", action="store_true",
                         help="only the bandwidth and greedy decoding, fused decoder and model layers alternating")
     args = parser.parse_args(argv)
@@ -359,7 +366,7 @@ def main(argv=None) -> dict:
     print(f"ceiling: the training step's own GEMMs alone (Paddle's matmul) {train_gemms_gflops:.0f} GFLOP/s = "
           f"{ceiling['train_gemms_of_peak']:.0%} of the GEMM peak")
     print_decode_ceiling(ceiling)
-    return write_result(result, args.json)
+    return write_result("machine_limits", result, args)
 
 
 if __name__ == "__main__":

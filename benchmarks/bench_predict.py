@@ -10,7 +10,7 @@ stopping at eos) through the exported program with paddle.inference (tools/predi
 sets for the whole process (MKL and OpenMP: --threads, default 1; predict.py keeps the process's own unless told). After a
 warm-up batch each, the two take turns decoding the whole set, --repeats times. Prints the CPU, the load average,
 the best new tokens/s of each, the median of the per-repeat speed ratios and whether the tokens are the same;
-writes benchmarks/results/predict_<timestamp>.md unless --no-save.
+writes benchmarks/results/predict_<timestamp>.json unless --no-save.
 """
 from __future__ import annotations
 
@@ -129,11 +129,9 @@ def main(argv=None) -> dict:
     text = report(result)
     print(text)
     if not args.no_save:
-        os.makedirs(args.results_dir, exist_ok=True)
-        path = os.path.join(args.results_dir, "predict_" + time.strftime("%Y%m%d-%H%M%S") + ".md")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("# Inference speed (`python benchmarks/bench_predict.py`)\n\n" + text)
-        print(f"wrote {path}")
+        from benchmarks import record
+
+        record.save("predict", result, args.results_dir)
     return result
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from benchmarks import record  # noqa: E402
 REPLIES = ["Congratulations! That is wonderful news.", "I'm sorry to hear that. I hope tomorrow is better.",
            "Here are three tips: plan ahead, rest well, and ask for help when you need it.", "Sure."]
 
@@ -207,13 +208,10 @@ def main(argv=None) -> dict:
     text = markdown(result)
     print(text)
     if not args.no_save:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        base = os.path.join(REPO, "benchmarks", "results", f"reward_server_{stamp}")
-        with open(base + ".json", "w") as f:
-            json.dump(result, f, indent=2)
-        with open(base + ".md", "w") as f:
+        stamp = record.stamp()
+        path = record.save("reward_server", result, when=stamp)
+        with open(path[:-len(".json")] + ".md", "w") as f:
             f.write(text)
-        print(f"written {base}.json and .md")
     return result
 
 

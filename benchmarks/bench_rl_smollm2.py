@@ -18,7 +18,6 @@ removed (torch's default threads). Ends with `RESULT {json}` and writes benchmar
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -30,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts  # noqa: E402
+from benchmarks import record  # noqa: E402
 from peer_rl_smollm2 import PHASES, ids_digest, minor_faults, peak_rss_gib, summarize  # noqa: E402  no torch import
 
 CPU_VARIABLES = apply_cpu_defaults()  # ours: set before paddle is imported; the peer's environment drops them
@@ -234,7 +234,7 @@ def main(argv=None) -> dict:
     p.add_argument("--peer-gradient-checkpointing", action="store_true",
                    help="TRL's own default (recompute activations in backward); off: the same work as ours")
     p.add_argument("--workdir", default=None, help="default: /tmp/bench_rl_smollm2 (score checkpoint, outputs)")
-    p.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    p.add_argument("--results-dir", default=record.RESULTS)
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--side", choices=["ours"], help=argparse.SUPPRESS)  # the child process's part
     p.add_argument("--plan", help=argparse.SUPPRESS)
@@ -284,12 +284,8 @@ def main(argv=None) -> dict:
             print(f"{algo} ours / TRL: {run['ratio_ours_over_trl']}; same prompt ids: {run['same_prompt_ids']}",
                   flush=True)
     if not args.no_save:
-        os.makedirs(args.results_dir, exist_ok=True)
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = os.path.join(args.results_dir, f"rl_smollm2_{stamp}.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-        print(f"wrote {os.path.relpath(path, REPO)}", flush=True)
+        record.save("rl_smollm2", {k: v for k, v in result.items() if k != "machine"}, args.results_dir,
+                    machine=result.get("machine"))
     print("RESULT " + json.dumps(result), flush=True)
     return result
 

@@ -77,21 +77,21 @@ def main(argv=None) -> list:
         f"prompts of the given length, best of {args.repeats}; {describe_machine(machine_facts())})\n"
     print(table)
     if not args.no_save:
-        for path in save(rows, table, args.results_dir):
+        for path in save(rows, {"new_tokens": args.new_tokens, "repeats": args.repeats}, args.results_dir):
             print(f"wrote {path}")
     return rows
 
 
-def save(rows, table: str, results_dir: str) -> list:
+def save(rows, settings: dict, results_dir: str) -> list:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    os.makedirs(results_dir, exist_ok=True)
-    base = os.path.join(results_dir, "rollout_" + time.strftime("%Y%m%d-%H%M%S"))
-    with open(base + ".md", "w", encoding="utf-8") as f:
-        f.write("# Rollout decoding speed (`python benchmarks/bench_rollout.py`)\n\n" + table)
+    from benchmarks import record
+
+    path = record.save("rollout", {**settings, "rows": rows}, results_dir)
+    base = path[:-len(".json")]
     fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(rows)), 3.5))
     width = 0.27
     for k, (key, label) in enumerate([("kv_tokens_per_s", "KV cache, eager"),
@@ -104,7 +104,7 @@ def save(rows, table: str, results_dir: str) -> list:
     fig.tight_layout()
     fig.savefig(base + ".png", dpi=90)
     plt.close(fig)
-    return [base + ".md", base + ".png"]
+    return [path, base + ".png"]
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Reports of benchmarks/bench_rl_step.py: a Markdown table, the raw JSON and a per-phase PNG chart per run."""
 from __future__ import annotations
 
-import datetime
 import json
 import os
 
 from alignment.cpu_env import describe_machine
+from benchmarks import record
 
 
 def result_tag(result: dict) -> str:
@@ -63,20 +63,17 @@ def render_markdown(result: dict, rows, stamp: str) -> str:
 
 
 def write_reports(result: dict, rows, results_dir: str) -> list:
-    os.makedirs(results_dir, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    """<tag>_<stamp>.json (benchmarks/record.py's header + the figures), .md (a table) and .png (a chart)."""
+    stamp = record.stamp()
     tag = result_tag(result)
     base = os.path.join(results_dir, f"{tag}_{stamp}")
+    written = [record.save(tag, {"result": result, "steps": rows}, results_dir, machine=result.get("machine"),
+                           when=stamp)]
     text = render_markdown(result, rows, stamp)
     warmup = result["warmup"]
-    written = []
-    for path in (base + ".md", os.path.join(results_dir, f"latest_{tag}.md")):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-        written.append(path)
-    with open(base + ".json", "w", encoding="utf-8") as f:
-        json.dump({"result": result, "steps": rows}, f, indent=1)
-    written.append(base + ".json")
+    with open(base + ".md", "w", encoding="utf-8") as f:
+        f.write(text)
+    written.append(base + ".md")
     try:
         import matplotlib
 

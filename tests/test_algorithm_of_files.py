@@ -33,7 +33,8 @@ ENTRIES = {
     "ppo": ((PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
              TrainingArguments), "advantage_estimator"),
 }
-STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce": "ppo", "prm": "rm", **{stage: stage for stage in ENTRIES}}
+STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce": "ppo", "dr": "ppo", "dapo": "ppo", "gspo": "ppo", "vapo": "ppo",
+            "prm": "rm", **{stage: stage for stage in ENTRIES}}
 DEFAULTS = {"rm": "sequence-wise", "dpo": "sigmoid", "kto": "kto", "ppo": "gae"}
 # what a test run changes in every file (degrees and reward sources this machine has); nothing algorithmic
 OVERRIDES = ["--tensor_parallel_degree", "1", "--sharding_parallel_degree", "1", "--sharding", ""]

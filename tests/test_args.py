@@ -118,6 +118,7 @@ def test_every_shipped_argument_file_parses():
         "ppo_argument.json": rl,
         "grpo_argument.json": rl,
         "rloo_argument.json": rl,
+        **{f"{first_word}_argument.json": rl for first_word in ("dr", "reinforce", "dapo", "gspo", "vapo")},
         "grpo_tools_argument.json": rl,
         "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, LoRAArguments,
                                             TrainingArguments),

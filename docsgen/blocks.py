@@ -1,0 +1,93 @@
+"""Generated parts of the pages: a part sits between `<!-- generated: NAME ARGS -->` and `<!-- end generated -->`
+in docs/**/*.md or README.md, and `regenerate()` replaces what is between with the generator's output. A test and
+the MkDocs hook (docsgen/hooks.py) fail when a page's parts differ from what the code and result files give."""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Callable, Dict, List, Tuple
+
+from benchmarks import record
+from docsgen import paddlenlp_keys, results_tables
+
+REPO = record.REPO
+BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+
+
+def headline() -> str:
+    """README's small results table: each figure from a result file, linked to the page that explains it."""
+    rows = []
+    perf = "docs/performance.md"
+    for run in results_tables.kept_runs("rl_smollm2")[:1]:
+        for algo in ("grpo", "ppo"):
+            side = run.record["runs"].get(algo)
+            if side and side.get("trl"):
+                ratio = side["ours"]["step_s_median"] / side["trl"]["step_s_median"]
+                rows.append([f"{algo.upper()} step on SmolLM2-135M, our time / TRL's",
+                             f"[**{ratio:.2f}x**]({perf}#whole-rl-steps-on-smollm2-135m-against-trl)", run])
+    for algo in ("ppo", "grpo"):
+        for run in results_tables.kept_runs(algo)[:1]:
+            result, peer = run.record["result"], results_tables._peer_line(algo)
+            if peer:
+                ratio = result["sec_per_step_median"] / peer["median_step_s_excl_first"]
+                rows.append([f"{algo.upper()} step, TRL's small test shape, our time / TRL's",
+                             f"[**{ratio:.2f}x**]({perf}#rl-steps-on-trls-small-test-shape)", run])
+    for run in results_tables.kept_runs("smollm2")[:1]:
+        train = next(row for row in run.record["rows"] if row["workload"] == "train_step")
+        rows.append(["SmolLM2-135M training tokens/s, ours / transformers",
+                     f"[**{train['ratio']:.2f}x**]({perf}#smollm2-135m-against-transformers)", run])
+    lines = ["| measure | figure | CPU, date, commit |", "| --- | ---: | --- |"]
+    lines += [f"| {what} | {figure} | {run.cpu}, {run.date}, `{run.commit}` |" for what, figure, run in rows]
+    return "\n".join(lines)
+
+
+GENERATORS: Dict[str, Callable[..., str]] = {
+    "paddlenlp-keys": paddlenlp_keys.paddlenlp_keys,
+    "paddleformers-keys": paddlenlp_keys.paddleformers_keys,
+    "paddlenlp-counts": paddlenlp_keys.counts,
+    "results": lambda name, *extra: results_tables.render(name, tuple(extra)),
+    "headline": headline,
+}
+
+
+def generate(spec: str) -> str:
+    name, *args = spec.split()
+    if name not in GENERATORS:
+        raise KeyError(f"unknown generated part {name!r}; known: {', '.join(GENERATORS)}")
+    return GENERATORS[name](*args)
+
+
+def regenerate(text: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + generate(m.group("spec")).rstrip("\n") + "\n" + m.group(4), text)
+
+
+def pages() -> List[str]:
+    return sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True)) + \
+        [os.path.join(REPO, "README.md")]
+
+
+def stale() -> List[Tuple[str, str]]:
+    """(page, part) for every generated part whose text differs from what its generator gives now."""
+    found = []
+    for page in pages():
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for match in BLOCK.finditer(text):
+            if match.group("body").rstrip("\n") != generate(match.group("spec")).rstrip("\n"):
+                found.append((os.path.relpath(page, REPO), match.group("spec")))
+    return found
+
+
+def rewrite() -> List[str]:
+    """Regenerate every page's parts in place; returns the pages changed."""
+    changed = []
+    for page in pages():
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        new = regenerate(text)
+        if new != text:
+            with open(page, "w", encoding="utf-8") as f:
+                f.write(new)
+            changed.append(os.path.relpath(page, REPO))
+    return changed

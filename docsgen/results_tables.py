@@ -1,0 +1,201 @@
+"""Markdown tables of the benchmark results kept in benchmarks/results/ (benchmarks/record.py): one table per
+benchmark, a row per CPU model (its latest run), each row with the CPU, date, commit and result file. Nothing here
+is typed by hand: a figure in the docs is a field of a result file."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Dict, List, Optional
+
+from benchmarks import record
+
+COMMIT_NOTE = ("A commit marked * is the one that added the file: the run predates recorded commits, and measured "
+               "that commit's code or its parent's.")
+
+
+def _table(header: List[str], rows: List[List[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _file(run: record.Run) -> str:
+    return f"`{run.json_name}`"
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def _rl_smollm2(r: dict) -> List[List[str]]:
+    rows = []
+    for algo in ("grpo", "ppo"):
+        run = r["runs"].get(algo)
+        if not run or not run.get("trl"):
+            continue
+        ours, trl = run["ours"], run["trl"]
+        rows.append([algo.upper(),
+                     f"{ours['step_s_median']:.2f} ({ours['generate_s_median']:.2f} / {ours['score_s_median']:.2f}"
+                     f" / {ours['train_s_median']:.2f})",
+                     f"{trl['step_s_median']:.2f} ({trl['generate_s_median']:.2f} / {trl['score_s_median']:.2f}"
+                     f" / {trl['train_s_median']:.2f})",
+                     f"**{_x(ours['step_s_median'] / trl['step_s_median'])}**",
+                     f"{ours['peak_rss_gib']:.2f} / {trl['peak_rss_gib']:.2f}"])
+    return rows
+
+
+def _peer_line(algo: str) -> Optional[dict]:
+    """The TRL peer's latest line for the small-shape step (trl_peer_results.jsonl)."""
+    path = os.path.join(record.RESULTS, "trl_peer_results.jsonl")
+    found = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("run", "").split("[")[0] == algo:
+                found = row
+    return found
+
+
+def _rl_step(r: dict) -> List[List[str]]:
+    result = r["result"]
+    peer = _peer_line(result["algo"])
+    trl = f"{peer['median_step_s_excl_first']:.3f}" if peer else "-"
+    ratio = f"**{_x(result['sec_per_step_median'] / peer['median_step_s_excl_first'])}**" if peer else "-"
+    return [[result["algo"].upper(),
+             f"{result['sec_per_step_median']:.3f} ({result['generate_s_median']:.3f} / "
+             f"{result['score_s_median']:.3f} / {result['train_s_median']:.3f})", trl, ratio,
+             f"{100 * result['update_fraction_of_peak']:.0f}%"]]
+
+
+def _smollm2(r: dict) -> List[List[str]]:
+    return [[row["workload"], f"{row['ours (Paddle)']['tokens_per_s']:.1f}",
+             f"{row['transformers (torch)']['tokens_per_s']:.1f}", f"**{_x(row['ratio'])}**"]
+            for row in r["rows"] if row.get("transformers (torch)")]
+
+
+def _machine_limits(r: dict) -> List[List[str]]:
+    bandwidth = max(max(side.values()) for side in r["bandwidth_gb_s"].values())
+    ceiling = r.get("ceiling", {})
+    return [[f"{r['gemm_peak_gflops']:.0f}", f"{bandwidth:.1f}",
+             f"{r['train_gflops']:.0f} = **{r['train_of_peak']:.0%}**",
+             f"{ceiling['train_gemms_of_peak']:.0%}" if "train_gemms_of_peak" in ceiling else "-",
+             f"{r['decode_steps_tokens_s']:.1f} = **{r['decode_steps_of_bound']:.0%}** of "
+             f"{r['decode_bound_tokens_s']:.0f}",
+             f"{ceiling['decode_gemms_of_bound']:.0%}" if "decode_gemms_of_bound" in ceiling else "-"]]
+
+
+def _decode_only(r: dict) -> List[List[str]]:
+    fused, layers = r["generate"]["fused"], r["generate"]["layers"]
+    return [[f"{fused['decode_steps_tokens_s']:.1f} = {fused['decode_steps_of_bound']:.0%}",
+             f"{layers['decode_steps_tokens_s']:.1f} = {layers['decode_steps_of_bound']:.0%}",
+             f"{r['ceiling']['decode_gemms_tokens_s']:.1f} = {r['ceiling']['decode_gemms_of_bound']:.0%}",
+             f"{r['decode_bound_tokens_s']:.0f}"]]
+
+
+def _cpu_settings(r: dict) -> List[List[str]]:
+    base = r["results"]["chosen for this CPU"]
+    return [[name, f"{x['gemm_gflops']:.0f}", _x(x["gemm_gflops"] / base["gemm_gflops"]),
+             f"{x['train_tokens_per_s']:.0f}", _x(x["train_tokens_per_s"] / base["train_tokens_per_s"]),
+             f"{100 * x['spread']:.1f}%"] for name, x in r["results"].items()]
+
+
+def _rollout(r: dict) -> List[List[str]]:
+    return [[str(x["prompt"]), str(x["batch"]), f"{x['kv_tokens_per_s']:.0f}", f"{x['static_tokens_per_s']:.0f}",
+             f"{x['none_tokens_per_s']:.0f}", f"{x['kv_over_none']:.1f}x", _x(x["static_over_kv"]),
+             str(x["same_tokens"])] for x in r["rows"]]
+
+
+def _predict(r: dict) -> List[List[str]]:
+    return [[r["model"], f"{r['exported_tokens_per_s']:.1f}", f"{r['dynamic_tokens_per_s']:.1f}",
+             f"**{_x(r['ratio'])}**", str(r["same_tokens"])]]
+
+
+def _async(r: dict) -> List[List[str]]:
+    return [[name, f"{x['median_step_s']:.3f}", _x(x["step_time_vs_sync"]), f"{x['trained_tokens_per_s']:.0f}",
+             f"{x['generate_wait_s']:.3f}", f"{x['score_s']:.2f}"] for name, x in r["runs"].items()]
+
+
+def _reward_server(r: dict) -> List[List[str]]:
+    rows = {}
+    for x in r["load"]:
+        rows.setdefault((x["model"], x["batching"]), []).append(x)
+    return [[model, batching, " / ".join(f"{x['requests_per_s']:.1f}" for x in xs),
+             " / ".join(f"{x['p50_ms']:.1f}" for x in xs), " / ".join(f"{x['p99_ms']:.1f}" for x in xs)]
+            for (model, batching), xs in rows.items()]
+
+
+def _lora_memory(r: dict) -> List[List[str]]:
+    return [[name, f"{x['peak_rss_gb']:.2f}", f"{x['time_generate_s']:.1f} / {x['time_score_s']:.1f} / "
+             f"{x['time_train_s']:.1f}"] for name, x in r["runs"].items()]
+
+
+def _update_padding(r: dict) -> List[List[str]]:
+    base = next(iter(r["ways"].values()))["sec"]
+    return [[name, f"{x['sec']:.3f}", f"{x['padding']:.0%}", _x(base / x["sec"])] for name, x in r["ways"].items()]
+
+
+class Table:
+    def __init__(self, benchmarks: List[str], command: str, header: List[str],
+                 rows: Callable[[dict], List[List[str]]]):
+        self.benchmarks, self.command, self.header, self.rows = benchmarks, command, header, rows
+
+
+STEP = "s / step (generate / score / train)"
+TABLES: Dict[str, Table] = {
+    "rl_smollm2": Table(["rl_smollm2"], "python benchmarks/bench_rl_smollm2.py",
+                        ["algorithm", f"ours, {STEP}", f"TRL, {STEP}", "ours / TRL", "peak RSS GiB ours / TRL"],
+                        _rl_smollm2),
+    "rl_step": Table(["ppo", "grpo"], "python benchmarks/bench_rl_step.py --algo ppo|grpo --steps 12",
+                     ["algorithm", f"ours, {STEP}", "TRL peer s / step", "ours / TRL", "update, of GEMM peak"],
+                     _rl_step),
+    "smollm2": Table(["smollm2"], "python benchmarks/bench_smollm2.py",
+                     ["workload", "ours tokens/s", "transformers tokens/s", "ours / transformers"], _smollm2),
+    "machine_limits": Table(["machine_limits"], "python benchmarks/bench_machine_limits.py",
+                            ["GEMM peak GFLOP/s", "bandwidth GB/s", "training step GFLOP/s", "its GEMMs alone",
+                             "decode steps at batch 8, tokens/s of the bound", "their weight GEMMs alone"],
+                            _machine_limits),
+    "decode_only": Table(["decode_only"], "python benchmarks/bench_machine_limits.py --decode-only",
+                         ["fused decoder tokens/s (of bound)", "model layers tokens/s (of bound)",
+                          "weight GEMMs alone", "bound tokens/s"], _decode_only),
+    "cpu_settings": Table(["cpu_settings"], "python benchmarks/bench_cpu_settings.py",
+                          ["setting", "GEMM GFLOP/s", "x chosen", "train tokens/s", "x chosen", "spread"],
+                          _cpu_settings),
+    "rollout": Table(["rollout"], "python benchmarks/bench_rollout.py",
+                     ["prompt", "batch", "KV cache eager", "KV cache static step", "no cache", "KV / no cache",
+                      "static / eager", "same tokens"], _rollout),
+    "predict": Table(["predict"], "python benchmarks/bench_predict.py [--model DIR]",
+                     ["model", "exported tokens/s", "dynamic tokens/s", "exported / dynamic", "same tokens"],
+                     _predict),
+    "async": Table(["async"], "python benchmarks/bench_async.py --steps 8",
+                   ["run (2 processes)", "s / step", "vs synchronous", "trained tokens/s", "trainer waits (s)",
+                    "trainer's scoring (s)"], _async),
+    "reward_server": Table(["reward_server"], "python benchmarks/bench_reward_server.py",
+                           ["model", "batching", "requests/s at 1 / 8 / 32 clients", "p50 ms", "p99 ms"],
+                           _reward_server),
+    "lora_memory": Table(["lora_memory"], "python benchmarks/bench_lora_memory.py",
+                         ["run", "peak RSS GiB", "s generate / score / train"], _lora_memory),
+    "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
+                            ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
+}
+
+
+def kept_runs(benchmark: str, extra: tuple = ()) -> List[record.Run]:
+    """The latest run of `benchmark` per CPU model, and the runs named in `extra` (cited older ones)."""
+    every = record.runs()
+    chosen = [run for run in record.latest_per_cpu(every) if run.benchmark == benchmark]
+    chosen += [run for run in every if run.json_name in extra and run not in chosen]
+    return sorted(chosen, key=lambda run: run.stamp, reverse=True)
+
+
+def render(name: str, extra: tuple = ()) -> str:
+    """The table `name`: a row per kept run and line of its figures; `extra` names older runs a page cites."""
+    table = TABLES[name]
+    rows = []
+    for benchmark in table.benchmarks:
+        for run in kept_runs(benchmark, extra):
+            prefix = [run.cpu or "not recorded", run.date, f"`{run.commit}`"]
+            rows += [prefix + cells + [_file(run)] for cells in table.rows(run.record)]
+    if not rows:
+        return f"No result yet: `{table.command}` writes one."
+    text = _table(["CPU", "date", "commit"] + table.header + ["file (benchmarks/results/)"], rows)
+    return text + ("\n\n" + COMMIT_NOTE if "*`" in text else "")
