@@ -11,7 +11,7 @@ import importlib
 from alignment.exits import run_program
 
 # never import paddle
-NO_PADDLE = ("show_generations", "plot_run", "plot_overoptimization", "plan_layout", "replay_ledger")
+NO_PADDLE = ("show_generations", "plot_run", "plot_overoptimization", "plan_layout", "replay_ledger", "check_env")
 
 
 def _run(module: str) -> int:
@@ -42,7 +42,7 @@ def kto() -> int:
 
 TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_lora", "generate", "judge_policy",
          "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny",
-         "replay_ledger")
+         "replay_ledger", "check_env")
 
 
 def predict() -> int:
@@ -99,3 +99,7 @@ def reward_server() -> int:
 
 def make_tiny() -> int:
     return _run("alignment.commands.make_tiny")
+
+
+def check_env() -> int:
+    return _run("alignment.commands.check_env")

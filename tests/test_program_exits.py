@@ -34,6 +34,7 @@ PROGRAMS = [
     ("reward_server", "tools/reward_server.py", ["--model", MISSING, "--port", "0"]),
     ("make_tiny", "tools/make_tiny.py", ["--data-dir", MISSING, "--output", "{tmp}/out"]),
     ("replay_ledger", "tools/replay_ledger.py", [MISSING]),
+    ("check_env", "tools/check_env.py", ["tools", "--rows", MISSING + ".jsonl"]),
 ]
 STAGE_CONFIGS = {"sft": "sft_argument.json", "rm": "rm_argument.json", "ppo": "ppo_argument.json",
                  "dpo": "dpo_argument.json"}

@@ -16,6 +16,11 @@ Built in: `calculator` (arithmetic by walking the syntax tree) and `python` (a s
 `ToolEnvironment` ("tools") answers a row's prompt with tools and ends at the first turn without a call; its final
 reward is 0 unless a `reward_fn(final_answer, row)` hook is given (the caller's reward functions score it).
 
+Adapters (adapters/): environments of other libraries (gymnasium-style, GEM, SkyRL-Gym, TextArena, verifiers,
+OpenEnv, TRL's classes) registered by name, each importing its library only when built. `routed` (routed.py)
+plays each row with the environment its `environment` column names; `environment_factory(spec, args)` resolves
+a name or 'module:Class' the way argument files and `alignment-check-env` do.
+
 Rollout (multiturn.py; imports paddle): `multi_turn_rollout(model, tokenizer, envs, rows, config, max_turns,
 max_total_tokens, log_prob_temperature, max_length, row_seeds)` samples every row's turns with the KV cache
 carried across turns and returns one `Trajectory`
@@ -38,12 +43,15 @@ from alignment.envs.formats import HermesFormat, ToolCallFormat, tool_call_forma
 from alignment.envs.sandbox import SandboxLimits, SandboxResult, python, python_tool, run_python
 from alignment.envs.tool_env import BUILTIN_TOOLS, ToolEnvironment
 from alignment.envs.tools import Tool, ToolCall, ToolResult, as_tool, run_tool_call, tool_schema
+from alignment.envs.routed import RoutedEnvironment, environment_factory
+import alignment.envs.adapters  # noqa: E402,F401  registers the library adapters (their libraries load lazily)
 
 __all__ = [
     "BUILTIN_TOOLS",
     "Environment",
     "EnvironmentFailure",
     "HermesFormat",
+    "RoutedEnvironment",
     "SandboxLimits",
     "SandboxResult",
     "StepResult",
@@ -56,6 +64,7 @@ __all__ = [
     "calculator",
     "checked_reset",
     "checked_step",
+    "environment_factory",
     "load_environment_modules",
     "make_environment",
     "python",
