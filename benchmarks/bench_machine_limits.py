@@ -178,7 +178,7 @@ def decode_gemms(model, batch: int) -> list:
     from alignment.models.fused_decode import FusedDecoder
 
     with paddle.no_grad():
-        decoder = FusedDecoder(model, [], paddle.ones([batch, 1], "int64"))  # weights only: no step is taken
+        decoder = FusedDecoder(model, batch)  # weights only: no step is taken
     weights = [w for layer in decoder.layers for w in (layer.qkv, layer.o, layer.gate, layer.up, layer.down)]
     weights += decoder.head_slices
     inputs = {k: paddle.rand([batch, 1, k]) for k in {int(w.shape[0]) for w in weights}}

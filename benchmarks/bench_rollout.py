@@ -5,8 +5,8 @@ the whole sequence every step.
 
 A random-init LLaMA of the peer benchmark's shape (hidden 256, intermediate 1024, 4 layers, 4 heads, vocab 8000)
 built from config; greedy decoding of exactly --new-tokens tokens (no eos) from random prompts. For each prompt
-length and batch size it times `generate(..., use_cache=True)`, the same with `static=StaticDecoder(model)` (compiled once per shape
-before timing) and `use_cache=False` (best of --repeats), checks all three produce the same tokens, and prints a
+length and batch size it times `generate` (the decode engine), the same with `static=StaticDecoder(model)` (compiled once per shape
+before timing) and `generate_without_cache` (best of --repeats), checks all three produce the same tokens, and prints a
 Markdown table with tokens/s and the speed-ups. Writes benchmarks/results/rollout_<timestamp>.{md,png} (the
 table, and a bar chart of tokens/s per batch size) unless --no-save.
 """
@@ -37,7 +37,7 @@ def main(argv=None) -> list:
 
     import paddle
 
-    from alignment.models import GenerationConfig, LlamaConfig, LlamaForCausalLM, generate
+    from alignment.models import GenerationConfig, LlamaConfig, LlamaForCausalLM, generate, generate_without_cache
     from alignment.models.static_decode import StaticDecoder
 
     paddle.seed(0)
@@ -53,13 +53,15 @@ def main(argv=None) -> list:
         mask = paddle.ones_like(ids)
         static = StaticDecoder(model)
         generate(model, ids, mask, config, static=static)  # compile outside the timing
-        variants = {"kv": dict(use_cache=True), "static": dict(static=static), "none": dict(use_cache=False)}
+        variants = {"kv": lambda: generate(model, ids, mask, config),
+                    "static": lambda: generate(model, ids, mask, config, static=static),
+                    "none": lambda: generate_without_cache(model, ids, mask, config)}
         timings, outputs = {}, {}
-        for name, kwargs in variants.items():
+        for name, run in variants.items():
             best = float("inf")
             for _ in range(args.repeats):
                 start = time.perf_counter()
-                out = generate(model, ids, mask, config, **kwargs)
+                out = run()
                 best = min(best, time.perf_counter() - start)
             timings[name], outputs[name] = best, out.sequences.numpy()
         same = all(bool((outputs[n] == outputs["kv"]).all()) for n in variants)

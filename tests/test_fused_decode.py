@@ -6,7 +6,7 @@ import pytest
 
 from alignment.models import GenerationConfig, generate
 from alignment.models.fused_decode import fusable
-from alignment.models.generation import SampleRows
+from alignment.models.generation import SampleRows, prompt_rows
 from tests.test_model import left_padded_batch, tiny_model
 
 
@@ -57,19 +57,24 @@ def test_head_slice_count_keeps_slices_near_their_column_width():
 @pytest.mark.parametrize("tied", [False, True])
 def test_step_logits_are_the_same_bits_however_the_head_is_sliced(tied):
     from alignment.models.fused_decode import FusedDecoder, vocab_slices
+    from alignment.models.slot_cache import SlotCache
 
     model = tiny_model(tie_word_embeddings=tied)
     ids, mask = left_padded_batch()
-    token = paddle.to_tensor(np.arange(ids.shape[0]) % model.config.vocab_size)
+    b = ids.shape[0]
+    token = paddle.to_tensor(np.arange(b) % model.config.vocab_size)
     head = model.model.embed_tokens.weight if tied else model.lm_head.weight
     logits = []
     for count in (1, 3, 7):
         with paddle.no_grad():
-            _, past = model.model(ids, attention_mask=mask, use_cache=True)
-            decoder = FusedDecoder(model, past, mask)
+            cache = SlotCache.for_model(model, b, 16)
+            for slot, row in enumerate(prompt_rows(ids, mask)):
+                out = model(paddle.to_tensor([row]), use_cache=True)
+                cache.write(slot, out.past_key_values, 0)
+            decoder = FusedDecoder(model, b)
             decoder.head_slices = vocab_slices(head, 0 if tied else 1, count)
-            logits.append(decoder.step(token).numpy())
-    assert logits[0].shape == (ids.shape[0], model.config.vocab_size)
+            logits.append(decoder.step(token, cache, *cache.step_inputs(np.ones([b], bool))).numpy())
+    assert logits[0].shape == (b, model.config.vocab_size)
     np.testing.assert_array_equal(logits[1], logits[0])
     np.testing.assert_array_equal(logits[2], logits[0])
 
@@ -78,21 +83,18 @@ def test_rotary_rows_are_step_rotary_of_the_positions_across_table_rebuilds():
     from alignment.models.fused_decode import FusedDecoder, step_rotary
 
     model = tiny_model()
-    ids, mask = left_padded_batch()
-    decoder = FusedDecoder(model, [None] * len(model.model.layers), mask)
+    decoder = FusedDecoder(model, 3)
     attn = model.model.layers[0].self_attn
     widths = []
-    for _ in range(3 * mask.shape[1]):  # the mask outgrows the first table (twice its width) once
-        positions = paddle.to_tensor(np.random.default_rng(len(widths)).integers(0, decoder.mask.shape[1],
-                                                                                  mask.shape[0]))
-        cos, sin = decoder.rotary_rows(positions)
+    for width in (7, 9, 14, 15, 30):  # the first table (twice 7) is rebuilt once, for 15
+        positions = paddle.to_tensor(np.random.default_rng(width).integers(0, width, 3))
+        cos, sin = decoder.rotary_rows(positions, width)
         ref_cos, ref_sin = step_rotary(positions.reshape([-1, 1]), attn.head_dim, model.config.rope_theta,
                                        attn.num_heads, attn.num_kv_heads)
         np.testing.assert_array_equal(cos.numpy(), ref_cos.numpy())
         np.testing.assert_array_equal(sin.numpy(), ref_sin.numpy())
         widths.append(decoder.rotary[0].shape[0])
-        decoder.mask = paddle.concat([decoder.mask, paddle.ones([mask.shape[0], 1], "int64")], axis=1)
-    assert widths[0] == 2 * mask.shape[1] and len(set(widths)) == 2
+    assert widths == [14, 14, 14, 30, 30]
 
 
 def test_sampling_with_a_seed_equals_the_layer_path_with_eos_penalty_and_row_numbers():

@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from alignment.models import GenerationConfig, LlamaConfig, LlamaForCausalLM, generate, generate_without_cache
-from alignment.models.generation import apply_repetition_penalty, apply_top_k, apply_top_p
+from alignment.models.sampling import apply_repetition_penalty, apply_top_k, apply_top_p
 
 TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, initializer_range=0.3)
@@ -178,7 +178,7 @@ def test_sampling_by_row_position_gives_each_row_the_same_tokens_however_the_bat
 
 
 def test_inverse_cdf_sampling_against_hand_computed_draws_and_frequencies():
-    from alignment.models.generation import inverse_cdf_sample
+    from alignment.models.sampling import inverse_cdf_sample
 
     # row 0: probs [.25, .75] (cdf .25, 1); row 1: [.5, 0 (filtered), .5] (cdf .5, .5, 1)
     logits = paddle.to_tensor([[0.0, np.log(3.0), -np.inf], [0.0, -np.inf, 0.0]], dtype="float32")
@@ -214,14 +214,14 @@ def test_recompute_gives_the_same_gradients():
 
 
 def test_min_new_tokens_blocks_eos_until_that_many_tokens():
-    from alignment.models.generation import block_tokens, blocking_row
+    from alignment.models.sampling import block_tokens
 
     logits = paddle.to_tensor([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])
-    blocked = block_tokens(logits, [1, 2]).numpy()
+    blocked = block_tokens(logits, [1, 2], paddle.to_tensor([True, True])).numpy()
     assert blocked[:, 0].tolist() == [1.0, 0.0] and np.isneginf(blocked[:, 1:]).all()
-    assert block_tokens(logits, []) is logits
-    row = blocking_row(3, [1, 2], logits.dtype)  # built once, as generate's loop does
-    np.testing.assert_array_equal(block_tokens(logits, [1, 2], row).numpy(), blocked)
+    only_row_1 = block_tokens(logits, [1, 2], paddle.to_tensor([False, True])).numpy()
+    np.testing.assert_array_equal(only_row_1[0], logits.numpy()[0])
+    np.testing.assert_array_equal(only_row_1[1], blocked[1])
     model = tiny_model()
     ids, mask = left_padded_batch()
     free = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False)).sequences.numpy()

@@ -215,7 +215,7 @@ def test_static_rollout_decode_gives_the_eager_run(tmp_path, tiny_model_dir, mon
     for key in ("reward/mean", "kl", "actor_loss"):
         np.testing.assert_allclose([r[key] for r in runs["static"]], [r[key] for r in runs["eager"]], rtol=1e-4,
                                    atol=1e-6, err_msg=key)
-    assert len(compiled) == 2 and compiled[0] == compiled[1]  # the static run's two rollouts, one program
+    assert len(compiled) > 2 and len(set(compiled)) == 1  # every decode step of both rollouts: one program
     assert runs["eager"][1]["kl"] != 0.0  # step 2 sampled from an actor the first update changed
     np.testing.assert_allclose(weights(str(tmp_path / "static" / "out" / "policy")),
                                weights(str(tmp_path / "eager" / "out" / "policy")), atol=1e-6)

@@ -8,6 +8,7 @@ SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
 
 EVAL_MODES = (None, "single", "tensor_parallel")
 ROLLOUT_DECODES = ("eager", "static")
+EPISODE_SCHEDULES = ("continuous", "lockstep")  # envs/multiturn.py SCHEDULES
 OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
 
 REWARD_LOSS_TYPES = ("sequence-wise", "token-wise")

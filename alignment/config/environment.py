@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional
 
+from alignment.config.choices import EPISODE_SCHEDULES
 from alignment.config.parser import field
 from alignment.config.ppo import PPOArguments
 
@@ -32,6 +33,12 @@ class EnvironmentArguments:
     env_reward_weight: float = field(1.0, help="Weight of the environment's reward (summed over the episode's "
                                                "turns) in the end reward, beside the reward model / server and "
                                                "reward_funcs, which score the final assistant message.")
+    env_workers: int = field(16, ge=1, help="Environment steps (and resets, and so tool calls) run at once, in "
+                                             "threads; async environments are awaited on one event loop.")
+    episode_schedule: str = field("continuous", help="When a row whose environment has answered goes back to "
+                                                     "decoding: 'continuous' at once, while the others decode; "
+                                                     "'lockstep' once every row of the turn has ended and been "
+                                                     "answered. The same tokens and log-probs either way.")
     per_turn_rewards: bool = field(False, help="Place each turn's environment reward on that turn's last token "
                                                "instead of adding the episode's sum at its end: for the token-level "
                                                "estimators (gae, reinforce_plus_plus); the group estimators use "
@@ -44,6 +51,9 @@ class EnvironmentArguments:
     def validate_with(self, *others) -> None:
         """Refuse what multi-turn rollouts do not do, naming the key."""
         ppo_args = next(other for other in others if isinstance(other, PPOArguments))
+        if self.episode_schedule not in EPISODE_SCHEDULES:
+            raise ValueError(f"key 'episode_schedule' must be one of {EPISODE_SCHEDULES}, got "
+                             f"{self.episode_schedule!r}")
         if not self.multi_turn:
             for key in ("environment_args", "user_env_modules", "per_turn_rewards"):
                 if getattr(self, key):

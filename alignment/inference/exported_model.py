@@ -21,13 +21,20 @@ class StepOutput(NamedTuple):
 
 
 class ExportedLM:
-    """The exported program behind the call `generate` makes of a model:
+    """The exported program behind the calls the decode engine makes of a model:
     lm(input_ids, attention_mask=, position_ids=, past_key_values=) -> .logits [b, 1, vocab], .past_key_values.
-    Without past_key_values it is the prefill (empty caches, positions from the mask, as the dynamic model)."""
+    Without past_key_values it is the prefill (empty caches, positions from the mask, as the dynamic model). The
+    program appends the new tokens' keys and values to the cache (it has no cache_column input), so the engine
+    decodes it with engine.AppendSteps."""
+
+    writes_cache_columns = False
 
     def __init__(self, predictor, info: dict, device: str, threads: Optional[int] = None):
         self.predictor, self.info, self.device, self.threads = predictor, info, device, threads
-        self.config = SimpleNamespace(vocab_size=info["vocab_size"])  # all `generate` reads of the config
+        self.config = SimpleNamespace(vocab_size=info["vocab_size"], num_hidden_layers=info["num_hidden_layers"],
+                                      num_key_value_heads=info["num_key_value_heads"], head_dim=info["head_dim"],
+                                      tensor_parallel_degree=1)  # what the engine reads of a config
+        self.dtype = info["dtype"]  # of the KV cache
 
     def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, **_ignored):
         if attention_mask is None:

@@ -119,20 +119,18 @@ def step_rotary(position_ids, head_dim: int, theta: float, heads: int, kv_heads:
 
 
 class FusedDecoder:
-    """One generation's decode state: fused weights, the per-layer KV cache, its mask and the next position."""
+    """Decode steps over a SlotCache (slot_cache.py) with the model's weights in the fused layout, expanded over
+    the cache's slots."""
 
-    def __init__(self, model, presents, prompt_mask):
+    def __init__(self, model, slots: int):
         cfg, attn = model.config, model.model.layers[0].self_attn
-        self.batch = prompt_mask.shape[0]
+        self.batch = slots
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.eps, self.theta = cfg.rms_norm_eps, cfg.rope_theta
         self.tied = cfg.tie_word_embeddings
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]
-        self.caches: List[tuple] = list(presents)  # per layer (k, v) [b, kv_heads, t, d]
-        self.mask = prompt_mask.astype("int64")  # [b, t]
-        self.position = self.mask.sum(axis=1, keepdim=True)  # [b, 1]: RoPE position of the next token
 
     def load_weights(self, model) -> None:
         """Copy the model's weights into the fused layout (again after they change mid-generation: partial
@@ -144,43 +142,40 @@ class FusedDecoder:
         axis = 0 if self.tied else 1  # the vocabulary's
         self.head_slices = vocab_slices(head, axis, head_slice_count(head.shape[axis]))
 
-    def step(self, token):
-        """Feed `token` [b]; return the logits [b, vocab] float32 for the token after it."""
+    def step(self, token, cache, column, mask, position):
+        """Feed `token` [b] at `column` [b] of `cache` (a SlotCache, written in place) with the attention `mask`
+        [b, width] and RoPE `position` [b, 1]; return the logits [b, vocab] float32 for the token after it."""
         b = self.batch
-        self.mask = paddle.concat([self.mask, paddle.ones([b, 1], "int64")], axis=1)
-        bias = attention_bias(self.mask, 1, paddle.float32, self.heads)
-        bias = bias.reshape([b, self.kv_heads, self.heads // self.kv_heads, -1])  # [b, kv_heads, groups, t]
-        cos, sin = self.rotary_rows(self.position.reshape([b]))
-        self.position = self.position + 1
+        bias = attention_bias(mask, 1, paddle.float32, self.heads)
+        bias = bias.reshape([b, self.kv_heads, self.heads // self.kv_heads, -1])  # [b, kv_heads, groups, width]
+        cos, sin = self.rotary_rows(position.reshape([b]), cache.width)
+        index = paddle.expand(column.reshape([b, 1, 1, 1]), [b, self.kv_heads, 1, self.head_dim])
         x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
         for i, weights in enumerate(self.layers):
-            x = self._layer(x, weights, i, cos, sin, bias)
+            x = self._layer(x, weights, cache.k[i], cache.v[i], index, cos, sin, bias)
         hidden = rms_norm(x, self.final_norm, self.eps)
         logits = [paddle.matmul(hidden, part) for part in self.head_slices]  # [b, 1, part]
         return (paddle.concat(logits, axis=-1) if len(logits) > 1 else logits[0]).reshape([b, -1])
 
-    def rotary_rows(self, positions):
-        """cos, sin [b, heads + 2 kv_heads, d] of positions [b]: rows of tables built for every position up to the
-        mask's width (rebuilt twice as long when the mask outgrows them); the same bits as step_rotary of the
-        positions, with one gather a step instead of a dozen small ops (80 -> 8 us at [16, 4 + 2 x 4, 64])."""
-        width = self.mask.shape[1]  # every position is below it
+    def rotary_rows(self, positions, width: int):
+        """cos, sin [b, heads + 2 kv_heads, d] of positions [b] (each below `width`): rows of tables built for every
+        position up to the width (rebuilt twice as long when a wider one comes); the same bits as step_rotary of
+        the positions, with one gather a step instead of a dozen small ops (80 -> 8 us at [16, 4 + 2 x 4, 64])."""
         if self.rotary[0] is None or self.rotary[0].shape[0] < width:
             every = paddle.arange(2 * width, dtype="int64").reshape([-1, 1])  # [positions, 1]
             self.rotary = step_rotary(every, self.head_dim, self.theta, self.heads, self.kv_heads)
         return paddle.gather(self.rotary[0], positions), paddle.gather(self.rotary[1], positions)
 
-    def _layer(self, x, w: LayerWeights, index: int, cos, sin, bias):
+    def _layer(self, x, w: LayerWeights, k_cache, v_cache, index, cos, sin, bias):
         b, heads, kv_heads, d = self.batch, self.heads, self.kv_heads, self.head_dim
         qkv = paddle.matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([b, heads + 2 * kv_heads, d])
         qkv = qkv * cos + paddle.matmul(qkv, self.rotate) * sin
         q, k, v = paddle.split(qkv, [heads, kv_heads, kv_heads], axis=1)
-        past_k, past_v = self.caches[index]
-        k = paddle.concat([past_k, k.reshape([b, kv_heads, 1, d])], axis=2)  # [b, kv_heads, t, d]
-        v = paddle.concat([past_v, v.reshape([b, kv_heads, 1, d])], axis=2)
-        self.caches[index] = (k, v)
+        k_cache.put_along_axis_(index, k.reshape([b, kv_heads, 1, d]), 2)  # [b, kv_heads, width, d], in place
+        v_cache.put_along_axis_(index, v.reshape([b, kv_heads, 1, d]), 2)
         # q head i attends with kv head i // groups (Attention's folded decode step)
-        scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k, transpose_y=True) + bias
-        out = paddle.matmul(F.softmax(scores, axis=-1), v).reshape([b, 1, heads * d])
+        scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k_cache, transpose_y=True) + bias
+        out = paddle.matmul(F.softmax(scores, axis=-1), v_cache).reshape([b, 1, heads * d])
         x = x + paddle.matmul(out, w.o)
         h = rms_norm(x, w.post_norm, self.eps)
         gate, up = paddle.matmul(h, w.gate), paddle.matmul(h, w.up)

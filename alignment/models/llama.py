@@ -135,8 +135,9 @@ class Attention(nn.Layer):
         self.o_proj = tp.row_linear(config.num_attention_heads * d, hidden, config.attention_bias, degree)
 
     def forward(self, x, rope: Rotary, bias, past: Optional[Tuple] = None, cache_column=None):
-        """cache_column [1] int64: `past` is a preallocated [b, kv_heads, L, d] cache and this single token's k/v
-        are written at that column (static decode); otherwise they are appended to `past`."""
+        """cache_column [1] or [b] int64: `past` is a preallocated [b, kv_heads, L, d] cache and this single
+        token's k/v are written at that column (of each row): the decode engine's SlotCache, eager (in place) or
+        compiled (static_decode.py); otherwise they are appended to `past`."""
         b, s, _ = x.shape
         q = self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim])
         k = self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
@@ -147,9 +148,13 @@ class Attention(nn.Layer):
         k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])  # [b, kv_heads, s, d]
         if past is not None and cache_column is not None:
             # a scatter, not a one-hot blend: broadcasting multiplies are ~40x slower than same-shape ones on CPU
-            index = paddle.expand(cache_column.reshape([1, 1, 1, 1]), k.shape)  # [b, kv_heads, 1, d]
-            k = paddle.put_along_axis(past[0], index, k, axis=2)  # [b, kv_heads, L, d]
-            v = paddle.put_along_axis(past[1], index, v, axis=2)
+            index = paddle.expand(cache_column.reshape([-1, 1, 1, 1]), k.shape)  # [b, kv_heads, 1, d]
+            if paddle.in_dynamic_mode():  # the engine's own cache: no copy of it per step
+                k = past[0].put_along_axis_(index, k, 2)  # [b, kv_heads, L, d]
+                v = past[1].put_along_axis_(index, v, 2)
+            else:
+                k = paddle.put_along_axis(past[0], index, k, axis=2)
+                v = paddle.put_along_axis(past[1], index, v, axis=2)
         elif past is not None:
             k = paddle.concat([past[0], k], axis=2)  # [b, kv_heads, t, d]
             v = paddle.concat([past[1], v], axis=2)

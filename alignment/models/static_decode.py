@@ -1,19 +1,18 @@
-"""A static-graph decode step over a preallocated KV cache (`paddle.jit.to_static`, fixed shapes).
+"""The decode engine's step (engine.py) as a static-graph program (`paddle.jit.to_static`, fixed shapes).
 
 Eager decoding pays Python dispatch for every op of every step (~235 calls per step for a LLaMA); compiled once per
-(batch, cache width), the step runs as one program. The cache is preallocated at a width L (the prompt width plus
-the new tokens, rounded up to a multiple of CACHE_BUCKET so nearby prompt widths share a compiled step): the
-prompt's keys/values fill columns [0, P) after an eager prefill, step n writes column P + n (`put_along_axis`),
-and a [b, L] mask hides the columns not written yet. Same model, same weights, same RoPE positions as
-`generate(..., use_cache=True)`; `tests/test_static_decode.py` checks the tokens are the same under greedy decoding.
+(slots, cache width), the step runs as one program over the engine's SlotCache: each row's token is written at its
+own column (`put_along_axis`), a [b, L] mask hides the columns not written yet. The width is the prompt width
+plus the new tokens, rounded up to a multiple of CACHE_BUCKET so nearby prompt widths share a program. Same model,
+same weights, same RoPE positions as the eager step; `tests/test_static_decode.py` checks the tokens are the same.
 
 For export (tools/export_model.py) `CachedForward` is one program for both phases, with dynamic batch, width and
 cache length: the prefill is the call with an empty (length 0) cache, a decode step the call with one new token.
-The cache grows by concatenation, as in eager `generate(..., use_cache=True)`, so one set of weights serves both.
+The cache grows by concatenation, so one set of weights serves both phases.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import paddle
 import paddle.nn as nn
@@ -22,8 +21,9 @@ CACHE_BUCKET = 32
 
 
 class DecodeStep(nn.Layer):
-    """token [b, 1], position_ids [b, 1], attention_mask [b, L], column [1] int64 (the cache column this step
-    writes), caches: a list of 2 x layers tensors [b, kv_heads, L, d] -> (logits [b, vocab], updated list)."""
+    """token [b, 1], position_ids [b, 1], attention_mask [b, L], column [b] int64 (the cache column each row's
+    token is written at), caches: a list of 2 x layers tensors [b, kv_heads, L, d] -> (logits [b, vocab], updated
+    list)."""
 
     def __init__(self, model):
         super().__init__()
@@ -65,7 +65,7 @@ def cached_forward_spec(config, dtype: str = "float32") -> list:
 
 
 class StaticDecoder:
-    """Compiles and runs DecodeStep for one model, one compiled program per (batch, cache width)."""
+    """The decode engine's step as a compiled DecodeStep, one program per (slots, cache width)."""
 
     def __init__(self, model):
         self.model = model
@@ -73,8 +73,13 @@ class StaticDecoder:
         self._compiled: Dict[Tuple[int, int], object] = {}
 
     def cache_width(self, prompt_width: int, max_new_tokens: int) -> int:
-        need = prompt_width + max_new_tokens
+        """The cache width for prompts of up to `prompt_width` tokens: rounded up so nearby widths share a
+        program (the SlotCache's capacity is one less: its scratch column)."""
+        need = prompt_width + max_new_tokens + 1
         return -(-need // CACHE_BUCKET) * CACHE_BUCKET
+
+    def load_weights(self, model) -> None:  # the program reads the parameters themselves
+        pass
 
     def compiled(self, batch: int, width: int):
         key = (batch, width)
@@ -82,18 +87,14 @@ class StaticDecoder:
             cfg = self.model.config
             cache_spec = paddle.static.InputSpec([batch, cfg.num_key_value_heads, width, cfg.head_dim], "float32")
             spec = [paddle.static.InputSpec([batch, 1], "int64"), paddle.static.InputSpec([batch, 1], "int64"),
-                    paddle.static.InputSpec([batch, width], "int64"),
-                    paddle.static.InputSpec([1], "int64")]
+                    paddle.static.InputSpec([batch, width], "int64"), paddle.static.InputSpec([batch], "int64")]
             spec.append([cache_spec] * (2 * cfg.num_hidden_layers))
             self._compiled[key] = paddle.jit.to_static(self.step_layer.forward, input_spec=spec, full_graph=True)
         return self._compiled[key]
 
-    @staticmethod
-    def preallocate(presents: List[Tuple[paddle.Tensor, paddle.Tensor]], width: int) -> List[paddle.Tensor]:
-        """The prefill's (k, v) [b, kv_heads, P, d] per layer, zero-padded to [b, kv_heads, width, d], flat."""
-        out = []
-        for k, v in presents:
-            b, heads, prompt_width, d = k.shape
-            for t in (k, v):
-                out.append(paddle.concat([t, paddle.zeros([b, heads, width - prompt_width, d], t.dtype)], axis=2))
-        return out
+    def step(self, token, cache, column, mask, position):
+        """The engine's decode step (see FusedDecoder.step) through the compiled program."""
+        flat = [t for kv in cache.pairs() for t in kv]
+        logits, flat = self.compiled(cache.slots, cache.width)(token.unsqueeze(-1), position, mask, column, flat)
+        cache.set_pairs([(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)])
+        return logits

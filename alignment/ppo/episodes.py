@@ -52,10 +52,12 @@ def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args
     log_prob_temperature: set old_log_probs from the sampling pass (None leaves them unset)."""
     rows = [environment_row(item) for item in items for _ in range(num_return_sequences)]
     budget = env_args.max_trajectory_tokens or max_length
+    # a tensor-parallel actor decodes on every rank of its group, which must take the same steps together
+    schedule = "lockstep" if actor.config.tensor_parallel_degree > 1 else env_args.episode_schedule
     actor.eval()
     trajectories = multi_turn_rollout(actor, tokenizer, build_environments(env_args, len(rows)), rows, config,
                                       env_args.max_turns, budget, log_prob_temperature or 1.0, max_length,
-                                      row_seeds)
+                                      row_seeds, env_args.env_workers, schedule)
     return episode_rollout(trajectories, [item for item in items for _ in range(num_return_sequences)],
                            config.pad_token_id, log_prob_temperature is not None,
                            env_args.env_reward_weight if env_args.per_turn_rewards else None)
@@ -93,11 +95,13 @@ def final_answer(trajectory: Trajectory) -> str:
 
 
 def episode_record(trajectory: Trajectory) -> Dict:
-    """What logs and generation files keep of an episode."""
+    """What logs and generation files keep of an episode; `metrics`: the environment's own numbers (StepResult's
+    fourth field), summed over the episode's turns."""
     return {"turns": trajectory.num_turns, "env_reward": trajectory.reward, "truncated": trajectory.truncated,
             "tool_calls": trajectory.tool_calls, "tool_errors": trajectory.tool_errors,
             "tool_time": trajectory.tool_time, "messages": trajectory.messages,
-            "trajectory_tokens": len(trajectory.input_ids) - trajectory.prompt_len}
+            "trajectory_tokens": len(trajectory.input_ids) - trajectory.prompt_len,
+            "metrics": dict(trajectory.metrics)}
 
 
 def environment_rewards(rollout) -> np.ndarray:
@@ -105,11 +109,22 @@ def environment_rewards(rollout) -> np.ndarray:
     return np.asarray([episode["env_reward"] for episode in rollout.episodes], dtype="float64")
 
 
-def episode_metrics(rollout) -> Dict[str, float]:
-    """This rank's means of env/turns, env/tool_calls, env/tool_errors, env/tool_time (seconds per episode),
-    env/reward (before env_reward_weight), env/truncated (cut by max_turns or the token budget) and
-    env/trajectory_tokens."""
-    episodes = rollout.episodes
-    keys = {"turns": "turns", "tool_calls": "tool_calls", "tool_errors": "tool_errors", "tool_time": "tool_time",
-            "reward": "env_reward", "truncated": "truncated", "trajectory_tokens": "trajectory_tokens"}
-    return {f"env/{name}": float(np.mean([float(e[key]) for e in episodes])) for name, key in keys.items()}
+ENV_MEANS = {"turns": "turns", "tool_calls": "tool_calls", "tool_errors": "tool_errors", "tool_time": "tool_time",
+             "reward": "env_reward", "truncated": "truncated", "trajectory_tokens": "trajectory_tokens"}
+
+
+def env_metric_names(episodes: Sequence[Mapping]) -> List[str]:
+    """The names of the numbers the environments returned in StepResult.metrics, beyond ENV_MEANS."""
+    return sorted({name for e in episodes for name in e.get("metrics", {})} - set(ENV_MEANS))
+
+
+def episode_metrics(episodes: Sequence[Mapping], prefix: str = "env/",
+                    names: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    """Means over episodes (episode_record's dicts) of prefix + turns, tool_calls, tool_errors, tool_time (seconds
+    per episode), reward (before env_reward_weight), truncated (cut by max_turns or the token budget),
+    trajectory_tokens, and prefix + name for each of `names` (default: env_metric_names): the environment's own
+    numbers, each episode's sum over its turns, 0 for an episode that never returned it."""
+    metrics = {prefix + name: float(np.mean([float(e[key]) for e in episodes])) for name, key in ENV_MEANS.items()}
+    for name in env_metric_names(episodes) if names is None else names:
+        metrics[prefix + name] = float(np.mean([float(e.get("metrics", {}).get(name, 0.0)) for e in episodes]))
+    return metrics

@@ -22,7 +22,7 @@ import numpy as np
 import paddle
 
 from alignment.models.generation import GenerationConfig, SampleRows, generate
-from alignment.models.shared_prefill import distinct_prompts
+from alignment.models.prompt_groups import distinct_prompts
 
 
 @dataclasses.dataclass
@@ -128,7 +128,7 @@ class Rollout:
     def micro_batch(self, rows: np.ndarray, share_prompts: bool) -> "Rollout":
         """The rows `rows` as the update computes them: packed(), or, with share_prompts and a prompt repeated
         among them, trimmed() with prompt_groups set (each row's prompt among the distinct ones, as generation's
-        shared_prefill.distinct_prompts numbers them), so the model runs each prompt once
+        prompt_groups.distinct_prompts numbers them), so the model runs each prompt once
         (LlamaModel.forward_sharing_prompts)."""
         picked = self.select(paddle.to_tensor(rows))
         groups = None if not share_prompts or picked.response_index is not None else distinct_prompts(

@@ -9,7 +9,8 @@ from typing import Callable, List, Mapping, Optional, Sequence
 
 from alignment.models.generation import GenerationConfig
 from alignment.models.static_decode import StaticDecoder
-from alignment.ppo.episodes import episode_metrics, sample_episodes
+from alignment.parallel.distributed import gather_objects
+from alignment.ppo.episodes import env_metric_names, episode_metrics, sample_episodes
 from alignment.ppo.rollout import Rollout, sample_rollout
 
 
@@ -81,7 +82,10 @@ class Episodes(SingleTurn):
 
     @staticmethod
     def metrics(rollout) -> dict:
-        return episode_metrics(rollout)
+        """env/* means of this rank's episodes; the environments' own metric names agreed over the training ranks
+        (their means are averaged over ranks key by key)."""
+        names = sorted({name for part in gather_objects(env_metric_names(rollout.episodes)) for name in part})
+        return episode_metrics(rollout.episodes, "env/", names)
 
 
 def rollout_generation_config(ppo, actor, tokenizer) -> GenerationConfig:

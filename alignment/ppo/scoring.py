@@ -82,14 +82,12 @@ def generation_records(step: int, rollout, rewards: List[float]) -> List[Dict]:
     return records
 
 
-EPISODE_MEANS = ("turns", "tool_calls", "tool_errors", "truncated")
-
-
 def episode_means(records: List[Dict], prefix: str) -> Dict[str, float]:
-    """prefix + turns / tool_calls / tool_errors / truncated: their means over multi-turn records ({} if none)."""
+    """episodes.episode_metrics over multi-turn records (each holds its episode's record), with `prefix` ({} if
+    none)."""
     if not records or "turns" not in records[0]:
         return {}
-    return {prefix + key: float(np.mean([float(r[key]) for r in records])) for key in EPISODE_MEANS}
+    return episodes.episode_metrics(records, prefix)
 
 
 def reward_rows(row_parts: Dict[str, np.ndarray], rollout) -> List[Dict[str, float]]:

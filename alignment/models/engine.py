@@ -1,0 +1,285 @@
+"""The one decode engine: every sampled token of the project comes from `DecodeEngine.step`.
+
+Single-turn generation (generation.py: `generate`), multi-turn episodes (envs/multiturn.py), the OpenAI-style
+gateway (gateway/) and the asynchronous rollout ranks all add `Sequence`s to an engine and step it. Each step:
+
+1. prefill: every sequence with ids to feed (a prompt, or after a pause the turn's last token and what the caller
+   appends: an observation, a tool result, the next chat turn) runs them over its own cached tokens, alone;
+   sequences added at once with the same prompt run it once;
+2. sample: every sequence with logits draws its next token (its own uniform number: its `rng`, or the engine's
+   batch draw), and its turn ends at eos, a stop string, max_new_tokens or its token budget;
+3. decode: the sequences whose turn goes on feed their token in one step of all slots (fused_decode.py's
+   decoder for a plain float32 LLaMA, the model's layers otherwise, or a compiled step).
+
+A sequence whose turn ended pauses in its slot, cache kept, until the caller `resume`s it with more ids or
+`release`s it; the others go on meanwhile (continuous batching over the carried KV cache). Shapes are fixed
+(slot_cache.py), so a sequence's tokens and log-probs are the same bits whatever the others do or when it runs.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence as Seq
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from alignment.models.fused_decode import FusedDecoder, fusable
+from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
+from alignment.models.slot_cache import SlotCache
+
+PREFILL, SAMPLE, DECODE, PAUSED = "prefill", "sample", "decode", "paused"
+
+
+class Sequence:
+    """A sequence in the engine: `ids` to feed first, the sampler `config` of its turns (max_new_tokens caps a
+    turn), `max_len` tokens it may hold in all (prompt included). rng: a numpy Generator giving its uniform
+    numbers, one per sampled token (None: the engine's batch draw); stop(turn ids) -> True when a stop string
+    ended the turn; log_prob_temperature: the temperature its tokens' log-probs are taken at (None: not taken,
+    turn_log_probs stay 0)."""
+
+    def __init__(self, ids: Seq[int], config: GenerationConfig, max_len: int, rng=None,
+                 stop: Optional[Callable[[List[int]], bool]] = None, log_prob_temperature: Optional[float] = 1.0):
+        if not ids:
+            raise ValueError("Sequence: at least one id to start from")
+        self.config, self.max_len, self.rng, self.stop = config, max_len, rng, stop
+        self.log_prob_temperature = log_prob_temperature
+        self.pending: List[int] = list(ids)  # ids to feed (the paused turn's last token first)
+        self.fed = 0  # ids in the cache
+        self.turn: List[int] = []  # tokens sampled this turn
+        self.turn_log_probs: List[float] = []
+        self.ending: Optional[str] = None  # why the last turn ended: eos, stop, length, budget
+        self.slot: Optional[int] = None
+        self.state = PREFILL
+
+    @property
+    def length(self) -> int:
+        """Tokens in the sequence: fed and to feed."""
+        return self.fed + len(self.pending)
+
+
+def pick_stepper(model, slots: int, fused: bool = True, static=None):
+    """The decode step for `model`: a StaticDecoder (static_decode.py) when given, the fused decoder for a plain
+    float32 LLaMA, the model's own layers, or for a program that can only append to its cache (an export)
+    AppendSteps."""
+    if static is not None:
+        return static
+    if fused and fusable(model):
+        return FusedDecoder(model, slots)
+    return LayerSteps(model) if getattr(model, "writes_cache_columns", True) else AppendSteps(model)
+
+
+class LayerSteps:
+    """A decode step through the model's own layers (LoRA, tensor-parallel, biased models)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def load_weights(self, model) -> None:  # reads the layers' weights at every step
+        pass
+
+    def step(self, token, cache: SlotCache, column, mask, position):
+        out = self.model(token.unsqueeze(-1), attention_mask=mask, position_ids=position,
+                         past_key_values=cache.pairs(), use_cache=True, last_only=True, cache_column=column)
+        cache.set_pairs(out.past_key_values)
+        return out.logits[:, -1]
+
+
+class AppendSteps(LayerSteps):
+    """A decode step through a model that appends the new token's keys and values after the cache it is given
+    (an exported program): the token attends to its slot's columns and to itself in the appended column, whose
+    keys and values then move to the slot's next column."""
+
+    def step(self, token, cache: SlotCache, column, mask, position):
+        feeding = paddle.take_along_axis(mask, column.unsqueeze(-1), axis=1)  # [b, 1]: 1 where the token is real
+        mask = paddle.concat([mask * (1 - F.one_hot(column, cache.width).astype(mask.dtype)), feeding], axis=1)
+        out = self.model(token.unsqueeze(-1), attention_mask=mask, position_ids=position,
+                         past_key_values=cache.pairs(), use_cache=True, last_only=True)
+        index = paddle.expand(column.reshape([-1, 1, 1, 1]), [token.shape[0], *cache.k[0].shape[1:2], 1,
+                                                             cache.k[0].shape[3]])
+        for layer, (k, v) in enumerate(out.past_key_values):
+            cache.k[layer].put_along_axis_(index, k[:, :, -1:], 2)
+            cache.v[layer].put_along_axis_(index, v[:, :, -1:], 2)
+        return out.logits[:, -1]
+
+
+class DecodeEngine:
+    """`slots` sequences of at most `capacity` tokens each, sampled by `model`.
+
+    draw_uniforms() -> [slots] float32 in [0, 1): the numbers of a step's sequences without an rng of their own
+    (default: paddle.rand). before_decode(rounds) -> True when it changed the model's weights (partial rollouts),
+    called before each decode step with the sampling rounds done so far."""
+
+    def __init__(self, model, slots: int, capacity: int, fused: bool = True, static=None,
+                 draw_uniforms: Optional[Callable[[], paddle.Tensor]] = None,
+                 before_decode: Optional[Callable[[int], bool]] = None):
+        self.model, self.slots, self.capacity = model, slots, capacity
+        self.cache = SlotCache.for_model(model, slots, capacity)
+        self.stepper = pick_stepper(model, slots, fused, static)
+        self.draw_uniforms = draw_uniforms or (lambda: paddle.rand([slots]))
+        self.before_decode = before_decode
+        self.vocab = model.config.vocab_size
+        self.logits = paddle.zeros([slots, self.vocab], "float32")  # [slots, vocab] the next token's
+        self.seen = None  # [slots, vocab] bool: tokens fed, for a repetition penalty
+        self.running: List[Optional[Sequence]] = [None] * slots
+        self.rounds = 0  # sampling rounds done
+
+    # ------------------------------------------------------------------ the caller's side
+
+    def add(self, seq: Sequence, slot: Optional[int] = None) -> None:
+        """Give `seq` a free slot (the lowest, or `slot`); it is prefilled at the next step."""
+        if seq.max_len > self.capacity:
+            raise ValueError(f"DecodeEngine: a sequence of up to {seq.max_len} tokens does not fit the engine's "
+                             f"capacity of {self.capacity}")
+        free = [i for i, s in enumerate(self.running) if s is None]
+        if not free or (slot is not None and slot not in free):
+            raise RuntimeError("DecodeEngine: no free slot" if not free else f"DecodeEngine: slot {slot} is taken")
+        seq.slot = free[0] if slot is None else slot
+        self.cache.clear(seq.slot)
+        if self.seen is not None:
+            self.seen[seq.slot] = False
+        self.running[seq.slot] = seq
+        seq.state = PREFILL
+
+    def resume(self, seq: Sequence, ids: Seq[int], config: Optional[GenerationConfig] = None) -> None:
+        """Go on with a paused sequence: feed its turn's last token and `ids`, then sample a new turn (with
+        `config` if given)."""
+        if seq.state != PAUSED:
+            raise RuntimeError(f"DecodeEngine: resume of a sequence that is {seq.state}, not paused")
+        seq.pending.extend(ids)
+        seq.config = config or seq.config
+        seq.turn, seq.turn_log_probs, seq.ending = [], [], None
+        seq.state = PREFILL
+
+    def release(self, seq: Sequence) -> None:
+        """Free the slot of a sequence the caller is done with."""
+        if seq.slot is not None and self.running[seq.slot] is seq:
+            self.running[seq.slot] = None
+        seq.slot = None
+
+    def busy(self) -> bool:
+        """Whether a step has work: some sequence prefills, samples or decodes."""
+        return any(s is not None and s.state != PAUSED for s in self.running)
+
+    # ------------------------------------------------------------------ one step
+
+    @paddle.no_grad()
+    def step(self) -> List[Sequence]:
+        """Prefill, sample, decode once; -> the sequences whose turn ended (now paused), in slot order."""
+        self._prefill()
+        sampling = [s for s in self.running if s is not None and s.state == SAMPLE]
+        if not sampling:
+            return []
+        ended = self._sample(sampling)
+        feeding = [s for s in sampling if s.state == DECODE]
+        if feeding:
+            self._decode(feeding)
+        return ended
+
+    def _prefill(self) -> None:
+        shared: Dict[tuple, Sequence] = {}  # a prompt prefilled this step -> its sequence
+        for seq in self.running:
+            if seq is None or seq.state != PREFILL:
+                continue
+            key = tuple(seq.pending) if seq.fed == 0 else None
+            if key is not None and key in shared:
+                self.cache.copy(shared[key].slot, seq.slot)
+                self.logits[seq.slot] = self.logits[shared[key].slot]
+            else:
+                self._prefill_one(seq)
+                if key is not None:
+                    shared[key] = seq
+            self._mark_seen(seq.slot, seq.pending)
+            seq.fed += len(seq.pending)
+            seq.pending, seq.state = [], SAMPLE
+
+    def _prefill_one(self, seq: Sequence) -> None:
+        start, n = seq.fed, len(seq.pending)
+        ids = paddle.to_tensor([seq.pending], dtype="int64")  # [1, n]
+        positions = paddle.arange(start, start + n, dtype="int64").unsqueeze(0)  # [1, n]
+        out = self.model(ids, attention_mask=paddle.ones([1, start + n], "int64"), position_ids=positions,
+                         past_key_values=self.cache.past(seq.slot), use_cache=True, last_only=True)
+        self.cache.write(seq.slot, out.past_key_values, start)
+        self.logits[seq.slot] = out.logits[0, -1]
+
+    def _sample(self, sampling: List[Sequence]) -> List[Sequence]:
+        """Draw a token for each sequence in `sampling` over all slots' logits (fixed shapes: a row's draw is
+        the same bits whatever the others hold); -> the sequences whose turn ended."""
+        uniform = self._uniforms(sampling)  # [slots]
+        tokens, log_probs = np.zeros([self.slots], "int64"), np.zeros([self.slots], "float32")
+        for config, temperature, group in _groups(sampling):
+            logits = self.logits
+            under = np.zeros([self.slots], bool)
+            for s in group:
+                under[s.slot] = len(s.turn) < config.min_new_tokens
+            if config.eos_ids and under.any():
+                logits = block_tokens(logits, config.eos_ids, paddle.to_tensor(under))
+            drawn = next_token(logits, config, self.seen, uniform)  # [slots]
+            rows = [s.slot for s in group]
+            tokens[rows] = drawn.numpy()[rows]
+            if temperature is not None:
+                log_probs[rows] = token_log_prob(self.logits, drawn, temperature).numpy()[rows]  # [slots]
+        self.rounds += 1
+        ended = []
+        for seq in sampling:
+            token = int(tokens[seq.slot])
+            seq.turn.append(token)
+            seq.turn_log_probs.append(float(log_probs[seq.slot]))
+            seq.pending = [token]
+            seq.ending = _turn_end(seq, token)
+            seq.state = DECODE if seq.ending is None else PAUSED
+            if seq.ending is not None:
+                ended.append(seq)
+        return ended
+
+    def _uniforms(self, sampling: List[Sequence]) -> Optional[paddle.Tensor]:
+        if not any(s.config.do_sample for s in sampling):
+            return None
+        own = [s for s in sampling if s.rng is not None]
+        values = self.draw_uniforms().numpy() if len(own) < len(sampling) else np.zeros([self.slots], "float32")
+        for s in own:
+            values[s.slot] = s.rng.random()
+        return paddle.to_tensor(values.astype("float32"))
+
+    def _decode(self, feeding: List[Sequence]) -> None:
+        if self.before_decode is not None and self.before_decode(self.rounds):
+            self.stepper.load_weights(self.model)
+        mask = np.zeros([self.slots], bool)
+        tokens = np.zeros([self.slots], "int64")
+        for seq in feeding:
+            mask[seq.slot], tokens[seq.slot] = True, seq.pending[0]
+        column, attention, position = self.cache.step_inputs(mask)
+        self.logits = self.stepper.step(paddle.to_tensor(tokens), self.cache, column, attention, position)
+        self.cache.after_step(mask)
+        for seq in feeding:
+            self._mark_seen(seq.slot, seq.pending)
+            seq.fed += 1
+            seq.pending, seq.state = [], SAMPLE
+
+    def _mark_seen(self, slot: int, ids: List[int]) -> None:
+        seq = self.running[slot]
+        if seq.config.repetition_penalty == 1.0:
+            return
+        if self.seen is None:
+            self.seen = paddle.zeros([self.slots, self.vocab], "bool")
+        row = self.seen[slot]  # (Paddle 3.3 ignores a write through seen[slot, index_tensor])
+        row[paddle.to_tensor(ids, dtype="int64")] = True
+        self.seen[slot] = row
+
+
+def _groups(sampling: List[Sequence]):
+    """(config, log-prob temperature, sequences) for each distinct sampler among `sampling`."""
+    groups: Dict[tuple, list] = {}
+    for seq in sampling:
+        groups.setdefault((id(seq.config), seq.log_prob_temperature), [seq.config, seq.log_prob_temperature, []])
+        groups[(id(seq.config), seq.log_prob_temperature)][2].append(seq)
+    return list(groups.values())
+
+
+def _turn_end(seq: Sequence, token: int) -> Optional[str]:
+    if token in seq.config.eos_ids:
+        return "eos"
+    if seq.stop is not None and seq.stop(seq.turn):
+        return "stop"
+    if seq.length >= seq.max_len:
+        return "budget"
+    return "length" if len(seq.turn) >= seq.config.max_new_tokens else None

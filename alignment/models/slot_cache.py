@@ -1,0 +1,104 @@
+"""The decode engine's KV cache: a fixed number of slots (sequences) by a fixed number of columns.
+
+Per layer k and v are [slots, kv_heads, capacity + 1, d]. A slot's tokens sit in columns 0 .. length - 1, in
+order, so a token's column is its RoPE position; the last column is scratch, written by the decode step for the
+slots that have no token to feed and attended by no one. Columns a slot has not written hold zeros.
+
+Why fixed shapes: every decode step runs on [slots, 1] tokens against [slots, ..., capacity + 1] keys whatever
+the sequences are doing, and a prefill runs on one sequence's own columns. Paddle's CPU GEMMs give each row the
+same bits for a fixed number of rows whatever the other rows hold (and different bits for other row counts; both
+measured), and its softmax and probs @ v kernels change their rounding with the key width. So with fixed shapes a
+sequence's tokens and log-probs depend on its own tokens only: not on which slot it has, on its neighbours, or on
+when it joined or paused (continuous batching, overlapped episodes, a gateway's requests give the bits a lockstep
+batch gives). Masked columns get weights of ~1e-28 from Paddle's softmax, not 0: that is why they hold zeros.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+import paddle
+
+
+class SlotCache:
+    """KV cache of `slots` sequences of at most `capacity` tokens each (kv_heads: this rank's, under tensor
+    parallelism)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, slots: int, capacity: int, dtype="float32"):
+        if slots < 1 or capacity < 1:
+            raise ValueError(f"SlotCache: slots and capacity must be >= 1, got {slots}, {capacity}")
+        self.slots, self.capacity = slots, capacity
+        self.width = capacity + 1  # the last column is scratch
+        shape = [slots, kv_heads, self.width, head_dim]
+        self.k = [paddle.zeros(shape, dtype) for _ in range(layers)]
+        self.v = [paddle.zeros(shape, dtype) for _ in range(layers)]
+        self.lengths = np.zeros([slots], dtype="int64")  # tokens each slot holds
+
+    @classmethod
+    def for_model(cls, model, slots: int, capacity: int) -> "SlotCache":
+        """A cache for `model`'s layers (this rank's kv heads under tensor parallelism) in its weights' dtype."""
+        cfg = model.config
+        params = model.parameters() if hasattr(model, "parameters") else []
+        dtype = params[0].dtype if params else getattr(model, "dtype", "float32")  # an exported program's
+        return cls(cfg.num_hidden_layers, cfg.num_key_value_heads // cfg.tensor_parallel_degree, cfg.head_dim,
+                   slots, capacity, dtype)
+
+    @property
+    def scratch(self) -> int:
+        return self.width - 1
+
+    def pairs(self) -> List[Tuple[paddle.Tensor, paddle.Tensor]]:
+        return list(zip(self.k, self.v))
+
+    def set_pairs(self, pairs) -> None:
+        """Take the caches a compiled step returned (it writes out of place)."""
+        self.k, self.v = [k for k, _ in pairs], [v for _, v in pairs]
+
+    def clear(self, slot: int) -> None:
+        """Empty a slot for a new sequence: its written columns back to zeros."""
+        used = int(self.lengths[slot])
+        if used:
+            for t in self.k + self.v:
+                t[slot, :, :used] = 0.0
+        self.lengths[slot] = 0
+
+    def past(self, slot: int) -> Optional[list]:
+        """The slot's tokens as a one-row KV cache [(k, v) [1, kv_heads, length, d]], None when empty."""
+        used = int(self.lengths[slot])
+        if not used:
+            return None
+        return [(k[slot: slot + 1, :, :used], v[slot: slot + 1, :, :used]) for k, v in zip(self.k, self.v)]
+
+    def write(self, slot: int, presents, start: int) -> None:
+        """Store columns start .. of a one-row forward's presents [(k, v) [1, kv_heads, t, d]] (t = the slot's
+        length + the new tokens) in the slot."""
+        end = presents[0][0].shape[2]
+        if end > self.capacity:
+            raise ValueError(f"SlotCache: {end} tokens do not fit a capacity of {self.capacity}")
+        for layer, (k, v) in enumerate(presents):
+            self.k[layer][slot: slot + 1, :, start:end] = k[:, :, start:]
+            self.v[layer][slot: slot + 1, :, start:end] = v[:, :, start:]
+        self.lengths[slot] = end
+
+    def copy(self, source: int, target: int) -> None:
+        """Give slot `target` the tokens of slot `source` (rows sharing a prompt prefill it once)."""
+        used = int(self.lengths[source])
+        for t in self.k + self.v:
+            t[target, :, :used] = t[source, :, :used]
+        self.lengths[target] = used
+
+    def step_inputs(self, feeding: np.ndarray):
+        """For a decode step where the slots `feeding` [slots] bool feed one token each: (column [slots] int64 the
+        token is written at (scratch for the others), attention mask [slots, width] int64, positions [slots, 1]).
+        The others attend to column 0 only: their logits are never read."""
+        columns = np.where(feeding, self.lengths, self.scratch)  # [slots]
+        limit = np.where(feeding, self.lengths, 0)  # [slots] last column attended
+        mask = (np.arange(self.width)[None, :] <= limit[:, None]).astype("int64")  # [slots, width]
+        positions = np.where(feeding, self.lengths, 0).reshape([-1, 1])  # [slots, 1]
+        return paddle.to_tensor(columns), paddle.to_tensor(mask), paddle.to_tensor(positions)
+
+    def after_step(self, feeding: np.ndarray) -> None:
+        """A decode step wrote one column per feeding slot; the scratch column goes back to zeros."""
+        self.lengths = self.lengths + feeding.astype("int64")
+        for t in self.k + self.v:
+            t[:, :, self.scratch] = 0.0
