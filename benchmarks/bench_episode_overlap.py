@@ -9,15 +9,13 @@ schedule of envs/multiturn.py and the environment pool at its default size, one 
 rollout did before steps overlapped), and as an `async def` environment. Each variant's generation time is set
 against the same rollout without waits; the target is growth <= 2 x one episode's waits (turns x wait). Every
 variant's trajectories are compared with the no-wait run's, token for token and log-prob for log-prob.
-Writes benchmarks/results/episode_overlap_<timestamp>.json unless --no-save.
+Writes benchmarks/results/episode_overlap_<stamp>.json (benchmarks/record.py) unless --no-save.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -114,30 +112,19 @@ def main(argv=None) -> dict:
     for name, r in results.items():
         r["growth_over_episode_waits"] = (r["seconds"] - base) / episode_waits
     turns = [t.num_turns for t in reference]
-    report = {"benchmark": "episode_overlap", "episodes": args.episodes, "turns": args.turns, "wait": args.wait,
-              "jitter": args.jitter, "one_episode_waits_s": episode_waits, "turns_played": float(np.mean(turns)),
+    report = {"episodes": args.episodes, "turns": args.turns, "wait": args.wait, "jitter": args.jitter,
+              "one_episode_waits_s": episode_waits, "turns_played": float(np.mean(turns)),
               "tokens_sampled": int(sum(sum(t.action_mask) for t in reference)), "variants": results,
-              "target": "growth <= 2 x one episode's waits", "machine": machine_facts(),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit(), "paddle": paddle.__version__}
+              "target": "growth <= 2 x one episode's waits", "paddle": paddle.__version__}
     print(f"\none episode's waits: {episode_waits:.2f} s; growth over the no-wait run, in episodes' waits:")
     for name, r in results.items():
         print(f"  {name:28s} {r['growth_over_episode_waits']:6.2f}x")
-    print(describe_machine(report["machine"]))
+    print(describe_machine(machine_facts()))
     if not args.no_save:
-        os.makedirs(args.results_dir, exist_ok=True)
-        path = os.path.join(args.results_dir, f"episode_overlap_{time.strftime('%Y%m%d-%H%M%S')}.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {path}")
+        from benchmarks import record
+
+        record.save("episode_overlap", report, args.results_dir)
     return report
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        return ""
 
 
 if __name__ == "__main__":
