@@ -39,6 +39,18 @@ class EnvironmentArguments:
                                                      "decoding: 'continuous' at once, while the others decode; "
                                                      "'lockstep' once every row of the turn has ended and been "
                                                      "answered. The same tokens and log-probs either way.")
+    agent: Optional[str] = field(None, help="An agent program to train instead of an environment: 'module:function' "
+                                            "or 'file.py:function', called once per episode as "
+                                            "function(base_url, api_key, row) (or async def) with an "
+                                            "OpenAI-compatible endpoint whose every call the policy being trained "
+                                            "samples; it returns the episode's reward (weighted like an "
+                                            "environment's by env_reward_weight), or None for 0. "
+                                            "environment_args may name the tool-call format: {\"format\": ...}.")
+    agent_timeout: float = field(300.0, gt=0, help="Seconds an agent may take for one episode; one that takes longer "
+                                                   "fails that episode (reward 0, counted in agent/errors).")
+    max_agent_error_fraction: float = field(0.5, ge=0, le=1, help="The fraction of a step's episodes whose agent may "
+                                                                  "raise or time out; above it the run stops, naming "
+                                                                  "the agent and its first error.")
     per_turn_rewards: bool = field(False, help="Place each turn's environment reward on that turn's last token "
                                                "instead of adding the episode's sum at its end: for the token-level "
                                                "estimators (gae, reinforce_plus_plus); the group estimators use "
@@ -46,7 +58,8 @@ class EnvironmentArguments:
 
     @property
     def multi_turn(self) -> bool:
-        return self.environment is not None
+        """Episodes of several turns: an environment's, or an agent program's."""
+        return self.environment is not None or self.agent is not None
 
     def validate_with(self, *others) -> None:
         """Refuse what multi-turn rollouts do not do, naming the key."""
@@ -59,6 +72,15 @@ class EnvironmentArguments:
                 if getattr(self, key):
                     raise ValueError(f"key '{key}' is set but 'environment' is null (single-turn rollouts)")
             return
+        if self.agent is not None:
+            if self.environment is not None:
+                raise ValueError("keys 'agent' and 'environment' are both set: an episode is played by one of them")
+            if ":" not in self.agent:
+                raise ValueError(f"key 'agent' must be 'module:function' or 'file.py:function', got {self.agent!r}")
+            unknown = sorted(set(self.environment_args) - {"format"})
+            if unknown:
+                raise ValueError(f"key 'environment_args': with 'agent' only 'format' (the tool-call format) is "
+                                 f"read, got {unknown}")
         if ppo_args.rollout_decode == "static":
             raise ValueError("key 'rollout_decode' 'static': multi-turn rollouts ('environment') decode eagerly "
                              "with the cache carried across turns; set it to 'eager'")

@@ -48,6 +48,10 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
             row["behaviour_log_probs"] = [float(x) for x in behaviour[i][mask[i]]]
         if token_versions is not None:  # partial rollouts: the version of each policy token
             row["token_versions"] = token_versions[i][mask[i]].tolist()
+        episode = rollout.episodes[i] if rollout.episodes else {}
+        if "calls" in episode:  # an agent's episode: every gateway call, and the samples its edits dropped
+            row.update(calls=episode["calls"], prefix_breaks=episode["prefix_breaks"],
+                       agent_error=episode["agent_error"])
         rows.append(row)
     return rows
 

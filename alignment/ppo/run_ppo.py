@@ -67,7 +67,8 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
     from alignment.launcher import rank
     from alignment.ppo.pipeline_update import PolicyPipeLoss
     from alignment.ppo.rollout_worker import WorkerPlan, run_rollout_worker
-    from alignment.ppo.samplers import make_sampler, rollout_generation_config
+    from alignment.ppo.agents import make_sampler
+    from alignment.ppo.samplers import rollout_generation_config
 
     actor = setup.load_trained_model("causal", model_args.actor_model_name_or_path, run.layout, lora_args,
                                      PolicyPipeLoss(ppo_args))
@@ -108,7 +109,12 @@ def main(argv=None) -> dict:
             load_reward_function(spec)  # a typo fails here, before any model is loaded
         if env_args.multi_turn:  # so does an environment that is not registered or refuses its arguments
             load_environment_modules(env_args.user_env_modules, base_dir=run.argument_dir)
-            build_environments(env_args, 1)
+            if env_args.agent is not None:  # or an agent program that does not import
+                from alignment.ppo.agents import load_agent
+
+                load_agent(env_args.agent)
+            else:
+                build_environments(env_args, 1)
         tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.actor_model_name_or_path, data_args,
                                                            train_args.seed, run)
         prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
@@ -134,7 +140,8 @@ def main(argv=None) -> dict:
         reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                                 ppo_args.reward_weights, ppo_args.clip_range_score, server)
     scorer = ["reward model"] if reward_model else [f"reward server {', '.join(server.urls)}"] if server else []
-    environment = [f"environment {env_args.environment!r}"] if env_args.multi_turn else []
+    environment = [f"agent {env_args.agent!r}" if env_args.agent else f"environment {env_args.environment!r}"] \
+        if env_args.multi_turn else []
     print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
           f"reward = {' + '.join(scorer + list(ppo_args.reward_funcs) + environment)}"
           + (" (re-tokenized for the reward model)" if reward.retokenize else ""))

@@ -94,9 +94,3 @@ def rollout_generation_config(ppo, actor, tokenizer) -> GenerationConfig:
                             top_k=ppo.top_k, repetition_penalty=ppo.repetition_penalty,
                             eos_token_id=actor.config.eos_token_ids or tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id)
-
-
-def make_sampler(ppo, max_length: int, collate_prompts: Callable, env_args=None) -> SingleTurn:
-    if env_args is not None and env_args.multi_turn:
-        return Episodes(ppo, max_length, collate_prompts, env_args)
-    return SingleTurn(ppo, max_length, collate_prompts)

@@ -24,10 +24,10 @@ from alignment.models.score_model import ScoreModel
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
                                             mean_over_ranks, shard, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
+from alignment.ppo.agents import make_sampler
 from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL estimators the arguments name
-from alignment.ppo import dapo
+from alignment.ppo import dapo, scoring
 from alignment.ppo import dynamic_sampling as ds
-from alignment.ppo import scoring
 from alignment.ppo.asynchronous import sample_ids
 from alignment.ppo.critic import make_critic
 from alignment.ppo.evaluation import evaluate_policy
@@ -36,7 +36,7 @@ from alignment.ppo.ledger import Ledger, dropped_rows, ledger_rows, reward_sourc
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
 from alignment.ppo.rollout import response_log_probs
-from alignment.ppo.samplers import Draw, make_sampler, rollout_generation_config
+from alignment.ppo.samplers import Draw, rollout_generation_config
 from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
 from alignment.training.batches import epoch_batches, planned_steps, skip_batches, to_tensors
 from alignment.training.timing import PhaseTimer

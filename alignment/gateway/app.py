@@ -1,0 +1,111 @@
+"""The gateway over HTTP (FastAPI + uvicorn): OpenAI's chat completions and model list, for a whole server
+(`/v1/...`) and for one training episode's session (`/sessions/<id>/v1/...`, the base URL its agent gets).
+
+Every request needs `Authorization: Bearer <key>` when the gateway has a key (a training run always makes one);
+bodies above the size limit get 413; every error, malformed requests included, is OpenAI's error object. The
+server listens on 127.0.0.1 unless told otherwise, on a port bound before it starts (0: any free one)."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import socket
+import threading
+import time
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from alignment.gateway.protocol import GatewayError, Limits, parse_chat_request
+from alignment.rewards.server_requests import HTTPProblem, read_json
+
+
+def create_app(gateway, key: Optional[str], limits: Limits = Limits()) -> FastAPI:
+    app = FastAPI(title="alignment gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def check_key(request: Request) -> None:
+        if key and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
+                                           f"Bearer {key}".encode()):
+            raise GatewayError(401, "missing or wrong API key (header 'Authorization: Bearer <key>')",
+                               code="invalid_api_key")
+
+    async def complete(request: Request, session: Optional[str]):
+        check_key(request)
+        try:
+            body = await read_json(request, limits.max_body_bytes)
+        except HTTPProblem as err:
+            raise GatewayError(err.status, str(err)) from None
+        return await asyncio.wrap_future(gateway.submit(session, parse_chat_request(body, limits)))
+
+    def models(request: Request) -> dict:
+        check_key(request)
+        return {"object": "list", "data": [{"id": gateway.model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "alignment"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await complete(request, None)
+
+    @app.post("/sessions/{session}/v1/chat/completions")
+    async def session_chat(session: str, request: Request):
+        return await complete(request, session)
+
+    @app.get("/v1/models")
+    async def model_list(request: Request):
+        return models(request)
+
+    @app.get("/sessions/{session}/v1/models")
+    async def session_models(session: str, request: Request):
+        return models(request)
+
+    @app.exception_handler(GatewayError)
+    async def refused(request: Request, err: GatewayError):
+        return JSONResponse(err.body(), err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException):
+        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        return JSONResponse(GatewayError(err.status_code, str(err.detail), kind=kind).body(), err.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        return JSONResponse(GatewayError(400, str(err)).body(), 400)
+
+    return app
+
+
+class GatewayServer:
+    """uvicorn serving `app` in a daemon thread on host:port (0: a free port), bound before the thread starts so
+    the address is known at once (`base_url`)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except (OSError, OverflowError) as err:
+            self.socket.close()
+            raise ValueError(f"gateway: cannot listen on {host}:{port} "
+                             f"({getattr(err, 'strerror', None) or err})") from None
+        self.socket.listen(1024)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                       name="alignment-gateway", daemon=True)
+        self.thread.start()
+        while not self.server.started and self.thread.is_alive():
+            time.sleep(0.005)
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

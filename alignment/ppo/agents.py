@@ -1,0 +1,192 @@
+"""Agent programs as the rollout (key `agent`): an ordinary program that calls an OpenAI-compatible endpoint, run
+once per episode, each of its calls sampled by the policy being trained through the gateway (alignment/gateway).
+
+    def play(base_url, api_key, row):          # examples/openai_agent/ for a whole one
+        client = openai.OpenAI(base_url=base_url, api_key=api_key)
+        ...                                    # as many calls, tools and turns as it likes
+        return reward                          # or None: 0, the reward functions judge the final answer
+
+Each episode gets a session of its own (its base URL names it) and the row's sampling seed, so the episode's
+tokens depend on the row alone, as an Environment's do. The session's calls become the episode's trajectory
+(gateway/backend.py): when the agent edits its history, the new sample replaces the old one, and the old one is
+counted in `agent/prefix_breaks` and kept in the ledger's `calls`. An agent that raises or outlives
+`agent_timeout` fails its episode (reward 0, `agent/errors`, its first error printed once); above
+`max_agent_error_fraction` of a step's episodes the run stops with one line naming the agent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import numbers
+import secrets
+import threading
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import paddle
+
+from alignment.data import import_function
+from alignment.envs import EnvironmentFailure
+from alignment.envs.event_loop import run_awaitable
+from alignment.envs.formats import tool_call_format
+from alignment.envs.multiturn import Trajectory
+from alignment.ppo.episodes import environment_row, episode_metrics, episode_record, episode_rollout
+from alignment.ppo.samplers import Draw, Episodes, SingleTurn
+
+
+class AgentFailure(EnvironmentFailure):
+    """Too many of a step's episodes failed in the agent program."""
+
+
+def load_agent(spec: str):
+    """The agent function `spec` names, or a ValueError naming the key."""
+    return import_function(spec, "key 'agent'")
+
+
+class _Current:
+    """The gateway the server forwards to: one server per run, one gateway (engine) per rollout."""
+    gateway = None
+    model_name = "policy"
+
+    def submit(self, session, request):
+        return self.gateway.submit(session, request)
+
+
+@dataclasses.dataclass
+class _Episode:
+    row: dict
+    session_id: str
+    thread: Optional[threading.Thread] = None
+    reward: Optional[float] = None
+    error: Optional[str] = None
+    started: float = 0.0
+    done: bool = False
+
+
+class Agents(Episodes):
+    """The sampler strategy of an `agent` run (samplers.py's interface)."""
+
+    def __init__(self, ppo, max_length: int, collate_prompts, env_args):
+        super().__init__(ppo, max_length, collate_prompts, env_args)
+        self.spec, self.agent = env_args.agent, load_agent(env_args.agent)
+        self.fmt = tool_call_format(env_args.environment_args.get("format", "hermes"))
+        self.key = secrets.token_urlsafe(24)
+        self.current, self.server = _Current(), None
+        self.reported = False  # the first agent error is printed once per run
+        self.rollouts = 0
+
+    def __call__(self, actor, tokenizer, base, draw: Draw):
+        from alignment.gateway.app import GatewayServer, create_app  # FastAPI: the `server` extra, agent runs only
+        from alignment.gateway.backend import Gateway
+
+        config = self.config(base, draw)
+        temperature = draw.log_prob_temperature or 1.0
+        rows = [environment_row(item) for item in draw.items for _ in range(draw.n)]
+        seeds = None if draw.greedy else [[draw.seed, p * draw.n + s] for p in (
+            range(len(draw.items)) if draw.positions is None else draw.positions) for s in range(draw.n)]
+
+        def sampler(request):  # the run's sampling; an agent may only shorten a turn
+            cap = min(config.max_new_tokens, request.max_tokens or config.max_new_tokens)
+            return (config if cap == config.max_new_tokens else dataclasses.replace(config, max_new_tokens=cap),
+                    temperature)
+
+        gateway = Gateway(actor, tokenizer, len(rows), self.max_length, self.fmt, sampler)
+        self.current.gateway = gateway
+        if self.server is None:
+            self.server = GatewayServer(create_app(self.current, self.key))
+        self.rollouts += 1
+        budget = self.env_args.max_trajectory_tokens or self.max_length
+        episodes = []
+        for i, row in enumerate(rows):
+            session_id = f"r{self.rollouts}-{i}"
+            rng = None if seeds is None else np.random.default_rng(list(seeds[i]))
+            gateway.open_session(session_id, rng, budget)
+            episodes.append(_Episode(row, session_id))
+        actor.eval()
+        for episode in episodes:
+            url = f"{self.server.base_url}/sessions/{episode.session_id}/v1"
+            episode.started = time.monotonic()
+            episode.thread = threading.Thread(target=self._play, args=(episode, url), daemon=True,
+                                              name=f"agent-{episode.session_id}")
+            episode.thread.start()
+        gateway.pump(lambda: self._all_over(episodes, gateway))
+        for episode in episodes:
+            gateway.close_session(gateway.sessions[episode.session_id], "the episode is over")
+        return self._rollout(episodes, gateway, draw, rows, tokenizer)
+
+    def _play(self, episode: _Episode, url: str) -> None:
+        try:
+            result = self.agent(url, self.key, dict(episode.row))
+            if inspect.isawaitable(result):
+                result = run_awaitable(result)
+            if result is not None and (isinstance(result, bool) or not isinstance(result, numbers.Real)
+                                       or not np.isfinite(float(result))):
+                raise TypeError(f"returned {result!r}; it must return a finite number or None")
+            episode.reward = 0.0 if result is None else float(result)
+        except Exception as err:  # noqa: BLE001 - the user's program: its episode fails, the run counts it
+            episode.error = " ".join(f"{type(err).__name__}: {err}".split())[:500]
+        episode.done = True
+
+    def _all_over(self, episodes: List[_Episode], gateway) -> bool:
+        now = time.monotonic()
+        for episode in episodes:
+            if not episode.done and now - episode.started > self.env_args.agent_timeout:
+                episode.error, episode.done = f"timed out after {self.env_args.agent_timeout:g} s", True
+                gateway.close_session(gateway.sessions[episode.session_id], "the agent timed out")
+        return all(episode.done for episode in episodes)
+
+    def _rollout(self, episodes: List[_Episode], gateway, draw: Draw, rows, tokenizer):
+        failed = [e for e in episodes if e.error is not None or not gateway.sessions[e.session_id].samples]
+        for e in failed:
+            e.error = e.error or "made no call"
+        if failed and not self.reported:
+            print(f"agent {self.spec!r}: episode {failed[0].session_id} failed: {failed[0].error} (later failures "
+                  f"are counted in agent/errors)", flush=True)
+            self.reported = True
+        if len(failed) > self.env_args.max_agent_error_fraction * len(episodes):
+            raise AgentFailure(f"agent {self.spec!r}: {len(failed)} of {len(episodes)} episodes failed (key "
+                               f"'max_agent_error_fraction' {self.env_args.max_agent_error_fraction:g}); the first: "
+                               f"{failed[0].error}")
+        trajectories, records = [], []
+        items = [item for item in draw.items for _ in range(draw.n)]
+        for episode, item in zip(episodes, items):
+            session = gateway.sessions[episode.session_id]
+            trajectory = session.sample if session.samples else _no_turns(item)
+            if episode.error is None and trajectory.turn_rewards:
+                trajectory.turn_rewards[-1] = episode.reward
+            trajectories.append(trajectory)
+            records.append({"calls": session.calls, "prefix_breaks": session.prefix_breaks,
+                            "agent_error": episode.error})
+        rollout = episode_rollout(trajectories, items, tokenizer.pad_token_id, draw.log_prob_temperature is not None,
+                                  self.env_args.env_reward_weight if self.env_args.per_turn_rewards else None)
+        for episode, extra in zip(rollout.episodes, records):
+            episode.update(extra)
+        return rollout
+
+    @staticmethod
+    def metrics(rollout) -> Dict[str, float]:
+        """Episodes' env/* means, and agent/errors (the fraction of episodes that failed), agent/prefix_breaks and
+        agent/calls (means per episode)."""
+        episodes = rollout.episodes
+        out = Episodes.metrics(rollout)
+        out["agent/errors"] = float(np.mean([e["agent_error"] is not None for e in episodes]))
+        out["agent/prefix_breaks"] = float(np.mean([e["prefix_breaks"] for e in episodes]))
+        out["agent/calls"] = float(np.mean([len(e["calls"]) for e in episodes]))
+        return out
+
+
+def _no_turns(item) -> Trajectory:
+    """An episode whose agent never called: the prompt alone (nothing to train, reward 0)."""
+    ids = list(item["input_ids"])
+    return Trajectory(ids, [0] * len(ids), [0.0] * len(ids), len(ids), [], [], [], {})
+
+
+def make_sampler(ppo, max_length: int, collate_prompts, env_args=None):
+    """The run's sampler strategy: samplers.SingleTurn, samplers.Episodes (an environment's) or Agents (an agent
+    program's, through the gateway)."""
+    if env_args is not None and env_args.agent is not None:
+        return Agents(ppo, max_length, collate_prompts, env_args)
+    if env_args is not None and env_args.multi_turn:
+        return Episodes(ppo, max_length, collate_prompts, env_args)
+    return SingleTurn(ppo, max_length, collate_prompts)
