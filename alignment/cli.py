@@ -42,7 +42,7 @@ def kto() -> int:
 
 TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_lora", "generate", "judge_policy",
          "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny",
-         "replay_ledger", "check_env")
+         "replay_ledger", "check_env", "serve")
 
 
 def predict() -> int:
@@ -103,3 +103,7 @@ def make_tiny() -> int:
 
 def check_env() -> int:
     return _run("alignment.commands.check_env")
+
+
+def serve() -> int:
+    return _run("alignment.commands.serve")
