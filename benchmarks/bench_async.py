@@ -2,7 +2,7 @@
 """Synchronous vs asynchronous PPO at equal total cores: two data-parallel processes that each generate and train,
 against one rollout rank beside one training rank with max_staleness 1 and 2 (alignment/ppo/asynchronous.py).
 
-    python benchmarks/bench_async.py [--steps 8] [--new-tokens 32] [--prompts 16]
+    python benchmarks/bench_async.py [--steps 8] [--new-tokens 32] [--prompts 16] [--env-wait 0.25]
 
 The TRL peer's shape (benchmarks/peer_shape.py: an 8.29M-parameter LLaMA policy, reward and value models, built
 offline), PPO with a critic, the same global batch of prompts per step in every run. Per run: the median wall time
@@ -10,6 +10,10 @@ per step (steps 2..N, from the trainer's step start times) and trained tokens pe
 global batch / step time), as ratios to the synchronous run measured in the same invocation; a timeline PNG of the
 max_staleness 1 run (the training rank's generate-wait / score / train phases, the rollout rank's weight wait,
 sampling and posting per batch). Prints one `RESULT {json}` line; writes benchmarks/results/async_<time>.{json,png}.
+
+--env-wait S: a tool-latency workload instead: every episode plays 3 turns against an environment whose each step
+waits S seconds (a remote tool), so the waits of the next batch's episodes overlap this step's training in the
+asynchronous runs; written as async_env_wait_<time>.{json,png}.
 """
 from __future__ import annotations
 
@@ -42,6 +46,37 @@ def build(workdir: str, prompts: int) -> dict:
     return {**paths, "data": data}
 
 
+WAITING_ENV = """
+import time
+from alignment.envs import Environment, StepResult
+
+class Waiting(Environment):
+    NAME = "bench-waiting"
+
+    def __init__(self, wait=0.25):
+        self.wait = wait
+
+    def reset(self, row):
+        self.turn = 0
+        return [{"role": "user", "content": row["input"]}]
+
+    def step(self, text):
+        time.sleep(self.wait)
+        self.turn += 1
+        return StepResult([{"role": "user", "content": "Go on."}], 0.0, False)
+"""
+
+
+def environment_args(workdir: str, wait: float, new_tokens: int) -> list:
+    """The flags of the tool-latency workload: 3 turns of new_tokens each against a step that waits `wait` s."""
+    path = os.path.join(workdir, "waiting_env.py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(WAITING_ENV)
+    return ["--environment", "bench-waiting", "--environment_args", json.dumps({"wait": wait}),
+            "--user_env_modules", path, "--max_turns", "3", "--max_trajectory_tokens", str(4 * new_tokens + 60),
+            "--max_length", str(5 * new_tokens + 160)]
+
+
 def run(name: str, paths: dict, out: str, steps: int, new_tokens: int, prompts: int, extra: list, log: str) -> None:
     per_rank = prompts // 2 if "--rollout_ranks" not in extra else prompts
     args = [os.path.join(REPO, "alignment", "ppo", "run_ppo.py"), os.path.join(REPO, "config", "tiny",
@@ -50,7 +85,8 @@ def run(name: str, paths: dict, out: str, steps: int, new_tokens: int, prompts: 
             "--reward_critic_model_name_or_path", paths["value"],
             "--train_datasets", f"prompt-only:1.0:{paths['data']}",
             "--eval_datasets", "", "--max_steps", str(steps), "--max_new_tokens", str(new_tokens),
-            "--min_new_tokens", str(new_tokens), "--max_length", str(new_tokens + 96),
+            "--min_new_tokens", str(new_tokens),
+            *([] if "--max_length" in extra else ["--max_length", str(new_tokens + 96)]),
             "--per_device_prompt_batch_size", str(per_rank), "--per_device_train_batch_size", str(per_rank),
             "--logging_steps", "1", "--disable_tqdm", "--output_dir", out, *extra]
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", log, *args]
@@ -110,29 +146,33 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step (global batch), even")
+    parser.add_argument("--env-wait", type=float, default=0.0,
+                        help="seconds each environment step waits: a 3-turn tool-latency workload (0: single-turn)")
     args = parser.parse_args()
+    benchmark = "async_env_wait" if args.env_wait > 0 else "async"
     stamp = record.stamp()
     results_dir = record.RESULTS
     os.makedirs(results_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         paths = build(work, args.prompts)
+        workload = environment_args(work, args.env_wait, args.new_tokens) if args.env_wait > 0 else []
         runs = {"sync, 2 data-parallel ranks": [], "async, max_staleness 1": ["--rollout_ranks", "1",
                                                                               "--max_staleness", "1"],
                 "async, max_staleness 2": ["--rollout_ranks", "1", "--max_staleness", "2"]}
         results = {}
         for name, extra in runs.items():
             out = os.path.join(work, name.replace(" ", "_").replace(",", ""))
-            run(name, paths, out, args.steps, args.new_tokens, args.prompts, extra, out + "-logs")
+            run(name, paths, out, args.steps, args.new_tokens, args.prompts, extra + workload, out + "-logs")
             results[name] = figures(out, args.prompts, args.new_tokens)
             results[name]["rank0_cpu"] = cpu_line(os.path.join(out + "-logs", "workerlog.0"))
             if "staleness 1" in name:
-                timeline(out, os.path.join(results_dir, f"async_{stamp}.png"))
+                timeline(out, os.path.join(results_dir, f"{benchmark}_{stamp}.png"))
     base = results["sync, 2 data-parallel ranks"]["median_step_s"]
     for figure in results.values():
         figure["step_time_vs_sync"] = figure["median_step_s"] / base
     report = {"machine": machine_facts(), "steps": args.steps, "new_tokens": args.new_tokens,
-              "prompts": args.prompts, "runs": results}
-    record.save("async", report, results_dir, machine=report.pop("machine"), when=stamp)
+              "prompts": args.prompts, "env_wait": args.env_wait, "runs": results}
+    record.save(benchmark, report, results_dir, machine=report.pop("machine"), when=stamp)
     for name, figure in results.items():
         print(f"{name}: {figure['median_step_s']:.3f} s/step ({figure['step_time_vs_sync']:.2f}x sync), "
               f"{figure['trained_tokens_per_s']:.0f} trained tokens/s; rank 0 {figure['rank0_cpu']}")

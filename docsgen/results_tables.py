@@ -134,6 +134,11 @@ def _update_padding(r: dict) -> List[List[str]]:
     return [[name, f"{x['sec']:.3f}", f"{x['padding']:.0%}", _x(base / x["sec"])] for name, x in r["ways"].items()]
 
 
+def _episode_overlap(r: dict) -> List[List[str]]:
+    return [[name, f"{x['seconds']:.2f}", f"{x['growth_over_episode_waits']:.2f}", str(x["same_bits_as_no_waits"])]
+            for name, x in r["variants"].items()]
+
+
 class Table:
     def __init__(self, benchmarks: List[str], command: str, header: List[str],
                  rows: Callable[[dict], List[List[str]]]):
@@ -169,11 +174,17 @@ TABLES: Dict[str, Table] = {
     "async": Table(["async"], "python benchmarks/bench_async.py --steps 8",
                    ["run (2 processes)", "s / step", "vs synchronous", "trained tokens/s", "trainer waits (s)",
                     "trainer's scoring (s)"], _async),
+    "async_env_wait": Table(["async_env_wait"], "python benchmarks/bench_async.py --steps 8 --env-wait 0.25",
+                            ["run (2 processes), 3-turn episodes, 0.25 s a step", "s / step", "vs synchronous",
+                             "trained tokens/s", "trainer waits (s)", "trainer's scoring (s)"], _async),
     "reward_server": Table(["reward_server"], "python benchmarks/bench_reward_server.py",
                            ["model", "batching", "requests/s at 1 / 8 / 32 clients", "p50 ms", "p99 ms"],
                            _reward_server),
     "lora_memory": Table(["lora_memory"], "python benchmarks/bench_lora_memory.py",
                          ["run", "peak RSS GiB", "s generate / score / train"], _lora_memory),
+    "episode_overlap": Table(["episode_overlap"], "python benchmarks/bench_episode_overlap.py",
+                             ["variant", "generation s", "growth, in one episode's waits", "same bits"],
+                             _episode_overlap),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
                             ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
 }
