@@ -137,3 +137,48 @@ def test_agent_keys_are_checked_before_anything_loads(tmp_path, tiny_model_dir, 
         done = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr[-1500:]
         assert not (tmp_path / "out").exists()
+
+
+def test_the_calculator_agent_plays_the_tools_environments_episode_token_for_token(tiny_model_dir):
+    """examples/openai_agent/calculator_agent.py through the gateway against the `tools` environment, the model
+    scripted to make a call, then a malformed call, then answer: the same ids, masks and log-probs."""
+    import threading
+
+    import numpy as np
+
+    from alignment.envs import ToolEnvironment
+    from alignment.envs.multiturn import multi_turn_rollout
+    from alignment.gateway.app import GatewayServer, create_app
+    from alignment.gateway.backend import Gateway
+    from alignment.envs.formats import tool_call_format
+    from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
+    from alignment.data import import_function
+    from tests.test_multiturn import Scripted
+
+    play = import_function(os.path.join(REPO, "examples", "openai_agent", "calculator_agent.py:play"), "agent")
+
+    model, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
+    model.eval()
+    script = (tokenizer.encode('<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 5"}}</tool_call>')
+              + tokenizer.encode('<tool_call>{"name": calculator}</tool_call>')
+              + tokenizer.encode("It is 60.") + [tokenizer.eos_token_id])
+    config = GenerationConfig(max_new_tokens=64, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    row = {"input": "What is 12 * 5?", "answer": "60"}
+    env = ToolEnvironment(tools=["calculator"], format="hermes-compact")
+    expected = multi_turn_rollout(Scripted(model, script), tokenizer, [env], [row], config, 3, 500, max_length=700)[0]
+    assert expected.num_turns == 3 and expected.tool_errors == 1  # a call, a malformed call, the answer
+
+    gateway = Gateway(Scripted(model, script), tokenizer, 1, 700, tool_call_format("hermes-compact"),
+                      lambda request: (config, 1.0))
+    session = gateway.open_session("s", None, 500)
+    server = GatewayServer(create_app(gateway, "k"))
+    done = threading.Event()
+    threading.Thread(target=lambda: (play(f"{server.base_url}/sessions/s/v1", "k", row),
+                                     done.set()), daemon=True).start()
+    gateway.pump(done.is_set)
+    server.stop()
+    got = session.sample
+    assert session.prefix_breaks == 0 and got.num_turns == 3
+    assert got.input_ids == expected.input_ids and got.action_mask == expected.action_mask
+    np.testing.assert_array_equal(got.log_probs, expected.log_probs)
