@@ -5,6 +5,9 @@
 #   tools:  SFT on tool-use traces played through the "tools" environment -> GRPO on multi-turn episodes with the
 #           built-in calculator (config/smollm2/{sft,grpo}_tools_argument.json)
 #   direct: SFT on direct answers to the same questions -> the same GRPO, single-turn (..._direct_argument.json)
+#   agent:  the tools arm's SFT model and GRPO recipe, the episodes played by an OpenAI-client agent program through
+#           the gateway (examples/openai_agent/calculator_agent.py, config/smollm2/grpo_agent_argument.json): the
+#           same trajectories as the tools arm, compared sample by sample from both runs' ledgers
 # Each GRPO run evaluates greedily on the 100 held-out questions before its first step (the SFT model) and after
 # its last; the table at the end shows both arms with each run's wall and CPU time, then episodes before/after.
 set -euo pipefail
@@ -35,9 +38,13 @@ for arm in tools direct; do
     timed "outputs/smollm2-grpo-$arm" grpo \
         python alignment/ppo/run_ppo.py "config/smollm2/grpo_${arm}_argument.json" --overwrite_output_dir true
 done
+timed outputs/smollm2-grpo-agent grpo \
+    python alignment/ppo/run_ppo.py config/smollm2/grpo_agent_argument.json --overwrite_output_dir true
 python tools/show_generations.py outputs/smollm2-grpo-tools --samples 2
 python tools/show_generations.py outputs/smollm2-grpo-direct --samples 2
 echo
 echo "held-out accuracy, 100 questions, greedy (CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores)"
 python examples/tool_arithmetic/report.py --arm "with the calculator (tools)" outputs/smollm2-grpo-tools \
-    --arm "no tools (direct answers)" outputs/smollm2-grpo-direct --times "$times"
+    --arm "no tools (direct answers)" outputs/smollm2-grpo-direct \
+    --arm "the calculator, as an agent program" outputs/smollm2-grpo-agent --times "$times" \
+    --same outputs/smollm2-grpo-tools outputs/smollm2-grpo-agent

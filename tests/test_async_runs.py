@@ -225,13 +225,18 @@ def test_dynamic_sampling_keeps_groups_from_the_batches_sampled_ahead_and_the_le
     assert replay_ledger.main([str(out)]) == 0
 
 
-def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("player", ["environment", "agent"])
+def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_dir, player):
+    """Episodes of an environment, or of an OpenAI-client agent program through the gateway on the rollout rank."""
     out = tmp_path / "run"
+    players = {"environment": ["--environment", "guess-number", "--environment_args", "{}"],
+               "agent": ["--environment", "", "--environment_args", "{}", "--agent",
+                         os.path.join(REPO, "examples", "openai_agent", "guess_number_agent.py") + ":play"]}
     args = [SCRIPT, os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json"), "--actor_model_name_or_path",
-            tiny_model_dir, "--output_dir", str(out), "--disable_tqdm", "--environment", "guess-number",
-            "--environment_args", "{}", "--user_env_modules", os.path.join(REPO, "examples", "guess_number_env.py"),
+            tiny_model_dir, "--output_dir", str(out), "--disable_tqdm", *players[player],
+            "--user_env_modules", os.path.join(REPO, "examples", "guess_number_env.py"),
             "--reward_funcs", "", "--gold_judge", "", "--eval_datasets", "", "--max_steps", "4", "--max_turns", "3",
-            "--max_new_tokens", "6", "--max_length", "128", "--max_trajectory_tokens", "48",
+            "--max_new_tokens", "6", "--max_length", "160", "--max_trajectory_tokens", "96",
             "--num_return_sequences", "2", "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size",
             "4", "--lora", "true", "--lora_rank", "4", "--rollout_ranks", "1", "--max_staleness", "1"]
     launch(tmp_path / "logs", args)
@@ -239,6 +244,9 @@ def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_d
     assert len(rows) == 4 and all(r["env/turns"] > 1 for r in rows) and rows[-1]["async/staleness"] == 1
     ledger = read_ledger(str(out))
     assert len(ledger) == 16 and all(0 in r["policy_token"] for r in ledger)  # observations in, not trained
+    if player == "agent":  # every call the agents made on the rollout rank, recorded
+        assert all(r["agent/errors"] == 0 for r in rows)
+        assert all(sum(len(c["sampled"]) for c in r["calls"]) == sum(r["policy_token"]) for r in ledger)
     assert replay_ledger.main([str(out)]) == 0
 
 

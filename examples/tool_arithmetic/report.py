@@ -61,12 +61,37 @@ def table(arms: List[Tuple[str, str]], times: Dict[Tuple[str, str], Tuple[float,
     return "\n".join(lines)
 
 
+def ledger(output_dir: str) -> List[dict]:
+    rows = []
+    folder = os.path.join(output_dir, "ledger")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.startswith("steps-"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                rows += [json.loads(line) for line in f]
+    return rows
+
+
+def same_trajectories(a: str, b: str) -> str:
+    """How many trained samples of two runs' ledgers (rollout_ledger) hold the same token ids, policy-token mask and
+    reward, in order: an environment arm and its agent arm should agree on every one."""
+    left, right = ledger(a), ledger(b)
+    if not left or not right:
+        return f"same trajectories: no ledger in {a if not left else b} (rollout_ledger: true)"
+    same = sum(x["response_ids"] == y["response_ids"] and x["policy_token"] == y["policy_token"]
+               and x["reward"] == y["reward"] for x, y in zip(left, right))
+    return f"same trajectories ({a} / {b}): {same} of {max(len(left), len(right))} trained samples"
+
+
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arm", nargs=2, action="append", metavar=("LABEL", "GRPO_OUTPUT_DIR"), required=True)
     parser.add_argument("--times", default=None, help="the wall and CPU seconds of each run (see above)")
+    parser.add_argument("--same", nargs=2, metavar=("RUN", "OTHER_RUN"),
+                        help="also compare two runs' ledgers sample by sample (an environment arm and its agent arm)")
     args = parser.parse_args(argv)
     text = table([tuple(arm) for arm in args.arm], read_times(args.times))
+    if args.same:
+        text += "\n\n" + same_trajectories(*args.same)
     print(text)
     return text
 
