@@ -74,6 +74,18 @@ class ToolParser(argparse.ArgumentParser):
     def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace=None):
         return super().parse_known_args(dashed(args), namespace)
 
+    def add_listen_arguments(self, default_port: int) -> None:
+        """--host (loopback by default), --port (0: any free one) and --port-file, for the tools that serve HTTP;
+        check them with check_listen."""
+        self.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
+        self.add_argument("--port", type=int, default=default_port,
+                          help="port (0 = any free port; the address is printed)")
+        self.add_argument("--port-file", help="also write the bound port to this file once listening")
+
+    def check_listen(self, args) -> None:
+        if not 0 <= args.port <= 65535:
+            self.error(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+
 
 def dashed(args: Optional[Sequence[str]]) -> List[str]:
     """['--max_new_tokens', '8', '--out_dir=x', 'a_b'] -> ['--max-new-tokens', '8', '--out-dir=x', 'a_b']: only the

@@ -23,9 +23,7 @@ def parse_args(argv=None):
                    help="a reward function added to the score: registered name, module:function or file.py:function "
                         "(repeatable)")
     p.add_argument("--judge-weight", type=float, action="append", default=[], help="weight of each --judge (1.0)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
-    p.add_argument("--port", type=int, default=8731, help="port (0 = any free port; the address is printed)")
-    p.add_argument("--port-file", help="also write the bound port to this file once listening")
+    p.add_listen_arguments(8731)
     p.add_argument("--token", default=os.environ.get("REWARD_SERVER_TOKEN"),
                    help="bearer token POST and /metrics need (default: env REWARD_SERVER_TOKEN)")
     p.add_argument("--max-batch", type=int, default=32, help="rows per merged forward pass")
@@ -42,8 +40,7 @@ def parse_args(argv=None):
     for key in ("max_batch", "max_queue", "max_rows", "max_chars", "max_request_chars"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1")
-    if not 0 <= args.port <= 65535:
-        p.error(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    p.check_listen(args)
     if not args.max_wait_ms >= 0 or not args.max_body_mb > 0:  # NaN fails both
         p.error("--max-wait-ms must be >= 0 and --max-body-mb > 0")
     if not args.model and not args.judge:

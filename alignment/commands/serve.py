@@ -21,9 +21,7 @@ def parse_args(argv=None):
     p = ToolParser(__doc__)
     p.add_argument("--model", required=True, help="HF-layout checkpoint directory, or an export directory")
     p.add_argument("--name", help="the model's name in /v1/models and responses (default: the directory's name)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="port (0 = any free port; the address is printed)")
-    p.add_argument("--port-file", help="also write the bound port to this file once listening")
+    p.add_listen_arguments(8000)
     p.add_argument("--api-key", default=os.environ.get("ALIGNMENT_GATEWAY_KEY"),
                    help="bearer key every request needs (default: env ALIGNMENT_GATEWAY_KEY; none: no key)")
     p.add_argument("--max-sequences", type=int, default=8, help="sequences sampled at once (n counts each)")
@@ -37,8 +35,7 @@ def parse_args(argv=None):
             p.error(f"--{key.replace('_', '-')} must be >= 1")
     if args.max_length is not None and args.max_length < 2:
         p.error("--max-length must be >= 2")
-    if not 0 <= args.port <= 65535:
-        p.error(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    p.check_listen(args)
     return args
 
 
