@@ -166,3 +166,37 @@ def test_a_session_continues_its_trajectory_on_the_same_cache_and_counts_an_edit
     assert [m == 1 for m in first.action_mask] == [False] * len(first_call["fed"]) + [True] * len(
         first_call["sampled"]) + [False] * len(second["fed"]) + [True] * len(second["sampled"])
     assert session.samples[1].num_turns == 1 and "edited" in tokenizer.decode(session.samples[1].input_ids)
+
+
+def test_legacy_completions_score_token_ids_as_vllm_does(server, tiny_model_dir):
+    """echo + logprobs over token-id prompts (what a served distillation teacher is asked): each token's log-prob
+    is the model's, the top-k map holds the k best and the token itself, named token_id:<id>."""
+    import paddle
+    import paddle.nn.functional as F
+
+    from alignment.models import LlamaForCausalLM
+
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    body = {"model": "tiny", "prompt": prompts, "echo": True, "max_tokens": 1, "logprobs": 3,
+            "return_tokens_as_token_ids": True, "temperature": 1.0}
+    answer = httpx.post(server + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                        timeout=120)
+    assert answer.status_code == 200, answer.text
+    choices = sorted(answer.json()["choices"], key=lambda c: c["index"])
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    model.eval()
+    for ids, choice in zip(prompts, choices):
+        reference = F.log_softmax(model(paddle.to_tensor([ids])).logits[0], axis=-1).numpy()  # [L, vocab]
+        logprobs = choice["logprobs"]
+        assert logprobs["tokens"][: len(ids)] == [f"token_id:{t}" for t in ids] and len(logprobs["tokens"]) == \
+            len(ids) + 1  # the echoed prompt, then the one new token
+        assert logprobs["token_logprobs"][0] is None
+        np.testing.assert_allclose(logprobs["token_logprobs"][1: len(ids)],
+                                   [reference[i, t] for i, t in enumerate(ids[1:])], atol=2e-5)
+        for position in range(1, len(ids)):
+            top = logprobs["top_logprobs"][position]
+            best = np.argsort(-reference[position - 1])[:3]
+            assert {f"token_id:{t}" for t in best} | {f"token_id:{ids[position]}"} == set(top)
+    refused = httpx.post(server + "/v1/completions", json={"prompt": [[5, 10 ** 9]], "max_tokens": 1},
+                         headers={"Authorization": f"Bearer {KEY}"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt"

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from alignment.gateway.completions import parse_completion_request
 from alignment.gateway.protocol import GatewayError, Limits, parse_chat_request
 from alignment.rewards.server_requests import HTTPProblem, read_json
 
@@ -31,13 +32,16 @@ def create_app(gateway, key: Optional[str], limits: Limits = Limits()) -> FastAP
             raise GatewayError(401, "missing or wrong API key (header 'Authorization: Bearer <key>')",
                                code="invalid_api_key")
 
-    async def complete(request: Request, session: Optional[str]):
+    async def body_of(request: Request):
         check_key(request)
         try:
-            body = await read_json(request, limits.max_body_bytes)
+            return await read_json(request, limits.max_body_bytes)
         except HTTPProblem as err:
             raise GatewayError(err.status, str(err)) from None
-        return await asyncio.wrap_future(gateway.submit(session, parse_chat_request(body, limits)))
+
+    async def complete(request: Request, session: Optional[str]):
+        parsed = parse_chat_request(await body_of(request), limits)
+        return await asyncio.wrap_future(gateway.submit(session, parsed))
 
     def models(request: Request) -> dict:
         check_key(request)
@@ -51,6 +55,11 @@ def create_app(gateway, key: Optional[str], limits: Limits = Limits()) -> FastAP
     @app.post("/sessions/{session}/v1/chat/completions")
     async def session_chat(session: str, request: Request):
         return await complete(request, session)
+
+    @app.post("/v1/completions")
+    async def completion(request: Request):
+        parsed = parse_completion_request(await body_of(request), limits, gateway.vocab_size)
+        return await asyncio.wrap_future(gateway.submit_completion(parsed))
 
     @app.get("/v1/models")
     async def model_list(request: Request):

@@ -22,7 +22,7 @@ import numpy as np
 from alignment.envs.chat import continuation_ids, prompt_text
 from alignment.envs.formats import ToolCallFormat
 from alignment.envs.multiturn import Trajectory
-from alignment.gateway import render
+from alignment.gateway import completions, render
 from alignment.gateway.protocol import ChatRequest, GatewayError
 from alignment.models.engine import DecodeEngine, Sequence
 from alignment.models.sampling import GenerationConfig
@@ -60,6 +60,7 @@ class Call:
     future: cf.Future
     seqs: list = dataclasses.field(default_factory=list)  # its sequences (n choices when serving)
     choices: dict = dataclasses.field(default_factory=dict)  # id(sequence) -> (sequence, reply Message)
+    completion: bool = False  # a legacy completions call (completions.py), not a chat
 
 
 class Gateway:
@@ -70,7 +71,7 @@ class Gateway:
                  sampler: Callable[[ChatRequest], tuple], model_name: str = "policy"):
         self.engine = DecodeEngine(model, slots, capacity)
         self.tokenizer, self.fmt, self.sampler, self.model_name = tokenizer, fmt, sampler, model_name
-        self.capacity = capacity
+        self.capacity, self.vocab_size = capacity, model.config.vocab_size
         self.inbox: "queue.Queue[Call]" = queue.Queue()
         self.sessions: Dict[str, Session] = {}
         self.backlog: List[Call] = []  # calls waiting for a free slot
@@ -84,6 +85,12 @@ class Gateway:
         a GatewayError."""
         future: cf.Future = cf.Future()
         self.inbox.put(Call(Session("") if session_id is None else session_id, request, future))
+        return future
+
+    def submit_completion(self, request) -> cf.Future:
+        """Queue a legacy completions call (completions.CompletionRequest)."""
+        future: cf.Future = cf.Future()
+        self.inbox.put(Call(None, request, future, completion=True))
         return future
 
     # ------------------------------------------------------------------ the pumping thread
@@ -134,7 +141,7 @@ class Gateway:
             if session.waiting or any(c.session is session for c in self.running.values()):
                 session.waiting.append(call)
                 return
-        else:
+        else:  # a serving request: a session of its own
             self.counter += 1
             call.session = Session(f"request-{self.counter}", budget=None, ephemeral=True)
         self.backlog.append(call)
@@ -142,7 +149,8 @@ class Gateway:
     def _admit_backlog(self) -> None:
         while self.backlog:
             call = self.backlog[0]
-            needed = call.request.n if call.session.ephemeral else (0 if call.session.seq is not None else 1)
+            needed = completions.slots_needed(call.request) if call.completion else call.request.n \
+                if call.session.ephemeral else (0 if call.session.seq is not None else 1)
             if sum(s is None for s in self.engine.running) < needed:
                 return
             self.backlog.pop(0)
@@ -155,12 +163,20 @@ class Gateway:
     def _start(self, call: Call) -> None:
         session, request = call.session, call.request
         config, temperature = self.sampler(request)
+        if call.completion:
+            call.seqs = completions.start(self, call, config, temperature)
+            if not call.seqs:  # echo only: nothing to sample
+                call.future.set_result(completions.respond(self, call))
+            for seq in call.seqs:
+                self.running[id(seq)] = call
+            return
         stops = tuple(request.stop) + (tuple(self.fmt.stop_strings) if request.tools else ())
         session.stops = tuple(request.stop)
         if session.ephemeral:  # without a seed the engine's draw gives each choice its own numbers
             for choice in range(request.n):
                 rng = None if request.seed is None else np.random.default_rng([request.seed, choice])
                 call.seqs.append(self._new_sample(session, request, config, temperature, stops, rng))
+                call.seqs[-1].top_logprobs = request.top_logprobs
         else:
             added = None if session.seq is None or session.sample.truncated else render.extension(
                 session.history, session.tools, request)
@@ -216,6 +232,12 @@ class Gateway:
         call = self.running.pop(id(seq), None)
         if call is None:
             return
+        if call.completion:
+            if not any(id(s) in self.running for s in call.seqs):
+                call.future.set_result(completions.respond(self, call))
+                for s in call.seqs:
+                    self.engine.release(s)
+            return
         session = call.session
         text = self.tokenizer.decode(seq.turn, skip_special_tokens=False)
         close = self.tokenizer.decode(seq.turn[-1:], skip_special_tokens=False) if seq.ending == "eos" else ""
@@ -261,14 +283,18 @@ class Gateway:
                                                                else "stop")
             choice = {"index": index, "message": render.message_json(message), "finish_reason": finish}
             if call.request.logprobs:
+                tops = seq.turn_top or [[]] * len(seq.turn)
                 choice["logprobs"] = {"content": [
-                    {"token": self.tokenizer.decode([t], skip_special_tokens=False), "logprob": lp,
-                     "bytes": list(self.tokenizer.decode([t], skip_special_tokens=False).encode()),
-                     "top_logprobs": []} for t, lp in zip(seq.turn, seq.turn_log_probs)]}
+                    {**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in top]}
+                    for t, lp, top in zip(seq.turn, seq.turn_log_probs, tops)]}
             choices.append(choice)
-        prompt = sum(seq.fed - len(seq.turn) + 1 for seq in call.seqs[:1])
+        prompt = sum(seq.fed - len(seq.turn) + 1 for seq in call.seqs[:1])  # what it fed before the turn
         completion = sum(len(seq.turn) for seq in call.seqs)
         return {"id": f"chatcmpl-{call.session.id}-{len(call.session.calls)}", "object": "chat.completion",
                 "created": int(time.time()), "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                           "total_tokens": prompt + completion}}
+
+    def _token(self, token: int, log_prob: float) -> dict:
+        text = self.tokenizer.decode([token], skip_special_tokens=False)
+        return {"token": text, "logprob": log_prob, "bytes": list(text.encode())}

@@ -59,6 +59,7 @@ class ChatRequest:
     stop: tuple = ()
     seed: Optional[int] = None
     logprobs: bool = False
+    top_logprobs: int = 0  # the k most likely tokens at each sampled position (with logprobs)
     model: str = ""
 
 
@@ -66,7 +67,8 @@ def _invalid(message: str, param: str) -> GatewayError:
     return GatewayError(400, message, param)
 
 
-def _number(body: dict, key: str, low: float, high: float, integer: bool = False):
+def number(body: dict, key: str, low: float, high: float, integer: bool = False):
+    """body[key] checked to be a number (an int when `integer`) in [low, high], or None when absent."""
     value = body.get(key)
     if value is None:
         return None
@@ -142,12 +144,15 @@ def parse_chat_request(body: Any, limits: Limits = Limits()) -> ChatRequest:
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise _invalid("'stop' must be a string or a list of at most 4 non-empty strings", "stop")
-    max_tokens = _number(body, "max_completion_tokens", 1, 1 << 20, True)
-    max_tokens = max_tokens if max_tokens is not None else _number(body, "max_tokens", 1, 1 << 20, True)
-    n = _number(body, "n", 1, limits.max_n, True) or 1
+    max_tokens = number(body, "max_completion_tokens", 1, 1 << 20, True)
+    max_tokens = max_tokens if max_tokens is not None else number(body, "max_tokens", 1, 1 << 20, True)
+    n = number(body, "n", 1, limits.max_n, True) or 1
     if body.get("stream"):
         raise _invalid("'stream' is not served; set it to false", "stream")
-    seed = _number(body, "seed", -(1 << 63), (1 << 63) - 1, True)
+    seed = number(body, "seed", -(1 << 63), (1 << 63) - 1, True)
+    top = number(body, "top_logprobs", 0, 20, True) or 0
+    if top and not body.get("logprobs"):
+        raise _invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return ChatRequest(tuple(parsed), tuple({"type": "function", "function": t["function"]} for t in tools),
-                       max_tokens, _number(body, "temperature", 0.0, 2.0), _number(body, "top_p", 0.0, 1.0), n,
-                       tuple(stop), seed, bool(body.get("logprobs")), str(body.get("model", "")))
+                       max_tokens, number(body, "temperature", 0.0, 2.0), number(body, "top_p", 0.0, 1.0), n,
+                       tuple(stop), seed, bool(body.get("logprobs")), top, str(body.get("model", "")))

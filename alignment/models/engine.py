@@ -24,6 +24,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.models.fused_decode import FusedDecoder, fusable
+from alignment.models.logprobs import top_log_probs
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
 from alignment.models.slot_cache import SlotCache
 
@@ -35,14 +36,17 @@ class Sequence:
     turn), `max_len` tokens it may hold in all (prompt included). rng: a numpy Generator giving its uniform
     numbers, one per sampled token (None: the engine's batch draw); stop(turn ids) -> True when a stop string
     ended the turn; log_prob_temperature: the temperature its tokens' log-probs are taken at (None: not taken,
-    turn_log_probs stay 0)."""
+    turn_log_probs stay 0); top_logprobs: also keep the k most likely tokens and their log-probs at each sampled
+    position (turn_top: per token [(id, log-prob)], most likely first)."""
 
     def __init__(self, ids: Seq[int], config: GenerationConfig, max_len: int, rng=None,
-                 stop: Optional[Callable[[List[int]], bool]] = None, log_prob_temperature: Optional[float] = 1.0):
+                 stop: Optional[Callable[[List[int]], bool]] = None, log_prob_temperature: Optional[float] = 1.0,
+                 top_logprobs: int = 0):
         if not ids:
             raise ValueError("Sequence: at least one id to start from")
         self.config, self.max_len, self.rng, self.stop = config, max_len, rng, stop
-        self.log_prob_temperature = log_prob_temperature
+        self.log_prob_temperature, self.top_logprobs = log_prob_temperature, top_logprobs
+        self.turn_top: List[list] = []
         self.pending: List[int] = list(ids)  # ids to feed (the paused turn's last token first)
         self.fed = 0  # ids in the cache
         self.turn: List[int] = []  # tokens sampled this turn
@@ -147,7 +151,7 @@ class DecodeEngine:
             raise RuntimeError(f"DecodeEngine: resume of a sequence that is {seq.state}, not paused")
         seq.pending.extend(ids)
         seq.config = config or seq.config
-        seq.turn, seq.turn_log_probs, seq.ending = [], [], None
+        seq.turn, seq.turn_log_probs, seq.turn_top, seq.ending = [], [], [], None
         seq.state = PREFILL
 
     def release(self, seq: Sequence) -> None:
@@ -218,6 +222,13 @@ class DecodeEngine:
             tokens[rows] = drawn.numpy()[rows]
             if temperature is not None:
                 log_probs[rows] = token_log_prob(self.logits, drawn, temperature).numpy()[rows]  # [slots]
+                k = max(s.top_logprobs for s in group)
+                if k:
+                    values, ids = (t.numpy() for t in top_log_probs(paddle.scale(self.logits, 1.0 / temperature), k))
+                    for s in group:
+                        if s.top_logprobs:
+                            s.turn_top.append(list(zip(ids[s.slot, :s.top_logprobs].tolist(),
+                                                       values[s.slot, :s.top_logprobs].tolist())))
         self.rounds += 1
         ended = []
         for seq in sampling:

@@ -124,3 +124,12 @@ def response_log_probs_from_logits(logits, input_ids, response_mask):
     log_probs = logits_token_log_probs(logits[:, :-1], input_ids[:, 1:])  # [b, s-1]
     mask = response_mask[:, 1:].astype("float32")  # [b, s-1]
     return (log_probs * mask).sum(axis=1), mask.sum(axis=1)
+
+
+def top_log_probs(logits, k: int):
+    """The k most likely tokens of each row: (log-probs [N, k], ids [N, k] int64) of float32 logits [N, V], the
+    log-probs as the cross-entropy kernel gives log softmax (no log_softmax pass over the vocabulary)."""
+    flat = _f32(logits)
+    values, ids = paddle.topk(flat, k, axis=-1)  # [N, k]
+    _, nll = _softmax_cross_entropy(flat, ids[:, :1])  # -log p of the most likely token: lse = its logit + nll
+    return values - (values[:, :1] + nll), ids

@@ -47,10 +47,9 @@ def load_agent(spec: str):
 class _Current:
     """The gateway the server forwards to: one server per run, one gateway (engine) per rollout."""
     gateway = None
-    model_name = "policy"
 
-    def submit(self, session, request):
-        return self.gateway.submit(session, request)
+    def __getattr__(self, name):
+        return getattr(self.gateway, name)
 
 
 @dataclasses.dataclass
