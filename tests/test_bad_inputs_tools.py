@@ -10,7 +10,8 @@ import os
 import pytest
 
 from alignment.commands import (export_model, generate, judge_policy, make_preference_data, make_tiny, plan_layout,
-                                plot_overoptimization, plot_run, predict, replay_ledger, show_generations)
+                                plot_overoptimization, plot_run, predict, replay_ledger, reward_server,
+                                show_generations)
 from tests.bad_input_harness import case, lines, run_case, write
 from tests.helpers import REPO
 
@@ -57,10 +58,17 @@ def predict_export(info=None, text=None):
     return build
 
 
-def reward_server(*flags):
+def reward_server_child(*flags):
     """The reward server in a child process (a server that does not refuse would serve, not return)."""
     return lambda t, m: ["tools/reward_server.py", "--judge", "arithmetic", "--port", "0",
                          *[f.format(t=t) for f in flags]]
+
+
+def reward_server_flags(*flags):
+    """The reward server's command line, parsed in this process as its main() does first (the one case that
+    would serve when not refused runs the whole program in a child, above)."""
+    return lambda t, m: lambda: reward_server.parse_args(["--judge", "arithmetic", "--port", "0",
+                                                         *[f.format(t=t) for f in flags]])
 
 
 def ledger(rows):
@@ -83,14 +91,15 @@ GOOD_GENERATION = {"step": 0, "prompt": "p", "completion": "c", "reward": 0.1}
 
 CASES = [
     # --- the reward server
-    case("reward server: --port-file in a missing directory", reward_server("--port-file", "{t}/no-such-dir/port"),
-         "--port-file", "no-such-dir"),
-    case("reward server: --port-file is a directory", lambda t, m: (os.makedirs(t / "d"), reward_server(
+    case("reward server: --port-file in a missing directory", reward_server_child(
+        "--port-file", "{t}/no-such-dir/port"), "--port-file", "no-such-dir"),
+    case("reward server: --port-file is a directory", lambda t, m: (os.makedirs(t / "d"), reward_server_flags(
         "--port-file", "{t}/d")(t, m))[1], "--port-file"),
-    case("reward server: --max-body-mb inf", reward_server("--max-body-mb", "inf"), "--max-body-mb"),
-    case("reward server: --judge-weight nan", reward_server("--judge-weight", "nan"), "--judge-weight"),
-    case("reward server: --max-batch beyond int64", reward_server("--max-batch", str(2 ** 64)), "--max-batch"),
-    case("reward server: --max-wait-ms nan", reward_server("--max-wait-ms", "nan"), "--max-wait-ms"),
+    case("reward server: --max-body-mb inf", reward_server_flags("--max-body-mb", "inf"), "--max-body-mb"),
+    case("reward server: --judge-weight nan", reward_server_flags("--judge-weight", "nan"), "--judge-weight"),
+    case("reward server: --max-batch beyond int64", reward_server_flags("--max-batch", str(2 ** 64)),
+         "--max-batch"),
+    case("reward server: --max-wait-ms nan", reward_server_flags("--max-wait-ms", "nan"), "--max-wait-ms"),
     # --- plan_layout: the model config and the flags
     case("plan_layout: hidden_size 0", plan({"hidden_size": 0}), "config.json",
          "'hidden_size' must be a positive integer"),
