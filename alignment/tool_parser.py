@@ -2,6 +2,8 @@
 
 - `--key-name` and `--key_name` are the same flag (the stages' argument files use underscores, argparse dashes);
 - a flag is never abbreviated (`--mode` is not `--model`), and a bad one is one `error:` line, exit 2;
+- a number is a number: a flag declared `type=int` takes integers that fit 64 bits, `type=float` finite numbers
+  (NaN and inf are refused, one line naming the flag), as do the narrower types below;
 - `--help` fits 100 columns: the tool's docstring is refilled paragraph by paragraph (prose and list items), while
   lines indented 4+ spaces (command examples, formulas) stay on their own lines, wrapped under their indentation
   only when longer; argparse's own text wraps at 100 too.
@@ -14,6 +16,8 @@ import re
 import sys
 import textwrap
 from typing import List, Optional, Sequence, Tuple
+
+from alignment.inputs import INT64_MAX, INT64_MIN
 
 WIDTH = 100
 
@@ -68,7 +72,11 @@ class ToolParser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
     def add_argument(self, *names, **kwargs):
-        """Long options are declared with dashes whatever the tool wrote (`--is_rm` -> `--is-rm`, dest `is_rm`)."""
+        """Long options are declared with dashes whatever the tool wrote (`--is_rm` -> `--is-rm`, dest `is_rm`);
+        `type=int` / `type=float` become `integer` / `finite_number`."""
+        kwargs["type"] = {int: integer, float: finite_number}.get(kwargs.get("type"), kwargs.get("type"))
+        if kwargs["type"] is None:
+            del kwargs["type"]
         return super().add_argument(*(dashed(names) if names and names[0].startswith("-") else names), **kwargs)
 
     def parse_known_args(self, args: Optional[Sequence[str]] = None, namespace=None):
@@ -106,6 +114,8 @@ def _checked(convert, accept, wanted: str, name: str):
     def parse(text: str):
         try:
             value = convert(text)
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"must be {wanted} that fits 64 bits, got {text!r}") from None
         except ValueError:
             value = None
         if value is None or not accept(value):
@@ -116,6 +126,30 @@ def _checked(convert, accept, wanted: str, name: str):
     return parse
 
 
-positive_int = _checked(int, lambda v: v >= 1, "an integer >= 1", "positive_int")
-positive_number = _checked(float, lambda v: 0 < v < math.inf, "a finite number > 0", "positive_number")  # no NaN
-fraction = _checked(float, lambda v: 0 <= v < 1, "a number in [0, 1)", "fraction")
+def _int64(text: str) -> int:
+    value = int(text)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise OverflowError(text)
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+integer = _checked(_int64, lambda v: True, "an integer", "integer")
+finite_number = _checked(_finite, lambda v: True, "a finite number", "finite_number")
+positive_int = _checked(_int64, lambda v: v >= 1, "an integer >= 1", "positive_int")
+non_negative_int = _checked(_int64, lambda v: v >= 0, "an integer >= 0", "non_negative_int")
+positive_number = _checked(_finite, lambda v: v > 0, "a finite number > 0", "positive_number")
+non_negative_number = _checked(_finite, lambda v: v >= 0, "a finite number >= 0", "non_negative_number")
+def int_range(low: int, high: int):
+    """An argparse type: an integer in [low, high]."""
+    return _checked(_int64, lambda v: low <= v <= high, f"an integer in [{low:,}, {high:,}]", "int_range")
+
+
+fraction = _checked(_finite, lambda v: 0 <= v < 1, "a number in [0, 1)", "fraction")
+probability = _checked(_finite, lambda v: 0 < v <= 1, "a number in (0, 1]", "probability")

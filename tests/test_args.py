@@ -53,7 +53,7 @@ def test_contradicting_values_are_rejected(tmp_path):
 def test_missing_required_key_and_bad_files(tmp_path):
     with pytest.raises(ArgumentError, match="missing required key 'model_name_or_path'"):
         parser().parse_args([write(tmp_path, {"train_datasets": "alpaca"})])
-    with pytest.raises(ArgumentError, match=r"broken\.json: not valid JSON: .* line 2"):
+    with pytest.raises(ArgumentError, match=r"broken\.json line 2: invalid JSON: "):
         parser().parse_args([write(tmp_path, '{"a": 1,\n oops}', "broken.json")])
     with pytest.raises(ArgumentError, match=r"nope\.json: argument file not found"):
         parser().parse_args([str(tmp_path / "nope.json")])
@@ -143,7 +143,7 @@ def test_yaml_files_paddlenlp_flags_and_empty_strings(tmp_path):
 
 
 def test_duplicate_keys_are_refused_in_json_and_yaml(tmp_path):
-    with pytest.raises(ArgumentError, match=r"args\.json: key 'max_steps' is given twice"):
+    with pytest.raises(ArgumentError, match=r"args\.json line 1: key 'max_steps' is given twice"):
         parser().parse_args([write(tmp_path, '{"model_name_or_path": "m", "max_steps": 1, "max_steps": 2}')])
     with pytest.raises(ArgumentError, match=r"args\.yaml: key 'seed' is given twice \(line 1\)"):
         parser().parse_args([write(tmp_path, "seed: 1\nseed: 2\n", "args.yaml")])
@@ -243,7 +243,8 @@ def test_yaml_alias_bombs_huge_files_and_non_string_keys_are_refused_in_bounded_
     assert tracemalloc.get_traced_memory()[1] < 20 * 2 ** 20
     tracemalloc.stop()
     huge = write(tmp_path, json.dumps({**BASE, "x": "y" * (1 << 20)}), "huge.json")
-    with pytest.raises(ArgumentError, match=r"huge\.json: larger than 1048576 bytes"):
+    with pytest.raises(ArgumentError, match=r"huge\.json: 1,048,640 bytes, larger than an argument file may be "
+                                            r"\(1,048,576\)"):
         parser().parse_args([huge])
     with pytest.raises(ArgumentError, match=r"keys\.yaml: key 1 is not a string"):
         parser().parse_args([write(tmp_path, "model_name_or_path: m\n1: 2\n", "keys.yaml")])

@@ -95,11 +95,11 @@ def test_raw_prompts_skip_the_chat_template(exported):
 @pytest.mark.parametrize("case, fragment", [
     ("old export", "re-export"),
     ("no export", "no inference/export.json"),
-    ("prompt without key", "prompts.jsonl:2: a JSON line needs a \"prompt\" key"),
-    ("turns that are not text", "prompts.jsonl:1: a JSON line needs a \"prompt\" key"),
-    ("a line too long to read", "prompts.jsonl:2: longer than 1000000 characters"),
+    ("prompt without key", "prompts.jsonl line 2: a JSON line needs a \"prompt\" key"),
+    ("turns that are not text", "prompts.jsonl line 1: a JSON line needs a \"prompt\" key"),
+    ("a line too long to read", "prompts.jsonl line 2: longer than 1000000 characters"),
     ("too long", "max_position_embeddings"),
-    ("bad option", "top_p must be in (0, 1]"),
+    ("bad option", "--top-p: must be a number in (0, 1]"),
 ])
 def test_bad_inputs_fail_with_one_line(exported, tmp_path, capsys, case, fragment):
     model, args = exported, ["--prompt", "Say hi."]

@@ -109,7 +109,7 @@ def test_decoding_keys(given, expected):
     (["--device", "xpu"], "--device: invalid choice"),
     (["--dtype", "bfloat16"], "--dtype bfloat16: "),
     (["--mode", "static", "--model_name_or_path", "{ckpt}"], "no inference/export.json"),
-    (["--data_file", "{bad}"], "bad.json:1: \"src\" must be a string"),
+    (["--data_file", "{bad}"], "bad.json line 1: \"src\" must be a string"),
 ])
 def test_bad_flags_are_one_line_exit_2(exported, tiny_model_dir, tmp_path, capsys, argv, fragment):
     (tmp_path / "bad.json").write_text('{"src": ["a", "b"], "tgt": []}\n')

@@ -294,6 +294,10 @@ def test_bad_requests_get_4xx_naming_the_field_and_the_server_keeps_serving(rm_s
         assert (answer.status_code, fragment in answer.json()["error_msg"]) == (status, True), (body, answer.text)
     answer = httpx.post(rm_server.url + "/", content=b"{not json", headers=AUTH, timeout=30)
     assert answer.status_code == 400 and "body: not valid JSON" in answer.json()["error_msg"]
+    for content, fragment in ((b'{"src": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+                              (b'{"src": ["a\\ud800"], "response": ["b"]}', "lone UTF-16 surrogate")):
+        answer = httpx.post(rm_server.url + "/", content=content, headers=AUTH, timeout=30)
+        assert answer.status_code == 400 and fragment in answer.json()["error_msg"], answer.text
     streamed = httpx.post(rm_server.url + "/", content=iter([b" " * 40000] * 2), headers=AUTH, timeout=30)
     assert streamed.status_code == 413  # a chunked body with no Content-Length is cut off too
     for headers in ({}, {"Authorization": "Bearer wrong"}):
@@ -304,7 +308,7 @@ def test_bad_requests_get_4xx_naming_the_field_and_the_server_keeps_serving(rm_s
     assert httpx.post(rm_server.url + "/", json={"src": ["a"], "response": ["b"]}, headers=AUTH,
                       timeout=30).status_code == 200
     after = httpx.get(rm_server.url + "/metrics", headers=AUTH, timeout=10).json()["responses"]
-    assert after.get("400", 0) - before.get("400", 0) == len([c for c in cases if c[2] == 400]) + 1
+    assert after.get("400", 0) - before.get("400", 0) == len([c for c in cases if c[2] == 400]) + 3
     health = httpx.get(rm_server.url + "/health", timeout=10).json()
     assert (health["device"], health["queue_depth"], health["tokenizer"]) == ("cpu", 0, fingerprint)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from alignment.tool_parser import ToolParser, positive_int
+from alignment.tool_parser import (ToolParser, non_negative_int, non_negative_number, positive_int,
+                                   positive_number, probability)
 
 
 def complete(model_dir: str, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
@@ -40,12 +41,12 @@ def main(argv=None):
     parser.add_argument("--model", required=True, help="checkpoint directory (HF layout, with tokenizer.json)")
     parser.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--temperature", type=non_negative_number, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=probability, default=1.0)
+    parser.add_argument("--top-k", type=non_negative_int, default=0)
+    parser.add_argument("--repetition-penalty", type=positive_number, default=1.0)
     parser.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
     answers = complete(args.model, args.prompt, args.max_new_tokens, args.temperature, args.top_p, args.top_k,

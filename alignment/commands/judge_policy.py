@@ -26,9 +26,10 @@ import dataclasses
 import json
 from typing import List, Optional, Tuple
 
-from alignment.tool_parser import ToolParser, positive_int
+from alignment.tool_parser import ToolParser, non_negative_int, positive_int
 
 from alignment.fileio import refuse_to_replace
+from alignment.inputs import parse_json
 
 
 def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int, max_new_tokens: int,
@@ -69,7 +70,7 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
 
 
 def json_object(text: str) -> dict:
-    value = json.loads(text)  # a JSONDecodeError is a ValueError: argparse names the flag
+    value = parse_json(text, "--environment-args")  # its InputError is a ValueError: argparse names the flag
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
@@ -135,7 +136,8 @@ def main(argv=None) -> List[float]:
     p.add_argument("--label", nargs="+", default=None, help="a name per model for the table (default: its path)")
     p.add_argument("--wall-seconds", nargs="+", default=None,
                    help="the wall time of each model's run, in seconds ('-': none), shown in the table")
-    p.add_argument("--show", type=int, default=0, help="with several models: print this many prompts side by side")
+    p.add_argument("--show", type=non_negative_int, default=0,
+                   help="with several models: print this many prompts side by side")
     p.add_argument("--prompts", default="prompt-only:1.0:data/prompts/eval.jsonl", help="dataset spec or JSONL path")
     p.add_argument("--judge", default="combined", help="judge name (alignment/rewards/judges.py) or module:function")
     p.add_argument("--max-length", type=positive_int, default=160)

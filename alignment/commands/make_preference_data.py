@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from alignment.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser, non_negative_int, non_negative_number, probability
 
 
 from alignment.rewards.judges import JUDGES, get_judge, route  # noqa: E402
@@ -233,10 +233,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pairs-per-prompt", type=int, default=1, help="candidate pairs per prompt (default 1)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--temperature", type=float, default=0.9, help="0 = greedy (then all samples are equal)")
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--temperature", type=non_negative_number, default=0.9,
+                        help="0 = greedy (then all samples are equal)")
+    parser.add_argument("--top-p", type=probability, default=0.95)
+    parser.add_argument("--top-k", type=non_negative_int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=1234)
     parser.add_argument("--min-margin", type=float, default=0.05,
                         help="drop pairs whose gold scores differ by less (ties are always dropped)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

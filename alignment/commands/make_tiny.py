@@ -16,6 +16,7 @@ import os
 
 from alignment.tool_parser import ToolParser
 from alignment.fileio import refuse_to_replace
+from alignment.inputs import InputError, json_lines
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
@@ -47,10 +48,10 @@ def corpus_files(data_dir: str) -> list:
 
 def iter_texts(files):
     for file in files:
-        with open(file, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield from (v for v in json.loads(line).values() if isinstance(v, str))
+        for line, row in json_lines(file, "data file"):
+            if not isinstance(row, dict):
+                raise InputError(f"{file} line {line}: expected a JSON object", file, line)
+            yield from (v for v in row.values() if isinstance(v, str))
 
 
 def recipe_hash(files) -> str:

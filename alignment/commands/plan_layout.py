@@ -32,11 +32,14 @@ import os
 import subprocess
 import sys
 
-from alignment.tool_parser import ToolParser, fraction, positive_int, positive_number
+from alignment.tool_parser import ToolParser, fraction, int_range, non_negative_int, positive_int, positive_number
 from alignment.config.choices import parse_offload_levels
 from alignment.planning.memory import GIB, Plan, PlanError, load_model, memory, model_params, peak
 from alignment.planning.search import (NoFit, degrees, describe, ladder, layouts, name, offload_effect, recommend,
                                        runnable)
+
+
+MAX_GPUS = 1 << 20  # layouts are enumerated over the divisors of the count
 
 
 def measure_runtime_gib() -> float:
@@ -72,7 +75,7 @@ def parse_args(argv):
     ap = ToolParser(__doc__)
     add = ap.add_argument
     add("--model", required=True, help="config.json or a Hugging Face checkpoint directory")
-    add("--gpus", type=positive_int, required=True)
+    add("--gpus", type=int_range(1, MAX_GPUS), required=True)
     add("--gpu-memory-gib", type=positive_number, required=True, help="memory per GPU (per process with --device cpu)")
     add("--gpus-per-node", type=positive_int, default=8, help="tensor parallelism stays within a node")
     add("--stage", choices=("ppo", "sft", "rm", "dpo"), default="ppo")
@@ -81,7 +84,7 @@ def parse_args(argv):
     add("--micro-batch", type=positive_int, default=8, help="rows per device per micro-batch (RM/DPO: pairs)")
     add("--rollout-batch", type=positive_int, default=8, help="PPO rollouts generated per device")
     add("--dtype", choices=("bf16", "fp32"), default="bf16")
-    add("--lora-rank", type=int, default=0, help="LoRA on all projections (PPO: actor and critic)")
+    add("--lora-rank", type=non_negative_int, default=0, help="LoRA on all projections (PPO: actor and critic)")
     add("--recompute", action="store_true", help="require full recompute (otherwise added only when needed)")
     add("--offload", default="", help="PPO offload levels to require, e.g. 'freeze_model optimizer'")
     add("--eval-mode", choices=("tensor_parallel", "single"), default="tensor_parallel")

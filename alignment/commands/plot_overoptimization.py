@@ -11,14 +11,14 @@ reward peaked and where the run ended: the proxy still rising while the gold fal
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 from typing import Dict, List
 
-from alignment.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser, positive_int
 from alignment.fileio import refuse_to_replace
+from alignment.inputs import read_json_object
 
 from alignment.training.logger import read_series
 
@@ -44,8 +44,7 @@ def curve(run_dir: str, smooth: int) -> Dict[str, object]:
     label = os.path.basename(os.path.normpath(run_dir))
     args_file = os.path.join(run_dir, "args.json")
     if os.path.exists(args_file):
-        with open(args_file, encoding="utf-8") as f:
-            label += f" (kl_coeff {json.load(f).get('kl_coeff', '?')})"
+        label += f" (kl_coeff {read_json_object(args_file, 'argument record').get('kl_coeff', '?')})"
     sqrt_kl = [math.sqrt(v) for v in kl]
     held_out = []  # (sqrt KL of the policy evaluated, held-out proxy, held-out gold); step 0 is the reference itself
     if "eval/reward" in series and "eval/gold_reward" in series:
@@ -104,7 +103,7 @@ def main(argv=None) -> str:
     parser = ToolParser(__doc__)
     parser.add_argument("runs", nargs="+", help="output_dirs of PPO/GRPO runs with a gold_judge")
     parser.add_argument("--output", default=None, help="PNG path (default: <first run>/overoptimization.png)")
-    parser.add_argument("--smooth", type=int, default=3, help="running-mean window in steps")
+    parser.add_argument("--smooth", type=positive_int, default=3, help="running-mean window in steps")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
     try:

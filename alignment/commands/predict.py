@@ -36,7 +36,8 @@ from typing import List
 
 from alignment.commands import paddlenlp_flags as pdnlp
 from alignment.fileio import refuse_to_replace
-from alignment.tool_parser import ToolParser, positive_int
+from alignment.tool_parser import (ToolParser, non_negative_int, positive_int, positive_number,
+                                   probability)
 
 import paddle  # noqa: E402
 
@@ -67,17 +68,17 @@ def parse_args(argv=None):
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output / --output_file")
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--max-new-tokens", "--max-length", dest="max_new_tokens", type=positive_int, default=64)
-    p.add_argument("--min-new-tokens", "--min-length", dest="min_new_tokens", type=int, default=0,
+    p.add_argument("--min-new-tokens", "--min-length", dest="min_new_tokens", type=non_negative_int, default=0,
                    help="no eos before this many new tokens")
     p.add_argument("--src-length", type=positive_int, default=None, help="keep the last N tokens of each prompt")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--do-sample", action="store_true", help="sample (default greedy)")
     p.add_argument("--decode-strategy", choices=pdnlp.STRATEGIES, default=None, help="PaddleNLP's decoding key")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None, help="0 = off")
-    p.add_argument("--top-p", type=float, default=None, help="1.0 = off")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1.0 = off")
-    p.add_argument("--seed", type=int, default=None, help="paddle.seed for sampling")
+    p.add_argument("--temperature", type=positive_number, default=None)
+    p.add_argument("--top-k", type=non_negative_int, default=None, help="0 = off")
+    p.add_argument("--top-p", type=probability, default=None, help="1.0 = off")
+    p.add_argument("--repetition-penalty", type=positive_number, default=1.0, help="1.0 = off")
+    p.add_argument("--seed", type=non_negative_int, default=None, help="paddle.seed for sampling")
     p.add_argument("--mode", choices=("static", "dynamic"), default=None,
                    help="static: the exported program; dynamic: the checkpoint (default: static if exported)")
     p.add_argument("--dtype", choices=pdnlp.DTYPES, default=None, help="the model's dtype (checked, not converted)")

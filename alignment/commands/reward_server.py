@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from alignment.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser, non_negative_number, positive_int, positive_number
 
 from alignment.fileio import refuse_to_replace
 
@@ -26,26 +26,26 @@ def parse_args(argv=None):
     p.add_listen_arguments(8731)
     p.add_argument("--token", default=os.environ.get("REWARD_SERVER_TOKEN"),
                    help="bearer token POST and /metrics need (default: env REWARD_SERVER_TOKEN)")
-    p.add_argument("--max-batch", type=int, default=32, help="rows per merged forward pass")
-    p.add_argument("--max-wait-ms", type=float, default=0.0,
+    p.add_argument("--max-batch", type=positive_int, default=32, help="rows per merged forward pass")
+    p.add_argument("--max-wait-ms", type=non_negative_number, default=0.0,
                    help="how long a request waits for others to join its batch (0: it takes those already queued)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests waiting before 503 + Retry-After")
-    p.add_argument("--max-rows", type=int, default=1024, help="rows per request (more: 413)")
-    p.add_argument("--max-body-mb", type=float, default=16.0, help="request body size limit (more: 413)")
-    p.add_argument("--max-chars", type=int, default=65536, help="characters per text (more: 413)")
-    p.add_argument("--max-request-chars", type=int, default=2 ** 20,
+    p.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting before 503 + Retry-After")
+    p.add_argument("--max-rows", type=positive_int, default=1024, help="rows per request (more: 413)")
+    p.add_argument("--max-body-mb", type=positive_number, default=16.0, help="request body size limit (more: 413)")
+    p.add_argument("--max-chars", type=positive_int, default=65536, help="characters per text (more: 413)")
+    p.add_argument("--max-request-chars", type=positive_int, default=2 ** 20,
                    help="characters of all texts of one request (more: 413)")
     p.add_argument("--no-batching", action="store_true", help="score every request in a forward pass of its own")
     args = p.parse_args(argv)
-    for key in ("max_batch", "max_queue", "max_rows", "max_chars", "max_request_chars"):
-        if getattr(args, key) < 1:
-            p.error(f"--{key.replace('_', '-')} must be >= 1")
     p.check_listen(args)
-    if not args.max_wait_ms >= 0 or not args.max_body_mb > 0:  # NaN fails both
-        p.error("--max-wait-ms must be >= 0 and --max-body-mb > 0")
     if not args.model and not args.judge:
         p.error("give --model, --judge or both")
-    if args.port_file:
+    if args.port_file:  # checked now: a server whose port file cannot appear would serve no client that waits on it
+        folder = os.path.dirname(os.path.abspath(args.port_file))
+        if not os.path.isdir(folder):
+            p.error(f"--port-file {args.port_file}: its directory {folder} does not exist")
+        if os.path.isdir(args.port_file):
+            p.error(f"--port-file {args.port_file}: a directory, not a file")
         refuse_to_replace(args.port_file, False, "delete it first", ours=_holds_a_port)
     return args
 

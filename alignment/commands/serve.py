@@ -14,7 +14,7 @@ import os
 import sys
 
 from alignment.fileio import write_text_atomic
-from alignment.tool_parser import ToolParser
+from alignment.tool_parser import ToolParser, positive_int
 
 
 def parse_args(argv=None):
@@ -24,15 +24,12 @@ def parse_args(argv=None):
     p.add_listen_arguments(8000)
     p.add_argument("--api-key", default=os.environ.get("ALIGNMENT_GATEWAY_KEY"),
                    help="bearer key every request needs (default: env ALIGNMENT_GATEWAY_KEY; none: no key)")
-    p.add_argument("--max-sequences", type=int, default=8, help="sequences sampled at once (n counts each)")
-    p.add_argument("--max-length", type=int, help="tokens per sequence, prompt included (default: the model's "
-                                                  "max_position_embeddings, at most 4096)")
-    p.add_argument("--max-tokens", type=int, default=512, help="default and largest max_tokens of a request")
+    p.add_argument("--max-sequences", type=positive_int, default=8, help="sequences sampled at once (n counts each)")
+    p.add_argument("--max-length", type=positive_int, help="tokens per sequence, prompt included (default: the "
+                                                           "model's max_position_embeddings, at most 4096)")
+    p.add_argument("--max-tokens", type=positive_int, default=512, help="default and largest max_tokens of a request")
     p.add_argument("--tool-format", default="hermes", help="registered tool-call format (alignment/envs/formats.py)")
     args = p.parse_args(argv)
-    for key in ("max_sequences", "max_tokens"):
-        if getattr(args, key) < 1:
-            p.error(f"--{key.replace('_', '-')} must be >= 1")
     if args.max_length is not None and args.max_length < 2:
         p.error("--max-length must be >= 2")
     p.check_listen(args)

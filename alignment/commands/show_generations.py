@@ -13,7 +13,8 @@ import json
 import os
 import textwrap
 
-from alignment.tool_parser import ToolParser
+from alignment.inputs import NUMBER, TEXT, check_keys, integer, json_lines
+from alignment.tool_parser import ToolParser, non_negative_int
 
 
 def load(output_dir: str):
@@ -21,11 +22,13 @@ def load(output_dir: str):
     if not os.path.exists(path):
         raise SystemExit(f"error: {path} not found (run PPO with eval_datasets set)")
     by_step = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            by_step.setdefault(row["step"], []).append(row)
+    for line, row in json_lines(path, "generations file"):
+        check_keys(row, ROW_KEYS, path, required=("step", "prompt", "reward"), what="generation row", line=line)
+        by_step.setdefault(row["step"], []).append(row)
     return by_step
+
+
+ROW_KEYS = {"step": integer(0), "completion": TEXT, "reward": NUMBER, "gold_reward": NUMBER}
 
 
 EPISODE_KEYS = ("turns", "tool_calls", "tool_errors")
@@ -60,7 +63,7 @@ def mean(rows, key):
 def main(argv=None):
     parser = ToolParser(__doc__)
     parser.add_argument("output_dir")
-    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--samples", type=non_negative_int, default=3)
     args = parser.parse_args(argv)
     by_step = load(args.output_dir)
     first, last = min(by_step), max(by_step)

@@ -2,57 +2,41 @@
 loader, no aliases), at most MAX_ARGUMENT_FILE_BYTES, every key given once and a string."""
 from __future__ import annotations
 
-import json
 from typing import Any, Dict
+
+from alignment.inputs import InputError, has_lone_surrogate, parse_json, read_text
 
 
 class ArgumentError(ValueError):
     """A bad argument file or flag; the message names the file and key."""
 
 
-def _unique_keys(pairs):
-    """json object_pairs_hook: a key given twice is an error (the last one would silently win)."""
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ArgumentError(f"key {key!r} is given twice")
-        out[key] = value
-    return out
-
-
 MAX_ARGUMENT_FILE_BYTES = 1 << 20  # PaddleNLP's longest argument files are a few kB
 
 
 def load_argument_file(path: str) -> Dict[str, Any]:
-    """One JSON or YAML (.yaml / .yml) object of key: value pairs, at most MAX_ARGUMENT_FILE_BYTES, no YAML aliases."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_ARGUMENT_FILE_BYTES + 1)
-        if len(text.encode("utf-8")) > MAX_ARGUMENT_FILE_BYTES:
-            raise ArgumentError(f"{path}: larger than {MAX_ARGUMENT_FILE_BYTES} bytes; not an argument file")
-    except FileNotFoundError:
-        raise ArgumentError(f"{path}: argument file not found") from None
-    except IsADirectoryError:
-        raise ArgumentError(f"{path}: is a directory, not an argument file") from None
-    except UnicodeDecodeError as err:
-        raise ArgumentError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise ArgumentError(f"{path}: cannot read the argument file ({err.strerror})") from None
+    """One JSON or YAML (.yaml / .yml) object of key: value pairs, at most MAX_ARGUMENT_FILE_BYTES, no YAML aliases;
+    the file read by the shared reader (alignment/inputs: a regular UTF-8 text file, JSON errors by line)."""
     is_yaml = path.endswith((".yaml", ".yml"))
     try:
-        data = _load_yaml(text) if is_yaml else json.loads(text, object_pairs_hook=_unique_keys)
+        text = read_text(path, "argument file", MAX_ARGUMENT_FILE_BYTES)
+        data = _load_yaml(text) if is_yaml else parse_json(text, path)
+    except FileNotFoundError:
+        raise ArgumentError(f"{path}: argument file not found") from None
     except ArgumentError as err:
         raise ArgumentError(f"{path}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise ArgumentError(f"{path}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except InputError as err:  # it names the file (and line) already
+        raise ArgumentError(str(err)) from None
     except RecursionError:
         raise ArgumentError(f"{path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise ArgumentError(f"{path}: the argument file must hold one {'YAML mapping' if is_yaml else 'JSON object'} "
                             f"of key: value pairs")
-    for key in data:
+    for key, value in data.items():
         if not isinstance(key, str):
             raise ArgumentError(f"{path}: key {key!r} is not a string (quote it)")
+        if has_lone_surrogate(value):  # YAML's "\ud800" (JSON's are refused by the reader, with the line)
+            raise ArgumentError(f"{path}: key {key!r} holds a lone UTF-16 surrogate escape, which is not text")
     return data
 
 

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from alignment.config import paddlenlp
 from alignment.config.argument_file import ArgumentError, load_argument_file  # noqa: F401  (the parser's API)
+from alignment.inputs import INT64_MAX, INT64_MIN
 from alignment.launcher import speaks_for_all
 
 
@@ -38,7 +39,7 @@ def _convert(value: Any, tp, key: str) -> Any:
         if isinstance(value, str) and value.strip()[:1] in ("[", "{"):  # JSON given on the command line
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 pass
         for option in (a for a in args if a is not type(None)):
             try:
@@ -50,7 +51,7 @@ def _convert(value: Any, tp, key: str) -> Any:
         if isinstance(value, str) and value.strip().startswith("["):  # a JSON list on the command line
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise TypeError(f"expected a JSON list, got {value!r}") from None
         if isinstance(value, str):
             value = [v for v in value.split(",") if v]
@@ -61,7 +62,7 @@ def _convert(value: Any, tp, key: str) -> Any:
         if isinstance(value, str):
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise TypeError(f"expected a JSON object, got {value!r}") from None
         if not isinstance(value, dict):
             raise TypeError(f"expected an object, got {value!r}")
@@ -75,18 +76,21 @@ def _convert(value: Any, tp, key: str) -> Any:
             return value.lower() in ("true", "1", "yes")
         raise TypeError(f"expected true or false, got {value!r}")
     if tp is int:
-        if isinstance(value, bool):
-            raise TypeError(f"expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
+        number = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif isinstance(value, str):
             try:
-                return int(value)
+                number = int(value)
             except ValueError:
                 pass
-        raise TypeError(f"expected an integer, got {value!r}")
+        if number is None:
+            raise TypeError(f"expected an integer, got {value!r}")
+        if not INT64_MIN <= number <= INT64_MAX:
+            raise TypeError(f"expected an integer that fits 64 bits (|n| < 2^63), got {value!r}")
+        return number
     if tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):

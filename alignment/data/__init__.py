@@ -15,7 +15,6 @@ from alignment.data.user_modules import import_function, import_user_module, imp
 from alignment.data.builtin import (  # noqa: E402  (registers the built-ins)
     JsonRowsDataset,
     RowError,
-    UnreadableJsonError,
     load_json_file,
     resolve_data_files,
     split_hh_rlhf_transcript,
@@ -34,7 +33,6 @@ __all__ = [
     "RawDataset",
     "RawSample",
     "RowError",
-    "UnreadableJsonError",
     "import_function",
     "import_user_module",
     "import_user_modules",

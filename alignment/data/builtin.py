@@ -1,14 +1,13 @@
 """Built-in raw datasets: PKU-SafeRLHF, hh-rlhf, alpaca and generic JSON/JSONL.
 
 Each loads a local ``.json``/``.jsonl`` file (or a directory holding ``<split>.jsonl``)
-with ``datasets.load_dataset("json", ...)``, or the Hugging Face hub repo when no path
-is given. Every row is validated; problems raise :class:`DataFormatError` naming the
-file and line (``data/x.jsonl line 7: missing key 'response_1' (...)``).
+with the shared reader (alignment/inputs: every value keeps the type it is written with), or the Hugging
+Face hub repo with ``datasets.load_dataset`` when no path is given. Every row is validated; problems raise
+:class:`DataFormatError` naming the file and line (``data/x.jsonl line 7: missing key 'response_1' (...)``).
 Pass ``strict=False`` to skip invalid rows with one warning instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -16,12 +15,11 @@ from typing import Any, ClassVar
 
 import datasets
 
-from alignment.data.jsonfiles import (UnreadableJsonError, scan_records, json_type_name,
-                                      load_json_file, resolve_data_files)
+from alignment.data.jsonfiles import json_type_name, load_json_file, resolve_data_files, scan_records
 from alignment.data.raw import DataFormatError, RawDataset, RawSample, messages_problem
+from alignment.inputs import short
 
-__all__ = ["JsonRowsDataset", "RowError", "UnreadableJsonError", "load_json_file", "resolve_data_files",
-           "split_hh_rlhf_transcript"]
+__all__ = ["JsonRowsDataset", "RowError", "load_json_file", "resolve_data_files", "split_hh_rlhf_transcript"]
 
 
 class RowError(ValueError):
@@ -45,7 +43,7 @@ def _present(row: dict, key: str) -> Any:
 def _text(row: dict, key: str, required: bool = True) -> str | None:
     value = _present(row, key) if required else row.get(key)
     if value is not None and not isinstance(value, str):
-        raise RowError(f"{key!r} must be a string, got {json_type_name(value)} {_short(value)}", key)
+        raise RowError(f"{key!r} must be a string, got {json_type_name(value)} {short(value)}", key)
     if required and not value.strip():
         raise RowError(f"{key!r} is empty", key)
     return value
@@ -54,34 +52,29 @@ def _text(row: dict, key: str, required: bool = True) -> str | None:
 def _response_id(row: dict, key: str) -> int:
     value = _present(row, key)
     if isinstance(value, float) and value.is_integer():
-        value = int(value)  # a column mixing ints and floats is read as floats
+        value = int(value)  # 0.0 / 1.0: JSON writers that have one number type
     if isinstance(value, bool) or value not in (0, 1):
-        raise RowError(f"{key!r} must be 0 or 1, got {_short(value)}", key)
+        raise RowError(f"{key!r} must be 0 or 1, got {short(value)}", key)
     return value
 
 
 def _flag(row: dict, key: str) -> bool:
     value = _present(row, key)
     if not isinstance(value, bool):
-        raise RowError(f"{key!r} must be true or false, got {_short(value)}", key)
+        raise RowError(f"{key!r} must be true or false, got {short(value)}", key)
     return value
 
 
 def _turns(row: dict, key: str) -> list[str]:
     value = row.get(key)
     if not isinstance(value, list) or not value or not all(isinstance(turn, str) for turn in value):
-        raise RowError(f"{key!r} must be a non-empty list of strings, got {_short(value)}", key)
+        raise RowError(f"{key!r} must be a non-empty list of strings, got {short(value)}", key)
     return value
 
 
 def _different(first: str, second: str, what: str) -> None:
     if first.strip() == second.strip():
         raise RowError(f"{what} are identical")
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 _HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
@@ -127,9 +120,9 @@ class JsonRowsDataset(RawDataset):
             if hub_kwargs:
                 raise TypeError(f"{self.NAME}: unexpected arguments for a local path: {sorted(hub_kwargs)}")
             for file_path in resolve_data_files(path, self.split):
-                self._add_rows(self._load_file(file_path), file_path)
+                self._add_rows(scan_records(file_path), file_path)
         else:
-            self._add_rows(self._load_hub_rows(hub_kwargs), None)
+            self._add_rows(list(enumerate(self._load_hub_rows(hub_kwargs))), None)
 
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         """One validated sample from a row; raise :class:`RowError` for a bad row."""
@@ -147,17 +140,6 @@ class JsonRowsDataset(RawDataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _load_file(self, file_path: str) -> list[dict[str, Any]]:
-        try:
-            return load_json_file(file_path)
-        except UnreadableJsonError as error:  # report a bad row first: it is likelier the user's problem
-            for index, (_, record) in enumerate(error.records):
-                try:
-                    self.convert_row(record)
-                except RowError as row_error:
-                    raise self._describe(row_error, index, len(error.records), file_path) from error
-            raise
-
     def _load_hub_rows(self, hub_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         if self.HUB_ID is None:
             raise ValueError(f"Dataset {self.NAME!r} needs a local path (e.g. '{self.NAME}:1.0:data/file.jsonl')")
@@ -169,39 +151,30 @@ class JsonRowsDataset(RawDataset):
                 f"{self.split!r}) from the Hugging Face hub failed: {error}. Pass a local path instead."
             ) from error
 
-    def _add_rows(self, rows: list[dict[str, Any]], file_path: str | None) -> None:
+    def _add_rows(self, records: list[tuple[int, dict[str, Any]]], file_path: str | None) -> None:
+        """Convert (line, row) records of a file (or (index, row) of hub rows when file_path is None)."""
         first_problem = None
         skipped_before = self.skipped
-        for index, row in enumerate(rows):
+        for position, row in records:
             try:
                 self.samples.append(self.convert_row(row))
             except RowError as error:
                 if self.strict:
-                    raise self._describe(error, index, len(rows), file_path) from None
-                self.skipped += 1  # only the first problem is located (that re-reads the file)
-                first_problem = first_problem or self._describe(error, index, len(rows), file_path)
+                    raise self._describe(error, position, row, file_path) from None
+                self.skipped += 1
+                first_problem = first_problem or self._describe(error, position, row, file_path)
         if first_problem is not None:
             count = self.skipped - skipped_before
             warnings.warn(f"{self.NAME}: skipped {count} invalid row(s); first: {first_problem}", stacklevel=3)
 
-    def _describe(self, error: RowError, index: int, row_count: int, file_path: str | None) -> DataFormatError:
-        message, line = str(error), None
+    def _describe(self, error: RowError, position: int, row: Any, file_path: str | None) -> DataFormatError:
+        message = str(error)
+        if error.key and isinstance(row, dict) and error.key in row and row[error.key] is None:
+            message = f"key {error.key!r} is null"
         if file_path is None:
-            where = f"{self.HUB_ID} ({self.split}) row index {index}"
-        else:
-            line, record = _locate_row(file_path, index, row_count)
-            if error.key and isinstance(record, dict) and record.get(error.key, 0) is None:
-                message = f"key {error.key!r} is null"
-            where = f"{file_path} line {line}" if line else f"{file_path} row index {index}"
-        return DataFormatError(f"{where}: {message} ({self.REQUIREMENT})", file_path, line)
-
-
-def _locate_row(path: str, index: int, row_count: int) -> tuple[int | None, Any]:
-    try:
-        records = scan_records(path)
-    except DataFormatError:
-        return None, None
-    return records[index] if len(records) == row_count else (None, None)
+            return DataFormatError(f"{self.HUB_ID} ({self.split}) row index {position}: {message} "
+                                   f"({self.REQUIREMENT})")
+        return DataFormatError(f"{file_path} line {position}: {message} ({self.REQUIREMENT})", file_path, position)
 
 
 class _SafeRLHFBase(JsonRowsDataset):

@@ -8,24 +8,23 @@ the keys and the formats there are, and how to register a dataset of your own.
 """
 from __future__ import annotations
 
-import gzip
-import json
 from typing import Any, Optional
 
 from alignment.data.builtin import JsonRowsDataset
 from alignment.data.jsonfiles import resolve_data_files, scan_records
 from alignment.data.raw import REGISTER_HINT, DataFormatError, RawDataset, RawSample
+from alignment.inputs import InputError, parse_json, read_text
 
 
 def first_row(path: str) -> dict[str, Any]:
     """The first record of a JSON / JSONL file: its first line when that is a JSON object, else the file's first
     row as scan_records reads it (a JSON array, pretty-printed rows); errors name the file and line."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        line = next((text for text in handle if text.strip()), "")
+    text = read_text(path, "data file")
+    start = len(text) - len(text.lstrip())
+    line = text[start:].split("\n", 1)[0]
     try:
-        row = json.loads(line)
-    except ValueError:
+        row = parse_json(line, path, text.count("\n", 0, start) + 1)
+    except InputError:
         row = None
     return row if isinstance(row, dict) else scan_records(path)[0][1]
 

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import os
 
+from alignment.inputs import InputError
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-class DataFormatError(ValueError):
+class DataFormatError(InputError):
     """A data file (or hub row) does not match the schema a loader expects.
 
     ``path`` and ``line`` (1-based) say where, when known; the message always
     starts with the location, e.g. ``data/x.jsonl line 7: missing key 'response_1'``.
     """
-
-    def __init__(self, message: str, path: str | None = None, line: int | None = None):
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 def user_code_error(what: str, err: BaseException) -> DataFormatError:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Optional
 
-from alignment.data.builtin import JsonRowsDataset, RowError, _short
+from alignment.data.builtin import JsonRowsDataset, RowError
+from alignment.inputs import FINITE, short
 from alignment.data.raw import RawSample
 
 
@@ -27,7 +28,7 @@ def _turn_list(row: dict, key: str, allow_empty: bool) -> list[str]:
         raise RowError(f"missing key {key!r}", key)
     turns = [value] if isinstance(value, str) else value
     if not isinstance(turns, list) or not all(isinstance(turn, str) for turn in turns):
-        raise RowError(f"{key!r} must be a string or a list of strings, got {_short(value)}", key)
+        raise RowError(f"{key!r} must be a string or a list of strings, got {short(value)}", key)
     if not turns and not allow_empty:
         raise RowError(f"{key!r} is empty", key)
     if any(not turn.strip() for turn in turns):
@@ -121,8 +122,9 @@ def _sort(row: dict, count: int) -> list[float]:
     if value is None:
         raise RowError("missing key 'sort'", "sort")
     values = value if isinstance(value, list) else [value]
-    if len(values) != count or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise RowError(f"'sort' must be a list of {count} number(s) (one per response), got {_short(value)}", "sort")
+    if len(values) != count or not all(FINITE.accepts(v) for v in values):
+        raise RowError(f"'sort' must be a list of {count} number(s) (finite, one per response), got {short(value)}",
+                       "sort")
     return values
 
 
@@ -153,5 +155,5 @@ class PaddleNLPKTO(_PaddleNLPRows):
     def convert_row(self, row: dict[str, Any]) -> RawSample:
         prompt, responses, (label,) = self.parts(row)
         if label not in (0, 1):
-            raise RowError(f"'sort' must be [1] (desirable) or [0] (undesirable), got {_short(row['sort'])}", "sort")
+            raise RowError(f"'sort' must be [1] (desirable) or [0] (undesirable), got {short(row['sort'])}", "sort")
         return RawSample(input=prompt, answer=responses[0], desirable=label == 1)

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Iterator, Mapping, TypedDict, Union
 import numpy as np
 
 from alignment.data.errors import DataFormatError, user_code_error
+from alignment.inputs import InputError
 from alignment.data.specs import DatasetSpec, SpecsLike, parse_dataset_specs
 
 __all__ = ["DataFormatError", "DatasetSpec", "MixSource", "MixedRawDataset", "RawDataset", "RawSample",
@@ -120,7 +121,7 @@ class RawDataset(Sequence):
         kwargs.update({k: v for k, v in (options or {}).items() if k in dataset_cls.OPTIONS and v is not None})
         try:
             return dataset_cls(path=path, **kwargs)
-        except (DataFormatError, FileNotFoundError):
+        except (InputError, FileNotFoundError):
             raise  # they name the file and line already
         except Exception as err:  # noqa: BLE001 - a user dataset may raise anything: name it, in one line
             where = getattr(sys.modules.get(dataset_cls.__module__), "__file__", None) or dataset_cls.__module__
@@ -196,7 +197,7 @@ class MixedRawDataset(RawDataset):
         position, inner = self._index[index]
         try:
             sample = self.datasets[position][inner]
-        except DataFormatError:
+        except InputError:
             raise
         except Exception as err:  # noqa: BLE001 - a user dataset's row may raise anything: name it, in one line
             raise user_code_error(self.where(index), err) from None

@@ -3,6 +3,7 @@ with the chat template, left-padded, decoded by `alignment.models.generate` and 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import List
@@ -11,30 +12,44 @@ import paddle
 
 from alignment.data.tokenized import collate_prompts
 from alignment.fileio import write_text_atomic
+from alignment.inputs import InputError, parse_json, read_text
 from alignment.models.generation import generate
 
 
-def parse_line(line: str, where: str):
-    """A JSON object with "prompt" or PaddleNLP's "src" (its record), or a plain text line ({"prompt": line}); None
-    for a blank line."""
-    text = line.rstrip("\r\n")
-    if not text.strip():
-        return None
-    if text.lstrip().startswith("{"):
-        try:
-            record = json.loads(text)
-        except ValueError:
-            record = None
-        if isinstance(record, dict):
-            if "prompt" not in record and "src" in record:
-                record = {**record, "prompt": paddlenlp_turns(record, where)}
-            prompt = record.get("prompt")
-            if not isinstance(prompt, str) and not (isinstance(prompt, list) and prompt
-                                                    and all(isinstance(turn, str) for turn in prompt)):
-                raise ValueError(f"{where}: a JSON line needs a \"prompt\" key (a string or a list of turns) or "
-                                 f"PaddleNLP's \"src\"")
-            return record
-    return {"prompt": text}
+def prompt_records(text: str, name: str) -> List[dict]:
+    """The prompt records of a prompts file's text, line by line: a line that opens a JSON object with a key
+    ('{"') must be one, with "prompt" (a string or a list of turns) or PaddleNLP's "src"; any other line is a plain
+    text prompt. Blank lines are skipped; errors name the file and line."""
+    records = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        if len(line) > MAX_PROMPT_CHARS:
+            raise InputError(f"{name} line {number}: longer than {MAX_PROMPT_CHARS} characters", name, number)
+        if JSON_LINE.match(line):
+            records.append(json_record(parse_json(line, name, number), f"{name} line {number}"))
+        else:
+            records.append({"prompt": line.rstrip("\r")})
+        if len(records) > MAX_PROMPTS:
+            raise InputError(f"{name}: more than {MAX_PROMPTS} prompts; split the file", name)
+    return records
+
+
+JSON_LINE = re.compile(r'\s*\{\s*"')
+
+
+def json_record(record, where: str) -> dict:
+    """A JSON line's record with its "prompt" (PaddleNLP's "src" / "tgt" turned into one)."""
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: a line of a JSON-lines prompts file must be a JSON object")
+    if "prompt" not in record and "src" in record:
+        record = {**record, "prompt": paddlenlp_turns(record, where)}
+    prompt = record.get("prompt")
+    if not isinstance(prompt, str) and not (isinstance(prompt, list) and prompt
+                                            and all(isinstance(turn, str) for turn in prompt)):
+        raise InputError(f"{where}: a JSON line needs a \"prompt\" key (a string or a list of turns) or PaddleNLP's "
+                         f"\"src\"")
+    return record
 
 
 def paddlenlp_turns(record: dict, where: str):
@@ -55,31 +70,17 @@ def paddlenlp_output(result: dict) -> dict:
     return {"src": result.get("src", result["prompt"]), "tgt": result.get("tgt", ""), "output": result["response"]}
 
 
-MAX_PROMPT_CHARS, MAX_PROMPTS = 1_000_000, 1_000_000  # per line, per file: read without holding more
-
-
-def _records(stream, name: str) -> List[dict]:
-    """The prompt records of a file's lines, each line read at most MAX_PROMPT_CHARS far."""
-    records = []
-    for number, line in enumerate(iter(lambda: stream.readline(MAX_PROMPT_CHARS + 1), ""), 1):
-        if len(line) > MAX_PROMPT_CHARS and not line.endswith("\n"):
-            raise ValueError(f"{name}:{number}: longer than {MAX_PROMPT_CHARS} characters")
-        record = parse_line(line, f"{name}:{number}")
-        if record is not None:
-            records.append(record)
-        if len(records) > MAX_PROMPTS:
-            raise ValueError(f"{name}: more than {MAX_PROMPTS} prompts; split the file")
-    return records
+MAX_PROMPT_CHARS, MAX_PROMPTS = 1_000_000, 1_000_000  # per line, per file
+MAX_PROMPTS_BYTES = 1 << 30
 
 
 def read_prompts(prompts: List[str], prompts_file: str = None, stdin=None) -> List[dict]:
     """Records with a "prompt": the --prompt values, then the lines of prompts_file; stdin if neither is given."""
     records = [{"prompt": p} for p in prompts or []]
     if prompts_file:
-        with open(prompts_file, encoding="utf-8") as f:
-            records += _records(f, prompts_file)
+        records += prompt_records(read_text(prompts_file, "prompts file", MAX_PROMPTS_BYTES), prompts_file)
     elif not records:
-        records += _records(stdin or sys.stdin, "stdin")
+        records += prompt_records((stdin or sys.stdin).read(MAX_PROMPTS_BYTES), "stdin")
     if not records:
         raise ValueError("no prompts: give --prompt, --prompts FILE or lines on stdin")
     return records

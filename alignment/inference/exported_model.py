@@ -2,13 +2,13 @@
 `alignment.models.generate`: one call per batch fills the KV cache, then one call per new token."""
 from __future__ import annotations
 
-import json
 import os
 from types import SimpleNamespace
 from typing import NamedTuple, Optional
 
 import paddle
 
+from alignment.inputs import POSITIVE_INT, TEXT, Kind, check_keys, integer, list_of, read_json
 from alignment.models.llama import positions_from_mask
 from alignment.models.static_decode import EXPORT_FORMAT
 
@@ -63,14 +63,22 @@ def find_export(model_dir: str) -> str:
     raise FileNotFoundError(f"{model_dir}: no inference/{EXPORT_INFO} (export it with tools/export_model.py)")
 
 
+EXPORT_KEYS = {"format": TEXT, "program": Kind("a file name in the export's folder", lambda v: isinstance(v, str) and v
+                                  and v == os.path.basename(v) and v not in (".", "..") and "\\" not in v),
+               "num_hidden_layers": POSITIVE_INT, "num_key_value_heads": POSITIVE_INT, "head_dim": POSITIVE_INT,
+               "vocab_size": POSITIVE_INT, "max_position_embeddings": POSITIVE_INT,
+               "dtype": Kind("float32, float16 or bfloat16", lambda v: v in ("float32", "float16", "bfloat16")),
+               "eos_token_ids": list_of(integer(0)), "pad_token_id": integer(0)}
+
+
 def read_info(folder: str) -> dict:
+    """export.json, every key ExportedLM and predict read checked (a program name may not leave the folder)."""
     path = os.path.join(folder, EXPORT_INFO)
-    with open(path, encoding="utf-8") as f:
-        info = json.load(f)
-    if info.get("format") != EXPORT_FORMAT:
+    info = read_json(path, "export file")
+    if isinstance(info, dict) and info.get("format") != EXPORT_FORMAT:
         raise ValueError(f"{path}: written by an older tools/export_model.py (a fixed-width graph without a KV "
                          f"cache, format {info.get('format')!r}, expected {EXPORT_FORMAT!r}); re-export the model")
-    return info
+    return check_keys(info, EXPORT_KEYS, path, required=list(EXPORT_KEYS), what="export file")
 
 
 def pick_device(device: str = "auto") -> str:

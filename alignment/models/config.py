@@ -10,30 +10,13 @@ import json
 import os
 from typing import Any, Optional
 
+from alignment.config.model_keys import model_config_problems
+from alignment.inputs import read_json
 from alignment.models import paddlenlp_checkpoint
 
 CONFIG_NAME = "config.json"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
-REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-POSITIVE_INTS = REQUIRED_KEYS + ("num_key_value_heads", "head_dim", "max_position_embeddings")
-POSITIVE_FLOATS = ("rms_norm_eps", "rope_theta", "initializer_range")
-
-
-def config_problems(data: dict) -> list:
-    """What makes a config.json unusable, checked before any tensor is allocated: every sizing key a Hugging Face
-    LLaMA config has (no silent 7B defaults), as positive numbers of the right type."""
-    problems = [f"missing key {key!r}" for key in REQUIRED_KEYS if key not in data]
-    for key in POSITIVE_INTS:
-        value = data.get(key)
-        if key in data and value is not None and (type(value) is not int or value < 1):
-            problems.append(f"key {key!r} must be a positive integer, got {value!r}")
-    for key in POSITIVE_FLOATS:
-        value = data.get(key)
-        if key in data and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-                            or value == float("inf")):
-            problems.append(f"key {key!r} must be a positive number, got {value!r}")
-    return problems
 
 
 @dataclasses.dataclass
@@ -91,7 +74,7 @@ class LlamaConfig:
     def from_dict(cls, data: dict) -> "LlamaConfig":
         if not isinstance(data, dict):
             raise ValueError("a model config must be a JSON object")
-        problems = config_problems(data)
+        problems = model_config_problems(data)
         if problems:
             raise ValueError("; ".join(problems))
         data = dict(data)
@@ -122,15 +105,7 @@ class LlamaConfig:
         file = os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
         if not os.path.exists(file):
             raise FileNotFoundError(f"{file}: no model config found (expected a Hugging Face checkpoint directory)")
-        try:
-            with open(file, encoding="utf-8") as f:
-                data = json.load(f)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{file}: not valid JSON ({err})") from None
-        except (UnicodeDecodeError, RecursionError) as err:
-            raise ValueError(f"{file}: not a readable JSON config ({type(err).__name__})") from None
-        except OSError as err:
-            raise ValueError(f"{file}: cannot read ({err.strerror})") from None
+        data = read_json(file, "model config")
         try:
             if paddlenlp_checkpoint.is_paddlenlp_checkpoint(os.path.dirname(file)):
                 data = paddlenlp_checkpoint.hf_config_dict(data, os.path.dirname(file))  # PaddleNLP's keys -> ours

@@ -29,10 +29,12 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.numpy import load_file
 from safetensors.paddle import save_file
 
 from alignment.fileio import atomic_directory
+from alignment.inputs import FINITE, FLAG, POSITIVE_INT, TEXT, Kind, check_keys, either, list_of, read_json
 from alignment.models.tokenizer import copy_tokenizer_files
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -168,23 +170,44 @@ def save_adapter(model: nn.Layer, path: str, base_model_name_or_path: Optional[s
             extra_files(tmp)
 
 
+ADAPTER_KEYS = {"peft_type": Kind("\"LORA\"", lambda v: v == "LORA"), "r": POSITIVE_INT, "lora_alpha": FINITE,
+                "target_modules": either(TEXT, list_of(TEXT, non_empty=True)), "use_rslora": FLAG, "task_type": TEXT,
+                "modules_to_save": list_of(TEXT), "base_model_name_or_path": TEXT}
+
+
 def read_adapter_config(path: str) -> dict:
+    """adapter_config.json of an adapter directory, every key this toolkit reads checked (PEFT's other keys are
+    kept as written)."""
     file = os.path.join(path, ADAPTER_CONFIG)
     if not os.path.exists(file):
         raise FileNotFoundError(f"{path}: no {ADAPTER_CONFIG} (not a LoRA adapter directory)")
-    try:
-        config = json.load(open(file, encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}: not valid JSON ({err})") from None
-    if config.get("peft_type") != "LORA":
-        raise ValueError(f"{file}: peft_type {config.get('peft_type')!r} is not LORA")
+    config = check_keys(read_json(file, "adapter config"), ADAPTER_KEYS, file,
+                        required=("peft_type", "r", "lora_alpha", "target_modules"), what="adapter config")
+    if isinstance(config["target_modules"], str):  # PEFT's one pattern, matched against the whole module path
+        config["target_modules"] = [config["target_modules"]]
     return config
+
+
+def read_adapter_weights(file: str) -> dict:
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{file}: cannot read the adapter weights, truncated or corrupt? ({err})") from None
+
+
+def other_base(path: str, config: dict, model, key: str, shape: list, needed: list) -> str:
+    """The message for an adapter tensor whose shape does not fit: the adapter was trained on another base."""
+    cfg = getattr(model, "config", None)
+    sizes = (f"hidden_size {cfg.hidden_size}, intermediate_size {cfg.intermediate_size}" if cfg is not None
+             else "another shape")
+    return (f"{path}: the adapter was trained for another base model ({config.get('base_model_name_or_path')!r}, "
+            f"its base_model_name_or_path) than this one ({sizes}): {key} has shape {shape}, this model needs "
+            f"{needed}; load it onto the base it was trained on")
 
 
 def check_scaling(config: dict, layers: Dict[str, LoRALinear], path: str) -> None:
     """The adapter's recorded r / lora_alpha / use_rslora must give the scaling the model's layers have."""
-    saved = adapter_scaling(float(config.get("lora_alpha", 0)), int(config.get("r", 1)),
-                            bool(config.get("use_rslora", False)))
+    saved = adapter_scaling(float(config["lora_alpha"]), config["r"], bool(config.get("use_rslora", False)))
     for layer in layers.values():
         if not math.isclose(layer.scaling, saved, rel_tol=1e-6):
             raise ValueError(f"{path}: the adapter was trained with scaling {saved:g} (r {config.get('r')}, "
@@ -195,8 +218,9 @@ def check_scaling(config: dict, layers: Dict[str, LoRALinear], path: str) -> Non
 def load_adapter(model: nn.Layer, path: str) -> None:
     """Copy saved adapter (and modules_to_save) weights into a model that `apply_lora` prepared the same way (same
     scaling: r, lora_alpha and use_rslora are checked)."""
-    check_scaling(read_adapter_config(path), lora_layers(model), path)
-    tensors = load_file(os.path.join(path, ADAPTER_WEIGHTS))
+    config = read_adapter_config(path)
+    check_scaling(config, lora_layers(model), path)
+    tensors = read_adapter_weights(os.path.join(path, ADAPTER_WEIGHTS))
     expected = peft_state_dict(model)
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
@@ -205,8 +229,7 @@ def load_adapter(model: nn.Layer, path: str) -> None:
     layers = lora_layers(model)
     for key, value in tensors.items():
         if tuple(value.shape) != tuple(expected[key].shape):
-            raise ValueError(f"{path}: {key} has shape {list(value.shape)}, the model needs "
-                             f"{list(expected[key].shape)}")
+            raise ValueError(other_base(path, config, model, key, list(value.shape), list(expected[key].shape)))
         name = key[len(PEFT_PREFIX):].rpartition(".")[0]  # drop the trailing ".weight"
         if name.endswith((".lora_A", ".lora_B")):
             layer_name, part = name.rsplit(".", 1)

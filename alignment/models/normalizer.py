@@ -11,6 +11,8 @@ import os
 
 import paddle
 
+from alignment.inputs import FINITE, TEXT, check_keys, integer, number, read_json
+
 NORMALIZER_FILE = "score_normalizer.json"
 from alignment.config.choices import NORMALIZER_TYPES
 
@@ -93,8 +95,15 @@ def load_normalizer(path: str, kind: str, momentum: float = 0.9) -> Normalizer:
     file = os.path.join(path, NORMALIZER_FILE)
     if not os.path.exists(file):
         return make_normalizer(kind, momentum)
-    with open(file, encoding="utf-8") as f:
-        state = json.load(f)
-    normalizer = make_normalizer(state.get("type", kind), float(state.get("momentum", momentum)))
-    normalizer.load_state_dict(state)
+    state = check_keys(read_json(file, "normalizer state"), STATE_KEYS, file, required=("mean", "var", "count"),
+                       what="normalizer state")
+    try:
+        normalizer = make_normalizer(state.get("type", kind), float(state.get("momentum", momentum)))
+        normalizer.load_state_dict(state)
+    except ValueError as err:
+        raise ValueError(f"{file}: {err}") from None
     return normalizer
+
+
+STATE_KEYS = {"type": TEXT, "mean": FINITE, "var": number(at_least=0), "count": integer(0),
+              "momentum": number(at_least=0, at_most=1)}

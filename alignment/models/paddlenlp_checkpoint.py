@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 from typing import Callable, Dict, List
 
 import paddle
 from safetensors import SafetensorError, safe_open
 
+from alignment.inputs import read_json_object
 from alignment.models.pdparams import read_state_dict
 from alignment.models.weight_index import read_weight_map
 
@@ -166,12 +166,7 @@ def _hf_orientation(tensor: paddle.Tensor) -> paddle.Tensor:
 
 
 def _raw_config(path: str) -> dict:
-    file = os.path.join(path, "config.json")
-    try:
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file}: cannot read the PaddleNLP model config ({err})") from err
+    return read_json_object(os.path.join(path, "config.json"), "PaddleNLP model config")
 
 
 def load_state_dict(path: str, read_safetensors: FileReader) -> Dict[str, tuple]:

@@ -15,6 +15,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from alignment.inputs import FLAG, POSITIVE_NUMBER, TEXT, Kind, check_keys, read_json, read_text
+
 DEFAULT_CHAT_TEMPLATE = (
     "{% if messages[0]['role'] != 'system' %}BEGINNING OF CONVERSATION:{% endif %}"
     "{% for message in messages %}"
@@ -27,6 +29,12 @@ DEFAULT_CHAT_TEMPLATE = (
 # PaddleNLP's chat_template "none": no template; prompts are used as they are (already templated text) and each
 # answer follows its prompt directly (the tokenizer's EOS is appended after answers by the data code)
 NO_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+SPECIAL_TOKEN = Kind("a string or {\"content\": string}", lambda v: isinstance(v, str) or (
+    isinstance(v, dict) and isinstance(v.get("content"), str)))
+CONFIG_KEYS = {"add_bos_token": FLAG, "chat_template": TEXT, "model_max_length": POSITIVE_NUMBER,
+               **{f"{name}_token": SPECIAL_TOKEN for name in ("bos", "eos", "pad", "unk")}}  # what we read of it
 
 
 def _token_string(value) -> Optional[str]:
@@ -47,6 +55,7 @@ class Tokenizer:
         self.name_or_path = name_or_path
         self.chat_template = config.get("chat_template") or DEFAULT_CHAT_TEMPLATE
         self._template, self._template_source = None, None  # the compiled chat template and its text
+        self.template_file = (None, None)  # (a chat template read from a file, that file)
         self.bos_token = _token_string(config.get("bos_token"))
         self.eos_token = _token_string(config.get("eos_token"))
         self.pad_token = _token_string(config.get("pad_token")) or self.eos_token
@@ -61,20 +70,21 @@ class Tokenizer:
         config_file = os.path.join(path, "tokenizer_config.json")
         config = {}
         if os.path.exists(config_file):
-            try:
-                with open(config_file, encoding="utf-8") as f:
-                    config = json.load(f)
-            except (ValueError, RecursionError) as err:
-                raise ValueError(f"{config_file}: not valid JSON ({err})") from None
+            config = check_keys(read_json(config_file, "tokenizer config"), CONFIG_KEYS, config_file,
+                                what="tokenizer config")
         template_file = os.path.join(path, "chat_template.jinja")
+        source = config_file if config.get("chat_template") else None
         if os.path.exists(template_file) and not config.get("chat_template"):
-            with open(template_file, encoding="utf-8") as f:
-                config["chat_template"] = f.read()
+            config["chat_template"], source = read_text(template_file, "chat template"), template_file
         try:
-            tokenizer = HFTokenizer.from_file(file)
+            tokenizer = HFTokenizer.from_str(read_text(file, "tokenizer file"))
         except Exception as err:  # the tokenizers library raises a bare Exception for a corrupt file
+            if isinstance(err, ValueError) and str(err).startswith(file):
+                raise  # the shared reader's error: it names the file
             raise ValueError(f"{file}: not a valid tokenizer file ({err})") from None
-        return cls(tokenizer, config, path)
+        tokenizer_ = cls(tokenizer, config, path)
+        tokenizer_.template_file = (config.get("chat_template"), source)
+        return tokenizer_
 
     def save_pretrained(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
@@ -125,7 +135,7 @@ class Tokenizer:
             return self._compiled().render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.exceptions.TemplateError as err:  # SecurityError, UndefinedError, raise_exception(...)
-            raise ValueError(f"{self.name_or_path}: the chat template failed: {type(err).__name__}: "
+            raise ValueError(f"{self._template_where()}: the chat template failed: {type(err).__name__}: "
                              f"{' '.join(str(err).split())}") from None
 
     def _compiled(self) -> jinja2.Template:
@@ -136,10 +146,16 @@ class Tokenizer:
             try:
                 self._template = env.from_string(self.chat_template)
             except jinja2.exceptions.TemplateSyntaxError as err:
-                raise ValueError(f"{self.name_or_path}: the chat template does not compile: line {err.lineno}: "
+                raise ValueError(f"{self._template_where()}: the chat template does not compile: line {err.lineno}: "
                                  f"{err.message}") from None
             self._template_source = self.chat_template
         return self._template
+
+    def _template_where(self) -> str:
+        """The file the chat template was read from (tokenizer_config.json, chat_template.jinja), else the
+        tokenizer's directory."""
+        text, file = self.template_file
+        return file if file and text == self.chat_template else self.name_or_path
 
     def chat_messages(self, turns) -> List[Dict[str, str]]:
         """A prompt string or an alternating user/assistant list of turns -> chat messages."""

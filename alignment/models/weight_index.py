@@ -3,19 +3,17 @@ a sharded checkpoint holds which tensor. An index may only name files of its own
 kind of weights, so a crafted index can neither make a load read outside the checkpoint nor switch readers."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict
+
+from alignment.inputs import read_json
 
 
 def read_weight_map(index_file: str, suffix: str) -> Dict[str, str]:
     """{tensor name: file name} of `index_file`; every file a plain name ending in `suffix` (`.safetensors`,
     `.pdparams`). Anything else is a ValueError naming the index."""
-    try:
-        with open(index_file, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as err:  # ValueError: bad JSON or UTF-8
-        raise ValueError(f"{index_file}: not a valid weight index ({type(err).__name__}: {err})") from None
+    index = read_json(index_file, "weight index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise ValueError(f"{index_file}: not a valid weight index ('weight_map' is not an object)")
     for name, file in weight_map.items():

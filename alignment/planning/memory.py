@@ -7,10 +7,11 @@ splits, what each offload level moves to the host) are spelled out in `python to
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 
+from alignment.config.model_keys import model_config_problems
+from alignment.inputs import read_json
 from alignment.parallel.layout import Layout
 
 GIB = 2 ** 30
@@ -28,21 +29,23 @@ class PlanError(ValueError):
 
 
 def load_model(path: str) -> Model:
-    """Read a Hugging Face config.json (or a directory holding one) into a Model."""
+    """Read a Hugging Face config.json (or a directory holding one) into a Model; its keys are checked as for
+    building the model (alignment/config/model_keys.py)."""
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise PlanError(f"{file}: no model config found (give a config.json or a Hugging Face checkpoint directory)")
     try:
-        with open(file, encoding="utf-8") as f:
-            cfg = json.load(f)
-        h, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        return Model(h, int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"]), heads,
-                     int(cfg.get("num_key_value_heads") or heads), int(cfg.get("head_dim") or h // heads),
-                     int(cfg["vocab_size"]), bool(cfg.get("tie_word_embeddings", False)),
-                     bool(cfg.get("attention_bias")) or cfg.get("model_type") == "qwen2",
-                     bool(cfg.get("attention_bias")), bool(cfg.get("mlp_bias")))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise PlanError(f"{file}: not a usable model config ({type(err).__name__}: {err})") from err
+        cfg = read_json(file, "model config")
+    except ValueError as err:  # InputError: it names the file and line
+        raise PlanError(str(err)) from None
+    problems = model_config_problems(cfg) if isinstance(cfg, dict) else ["a model config must be a JSON object"]
+    if problems:
+        raise PlanError(f"{file}: " + "; ".join(problems))
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    return Model(h, cfg["intermediate_size"], cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads") or heads,
+                 cfg.get("head_dim") or h // heads, cfg["vocab_size"], bool(cfg.get("tie_word_embeddings", False)),
+                 bool(cfg.get("attention_bias")) or cfg.get("model_type") == "qwen2", bool(cfg.get("attention_bias")),
+                 bool(cfg.get("mlp_bias")))
 
 
 def projections(m: Model):

@@ -17,6 +17,8 @@ import json
 import os
 from typing import List, Optional
 
+from alignment.inputs import NUMBER, TEXT, check_keys, integer, json_lines
+
 ROTATE = 100
 
 
@@ -137,15 +139,14 @@ def read_ledger(output_dir: str) -> List[dict]:
         raise FileNotFoundError(f"{folder}: no ledger (set rollout_ledger: true, or run with rollout_ranks > 0)")
     rows = []
     for name in sorted(n for n in os.listdir(folder) if n.startswith("steps-")):
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    row = json.loads(line)
-                    int(row["step"])
-                except (ValueError, KeyError, TypeError):
-                    raise ValueError(f"{os.path.join(folder, name)}, line {number}: not a ledger row") from None
-                rows.append(row)
+        path = os.path.join(folder, name)
+        rows += [check_keys(row, ROW_KEYS, path, required=("step",), what="ledger row", line=line)
+                 for line, row in json_lines(path, "ledger file")]
     return rows
+
+
+ROW_KEYS = {"step": integer(0), "version": integer(), "sample": TEXT, "dropped": TEXT,
+            "reward": NUMBER}  # NaN too: a row records what the run computed
 
 
 def reward_sources(ppo, reward) -> dict:

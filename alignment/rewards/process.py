@@ -16,6 +16,8 @@ from typing import List, NamedTuple, Sequence, Tuple
 import numpy as np
 import paddle
 
+from alignment.inputs import TEXT, check_keys, read_json
+
 SETTINGS_FILE = "process_reward.json"  # beside a trained PRM's weights: its placeholder and reward tokens
 
 
@@ -77,8 +79,9 @@ class ProcessRewardScorer:
     """A trained PRM scoring PPO responses: the lowest step's p(good), steps cut at line breaks."""
 
     def __init__(self, model, tokenizer, directory: str, max_length: int = 4096):
-        with open(os.path.join(directory, SETTINGS_FILE), encoding="utf-8") as f:
-            settings = json.load(f)
+        file = os.path.join(directory, SETTINGS_FILE)
+        settings = check_keys(read_json(file, "process reward settings"), {"placeholder_token": TEXT,
+                              "reward_tokens": TEXT}, file, required=("placeholder_token", "reward_tokens"))
         self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
         self.tokens = step_tokens(tokenizer, settings["placeholder_token"], settings["reward_tokens"])
 

@@ -268,7 +268,19 @@ def serve(scorer, limits: ServerLimits, info: dict, host: str, port: int, port_f
     print(f"reward server listening on http://{host}:{bound} (model {info.get('model')}, judges "
           f"{info.get('judges')}; max batch {limits.max_batch} rows, queue {limits.max_queue})", flush=True)
     # the port file appears once uvicorn serves (and handles signals): a signal before it would leave its
-    # coroutine unawaited, with a warning on stderr
-    app = create_app(scorer, limits, info, (lambda: write_text_atomic(port_file, str(bound))) if port_file else None)
-    config = uvicorn.Config(app, log_level="warning", access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    # coroutine unawaited, with a warning on stderr. A port file that cannot be written stops the server (clients
+    # wait on that file), with one line rather than uvicorn's logged traceback.
+    failed = []
+
+    def announce() -> None:
+        try:
+            write_text_atomic(port_file, str(bound))
+        except OSError as err:
+            failed.append(err)
+            server.should_exit = True
+
+    app = create_app(scorer, limits, info, announce if port_file else None)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+    if failed:
+        raise OSError(f"--port-file {port_file}: cannot write it ({failed[0].strerror or failed[0]}); stopped")

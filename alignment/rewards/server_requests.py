@@ -10,6 +10,7 @@ from typing import List, Optional
 import numpy as np
 from fastapi import Request
 
+from alignment.inputs import has_lone_surrogate
 from alignment.rewards.scoring import ScoreRow
 
 
@@ -151,6 +152,10 @@ async def read_json(request: Request, limit: int) -> dict:
         body = json.loads(b"".join(chunks))
     except (UnicodeDecodeError, ValueError) as err:
         raise HTTPProblem(400, f"body: not valid JSON ({err})") from None
+    except RecursionError:
+        raise HTTPProblem(400, "body: JSON nested too deeply") from None
+    if has_lone_surrogate(body):
+        raise HTTPProblem(400, "body: a lone UTF-16 surrogate escape (\\ud800-\\udfff) is not text")
     if not isinstance(body, dict):
         raise HTTPProblem(400, f"body: expected a JSON object, got {type(body).__name__}")
     return body

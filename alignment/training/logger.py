@@ -8,6 +8,7 @@ import sys
 from typing import Dict, List, Tuple
 
 from alignment.fileio import write_json_atomic, write_text_atomic
+from alignment.inputs import check_keys, integer, json_lines
 from alignment.parallel.distributed import is_main_process
 
 
@@ -132,17 +133,11 @@ def visualdl_tag(key: str) -> str:
 def read_series(path: str) -> Dict[str, List[Tuple[int, float]]]:
     """{metric: [(step, value), ...]} for the numeric metrics of a metrics.jsonl file."""
     series: Dict[str, List[Tuple[int, float]]] = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path} line {number}: not JSON ({err.msg})") from None
-            for key, value in row.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    series.setdefault(key, []).append((row["step"], float(value)))
+    for line, row in json_lines(path, "metrics file"):
+        check_keys(row, {"step": integer(0)}, path, required=("step",), what="metrics row", line=line)
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                series.setdefault(key, []).append((row["step"], float(value)))
     return series
 
 

