@@ -1,0 +1,129 @@
+"""Distillation end to end on the tiny model (alignment/ppo/teacher.py, run_distill.py): a teacher that differs
+from the student, each loss, GKD's data mix, LoRA, the ledger, exact resume, and the arguments' errors."""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from alignment.models import LlamaForCausalLM
+from alignment.ppo import run_distill, run_ppo
+from tests.helpers import REPO, read_metrics
+
+PROMPTS = f"prompt-only:1.0:{REPO}/data/prompts/train.jsonl"
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with its weights perturbed (seeded): the same tokenizer, other distributions."""
+    paddle.seed(5)
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    for param in model.parameters():
+        param.set_value(param + paddle.randn(param.shape).astype(param.dtype) * 0.05)
+    path = str(tmp_path_factory.mktemp("teacher") / "model")
+    model.save_pretrained(path, tokenizer_dir=tiny_model_dir)
+    return path
+
+
+def distill_args(tmp_path, student, teacher, *extra, steps=2):
+    return ["--actor_model_name_or_path", student, "--teacher_model_name_or_path", teacher,
+            "--output_dir", str(tmp_path / "out"), "--disable_tqdm", "--train_datasets", PROMPTS,
+            "--max_steps", str(steps), "--max_new_tokens", "6", "--max_length", "96", "--per_device_prompt_batch_size",
+            "4", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--learning_rate", "1e-3",
+            "--seed", "3", *extra]
+
+
+def q_weight(path):
+    return LlamaForCausalLM.from_pretrained(path).model.layers[0].self_attn.q_proj.weight.numpy()
+
+
+@pytest.mark.parametrize("loss", ["sampled_kl", "jsd", "topk_kl"])
+def test_distillation_trains_the_student_and_logs_the_teacher(tmp_path, tiny_model_dir, teacher_dir, loss):
+    run_distill.main(distill_args(tmp_path, tiny_model_dir, teacher_dir, "--distill_loss", loss,
+                                  "--teacher_top_k", "5"))
+    out = tmp_path / "out"
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["distill/reverse_kl"] != 0 and np.isfinite(row["distill/teacher_log_prob"])
+        assert row["distill/teacher_log_prob"] < 0 and row["time/teacher"] > 0
+        assert ("distill_loss" in row) == (loss != "sampled_kl")
+        if loss != "sampled_kl":
+            assert row["distill_loss"] > 0
+    assert np.abs(q_weight(str(out / "policy")) - q_weight(tiny_model_dir)).max() > 0
+    args = json.load(open(out / "args.json"))
+    assert args["advantage_estimator"] == "none" and args["kl_coeff"] == 0.0
+
+
+def test_the_teacher_itself_as_teacher_gives_zero_divergence(tmp_path, tiny_model_dir):
+    """Student == teacher: every sampled token's reverse KL and the JSD are 0 at the first step (the same
+    weights), so the check above could fail."""
+    run_distill.main(distill_args(tmp_path, tiny_model_dir, tiny_model_dir, "--distill_loss", "jsd", steps=1))
+    row = read_metrics(tmp_path / "out")[0]
+    assert abs(row["distill/reverse_kl"]) < 1e-6 and row["distill_loss"] < 1e-6
+
+
+def test_gkd_mix_trains_on_dataset_answers_and_seq_kd_on_the_teachers(tmp_path, tiny_model_dir, teacher_dir):
+    data = tmp_path / "qa.jsonl"
+    with open(data, "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"prompt": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}."}) + "\n")
+    common = ["--distill_loss", "forward_kl", "--train_datasets", f"prompt-only:1.0:{data}", "--lmbda", "0.5"]
+    run_distill.main(distill_args(tmp_path / "mix", tiny_model_dir, teacher_dir, *common, steps=6))
+    rows = read_metrics(tmp_path / "mix" / "out")
+    on = [r["distill/on_policy"] for r in rows]
+    assert 0 < sum(on) < len(on)  # both kinds of step in six (seeded)
+    run_distill.main(distill_args(tmp_path / "kd", tiny_model_dir, teacher_dir, *common, "--seq_kd", "true",
+                                  steps=6))
+    assert [r["distill/on_policy"] for r in read_metrics(tmp_path / "kd" / "out")] == on  # the same draws
+
+
+def test_distill_coeff_adds_the_teacher_to_grpo_with_rewards_and_lora(tmp_path, tiny_model_dir, teacher_dir):
+    run_ppo.main(distill_args(tmp_path, tiny_model_dir, teacher_dir, "--advantage_estimator", "grpo",
+                              "--num_return_sequences", "2", "--reward_funcs", "combined", "--distill_coeff", "0.5",
+                              "--distill_loss", "reverse_kl", "--lora", "true", "--lora_rank", "4",
+                              "--rollout_ledger", "true"))
+    out = tmp_path / "out"
+    rows = read_metrics(out)
+    assert all(r["distill_loss"] > 0 and "reward/combined" in r for r in rows)
+    sources = json.load(open(out / "ledger" / "sources.json"))
+    assert sources["teacher"] == teacher_dir and len(sources["teacher_sha256"]) == 64
+    assert sources["distill_loss"] == "reverse_kl" and sources["distill_coeff"] == 0.5
+    ledger = [json.loads(line) for name in sorted(os.listdir(out / "ledger")) if name.startswith("steps-")
+              for line in open(out / "ledger" / name)]
+    assert len(ledger) == 2 * 4 * 2
+    for row in ledger:
+        assert len(row["teacher_log_probs"]) == sum(row["policy_token"]) > 0
+        assert all(lp < 0 for lp in row["teacher_log_probs"])
+
+
+def test_resume_continues_exactly(tmp_path, tiny_model_dir, teacher_dir):
+    """GKD's mix and a loss term: the resumed run draws the same on/off-policy steps and ends bitwise equal."""
+    common = ["--distill_loss", "jsd", "--save_steps", "2", "--lmbda", "0.5", "--seq_kd", "true"]
+    run_distill.main(distill_args(tmp_path / "whole", tiny_model_dir, teacher_dir, *common, steps=4))
+    checkpoint = tmp_path / "whole" / "out" / "checkpoint-2"
+    run_distill.main(distill_args(tmp_path / "cut", tiny_model_dir, teacher_dir, *common, "--resume_from_checkpoint",
+                                  str(checkpoint), steps=4))
+    whole, cut = read_metrics(tmp_path / "whole" / "out"), read_metrics(tmp_path / "cut" / "out")
+    assert [r["distill_loss"] for r in whole[2:]] == [r["distill_loss"] for r in cut[-2:]]
+    assert [r["distill/on_policy"] for r in whole[2:]] == [r["distill/on_policy"] for r in cut[-2:]]
+    assert np.array_equal(q_weight(str(tmp_path / "whole" / "out" / "policy")),
+                          q_weight(str(tmp_path / "cut" / "out" / "policy")))
+
+
+@pytest.mark.parametrize("extra,message", [
+    ([], "key 'teacher_model_name_or_path' is required"),
+    (["--teacher_model_name_or_path", "http://127.0.0.1:9/v1", "--distill_loss", "jsd"], "whole vocabulary"),
+    (["--teacher_model_name_or_path", "T", "--lmbda", "0.5"], "sampled_kl"),
+    (["--teacher_model_name_or_path", "T", "--distill_loss", "jsd", "--lmbda", "0.5", "--advantage_estimator",
+      "grpo", "--reward_funcs", "combined", "--num_return_sequences", "2"], "advantage_estimator 'grpo'"),
+    (["--teacher_model_name_or_path", "T", "--distill_loss", "nope"], "key 'distill_loss' must be one of"),
+])
+def test_bad_distillation_arguments_are_one_line_exits(tmp_path, tiny_model_dir, capsys, extra, message):
+    args = ["--actor_model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "o"),
+            "--train_datasets", PROMPTS, *extra]
+    with pytest.raises(SystemExit) as exit_info:
+        run_distill.main(args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
