@@ -127,3 +127,35 @@ def test_bad_distillation_arguments_are_one_line_exits(tmp_path, tiny_model_dir,
         run_distill.main(args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", ["sampled_kl", "topk_kl"])
+def test_a_served_teacher_gives_the_local_teachers_numbers(tmp_path, tiny_model_dir, teacher_dir, loss):
+    """The same teacher behind an OpenAI-style /v1/completions (tests/served_teacher.py: our model's real forward
+    passes, vLLM's answer layout): the run's teacher log-probs, divergences and trained weights match the local
+    teacher's up to float rounding (the server runs each sequence alone, the trainer a padded batch)."""
+    from tests.served_teacher import Served, make_app
+
+    common = ["--distill_loss", loss, "--teacher_top_k", "5"]
+    run_distill.main(distill_args(tmp_path / "local", tiny_model_dir, teacher_dir, *common))
+    app = make_app(LlamaForCausalLM.from_pretrained(teacher_dir), fail_first=1)  # one 503: retried
+    with Served(app) as url:
+        run_distill.main(distill_args(tmp_path / "served", tiny_model_dir, url, *common))
+    assert app.state.counter["requests"] == 3  # the 503, then one request per step
+    local, served = read_metrics(tmp_path / "local" / "out"), read_metrics(tmp_path / "served" / "out")
+    for a, b in zip(local, served):
+        assert b["distill/teacher_log_prob"] == pytest.approx(a["distill/teacher_log_prob"], rel=1e-5)
+        assert b["distill/reverse_kl"] == pytest.approx(a["distill/reverse_kl"], rel=1e-4)
+        assert b["actor_loss"] == pytest.approx(a["actor_loss"], rel=1e-4, abs=1e-7)
+    assert [r["distill/teacher_retries"] for r in served] == [1, 0] and "distill/teacher_retries" not in local[0]
+    assert np.abs(q_weight(str(tmp_path / "served" / "out" / "policy")) -
+                  q_weight(str(tmp_path / "local" / "out" / "policy"))).max() < 1e-4
+
+
+def test_a_teacher_server_that_is_down_stops_the_run_naming_it(tmp_path, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_distill.main(distill_args(tmp_path, tiny_model_dir, "http://127.0.0.1:9/v1", "--teacher_server_retries",
+                                      "1"))
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: teacher server unreachable after 2 attempts") and "teacher_server_retries" in err

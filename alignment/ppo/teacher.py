@@ -149,7 +149,7 @@ class Teacher(NoTeacher):
                "distill/teacher_log_prob": float(rl.masked_mean(self.log_probs, mask))}
         if rollout.old_log_probs is not None:  # the sampled tokens' reverse KL, per token
             out["distill/reverse_kl"] = float(rl.masked_mean(rollout.old_log_probs - self.log_probs, mask))
-        if getattr(self.source, "retries", 0):
+        if getattr(self.source, "retries", None) is not None:  # a served teacher's
             out["distill/teacher_retries"] = float(self.source.retries)
         return out
 
