@@ -57,8 +57,8 @@ def completion_choice(model, ids: List[int], k: int, index: int) -> dict:
                          "top_logprobs": top, "text_offset": list(range(len(tokens)))}}
 
 
-def make_app(model, name: str = "teacher", chat: Optional[Callable] = None, fail_first: int = 0) -> FastAPI:
-    """chat(messages, max_tokens) -> text answers /v1/chat/completions; fail_first: that many requests get 503."""
+def make_app(model=None, name: str = "teacher", chat: Optional[Callable] = None, fail_first: int = 0) -> FastAPI:
+    """chat(messages, max_tokens) -> (text, [(token, log-prob)] or None) answers /v1/chat/completions; fail_first: that many requests get 503."""
     app, state = FastAPI(), {"requests": 0}
 
     def count():
@@ -84,7 +84,7 @@ def make_app(model, name: str = "teacher", chat: Optional[Callable] = None, fail
         count()
         text, top = chat(request.messages, request.max_tokens)
         logprobs = {"content": [{"token": "x", "logprob": 0.0, "top_logprobs": [
-            {"token": t, "logprob": v} for t, v in top.items()]}]} if request.logprobs and top else None
+            {"token": t, "logprob": v} for t, v in top]}]} if request.logprobs and top else None
         return {"object": "chat.completion", "model": name, "choices": [
             {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
              "finish_reason": "stop"}]}

@@ -216,7 +216,7 @@ class PPOTrainer(Trainer):
         """End rewards [N] of the rollout (reward model / server / functions, the environment's, DAPO's overlong
         penalty) and the mean of each part (for logging)."""
         rewards = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
-        rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout)
+        rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout, self.reward.row_notes)
         return scoring.with_overlong_penalty(*rewards, rollout, self.ppo)
 
     @paddle.no_grad()

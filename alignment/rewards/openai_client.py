@@ -60,7 +60,7 @@ class OpenAIEndpoint(RewardServerClient):
             response.json(), url, self.what, [len(s) for s in sequences], top_k))
 
     def chat(self, messages: List[Dict[str, str]], max_tokens: int, temperature: float, top_logprobs: int = 0):
-        """(text, {first token: log-prob} or None), and the retries made."""
+        """(text, [(first-token candidate, log-prob)] or None), and the retries made."""
         body = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
         if top_logprobs:
             body.update(logprobs=True, top_logprobs=top_logprobs)
@@ -111,5 +111,5 @@ def parse_chat(data, url: str, what: str):
     content = (choice.get("logprobs") or {}).get("content") or []
     top = None
     if content and isinstance(content[0], dict):
-        top = {entry["token"]: float(entry["logprob"]) for entry in content[0].get("top_logprobs") or []}
+        top = [(entry["token"], float(entry["logprob"])) for entry in content[0].get("top_logprobs") or []]
     return text or "", top

@@ -74,6 +74,7 @@ class RewardComputer:
             self.process = ProcessRewardScorer(reward_model, reward_tokenizer, reward_model.name_or_path)
         self.funcs = [(spec, load_reward_function(spec)) for spec in funcs]
         self.weights = list(weights) or [1.0] * len(self.funcs)
+        self.row_notes = {}
 
     @paddle.no_grad()
     def model_scores(self, rollout) -> paddle.Tensor:
@@ -119,6 +120,8 @@ class RewardComputer:
             total += weight * values
             parts[f"reward/{spec}"] = float(values.mean())
             self.row_parts[spec] = values
+        # model judges (model_judges.py): each row's judge prompt and answer, for the rollout ledger
+        self.row_notes = {spec: fn.transcripts for spec, fn in self.funcs if getattr(fn, "transcripts", None)}
         return paddle.to_tensor(total.astype("float32")), parts
 
 
