@@ -11,15 +11,12 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from alignment.data import import_function
+from alignment.rewards.errors import RewardFunctionError
 from alignment.rewards.judges import JUDGES
 from alignment.rewards.rules import accuracy, format_reward, gsm8k
 
 REWARD_FUNCTIONS: Dict[str, Callable] = {**JUDGES, "accuracy": accuracy, "format_reward": format_reward,
                                        "gsm8k": gsm8k}
-
-
-class RewardFunctionError(ValueError):
-    """A reward function raised, or returned something other than one finite float per completion."""
 
 
 def load_reward_function(spec: str) -> Callable:

@@ -26,8 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from alignment.config.argument_file import load_argument_file
 from alignment.config.registry import JUDGE_PARSERS
-from alignment.rewards import judge_parsers  # noqa: F401  the built-in parsers register
-from alignment.rewards.judge_parsers import Unparseable
+from alignment.rewards.judge_parsers import Unparseable  # (importing it registers the built-in parsers)
 from alignment.rewards.openai_client import OpenAIEndpoint
 from alignment.rewards.remote import RewardServerError, one_line
 

@@ -10,6 +10,7 @@ that is not exactly one finite number per row is an error naming the URL - never
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -22,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import httpx
 import numpy as np
 
-from alignment.rewards.functions import RewardFunctionError
+from alignment.rewards.errors import RewardFunctionError
 
 RETRYABLE_STATUS = (408, 429, 500, 502, 503, 504)
 MAX_BACKOFF = 16.0  # seconds between retry rounds at most (a longer Retry-After is honoured up to MAX_RETRY_AFTER)
@@ -41,6 +42,12 @@ class Retry(Exception):
     def __init__(self, message: str, retry_after: float = 0.0):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A digest of what scoring.same_tokenizer compares: equal fingerprints <=> the same tokenizer."""
+    text = tokenizer._tok.to_str() + "\0" + tokenizer.chat_template
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def one_line(text: str, limit: int = 200) -> str:
@@ -124,8 +131,6 @@ class RewardServerClient:
     @classmethod
     def from_args(cls, ppo_args, tokenizer=None) -> "RewardServerClient":
         """The client PPO's arguments describe; checks that a server answers before any model is loaded."""
-        from alignment.rewards.scoring import tokenizer_fingerprint
-
         client = cls(ppo_args.reward_server_urls, ppo_args.reward_server_token, ppo_args.reward_server_timeout,
                      ppo_args.reward_server_retries, ppo_args.reward_server_backoff,
                      ppo_args.reward_server_batch_size,
