@@ -4,7 +4,6 @@ import json
 import os
 
 import numpy as np
-import paddle
 import pytest
 
 from alignment.models import LlamaForCausalLM
@@ -15,15 +14,8 @@ PROMPTS = f"prompt-only:1.0:{REPO}/data/prompts/train.jsonl"
 
 
 @pytest.fixture(scope="module")
-def teacher_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with its weights perturbed (seeded): the same tokenizer, other distributions."""
-    paddle.seed(5)
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
-    for param in model.parameters():
-        param.set_value(param + paddle.randn(param.shape).astype(param.dtype) * 0.05)
-    path = str(tmp_path_factory.mktemp("teacher") / "model")
-    model.save_pretrained(path, tokenizer_dir=tiny_model_dir)
-    return path
+def teacher_dir(tiny_teacher_dir):
+    return tiny_teacher_dir
 
 
 def distill_args(tmp_path, student, teacher, *extra, steps=2):
