@@ -151,3 +151,16 @@ def test_a_teacher_server_that_is_down_stops_the_run_naming_it(tmp_path, tiny_mo
     assert exit_info.value.code != 0
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: teacher server unreachable after 2 attempts") and "teacher_server_retries" in err
+
+
+def test_every_offload_level_trains_as_the_run_without(tmp_path, tiny_model_dir, teacher_dir):
+    """The teacher is a frozen model offloaded with freeze_model: brought back to score, to give its logits in the
+    update and to sample seq_kd's answers."""
+    common = ["--distill_loss", "jsd", "--lmbda", "0.5", "--seq_kd", "true"]
+    run_distill.main(distill_args(tmp_path / "plain", tiny_model_dir, teacher_dir, *common, steps=3))
+    run_distill.main(distill_args(tmp_path / "offload", tiny_model_dir, teacher_dir, *common, "--offload_level",
+                                  "freeze_model optimizer train_model", steps=3))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    assert strip(read_metrics(tmp_path / "plain" / "out")) == strip(read_metrics(tmp_path / "offload" / "out"))
+    assert np.array_equal(q_weight(str(tmp_path / "plain" / "out" / "policy")),
+                          q_weight(str(tmp_path / "offload" / "out" / "policy")))

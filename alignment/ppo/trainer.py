@@ -173,7 +173,7 @@ class PPOTrainer(Trainer):
         batch = next(self.prompt_batches)
         positions = shard(list(range(len(batch))))
         self.show_phase(phase="generate", **({"try": str(attempt + 1)} if attempt else {}), **self.generation_speed)
-        with self.offload.phase("generate", [self.actor]), self.precision.autocast():
+        with self.offload.phase("generate", [self.actor, *self.teacher.generating]), self.precision.autocast():
             rollout = self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
                                         total=len(batch))
         rollout.sample_ids = sample_ids(self.drawn["prompts"] - 1, batch, positions, n)
