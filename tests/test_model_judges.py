@@ -137,10 +137,32 @@ def test_a_local_model_judge_answers_greedily_in_its_chat_template(tmp_path, tin
 
     judge = ModelJudge(write_judge(tmp_path, model=tiny_model_dir, parser="test_answer_length", max_tokens=12))
     scores = judge(["What is 2 + 2?", "Say hi"], ["4", "hi"])
-    direct = LocalJudgeModel(tiny_model_dir).answer([judge.transcripts[0]["prompt"]], 12, top=5)
-    assert direct[0][0] == judge.transcripts[0]["answer"] and scores[0] == min(1.0, len(direct[0][0]) / 100)
-    assert len(direct[0][1]) == 5 and all(lp <= 0 for _, lp in direct[0][1])
+    local = LocalJudgeModel(tiny_model_dir)
+    direct = local.answer([judge.transcripts[0]["prompt"]], 12)
+    assert direct[0] == (judge.transcripts[0]["answer"], None) and scores[0] == min(1.0, len(direct[0][0]) / 100)
     assert "What is 2 + 2?" in judge.transcripts[0]["prompt"] and "Answer:\n4" in judge.transcripts[0]["prompt"]
+
+
+def test_a_local_yes_no_judge_reads_each_candidates_exact_probability(tmp_path, tiny_model_dir):
+    """log p("No" | prompt) of the candidate equals a direct forward pass; the score is P(yes) / (P(yes) + P(no))
+    over every spelling, so a tiny model that writes neither word still gives a score strictly inside (0, 1)."""
+    import paddle
+
+    from alignment.rewards.judge_backends import LocalJudgeModel
+    from alignment.rewards.judge_parsers import YesNoParser
+
+    judge = ModelJudge(write_judge(tmp_path, model=tiny_model_dir, parser="yes_no"))
+    score = judge(["Is the sky blue?"], ["Yes."])[0]
+    local = LocalJudgeModel(tiny_model_dir)
+    ids = local.prompt_ids(judge.transcripts[0]["prompt"])
+    pairs = dict(local.candidate_log_probs([ids], YesNoParser.candidates)[0])
+    no = local.tokenizer.encode("No", add_special_tokens=False)
+    logits = local.model(paddle.to_tensor([ids + no])).logits.astype("float64")
+    direct = float(paddle.nn.functional.log_softmax(logits, axis=-1)[0, len(ids) - 1, no[0]])
+    assert pairs["No"] == pytest.approx(direct, abs=1e-5) and len(no) == 1
+    yes = sum(np.exp(v) for k, v in pairs.items() if k.strip().lower() == "yes")
+    no_mass = sum(np.exp(v) for k, v in pairs.items() if k.strip().lower() == "no")
+    assert 0 < score < 1 and score == pytest.approx(yes / (yes + no_mass))
 
 
 GRPO = ["--advantage_estimator", "grpo", "--num_return_sequences", "2", "--per_device_prompt_batch_size", "2",

@@ -2,8 +2,9 @@
 alignment/config/registry.py), each with the instruction the default template ends with. Pure Python.
 
     number   the first number of the answer, within `range` [lo, hi] -> (x - lo) / (hi - lo)
-    yes_no   P(yes) / (P(yes) + P(no)) from the first answer token's top log-probs (tokens "yes" / "no" in any
-             case and spacing, summed); without log-probs, an answer starting with yes / no -> 1 / 0
+    yes_no   P(yes) / (P(yes) + P(no)), "yes" / "no" in any case and spacing, summed: from a local judge model
+             each one's exact probability as the answer's start, from an endpoint the first token's top
+             log-probs; without them, an answer starting with yes / no -> 1 / 0
     letter   a letter grade, the first standalone A-F: A 1, B 0.75, C 0.5, D 0.25, E and F 0
     ranking  (group judges) the answers' numbers best first ("2 > 1 > 3"): the answer ranked r of n gets
              1 - (r - 1) / (n - 1) (RULER's idea: a group ranked against itself); a group of one gets 0.5
@@ -34,6 +35,7 @@ class JudgeParser(Registered, registry=JUDGE_PARSERS):
 
     group = False
     needs_top_logprobs = False
+    candidates: Tuple[str, ...] = ()  # answers whose log-probs a local judge model computes exactly
     instruction = ""
 
     def __call__(self, text: str, top: Optional[List[Tuple[str, float]]], options: dict) -> float:
@@ -61,6 +63,7 @@ class NumberParser(JudgeParser):
 class YesNoParser(JudgeParser):
     NAME = "yes_no"
     needs_top_logprobs = True
+    candidates = ("yes", "Yes", " yes", " Yes", "no", "No", " no", " No")
     instruction = "Reply with yes or no."
 
     def __call__(self, text, top, options):

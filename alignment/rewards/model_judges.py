@@ -123,7 +123,7 @@ class ModelJudge:
                                           opts["temperature"], top)[0] for text in judge_prompts]
             except RewardServerError as err:  # unreachable or failing past its retries
                 raise JudgeError(str(err)) from None
-        return self.backend.answer(judge_prompts, opts["max_tokens"], top, opts["temperature"])
+        return self.backend.answer(judge_prompts, opts["max_tokens"], self.parser.candidates, opts["temperature"])
 
     def read(self, text: str, top, size: int):
         return self.parser.rank(text, size, self.options) if self.parser.group else self.parser(text, top,
