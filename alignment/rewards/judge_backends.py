@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import paddle
 
 from alignment.data.tokenized import attention_mask_for, pad_sequences
@@ -48,16 +49,17 @@ class LocalJudgeModel:
     def candidate_log_probs(self, prompt_ids: List[List[int]], candidates: Sequence[str]) -> List[list]:
         """Per prompt [(candidate, log p(its tokens | prompt))], from one batched forward pass of every pair."""
         cand_ids = [self.tokenizer.encode(c, add_special_tokens=False) for c in candidates]
-        rows = [p + c for p in prompt_ids for c in cand_ids]
-        logits = self.model(paddle.to_tensor(pad_sequences(rows, self.tokenizer.pad_token_id)),
-                            attention_mask=paddle.to_tensor(attention_mask_for(rows))).logits  # [b, L, V]
-        table = paddle.nn.functional.log_softmax(logits.astype("float32"), axis=-1).numpy()
-        out, k = [], 0
-        for p in prompt_ids:
-            pairs = []
-            for text, c in zip(candidates, cand_ids):
-                positions = range(len(p) - 1, len(p) - 1 + len(c))  # logits at t predict token t + 1
-                pairs.append((text, float(sum(table[k, t, token] for t, token in zip(positions, c)))))
-                k += 1
-            out.append(pairs)
-        return out
+        n, pad = len(cand_ids), self.tokenizer.pad_token_id
+        prompts = pad_sequences(prompt_ids, pad, left=True)  # [u, P]
+        width = prompts.shape[1]
+        answers = pad_sequences(cand_ids, pad)  # [n, C]
+        rows = np.concatenate([np.repeat(prompts, n, axis=0), np.tile(answers, (len(prompt_ids), 1))], axis=1)
+        mask = np.concatenate([np.repeat(attention_mask_for(prompt_ids, left=True), n, axis=0),
+                               np.tile(attention_mask_for(cand_ids), (len(prompt_ids), 1))], axis=1)  # [b, P + C]
+        groups = paddle.to_tensor(np.repeat(np.arange(len(prompt_ids)), n).astype("int64"))  # each prompt runs once
+        hidden = self.model.model.forward_sharing_prompts(paddle.to_tensor(rows), paddle.to_tensor(mask), width,
+                                                          groups)  # [b, P + C, h]
+        states = hidden[:, width - 1: -1]  # [b, C, h]: the states predicting each candidate token
+        log_probs, _ = self.model.token_log_probs(states, paddle.to_tensor(rows[:, width:]))  # [b, C]
+        log_probs = (log_probs.numpy() * mask[:, width:]).sum(axis=1).reshape([len(prompt_ids), n])  # [u, n]
+        return [[(text, float(value)) for text, value in zip(candidates, row)] for row in log_probs]
