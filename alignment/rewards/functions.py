@@ -17,15 +17,18 @@ from alignment.rewards.rules import accuracy, format_reward, gsm8k
 
 REWARD_FUNCTIONS: Dict[str, Callable] = {**JUDGES, "accuracy": accuracy, "format_reward": format_reward,
                                        "gsm8k": gsm8k}
+MODEL_JUDGES: Dict[str, Callable] = {}  # "judge:<file>" -> its ModelJudge, made on first use
 
 
 def load_reward_function(spec: str) -> Callable:
     if spec in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[spec]
-    if spec.startswith("judge:"):  # a language-model judge described by a file (model_judges.py)
-        from alignment.rewards.model_judges import ModelJudge
+    if spec.startswith("judge:"):  # a language-model judge described by a file (model_judges.py); one per spec
+        from alignment.rewards.model_judges import ModelJudge  # and process: its model and cache load once
 
-        return ModelJudge(spec)
+        if spec not in MODEL_JUDGES:
+            MODEL_JUDGES[spec] = ModelJudge(spec)
+        return MODEL_JUDGES[spec]
     if ":" not in spec:
         raise ValueError(f"key 'reward_funcs' / 'gold_judge': {spec!r} is neither a registered reward function "
                          f"({', '.join(sorted(REWARD_FUNCTIONS))}), 'judge:<judge file>' nor 'module:function' / "
