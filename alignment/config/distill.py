@@ -90,6 +90,8 @@ class DistillArguments:
                              "(alignment-distill's default)")
         if self.lmbda < 1 and any(getattr(other, "rollout_ranks", 0) for other in others):
             raise ValueError("key 'lmbda' < 1 with rollout_ranks > 0: the rollout ranks sample every step")
+        if self.lmbda < 1 and any(getattr(other, "multi_turn", False) for other in others):
+            raise ValueError("key 'lmbda' < 1 with an 'environment': the dataset's answers are single turns")
         if self.served and ppo.temperature != 1.0:
             raise ValueError("key 'temperature' must be 1.0 with a served teacher: its log-probs are at temperature 1 "
                              "and the student's would not be comparable")
