@@ -164,3 +164,21 @@ def test_every_offload_level_trains_as_the_run_without(tmp_path, tiny_model_dir,
     assert strip(read_metrics(tmp_path / "plain" / "out")) == strip(read_metrics(tmp_path / "offload" / "out"))
     assert np.array_equal(q_weight(str(tmp_path / "plain" / "out" / "policy")),
                           q_weight(str(tmp_path / "offload" / "out" / "policy")))
+
+
+def test_multi_turn_episodes_are_distilled_on_the_policys_tokens(tmp_path, tiny_model_dir, teacher_dir):
+    """With an environment the teacher scores whole episodes; the ledger keeps one teacher log-prob per policy token
+    (the response mask's, which leaves observations out; the tiny model makes no tool call, so here every episode is
+    one turn)."""
+    run_distill.main(distill_args(tmp_path, tiny_model_dir, teacher_dir, "--environment", "tools",
+                                  "--environment_args", '{"tools": ["calculator"], "format": "hermes-compact"}',
+                                  "--max_turns", "2", "--train_datasets",
+                                  f"prompt-only:1.0:{REPO}/data/tool_arithmetic/train.jsonl",
+                                  "--rollout_ledger", "true", "--max_length", "256", steps=1))
+    folder = tmp_path / "out" / "ledger"
+    rows = [json.loads(line) for name in sorted(os.listdir(folder)) if name.startswith("steps-")
+            for line in open(folder / name)]
+    assert len(rows) == 4
+    for row in rows:
+        assert len(row["teacher_log_probs"]) == sum(row["policy_token"]) > 0
+        assert all(lp < 0 for lp in row["teacher_log_probs"])
