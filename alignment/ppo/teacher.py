@@ -47,8 +47,8 @@ def real_tokens(input_ids: np.ndarray, attention_mask: np.ndarray) -> List[Tuple
 
 class NoTeacher:
     model = None
-    needs_old_log_probs = in_update = False
-    generating = ()  # models that sample in the generate phase besides the actor (seq_kd: the teacher)
+    needs_old_log_probs = False
+    generating = updating = ()  # models the generate / train phases use besides the actor (offload brings them)
 
     def score(self, rollout, step: int) -> Dict[str, float]:
         return {}
@@ -138,8 +138,8 @@ class Teacher(NoTeacher):
         self.loss = distill_args.loss()
         self.model = getattr(source, "model", None)
         self.needs_old_log_probs = True  # distill/reverse_kl and sampled_kl's advantage read them at score time
-        self.in_update = not self.loss.as_advantage and self.model is not None  # runs in the update's passes
-        self.generating = (self.model,) if distill_args.seq_kd else ()
+        self.updating = (self.model,) if not self.loss.as_advantage and self.model is not None else ()  # its logits
+        self.generating = (self.model,) if distill_args.seq_kd else ()  # seq_kd: it samples off-policy answers
         self.rows: Optional[np.ndarray] = None
 
     @paddle.no_grad()

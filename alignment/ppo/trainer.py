@@ -152,8 +152,8 @@ class PPOTrainer(Trainer):
                                                                                  self.ppo), rollout)))
         self.show_phase(phase="train", **self.generation_speed)
         with timer.phase("train"):
-            with self.offload.phase("train", [self.actor, self.critic.model] + [self.teacher.model] * int(
-                    self.teacher.in_update), self.offload.optimizers):
+            with self.offload.phase("train", [self.actor, self.critic.model, *self.teacher.updating],
+                                    self.offload.optimizers):
                 metrics.update(self.update(rollout))
             metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
             metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
