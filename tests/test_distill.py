@@ -182,3 +182,33 @@ def test_multi_turn_episodes_are_distilled_on_the_policys_tokens(tmp_path, tiny_
     for row in rows:
         assert len(row["teacher_log_probs"]) == sum(row["policy_token"]) > 0
         assert all(lp < 0 for lp in row["teacher_log_probs"])
+
+
+class WordTokenizer:
+    """Each word one id (its length), pad = eos = 0 as SmolLM2's pad is its eos."""
+    pad_token_id = 0
+
+    def encode(self, text, add_special_tokens=False):
+        return [len(word) for word in text.split()]
+
+
+def test_dataset_answers_laid_out_as_a_rollout_with_eos_equal_to_pad_and_truncation():
+    from alignment.data.tokenized import collate_prompts
+    from alignment.ppo.distill_sampler import dataset_rollout, on_policy
+
+    items = [{"input_ids": [5, 6], "prompt": "p1", "answer": "aa bbb"},
+             {"input_ids": [7], "prompt": "p2", "answer": "c dddd eeeee ffffff"}]
+    rollout = dataset_rollout(items, 1, WordTokenizer(), lambda batch: collate_prompts(batch, 0), eos_id=0, budget=3)
+    assert rollout.prompt_len == 2
+    assert rollout.input_ids.numpy().tolist() == [[5, 6, 2, 3, 0], [0, 7, 1, 4, 5]]  # eos after "aa bbb"; cut at 3
+    assert rollout.response_mask.numpy().tolist() == [[1, 1, 1], [1, 1, 1]]  # the eos (== pad) is trained
+    assert rollout.attention_mask.numpy().tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]
+    assert rollout.completions == ["aa bbb", "c dddd eeeee ffffff"] and rollout.labels["answer"][1].startswith("c")
+    two = dataset_rollout(items[:1], 2, WordTokenizer(), lambda batch: collate_prompts(batch, 0), 0, budget=8)
+    assert two.input_ids.numpy().tolist() == [[5, 6, 2, 3, 0]] * 2 and two.response_mask.numpy().sum() == 6
+    with pytest.raises(ValueError, match="prompt row 0 .* has none"):
+        dataset_rollout([{"input_ids": [1], "prompt": "q"}], 1, WordTokenizer(),
+                        lambda batch: collate_prompts(batch, 0), 0, 4)
+    draws = [on_policy(seed, 0.3) for seed in range(1000)]
+    assert 250 < sum(draws) < 350 and draws == [on_policy(seed, 0.3) for seed in range(1000)]
+    assert all(on_policy(seed, 1.0) for seed in range(10)) and not any(on_policy(seed, 0.0) for seed in range(10))
