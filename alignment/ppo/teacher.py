@@ -195,6 +195,7 @@ def make_teacher(distill_args, ppo, train_args, model=None, endpoint=None):
     """The strategy the arguments ask for: NoTeacher without a teacher; a local model or a served endpoint."""
     if distill_args is None or not distill_args.distills:
         return NoTeacher()
-    source = ServedTeacher(endpoint, distill_args.teacher_top_k) if distill_args.served else LocalTeacher(
-        model, distill_args.teacher_model_name_or_path, distill_args.teacher_top_k)
+    top_k = distill_args.teacher_top_k if distill_args.loss.top_k else 1  # else only the sampled tokens' are read
+    source = ServedTeacher(endpoint, top_k) if distill_args.served else LocalTeacher(
+        model, distill_args.teacher_model_name_or_path, top_k)
     return Teacher(source, distill_args, ppo, train_args)
