@@ -1,6 +1,6 @@
 """The SFT arm's data: the teacher's greedy episodes (tools/judge_policy.py --output rows, each with the episode's
 `messages`) as SFT rows {"messages": [...]} - every episode, right or wrong, as sequence-level distillation takes
-the teacher's answers.
+the teacher's answers; an episode cut off after a tool call ends at its last assistant message.
 
     python examples/distill_demo/teacher_sft_data.py --episodes outputs/distill_demo/teacher_episodes.jsonl \
         --output outputs/distill_demo/teacher_sft.jsonl
@@ -22,11 +22,16 @@ def main(argv=None) -> int:
             episode = json.loads(line)
             if "messages" not in episode:
                 raise SystemExit(f"error: {args.episodes}:{number}: no 'messages' (judge_policy without --environment?)")
-            rows.append({"messages": episode["messages"]})
-            correct += episode["gold_reward"] > 0
+            messages = list(episode["messages"])
+            while messages and messages[-1]["role"] != "assistant":  # cut off after a tool call: no final answer
+                messages.pop()
+            if any(m["role"] == "assistant" for m in messages):
+                rows.append({"messages": messages})
+                correct += episode["gold_reward"] > 0
     with open(args.output, "w", encoding="utf-8") as f:
         f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    print(f"{args.output}: {len(rows)} teacher episodes ({correct} with the right answer)")
+    print(f"{args.output}: {len(rows)} teacher episodes ({correct} with the right answer; {number - len(rows)} "
+          "without an assistant message left out)")
     return len(rows)
 
 
