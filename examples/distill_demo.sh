@@ -60,5 +60,5 @@ timed grpo grpo python alignment/ppo/run_ppo.py config/smollm2/grpo_half_argumen
 
 echo
 echo "held-out accuracy, 100 questions, greedy (CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores)"
-python examples/distill_demo/report.py --times "$times" --plot examples/images/distill_demo.png \
+python examples/distill_demo/report.py --times "$times" --plot docs/stages/distillation_demo.png \
     --json outputs/distill_demo_result.json

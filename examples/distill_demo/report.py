@@ -1,7 +1,7 @@
 """The distillation demo's table and plot: held-out accuracy of each arm against the CPU minutes it took.
 
     python examples/distill_demo/report.py --times outputs/distill_demo_times.tsv \
-        [--plot examples/images/distill_demo.png] [--json outputs/distill_demo_result.json]
+        [--plot docs/stages/distillation_demo.png] [--json outputs/distill_demo_result.json]
 
 Reads examples/distill_demo.sh's times (arm, stage, wall s, CPU s, start epoch s per line), the distillation and
 GRPO runs' metrics.jsonl (their greedy held-out evaluations: before the first step, every eval_steps, after the
