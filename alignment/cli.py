@@ -32,6 +32,10 @@ def ppo() -> int:
     return _run("alignment.ppo.run_ppo")
 
 
+def distill() -> int:
+    return _run("alignment.ppo.run_distill")
+
+
 def dpo() -> int:
     return _run("alignment.dpo.run_dpo")
 

@@ -36,6 +36,23 @@ def tiny_reward_dir(tiny_model_dir, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_teacher_dir(tiny_model_dir, tmp_path_factory):
+    """A distillation teacher: the tiny model with its weights perturbed (seeded), so the same tokenizer and other
+    next-token distributions."""
+    import paddle
+
+    from alignment.models import LlamaForCausalLM
+
+    paddle.seed(5)
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    for param in model.parameters():
+        param.set_value(param + paddle.randn(param.shape).astype(param.dtype) * 0.05)
+    path = str(tmp_path_factory.mktemp("teacher") / "model")
+    model.save_pretrained(path, tokenizer_dir=tiny_model_dir)
+    return path
+
+
 @pytest.fixture
 def offline_datasets(monkeypatch, tmp_path):
     """No network (a test that connects fails) and a private `datasets` cache."""

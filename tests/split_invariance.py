@@ -23,6 +23,7 @@ from alignment.models.config import LlamaConfig
 from alignment.models.score_model import ScoreConfig, ScoreModel
 from alignment.ppo.critic import make_critic
 from alignment.ppo.rollout import Rollout, critic_values, response_log_probs
+from alignment.ppo.teacher import NoTeacher
 from alignment.ppo.trainer import PPOTrainer
 from alignment.ppo.update import EagerMicroBatches, run_update
 from alignment.training.precision import Precision
@@ -88,13 +89,14 @@ class Update:
     loss or None, {parameter: gradient} of actor and critic). The optimizer step is replaced by reading and
     clearing the accumulated gradients."""
 
-    def __init__(self, ppo, actor, critic=None, values_in_update=False):
+    def __init__(self, ppo, actor, critic=None, values_in_update=False, teacher=None):
         """values_in_update: the critic's old values and returns, and the advantages, come from the update's own
-        critic passes (Critic.values_in_update), as in PPOTrainer; the rollout then has none of them."""
+        critic passes (Critic.values_in_update), as in PPOTrainer; the rollout then has none of them.
+        teacher: teacher.py's strategy (default NoTeacher)."""
         self.ppo, self.actor, self.critic, self.values_in_update = ppo, actor, critic, values_in_update
         self.trainer = types.SimpleNamespace(  # what PPOTrainer.actor_step reads of its trainer
             ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None, global_step=0,
-            sampler_gap=None,
+            sampler_gap=None, teacher=teacher or NoTeacher(),
             policy=types.SimpleNamespace(optimizer=types.SimpleNamespace(get_lr=lambda: 0.0)))
 
     def parameters(self):

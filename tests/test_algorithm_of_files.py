@@ -11,6 +11,8 @@ import pytest
 from alignment.config import paddlenlp
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments
 from alignment.config.environment import EnvironmentArguments
+from alignment.config.asynchronous import AsyncArguments
+from alignment.config.distill import DistillArguments, DistillPPOArguments
 from alignment.config.dpo import DPOArguments, KTOArguments
 from alignment.config.parser import ArgumentParser, load_argument_file
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
@@ -30,12 +32,14 @@ ENTRIES = {
     "rm": (SAME + (RewardArguments, LoRAArguments, TrainingArguments), "loss_type"),
     "dpo": (SAME + (DPOArguments, LoRAArguments, TrainingArguments), "loss_type"),
     "kto": (SAME + (KTOArguments, LoRAArguments, TrainingArguments), "loss_type"),
-    "ppo": ((PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
-             TrainingArguments), "advantage_estimator"),
+    "ppo": ((PPOModelArguments, PPODataArguments, PPOArguments, DistillArguments, EnvironmentArguments,
+             AsyncArguments, LoRAArguments, TrainingArguments), "advantage_estimator"),
+    "distill": ((PPOModelArguments, PPODataArguments, DistillPPOArguments, DistillArguments, EnvironmentArguments,
+                 AsyncArguments, LoRAArguments, TrainingArguments), "advantage_estimator"),
 }
 STAGE_OF = {"grpo": "ppo", "rloo": "ppo", "reinforce": "ppo", "dr": "ppo", "dapo": "ppo", "gspo": "ppo", "vapo": "ppo",
             "prm": "rm", **{stage: stage for stage in ENTRIES}}
-DEFAULTS = {"rm": "sequence-wise", "dpo": "sigmoid", "kto": "kto", "ppo": "gae"}
+DEFAULTS = {"rm": "sequence-wise", "dpo": "sigmoid", "kto": "kto", "ppo": "gae", "distill": "none"}
 # what a test run changes in every file (degrees and reward sources this machine has); nothing algorithmic
 OVERRIDES = ["--tensor_parallel_degree", "1", "--sharding_parallel_degree", "1", "--sharding", ""]
 
@@ -68,7 +72,7 @@ def test_each_file_runs_the_algorithm_it_names(path):
 
 
 def test_every_kind_of_file_is_covered():
-    assert {"sft", "rm", "dpo", "kto", "ppo"} <= {stage_of(path) for path in FILES}
+    assert {"sft", "rm", "dpo", "kto", "ppo", "distill"} <= {stage_of(path) for path in FILES}
     assert any(path.endswith(os.path.join("paddlenlp", "kto_argument.json")) for path in FILES)
 
 

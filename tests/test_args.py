@@ -107,10 +107,12 @@ def test_every_shipped_argument_file_parses():
     from alignment.config.reward import RewardArguments
     from tests.helpers import REPO
 
+    from alignment.config.asynchronous import AsyncArguments
+    from alignment.config.distill import DistillArguments, DistillPPOArguments
     from alignment.config.environment import EnvironmentArguments
 
-    rl = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, EnvironmentArguments, LoRAArguments,
-                        TrainingArguments)
+    rl = ArgumentParser(PPOModelArguments, PPODataArguments, PPOArguments, DistillArguments, EnvironmentArguments,
+                        AsyncArguments, LoRAArguments, TrainingArguments)
     parsers = {
         "sft_argument.json": ArgumentParser(ModelArguments, DataArguments, LoRAArguments, TrainingArguments),
         "rm_argument.json": ArgumentParser(ModelArguments, DataArguments, RewardArguments, LoRAArguments,
@@ -120,6 +122,9 @@ def test_every_shipped_argument_file_parses():
         "rloo_argument.json": rl,
         **{f"{first_word}_argument.json": rl for first_word in ("dr", "reinforce", "dapo", "gspo", "vapo")},
         "grpo_tools_argument.json": rl,
+        "distill_argument.json": ArgumentParser(PPOModelArguments, PPODataArguments, DistillPPOArguments,
+                                                DistillArguments, EnvironmentArguments, AsyncArguments,
+                                                LoRAArguments, TrainingArguments),
         "dpo_argument.json": ArgumentParser(ModelArguments, DataArguments, DPOArguments, LoRAArguments,
                                             TrainingArguments),
     }

@@ -3,7 +3,8 @@ gradient of one global batch are the same, within float32 rounding, as a float64
 whether the real update loop runs it as one micro-batch, as one row per micro-batch, or as uneven micro-batches
 (grouped by length or not). Harness and reference: tests/split_invariance.py.
 
-Covered: every registered advantage estimator (with its critic for gae; the KL in the reward with k1/k2/k3 where
+Covered: every distillation loss as a loss term (a local teacher's full vocabulary or top-k) under every
+aggregation, every registered advantage estimator (with its critic for gae; the KL in the reward with k1/k2/k3 where
 the estimator reads it), every policy loss x every loss aggregation x entropy bonus on / off, and every KL placement
 (in the loss with k1/k2/k3, or as GRPO's KL loss with every registered estimator) x every aggregation. Data-rank
 and pipeline splits are the parallel suite's (tests/test_layouts.py); they use the same step_shares.
@@ -15,7 +16,7 @@ import paddle
 import pytest
 
 from alignment.config.choices import LOSS_AGG_MODES
-from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from alignment.config.registry import ADVANTAGE_ESTIMATORS, DISTILL_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
 from alignment.ppo.rollout import critic_values
 from tests.split_invariance import (N, R, REFERENCE_KL, REFERENCE_LOSSES, SPLITS, Update, aggregate,
                                     assert_matches, f64, ppo_args, reference, tiny_models, tiny_rollout,
@@ -32,7 +33,8 @@ def test_the_reference_knows_every_registered_name():
     assert set(LOSS_AGG_MODES) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                    "seq-mean-token-sum-norm"}
     assert set(ADVANTAGE_ESTIMATORS.names(**BUILT_IN)) == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_baseline",
-                                                           "reinforce_plus_plus", "vapo"}
+                                                           "reinforce_plus_plus", "vapo", "none"}
+    assert set(DISTILL_LOSSES.names(**BUILT_IN)) == {"sampled_kl", "jsd", "forward_kl", "reverse_kl", "topk_kl"}
 
 
 def scored(ppo, seed=0, critic=False, answers_per_prompt=1):
@@ -149,3 +151,40 @@ def test_a_critic_scoring_the_rollout_in_its_first_update_step_trains_as_after_a
                 scored, old_values=None, advantages=None, returns=None), 3, 1)
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("loss", ["jsd", "forward_kl", "reverse_kl", "topk_kl"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_every_distillation_loss_term_under_every_aggregation(loss, mode):
+    """Zero advantages ('none'), so the step's loss is distill_coeff x the aggregated divergence alone: the reference
+    computes it over the whole batch in one pass (float64 from the float32 logits) and its gradient as above."""
+    from alignment.config.distill import DistillArguments
+    from alignment.config.training import TrainingArguments
+    from alignment.ppo import distill
+    from alignment.ppo.teacher import LocalTeacher, Teacher, response_hidden
+
+    ppo = ppo_args(advantage_estimator="none", loss_agg_mode=mode, kl_coeff=0.0, temperature=0.7)
+    args = DistillArguments(teacher_model_name_or_path="teacher", distill_loss=loss, distill_coeff=0.5, beta=0.3,
+                            teacher_top_k=4)
+    args.validate()
+    actor, _, rollout = scored(ppo)
+    teacher_model, _ = tiny_models(seed=9)
+    teacher = Teacher(LocalTeacher(teacher_model, "teacher", 4), args, ppo, TrainingArguments())
+    batch = rollout.packed()
+    states, _ = response_hidden(actor, batch)
+    logits32 = actor.compute_logits(states)  # [N, R, V]
+    logits = f64(logits32.numpy())
+    logits.stop_gradient = False
+    with paddle.no_grad():
+        target = teacher.source.batch_input(batch, ppo.temperature, teacher.loss)
+    target = f64(target.numpy()) if not isinstance(target, tuple) else (target[0], f64(target[1].numpy()))
+    mask = f64(batch.response_mask.numpy())
+    loss64 = 0.5 * aggregate(teacher.loss.per_token(logits, target, 0.3, 0.7), mask, mode, R)
+    d_logits, = paddle.grad(loss64, [logits])
+    params = [p for p in actor.parameters() if not p.stop_gradient]
+    grads = paddle.grad([logits32], params, [d_logits.astype("float32")], allow_unused=True)
+    want = (float(loss64), None, {p.name: g.numpy() for p, g in zip(params, grads) if g is not None})
+    assert want[0] > 0 and distill.DistillLoss.lookup(loss) is type(teacher.loss)
+    update = Update(ppo, actor, teacher=teacher)
+    for size, accum, by_length in SPLITS:
+        assert_matches(update(rollout, size, accum, by_length), want, what=f"{loss} {size} rows x {accum}")

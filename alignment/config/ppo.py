@@ -284,9 +284,11 @@ class PPOArguments:
         if self.critic_lora and not self.uses_critic:
             raise ValueError(f"key 'critic_lora': advantage_estimator {self.advantage_estimator!r} builds no critic")
         environment = any(getattr(other, "multi_turn", False) for other in others)  # its rewards may be all
-        if not (self.reward_funcs or model_args.reward_model_name_or_path or self.use_rm_server or environment):
+        teacher = any(getattr(other, "distills", False) for other in others)  # or the teacher teaches alone
+        if not (self.reward_funcs or model_args.reward_model_name_or_path or self.use_rm_server or environment
+                or teacher):
             raise ValueError("nothing gives a reward: set 'reward_model_name_or_path', 'use_rm_server', "
-                             "'reward_funcs' or 'environment'")
+                             "'reward_funcs', 'environment' or 'teacher_model_name_or_path'")
         if self.pretrain_critic_steps and not self.uses_critic:
             raise ValueError(f"key 'pretrain_critic_steps': advantage_estimator {self.advantage_estimator!r} has no "
                              "critic to pretrain")

@@ -14,6 +14,8 @@ estimator needs a critic) without the framework. The classes live with the paddl
     KL_ESTIMATORS         kl_estimator, kl_loss_estimator   alignment/ppo/kl.py
     ENVIRONMENTS          (multi-turn rollouts)             alignment/envs/base.py
     TOOL_CALL_FORMATS     (multi-turn rollouts)             alignment/envs/formats.py
+    DISTILL_LOSSES        distill_loss                      alignment/ppo/distill.py
+    JUDGE_PARSERS         (a model judge's `parser`)        alignment/rewards/judge_parsers.py
 
 A stage imports its built-ins before it parses its arguments (alignment/ppo/builtins.py); a user's class
 registers when its module is imported.
@@ -91,3 +93,5 @@ POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")
 ENVIRONMENTS = Registry("environment")
 TOOL_CALL_FORMATS = Registry("tool-call format")
+DISTILL_LOSSES = Registry("distillation loss")
+JUDGE_PARSERS = Registry("judge parser")

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+import paddle
+
 from alignment.config.registry import ADVANTAGE_ESTIMATORS, Registered
 from alignment.ppo import algorithms as rl
 from alignment.ppo.kl import kl_estimate
@@ -188,3 +190,14 @@ class ReinforceBaseline(GroupEstimator):
     def per_response(cls, rewards, group_size, eps=1e-6):
         _, centered = cls.groups(rewards, group_size)  # [P, G]
         return (centered / (rl.sample_std(centered) + eps)).reshape([-1])  # [N]
+
+
+class NoAdvantage(AdvantageEstimator):
+    """Zero advantages, no critic: the policy learns from other terms only (a teacher's distillation loss or
+    advantage, alignment-distill's default). Rewards are still computed and logged."""
+
+    NAME = "none"
+    uses_old_log_probs = False
+
+    def __call__(self, rollout, ppo, reduce_sum):
+        return paddle.zeros_like(rollout.response_mask.astype("float32")), None  # [N, R]

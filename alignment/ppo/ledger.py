@@ -5,7 +5,8 @@ Each row: the step that trained it, its `sample` id ("batch:row:prompt": its pla
 prompt's index in the dataset), the prompt, the policy version that sampled it (the step's own for a synchronous
 run; with partial rollouts also `token_versions`, one per policy token), the response token ids and the behaviour
 log-probs of its policy tokens (when recorded), each reward part
-and the end reward, and the sampling parameters. `sources.json` says where rewards come from (reward functions,
+and the end reward, and the sampling parameters; with model judges their prompts and answers ("judges"); with a
+teacher its log-prob of each policy token ("teacher_log_probs", teacher.py). `sources.json` says where rewards come from (reward functions,
 the reward model's path and a digest of its weights, the reward server URLs and what their /health reports).
 Files rotate every ROTATE steps (steps-000001.jsonl holds steps 1-100); on resume the rows after the checkpoint
 are dropped, as metrics.jsonl's are, so a step's samples are written once. tools/replay_ledger.py reports on it.
@@ -39,13 +40,15 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
     end = rollout.end_rewards.numpy()
     rows = []
     for i in range(len(rollout)):
+        parts = dict(rollout.reward_rows[i]) if rollout.reward_rows else {}
+        judges = parts.pop("judges", None)  # model judges' prompts and answers (rewards/model_judges.py)
         row = {"step": step, "sample": rollout.sample_ids[i] if rollout.sample_ids else None,
                "prompt": rollout.prompts[i],
                "version": rollout.versions[i] if rollout.versions else step - 1,
                "response_ids": ids[i][attention[i]].tolist(),
                "policy_token": mask[i][attention[i]].astype(int).tolist(),
-               "reward": float(end[i]), "reward_parts": rollout.reward_rows[i] if rollout.reward_rows else {},
-               "sampling": sampling}
+               "reward": float(end[i]), "reward_parts": parts, "sampling": sampling, **(
+                   {"judges": judges} if judges else {})}
         if behaviour is not None:
             row["behaviour_log_probs"] = [float(x) for x in behaviour[i][mask[i]]]
         if token_versions is not None:  # partial rollouts: the version of each policy token

@@ -44,11 +44,13 @@ def step_weight(ppo, mask) -> float:
 
 
 def actor_objective(ppo, log_probs, old_log_probs, advantages, mask, ref_log_probs, entropy,
-                    max_response_len: int) -> Tuple[object, Dict[str, object]]:
+                    max_response_len: int, distill=None) -> Tuple[object, Dict[str, object]]:
     """(scalar loss, {stat: scalar}) for one micro-batch; every tensor [n, R]. entropy: per-token entropies, in the
     autograd graph when entropy_coeff > 0 (unused otherwise). max_response_len: Dr.GRPO's constant
     (seq-mean-token-sum-norm). Plain PPO reports clip_frac, approx_kl and ratio; with any loss option set the
-    statistics add clip_frac_low / clip_frac_high and pg_loss (and kl_loss, entropy_bonus when those are on)."""
+    statistics add clip_frac_low / clip_frac_high and pg_loss (and kl_loss, entropy_bonus when those are on).
+    distill: (distill_coeff, a teacher's per-token divergence [n, R]) or None (teacher.py): + distill_coeff x the
+    divergence aggregated like the policy loss (statistic distill_loss: the aggregated divergence)."""
     (low, high), mode, constant = clip_range(ppo), aggregation(ppo), max_response_len
     recipe = not uses_defaults(ppo)
     policy_loss = POLICY_LOSSES[ppo.policy_loss_mode]()
@@ -63,6 +65,11 @@ def actor_objective(ppo, log_probs, old_log_probs, advantages, mask, ref_log_pro
         kl = sur.kl_loss(log_probs, ref_log_probs, mask, kl_estimate(ppo.kl_loss_estimator), mode, constant)
         loss = loss + ppo.kl_loss_coeff * kl
         stats["kl_loss"] = kl.detach()
+    if distill is not None:
+        coeff, divergence = distill
+        stats["distill_loss"] = sur.aggregate_loss(divergence, mask, mode, constant)
+        loss = loss + coeff * stats["distill_loss"]
+        stats["distill_loss"] = stats["distill_loss"].detach()
     if ppo.entropy_coeff > 0:
         loss, stats["entropy_bonus"] = sur.entropy_bonus_loss(loss, entropy, mask, ppo.entropy_coeff, mode,
                                                               constant)

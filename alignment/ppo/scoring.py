@@ -90,12 +90,17 @@ def episode_means(records: List[Dict], prefix: str) -> Dict[str, float]:
     return episodes.episode_metrics(records, prefix)
 
 
-def reward_rows(row_parts: Dict[str, np.ndarray], rollout) -> List[Dict[str, float]]:
-    """Each row's reward parts (the reward computer's, and a multi-turn episode's environment reward)."""
+def reward_rows(row_parts: Dict[str, np.ndarray], rollout, notes=None) -> List[Dict[str, float]]:
+    """Each row's reward parts (the reward computer's, and a multi-turn episode's environment reward); notes:
+    {judge spec: [per row {"prompt", "answer"}]} of model judges, kept under the row's "judges"."""
     parts = dict(row_parts)
     if rollout.episodes is not None:
         parts["environment"] = episodes.environment_rewards(rollout)
-    return [{name: float(values[i]) for name, values in parts.items()} for i in range(len(rollout))]
+    rows = [{name: float(values[i]) for name, values in parts.items()} for i in range(len(rollout))]
+    for i, row in enumerate(rows):
+        if notes:
+            row["judges"] = {spec: values[i] for spec, values in notes.items()}
+    return rows
 
 
 def off_policy_correction(rollout, version: int, cap: float) -> Dict[str, float]:

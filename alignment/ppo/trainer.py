@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 import os
-from typing import Callable, Dict, Optional
+from typing import Dict
 
 import paddle
 
@@ -31,6 +31,7 @@ from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.asynchronous import sample_ids
 from alignment.ppo.critic import make_critic
 from alignment.ppo.evaluation import evaluate_policy
+from alignment.ppo.inputs import PolicyModels, PromptData  # noqa: F401  (the trainer's inputs)
 from alignment.ppo.kl import kl_estimate
 from alignment.ppo.ledger import Ledger, dropped_rows, ledger_rows, reward_sources
 from alignment.ppo.objective import actor_objective
@@ -46,23 +47,6 @@ from alignment.wrappers.pipeline import PipelineModel
 from alignment.wrappers.reshard import WholeCopy
 
 
-@dataclasses.dataclass
-class PolicyModels:
-    actor: object  # LlamaForCausalLM (or its pipeline stages): trained
-    reference: object  # frozen; with LoRA the actor itself, its adapters switched off
-    critic: Optional[object]  # ScoreModel (or stages) when the estimator needs_critic; else None
-    reward: object  # alignment.rewards.scoring.RewardComputer: reward model score + reward functions
-
-
-@dataclasses.dataclass
-class PromptData:
-    prompts: object  # PromptOnlyDataset
-    eval_prompts: Optional[object]
-    collate_prompts: Callable
-    ptx: Optional[object] = None  # SupervisedDataset for the ptx loss
-    collate_ptx: Optional[Callable] = None
-
-
 class PPOTrainer(Trainer):
     progress_name = "ppo"
     generation_speed: Dict[str, str] = {}  # the last rollout's tokens/s, shown on the progress bar
@@ -72,7 +56,8 @@ class PPOTrainer(Trainer):
                  effective_args=None, env_args=None, async_args=None, source=None):
         super().__init__(train_args, tokenizer, effective_args)
         self.ppo, self.max_length, self.data = ppo_args, data_args.max_length, data
-        self.actor, self.reference, self.reward = models.actor, models.reference, models.reward
+        self.actor, self.reference, self.reward, self.teacher = models.actor, models.reference, models.reward, \
+            models.teacher
         self.total_steps = planned_steps(train_args.max_steps, train_args.num_train_epochs, len(data.prompts),
                                          ppo_args.per_device_prompt_batch_size * data_world_size(),
                                          train_args.dataloader_drop_last)
@@ -95,9 +80,9 @@ class PPOTrainer(Trainer):
         one_step = not pipelined and micro_batches <= train_args.gradient_accumulation_steps
         # ... and is its only one, and the advantages do not use the old log-probs: old log-probs = the update's
         # own (detached); score() skips that forward pass (as TRL's GRPO does with num_iterations 1)
-        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None
-                                       and ppo_args.update_iters == 1 and one_step)
-        self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model],
+        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None and one_step
+                                       and ppo_args.update_iters == 1 and not self.teacher.needs_old_log_probs)
+        self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model, self.teacher.model],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1
@@ -117,13 +102,14 @@ class PPOTrainer(Trainer):
             self.micro_batches = EagerMicroBatches(self.actor_step, self.critic, ppo_args, self.compute_advantages)
         # rollout_log_probs: the sampler-vs-trainer gap from the update's own first forward passes (not pipelined)
         self.sampler_gap = scoring.SamplerGap() if ppo_args.rollout_log_probs and not pipelined else None
-        self.sampler = make_sampler(ppo_args, data_args.max_length, data.collate_prompts, env_args)  # multi-turn?
+        self.sampler = self.teacher.sampler(make_sampler(ppo_args, data_args.max_length, data.collate_prompts,
+                                                         env_args), data_args.max_length)  # multi-turn? GKD's mix?
         self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
         self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
-        self.ledger = Ledger(train_args.output_dir, is_main_process(), reward_sources(ppo_args, self.reward)) \
-            if async_args is not None and async_args.ledger else None  # rank 0 writes every rank's rows
+        self.ledger = Ledger(train_args.output_dir, is_main_process(), {**reward_sources(ppo_args, self.reward), **(
+            self.teacher.sources())}) if async_args is not None and async_args.ledger else None  # rank 0 writes
         self.resume_if_asked()
         if source is not None:
             source.start(self.global_step)
@@ -156,16 +142,19 @@ class PPOTrainer(Trainer):
         self.generation_speed = {"gen": f"{times['time/generated_tokens_per_s']:.0f} tok/s"}  # this rank's
         self.show_phase(phase="score", **self.generation_speed)
         with timer.phase("score"):
-            with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model]), \
+            with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model,
+                                              self.teacher.model]), \
                     self.precision.autocast():
                 metrics.update(self.score(rollout, rewards))
             if not self.critic.values_in_update:  # else the update computes them after its critic passes
                 metrics.update(self.compute_advantages(rollout))
             if self.ledger is not None:
-                self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.ppo)))
+                self.ledger.write(gather_lists(self.teacher.annotate(ledger_rows(self.global_step + 1, rollout,
+                                                                                 self.ppo), rollout)))
         self.show_phase(phase="train", **self.generation_speed)
         with timer.phase("train"):
-            with self.offload.phase("train", [self.actor, self.critic.model], self.offload.optimizers):
+            with self.offload.phase("train", [self.actor, self.critic.model, *self.teacher.updating],
+                                    self.offload.optimizers):
                 metrics.update(self.update(rollout))
             metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
             metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
@@ -185,7 +174,7 @@ class PPOTrainer(Trainer):
         batch = next(self.prompt_batches)
         positions = shard(list(range(len(batch))))
         self.show_phase(phase="generate", **({"try": str(attempt + 1)} if attempt else {}), **self.generation_speed)
-        with self.offload.phase("generate", [self.actor]), self.precision.autocast():
+        with self.offload.phase("generate", [self.actor, *self.teacher.generating]), self.precision.autocast():
             rollout = self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
                                         total=len(batch))
         rollout.sample_ids = sample_ids(self.drawn["prompts"] - 1, batch, positions, n)
@@ -228,14 +217,14 @@ class PPOTrainer(Trainer):
         """End rewards [N] of the rollout (reward model / server / functions, the environment's, DAPO's overlong
         penalty) and the mean of each part (for logging)."""
         rewards = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
-        rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout)
+        rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout, self.reward.row_notes)
         return scoring.with_overlong_penalty(*rewards, rollout, self.ppo)
 
     @paddle.no_grad()
     def score(self, rollout, rewards=None) -> Dict[str, float]:
         """Score the rollout in place, phase by phase; rewards: its (end rewards, parts) when already computed
         (dynamic sampling). -> the phases' metrics."""
-        diff = self.score_log_probs(rollout)
+        diff = {**self.score_log_probs(rollout), **self.teacher.score(rollout, self.global_step)}
         rollout.old_values = self.critic.old_values(rollout, version=self.global_step)
         end_rewards, parts = rewards if rewards is not None else self.end_rewards(rollout)
         rollout.end_rewards, metrics = scoring.reward_statistics(
@@ -269,6 +258,7 @@ class PPOTrainer(Trainer):
     def compute_advantages(self, rollout) -> Dict[str, float]:
         mask = rollout.response_mask
         rollout.advantages, rollout.returns = self.estimator(rollout, self.ppo, sum_over_data_ranks)  # [N, R]
+        self.teacher.add_advantages(rollout)  # sampled_kl: the teacher's per-token advantage
         out = scoring.off_policy_correction(rollout, self.global_step, self.cap)  # samples of older policies
         out["advantage/mean"] = float(rl.masked_mean(rollout.advantages, mask))
         if rollout.old_log_probs is not None:  # else actor_step reports it (reuse_update_log_probs)
@@ -292,12 +282,9 @@ class PPOTrainer(Trainer):
         ppo, mask = self.ppo, batch.response_mask
         if self.global_step < ppo.pretrain_critic_steps:  # value pretraining (VAPO): only the critic learns
             return {}
-        with self.precision.autocast():
-            log_probs, entropy = response_log_probs(self.actor, batch.input_ids, batch.attention_mask,
-                                                    batch.prompt_len, ppo.temperature, with_entropy=True,
-                                                    response_index=batch.response_index,
-                                                    prompt_groups=batch.prompt_groups,
-                                                    entropy_grad=ppo.entropy_coeff > 0)
+        with self.precision.autocast():  # the teacher's divergence too, when it is a loss term (teacher.py)
+            log_probs, entropy, distill = self.teacher.student_pass(self.actor, batch, ppo.temperature,
+                                                                    ppo.entropy_coeff > 0)
         old_log_probs, out = batch.old_log_probs, {}
         if self.sampler_gap is not None:
             self.sampler_gap.record(log_probs, old_log_probs, mask)
@@ -305,7 +292,7 @@ class PPOTrainer(Trainer):
             old_log_probs = log_probs.detach()
             out["kl"] = float(rl.sequence_kl(old_log_probs, batch.ref_log_probs, mask, kl_estimate(ppo.kl_estimator)))
         loss, stats = actor_objective(ppo, log_probs, old_log_probs, batch.advantages, mask, batch.ref_log_probs,
-                                      entropy, ppo.max_new_tokens or mask.shape[1])
+                                      entropy, ppo.max_new_tokens or mask.shape[1], distill)
         entropy = entropy.detach()
         loss = loss * share
         out.update({"actor_loss": float(loss), "entropy": share * float(rl.masked_mean(entropy, mask)),

@@ -1,7 +1,8 @@
 """Reward functions: `fn(prompts, completions, **labels) -> list[float]`, one float per completion (labels are
 dataset columns such as `answer`). A spec names a registered function (the judges of alignment/rewards/judges.py,
 `arithmetic`, `sentiment`, ..., and the rule rewards `accuracy`, `format_reward`, `gsm8k` of
-alignment/rewards/rules.py), a `module:function`, or a `path/to/file.py:function`. Pure Python: no paddle.
+alignment/rewards/rules.py), a language-model judge `judge:path/to/judge.yaml` (model_judges.py), a
+`module:function`, or a `path/to/file.py:function`. Pure Python: no paddle (a local model judge loads it when asked).
 """
 from __future__ import annotations
 
@@ -10,23 +11,28 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from alignment.data import import_function
+from alignment.rewards.errors import RewardFunctionError
 from alignment.rewards.judges import JUDGES
 from alignment.rewards.rules import accuracy, format_reward, gsm8k
 
 REWARD_FUNCTIONS: Dict[str, Callable] = {**JUDGES, "accuracy": accuracy, "format_reward": format_reward,
                                        "gsm8k": gsm8k}
-
-
-class RewardFunctionError(ValueError):
-    """A reward function raised, or returned something other than one finite float per completion."""
+MODEL_JUDGES: Dict[str, Callable] = {}  # "judge:<file>" -> its ModelJudge, made on first use
 
 
 def load_reward_function(spec: str) -> Callable:
     if spec in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[spec]
+    if spec.startswith("judge:"):  # a language-model judge described by a file (model_judges.py); one per spec
+        from alignment.rewards.model_judges import ModelJudge  # and process: its model and cache load once
+
+        if spec not in MODEL_JUDGES:
+            MODEL_JUDGES[spec] = ModelJudge(spec)
+        return MODEL_JUDGES[spec]
     if ":" not in spec:
         raise ValueError(f"key 'reward_funcs' / 'gold_judge': {spec!r} is neither a registered reward function "
-                         f"({', '.join(sorted(REWARD_FUNCTIONS))}) nor 'module:function' / 'file.py:function'")
+                         f"({', '.join(sorted(REWARD_FUNCTIONS))}), 'judge:<judge file>' nor 'module:function' / "
+                         "'file.py:function'")
     return import_function(spec, "key 'reward_funcs' / 'gold_judge'")
 
 
@@ -43,6 +49,8 @@ def function_scores(funcs, prompts, completions, labels) -> Dict[str, np.ndarray
     for spec, fn in funcs:
         try:
             values = fn(texts, list(completions), **labels)
+        except RewardFunctionError:  # already one line naming its source (a model judge's JudgeError)
+            raise
         except Exception as err:  # a user function's bug: name it, do not hide the cause
             raise RewardFunctionError(f"reward function {spec!r} raised {type(err).__name__}: {err}") from err
         values = as_scores(spec, values, len(completions))

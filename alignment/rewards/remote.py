@@ -10,6 +10,7 @@ that is not exactly one finite number per row is an error naming the URL - never
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -17,12 +18,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import httpx
 import numpy as np
 
-from alignment.rewards.functions import RewardFunctionError
+from alignment.rewards.errors import RewardFunctionError
 
 RETRYABLE_STATUS = (408, 429, 500, 502, 503, 504)
 MAX_BACKOFF = 16.0  # seconds between retry rounds at most (a longer Retry-After is honoured up to MAX_RETRY_AFTER)
@@ -35,12 +36,18 @@ class RewardServerError(RewardFunctionError):
     RewardFunctionError (a ValueError), so the entry point stops with its one-line message."""
 
 
-class _Retry(Exception):
+class Retry(Exception):
     """A failure worth another attempt (possibly at another URL)."""
 
     def __init__(self, message: str, retry_after: float = 0.0):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A digest of what scoring.same_tokenizer compares: equal fingerprints <=> the same tokenizer."""
+    text = tokenizer._tok.to_str() + "\0" + tokenizer.chat_template
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def one_line(text: str, limit: int = 200) -> str:
@@ -78,7 +85,7 @@ def parse_scores(response: httpx.Response, url: str, rows: int) -> List[float]:
     if code != 0:
         message = f"error_code {code}: {one_line(data.get('error_msg', ''))}"
         if isinstance(code, int) and code >= 500:
-            raise _Retry(message)
+            raise Retry(message)
         raise RewardServerError(f"reward server {url}: {message}")
     scores = data.get("score")
     if not isinstance(scores, list):
@@ -101,15 +108,19 @@ def parse_scores(response: httpx.Response, url: str, rows: int) -> List[float]:
 
 
 class RewardServerClient:
+    # what the messages call the server, its keys and token variable (openai_client.py's subclass names others)
+    what, url_key, retries_key, timeout_key, token_variable = ("reward server", "reward_server", "reward_server_retries",
+                                                               "reward_server_timeout", "REWARD_SERVER_TOKEN")
+
     def __init__(self, urls: Sequence[str], token: Optional[str] = None, timeout: float = 60.0, retries: int = 8,
                  backoff: float = 0.5, batch_size: int = 0, tokenizer_fingerprint: Optional[str] = None,
                  sleep=time.sleep):
         self.urls = list(urls)  # base URLs without a trailing '/' (PPOArguments.reward_server_urls)
         if not self.urls:
-            raise ValueError("key 'reward_server': no URL given")
+            raise ValueError(f"key {self.url_key!r}: no URL given")
         self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
         self.fingerprint, self.sleep = tokenizer_fingerprint, sleep
-        token = token or os.environ.get("REWARD_SERVER_TOKEN")
+        token = token or os.environ.get(self.token_variable)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(timeout=timeout, headers=headers, trust_env=False)
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request (steps log the time)
@@ -120,8 +131,6 @@ class RewardServerClient:
     @classmethod
     def from_args(cls, ppo_args, tokenizer=None) -> "RewardServerClient":
         """The client PPO's arguments describe; checks that a server answers before any model is loaded."""
-        from alignment.rewards.scoring import tokenizer_fingerprint
-
         client = cls(ppo_args.reward_server_urls, ppo_args.reward_server_token, ppo_args.reward_server_timeout,
                      ppo_args.reward_server_retries, ppo_args.reward_server_backoff,
                      ppo_args.reward_server_batch_size,
@@ -141,14 +150,16 @@ class RewardServerClient:
         now = time.monotonic()
         return sorted(rotated, key=lambda url: self.down_until.get(url, 0.0) > now)
 
-    def call(self, method: str, path: str, first: int, body=None, rows: int = 0) -> Tuple[object, str, int]:
-        """(parsed answer, URL that gave it, retries made): one request with retries and fail-over."""
+    def call(self, method: str, path: str, first: int, body=None, rows: int = 0,
+             parse: Optional[Callable] = None) -> Tuple[object, str, int]:
+        """(parsed answer, URL that gave it, retries made): one request with retries and fail-over. parse(response,
+        url) reads a POST's 200 answer (default: `rows` scores); its Retry is retried, its RewardServerError not."""
         urls, errors, wait, start = self.order(first), {}, 0.0, time.monotonic()
         for attempt in range(self.retries + 1):
             url = urls[attempt % len(urls)]
             if attempt and attempt % len(urls) == 0:  # every URL failed once more: back off before the next round
                 delay = max(wait, min(MAX_BACKOFF, self.backoff * 2 ** (attempt // len(urls) - 1)))
-                print(f"reward server: {'; '.join(f'{u}: {e}' for u, e in errors.items())}; retry {attempt} of "
+                print(f"{self.what}: {'; '.join(f'{u}: {e}' for u, e in errors.items())}; retry {attempt} of "
                       f"{self.retries} in {delay:g} s", file=sys.stderr, flush=True)
                 self.sleep(delay)
                 wait = 0.0
@@ -157,29 +168,32 @@ class RewardServerClient:
                 if method == "GET" and response.status_code in (404, 405):  # no /health (PaddleNLP's): still up
                     return {}, url, attempt
                 if response.status_code in RETRYABLE_STATUS:
-                    raise _Retry(f"HTTP {response.status_code}: {error_message(response)}",
+                    raise Retry(f"HTTP {response.status_code}: {error_message(response)}",
                                  retry_after_seconds(response))
                 if response.status_code != 200:
-                    raise RewardServerError(f"reward server {url}: HTTP {response.status_code}: "
+                    raise RewardServerError(f"{self.what} {url}: HTTP {response.status_code}: "
                                             f"{error_message(response)}")
-                answer = parse_scores(response, url, rows) if method == "POST" else response.json()
+                if method == "POST":
+                    answer = parse(response, url) if parse is not None else parse_scores(response, url, rows)
+                else:
+                    answer = response.json()
                 return answer, url, attempt
             except httpx.TimeoutException:
-                errors[url] = f"no answer within {self.timeout:g} s (reward_server_timeout)"
+                errors[url] = f"no answer within {self.timeout:g} s ({self.timeout_key})"
             except httpx.TransportError as err:
                 errors[url] = one_line(f"{type(err).__name__}: {err}")
-            except _Retry as err:
+            except Retry as err:
                 errors[url], wait = str(err), max(wait, err.retry_after)
             except RewardServerError:
                 raise
             except ValueError as err:  # a health answer that is not JSON
-                raise RewardServerError(f"reward server {url}{path}: the response is not JSON") from err
+                raise RewardServerError(f"{self.what} {url}{path}: the response is not JSON") from err
             with self.lock:
                 self.down_until[url] = time.monotonic() + DOWN_FOR
         state = "failing" if any(e.startswith(("HTTP", "error_code")) for e in errors.values()) else "unreachable"
         raise RewardServerError(
-            f"reward server {state} after {self.retries + 1} attempts in {time.monotonic() - start:.1f} s "
-            "(reward_server_retries): " + "; ".join(f"{url}: {error}" for url, error in errors.items()))
+            f"{self.what} {state} after {self.retries + 1} attempts in {time.monotonic() - start:.1f} s "
+            f"({self.retries_key}): " + "; ".join(f"{url}: {error}" for url, error in errors.items()))
 
     def health(self) -> Tuple[str, dict]:
         answer, url, _ = self.call("GET", "/health", 0)

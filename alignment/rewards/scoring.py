@@ -9,7 +9,6 @@ score comes from an HTTP reward server instead (tools/reward_server.py), which c
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -20,16 +19,11 @@ import paddle
 from alignment.data.tokenized import attention_mask_for, pad_sequences, tokenize_conversation
 from alignment.rewards.functions import function_scores, load_reward_function, prompt_text
 from alignment.rewards.process import ProcessRewardScorer, is_process_reward_model
+from alignment.rewards.remote import tokenizer_fingerprint  # noqa: F401  (the reward server compares them)
 
 
 def same_tokenizer(a, b) -> bool:
     return a._tok.to_str() == b._tok.to_str() and a.chat_template == b.chat_template
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A digest of what same_tokenizer compares: equal fingerprints <=> same_tokenizer."""
-    text = tokenizer._tok.to_str() + "\0" + tokenizer.chat_template
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def conversation_ids(tokenizer, prompts: Sequence, completions: Sequence[str]) -> List[List[int]]:
@@ -74,6 +68,7 @@ class RewardComputer:
             self.process = ProcessRewardScorer(reward_model, reward_tokenizer, reward_model.name_or_path)
         self.funcs = [(spec, load_reward_function(spec)) for spec in funcs]
         self.weights = list(weights) or [1.0] * len(self.funcs)
+        self.row_notes = {}
 
     @paddle.no_grad()
     def model_scores(self, rollout) -> paddle.Tensor:
@@ -119,6 +114,8 @@ class RewardComputer:
             total += weight * values
             parts[f"reward/{spec}"] = float(values.mean())
             self.row_parts[spec] = values
+        # model judges (model_judges.py): each row's judge prompt and answer, for the rollout ledger
+        self.row_notes = {spec: fn.transcripts for spec, fn in self.funcs if getattr(fn, "transcripts", None)}
         return paddle.to_tensor(total.astype("float32")), parts
 
 
