@@ -144,6 +144,35 @@ def test_a_served_teacher_gives_the_local_teachers_numbers(tmp_path, tiny_model_
                   q_weight(str(tmp_path / "local" / "out" / "policy"))).max() < 1e-4
 
 
+def test_the_gateway_serves_a_teacher_with_the_local_teachers_numbers(tmp_path, tiny_model_dir, teacher_dir):
+    """`alignment-serve` (tools/serve.py) as the teacher's server: its legacy completions give the run the local
+    teacher's log-probs and top-k up to float rounding (it scores each sequence alone)."""
+    import subprocess
+    import sys
+    import time
+
+    common = ["--distill_loss", "topk_kl", "--teacher_top_k", "5"]
+    run_distill.main(distill_args(tmp_path / "local", tiny_model_dir, teacher_dir, *common))
+    port = tmp_path / "port"
+    server = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "serve.py"), "--model", teacher_dir,
+                               "--port", "0", "--port-file", str(port)], cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not port.exists() and server.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert port.exists(), server.stderr.read() if server.poll() is not None else "no port"
+        run_distill.main(distill_args(tmp_path / "served", tiny_model_dir,
+                                      f"http://127.0.0.1:{port.read_text().strip()}/v1", *common))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    local, served = read_metrics(tmp_path / "local" / "out"), read_metrics(tmp_path / "served" / "out")
+    for a, b in zip(local, served):
+        assert b["distill/teacher_log_prob"] == pytest.approx(a["distill/teacher_log_prob"], rel=1e-5)
+        assert b["distill/reverse_kl"] == pytest.approx(a["distill/reverse_kl"], rel=1e-4)
+
+
 def test_a_teacher_server_that_is_down_stops_the_run_naming_it(tmp_path, tiny_model_dir, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_distill.main(distill_args(tmp_path, tiny_model_dir, "http://127.0.0.1:9/v1", "--teacher_server_retries",
