@@ -308,6 +308,14 @@ class PPOArguments:
     def uses_critic(self) -> bool:
         return self.estimator.needs_critic
 
+    def critic_training(self, train_args):
+        """The critic's optimizer and schedule: train_args with the critic_* keys in place of the actor's."""
+        return dataclasses.replace(train_args, learning_rate=self.critic_learning_rate,
+                                   min_learning_rate=self.critic_min_learning_rate,
+                                   weight_decay=self.critic_weight_decay,
+                                   lr_scheduler_type=self.critic_lr_scheduler_type,
+                                   warmup_ratio=self.critic_warmup_ratio, warmup_steps=0)
+
     @functools.cached_property
     def offload_levels(self) -> frozenset:
         """offload_level parsed, once: validate() parses it and the trainer reads the result."""

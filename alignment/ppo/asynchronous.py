@@ -29,6 +29,7 @@ need from the training ranks (they never read checkpoints).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -63,6 +64,28 @@ def versions_needed(first_batch: int, total: int, staleness: int, segment: int =
     `max_tokens` new tokens), in order."""
     return sorted({v for b in range(first_batch, total) for v in range(
         version_for(b, staleness), token_version(b, max_tokens - 1, staleness, segment) + 1)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """An asynchronous run's fixed schedule, the one object the training ranks (RolloutSource) and the rollout ranks
+    (rollout_worker.py) read: `staleness` k (batch g sampled by version max(0, g - k)), the run's `total_steps`,
+    partial rollouts' `segment` (partial_rollout_tokens; 0: off) and the longest response `max_tokens` (the versions
+    they may need), and the prompt batches sampled for each step `per_step` (dynamic sampling's max_gen_batches)."""
+    staleness: int
+    total_steps: int
+    segment: int = 0
+    max_tokens: int = 1
+    per_step: int = 1
+
+    def version_for(self, batch: int) -> int:
+        return version_for(batch, self.staleness)
+
+    def token_version(self, batch: int, token: int) -> int:
+        return token_version(batch, token, self.staleness, self.segment)
+
+    def versions_needed(self, first_batch: int) -> List[int]:
+        return versions_needed(first_batch, self.total_steps, self.staleness, self.segment, self.max_tokens)
 
 
 def weights_key(receiver: int) -> str:
@@ -171,11 +194,9 @@ def hold_mid_transfer(version: int) -> None:
 class RolloutSource:
     """The training ranks' side: weights out at the start of each step, the step's rollout in."""
 
-    def __init__(self, mailbox: Mailbox, layout, staleness: int, total_steps: int, segment: int = 0,
-                 max_tokens: int = 1, per_step: int = 1):
-        self.mailbox, self.layout, self.staleness, self.total = mailbox, layout, staleness, total_steps
-        self.segment, self.max_tokens = segment, max_tokens  # partial rollouts (token_version)
-        self.per_step = per_step  # prompt batches sampled for each step (dynamic sampling's max_gen_batches)
+    def __init__(self, mailbox: Mailbox, layout, schedule: Schedule):
+        self.mailbox, self.layout, self.schedule = mailbox, layout, schedule
+        self.per_step = schedule.per_step
         self.buffer: Dict[int, List[str]] = {}  # batch -> the rollout ranks' JSON parts, taken ahead (checkpoints)
         self.needed: List[int] = []
         self.sent = set()
@@ -183,8 +204,7 @@ class RolloutSource:
     def start(self, step: int) -> None:
         """Before the first step (fresh, or resumed at `step` with the buffer restored)."""
         first = step * self.per_step + len(self.buffer)  # the buffer holds whole steps
-        self.needed = versions_needed(first // self.per_step, self.total, self.staleness, self.segment,
-                                      self.max_tokens)
+        self.needed = self.schedule.versions_needed(first // self.per_step)
         if rank() == 0:
             self.mailbox.publish_start(first)
 
@@ -236,7 +256,8 @@ class RolloutSource:
         """Take every batch sampled ahead (those of steps next_step .. next_step + k - 1) into the buffer. Version
         next_step goes out first: with partial rollouts the last of these batches ends with it."""
         self.send_weights(next_step, model)
-        for batch in range(next_step * self.per_step, min(next_step + self.staleness, self.total) * self.per_step):
+        last = min(next_step + self.schedule.staleness, self.schedule.total_steps)
+        for batch in range(next_step * self.per_step, last * self.per_step):
             if batch not in self.buffer:
                 self.buffer[batch] = self.parts(batch)
 

@@ -112,3 +112,40 @@ def check_layout(data_world: int, pipelined: bool) -> None:
     if pipelined:
         raise ValueError("key 'dynamic_sampling' does not run with pipeline_parallel_degree > 1 (a step's row "
                          "count may vary); use tensor_parallel_degree, or set dynamic_sampling false")
+
+
+class OneBatch:
+    """A step trains the next prompt batch as drawn: (rollout, end rewards None (scored later), metrics {})."""
+
+    def __call__(self, trainer):
+        return trainer.draw_rollout(attempt=0), None, {}
+
+
+class KeptGroups:
+    """Dynamic sampling: the kept groups as one rollout (None: none kept), their (end rewards [N], reward parts
+    averaged over the generation batches) and the dynamic_sampling/* metrics; every row drawn and not kept goes
+    to the ledger with why."""
+
+    def __call__(self, trainer):
+        from alignment.parallel.distributed import gather_lists
+        from alignment.ppo.ledger import dropped_rows
+
+        def draw(attempt):
+            rollout = trainer.draw_rollout(attempt)
+            with trainer.offload.phase("reward", [trainer.reward.model]), trainer.precision.autocast():
+                rewards, parts = trainer.end_rewards(rollout)
+            every = gather_lists(rewards.numpy().tolist())  # one data rank: every row (the leader's under tp)
+            return (rollout, rewards, parts), every
+
+        ppo, step = trainer.ppo, trainer.global_step
+        target = ppo.per_device_prompt_batch_size
+        sampled = accumulate(draw, ppo.num_return_sequences, target, ppo.max_gen_batches)
+        unused = trainer.rollouts.unused(step, sampled.gen_batches)
+        if trainer.ledger is not None:  # every sample drawn and not trained, with why (the report accounts for it)
+            trainer.ledger.write(dropped_rows(step + 1, sampled.dropped, unused))
+        return (*kept_rollout(sampled, trainer.tokenizer.pad_token_id), sampled.metrics(target))
+
+
+def step_rollouts(ppo):
+    """How a step draws its rollout: KeptGroups with dynamic_sampling, else OneBatch."""
+    return KeptGroups() if ppo.dynamic_sampling else OneBatch()

@@ -16,7 +16,7 @@ import paddle
 from alignment.launcher import rank
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo import wire
-from alignment.ppo.asynchronous import WeightReceiver, sample_ids, token_version, version_for, versions_needed
+from alignment.ppo.asynchronous import Schedule, WeightReceiver, sample_ids
 from alignment.ppo.samplers import Draw
 from alignment.training.batches import epoch_batches, skip_batches
 
@@ -27,24 +27,20 @@ class WorkerPlan:
     prompts: object  # PromptOnlyDataset (the training ranks' prompts, in the same order)
     prompt_batch: int  # prompts per global batch (per_device_prompt_batch_size x training data ranks)
     group: int  # num_return_sequences
-    total_steps: int
     seed: int
     drop_last: bool
     min_size: int  # the training data ranks (a batch never has fewer prompts)
     temperature: float  # behaviour log-probs are taken at the sampling temperature
     output_dir: str  # where rollout_rank<N>.jsonl (this rank's timeline: one line per batch) goes
-    segment: int = 0  # partial_rollout_tokens (0: each batch sampled by one version)
-    max_tokens: int = 1  # the longest response (the versions partial rollouts may need)
-    per_step: int = 1  # prompt batches sampled for each step (dynamic sampling's max_gen_batches)
+    schedule: Schedule  # which version samples which batch (and token), as the training ranks read it
 
 
-def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, gen_config, mailbox, layout,
-                       staleness: int) -> int:
+def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, gen_config, mailbox, layout) -> int:
     """Sample and post every batch from the published first one to the end; -> batches posted."""
     sender, senders = rank() - layout.world, layout.rollout
     first = mailbox.first_batch(sender)  # the posted counter counts stream positions from there
-    receiver = WeightReceiver(actor, versions_needed(first // plan.per_step, plan.total_steps, staleness,
-                                                     plan.segment, plan.max_tokens), mailbox)
+    schedule = plan.schedule
+    receiver = WeightReceiver(actor, schedule.versions_needed(first // schedule.per_step), mailbox)
     receiver.start()
     batches = epoch_batches(len(plan.prompts), plan.prompt_batch, plan.seed, min_size=plan.min_size,
                             drop_last=plan.drop_last)
@@ -55,7 +51,7 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
         """Partial rollouts: before the forward that draws new token `tokens`, the version the schedule names;
         -> whether the weights changed."""
         nonlocal current
-        version = token_version(step, tokens, staleness, plan.segment)
+        version = schedule.token_version(step, tokens)
         if version == current:
             return False
         receiver.apply(version, actor)
@@ -63,9 +59,9 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
         return True
     actor.eval()
     timeline = open(os.path.join(plan.output_dir, f"rollout_rank{rank()}.jsonl"), "a", encoding="utf-8")
-    for batch_index in range(first, plan.total_steps * plan.per_step):
-        step, attempt = divmod(batch_index, plan.per_step)  # the step that trains it, and which of its batches
-        version = version_for(step, staleness)
+    for batch_index in range(first, schedule.total_steps * schedule.per_step):
+        step, attempt = divmod(batch_index, schedule.per_step)  # the step that trains it, and which of its batches
+        version = schedule.version_for(step)
         times = {"batch": batch_index, "version": version, "wait_start": time.time()}
         if version != current:
             receiver.apply(version, actor)
@@ -76,13 +72,13 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
         seed = ds.generation_seed(plan.seed, step, attempt)
         paddle.seed(seed)  # the synchronous trainer's seed for this generation batch
         items = [plan.prompts[int(batch[p])] for p in positions]
-        between_tokens = functools.partial(move_on, step) if plan.segment else None
+        between_tokens = functools.partial(move_on, step) if schedule.segment else None
         rollout = sampler(actor, tokenizer, gen_config, Draw(items, plan.group, False, positions, len(batch), seed,
                                                               plan.temperature, between_tokens))
         rollout.behaviour_log_probs, rollout.old_log_probs = rollout.old_log_probs, None
         rollout.versions = [version] * len(rollout)
-        if plan.segment:  # [N, R]: every row's token t was drawn by the same version
-            tags = [token_version(step, t, staleness, plan.segment) for t in range(rollout.response_mask.shape[1])]
+        if schedule.segment:  # [N, R]: every row's token t was drawn by the same version
+            tags = [schedule.token_version(step, t) for t in range(rollout.response_mask.shape[1])]
             rollout.token_versions = paddle.to_tensor([tags] * len(rollout), dtype="int64")
             times["versions"] = sorted(set(tags))
         rollout.sample_ids = sample_ids(batch_index, batch, positions, plan.group)

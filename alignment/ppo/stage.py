@@ -76,6 +76,15 @@ def stream_steps(ppo_args, train_args, layout, prompt_count: int) -> int:
                          ppo_args.per_device_prompt_batch_size * layout.data, train_args.dataloader_drop_last)
 
 
+def async_schedule(ppo_args, data_args, async_args, train_args, layout, prompt_count: int):
+    """The asynchronous run's schedule (asynchronous.Schedule), the same for training and rollout ranks."""
+    from alignment.ppo.asynchronous import Schedule
+
+    return Schedule(async_args.max_staleness, stream_steps(ppo_args, train_args, layout, prompt_count),
+                    async_args.partial_rollout_tokens, ppo_args.max_new_tokens or data_args.max_length,
+                    async_args.batches_per_step(ppo_args))
+
+
 def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args, run, tokenizer,
                    prompts, mailbox) -> dict:
     """A rollout rank of an asynchronous run (ppo/asynchronous.py): only the actor, sampling the prompt stream."""
@@ -90,14 +99,13 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
                                      PolicyPipeLoss(ppo_args))
     layout = run.layout
     plan = WorkerPlan(prompts, ppo_args.per_device_prompt_batch_size * layout.data, ppo_args.num_return_sequences,
-                      stream_steps(ppo_args, train_args, layout, len(prompts)), train_args.seed,
-                      train_args.dataloader_drop_last, layout.data, ppo_args.temperature, train_args.output_dir,
-                      async_args.partial_rollout_tokens, ppo_args.max_new_tokens or data_args.max_length,
-                      async_args.batches_per_step(ppo_args))
+                      train_args.seed, train_args.dataloader_drop_last, layout.data, ppo_args.temperature,
+                      train_args.output_dir, async_schedule(ppo_args, data_args, async_args, train_args, layout,
+                                                             len(prompts)))
     sampler = make_sampler(ppo_args, data_args.max_length, lambda items: collate_prompts(items, tokenizer.pad_token_id),
                            env_args)
     posted = run_rollout_worker(plan, actor, tokenizer, sampler, rollout_generation_config(ppo_args, actor, tokenizer),
-                                mailbox, layout, async_args.max_staleness)
+                                mailbox, layout)
     print(f"rollout rank {rank()}: {posted} prompt batches sampled")
     setup.end_processes()
     return {}
@@ -170,9 +178,8 @@ def train(argv, ppo_class=PPOArguments) -> dict:
     with setup.user_errors():
         data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
                           lambda items: collate_supervised(items, tokenizer.pad_token_id))
-        source = RolloutSource(mailbox, run.layout, async_args.max_staleness, stream_steps(
-            ppo_args, train_args, run.layout, len(prompts)), async_args.partial_rollout_tokens,
-            ppo_args.max_new_tokens or data_args.max_length, async_args.batches_per_step(ppo_args)) \
+        source = RolloutSource(mailbox, run.layout, async_schedule(ppo_args, data_args, async_args, train_args,
+                                                                   run.layout, len(prompts))) \
             if mailbox is not None else None
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward, teacher), data,
                              tokenizer, run.effective, env_args, async_args, source)

@@ -8,7 +8,6 @@ skeleton's (training/trainer.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -17,29 +16,28 @@ from typing import Dict
 import paddle
 
 from alignment.models import LlamaForCausalLM
-from alignment.models.logprobs import answer_token_loss
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
-                                            mean_over_ranks, shard, sum_over_data_ranks)
+                                            mean_over_ranks, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
 from alignment.ppo.agents import make_sampler
 from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL estimators the arguments name
 from alignment.ppo import dapo, scoring
 from alignment.ppo import dynamic_sampling as ds
-from alignment.ppo.asynchronous import sample_ids
 from alignment.ppo.critic import make_critic
 from alignment.ppo.evaluation import evaluate_policy
 from alignment.ppo.inputs import PolicyModels, PromptData  # noqa: F401  (the trainer's inputs)
 from alignment.ppo.kl import kl_estimate
-from alignment.ppo.ledger import Ledger, dropped_rows, ledger_rows, reward_sources
+from alignment.ppo.ledger import Ledger, ledger_rows, reward_sources
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
-from alignment.ppo.rollout import response_log_probs
+from alignment.ppo.ptx import ptx_term
 from alignment.ppo.samplers import Draw, rollout_generation_config
+from alignment.ppo.sources import rollout_source
 from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
-from alignment.training.batches import epoch_batches, planned_steps, skip_batches, to_tensors
+from alignment.training.batches import epoch_batches, planned_steps, skip_batches
 from alignment.training.timing import PhaseTimer
 from alignment.training.trainer import Trainer
 from alignment.wrappers.offload import Offloader
@@ -61,7 +59,7 @@ class PPOTrainer(Trainer):
         self.total_steps = planned_steps(train_args.max_steps, train_args.num_train_epochs, len(data.prompts),
                                          ppo_args.per_device_prompt_batch_size * data_world_size(),
                                          train_args.dataloader_drop_last)
-        self.source = source  # asynchronous.RolloutSource: rollout ranks sample (None: this rank does)
+        self.rollouts = rollout_source(source)  # sources.py: this rank samples, or rollout ranks do
         self.cap = async_args.behaviour_weight_cap if async_args is not None else 0.0
         rollouts = ppo_args.per_device_prompt_batch_size * ppo_args.num_return_sequences
         micro_batches = math.ceil(rollouts / train_args.per_device_train_batch_size)
@@ -69,19 +67,15 @@ class PPOTrainer(Trainer):
             1, micro_batches // train_args.gradient_accumulation_steps)
         self.policy = self.add_trained("policy", self.actor, optimizer_steps)
         if models.critic is not None:
-            critic_args = dataclasses.replace(
-                train_args, learning_rate=ppo_args.critic_learning_rate,
-                min_learning_rate=ppo_args.critic_min_learning_rate,
-                weight_decay=ppo_args.critic_weight_decay, lr_scheduler_type=ppo_args.critic_lr_scheduler_type,
-                warmup_ratio=ppo_args.critic_warmup_ratio, warmup_steps=0)
-            self.add_trained("value", models.critic, optimizer_steps, critic_args)
+            self.add_trained("value", models.critic, optimizer_steps, ppo_args.critic_training(train_args))
         pipelined, self.estimator = isinstance(self.actor, PipelineModel), ppo_args.estimator()
         # the update's first optimizer step takes the whole rollout, at the weights that sampled and scored it
         one_step = not pipelined and micro_batches <= train_args.gradient_accumulation_steps
         # ... and is its only one, and the advantages do not use the old log-probs: old log-probs = the update's
         # own (detached); score() skips that forward pass (as TRL's GRPO does with num_iterations 1)
-        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None and one_step
-                                       and ppo_args.update_iters == 1 and not self.teacher.needs_old_log_probs)
+        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and self.rollouts.samples_here
+                                       and one_step and ppo_args.update_iters == 1
+                                       and not self.teacher.needs_old_log_probs)
         self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model, self.teacher.model],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
@@ -90,6 +84,7 @@ class PPOTrainer(Trainer):
             split and ppo_args.eval_mode == "single") else None
         if ppo_args.dynamic_sampling:
             ds.check_layout(data_world_size(), pipelined)
+        self.step_rollouts = ds.step_rollouts(ppo_args)
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
             self.micro_batches = PipelineMicroBatches(self.actor, models.critic, ppo_args, train_args,
@@ -108,33 +103,25 @@ class PPOTrainer(Trainer):
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
         self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
+        self.ptx = ptx_term(data, ppo_args.ptx_coeff)  # ptx.py: an answer-token loss on supervised data, or none
         self.ledger = Ledger(train_args.output_dir, is_main_process(), {**reward_sources(ppo_args, self.reward), **(
             self.teacher.sources())}) if async_args is not None and async_args.ledger else None  # rank 0 writes
         self.resume_if_asked()
-        if source is not None:
-            source.start(self.global_step)
+        self.rollouts.start(self.global_step)
 
     def start_data_streams(self) -> None:
         world, args = data_world_size(), self.args
         self.prompt_batches = epoch_batches(len(self.data.prompts), self.ppo.per_device_prompt_batch_size * world,
                                             args.seed, min_size=world, drop_last=args.dataloader_drop_last)
         skip_batches(self.prompt_batches, self.drawn["prompts"])
-        self.ptx_batches = None
-        if self.data.ptx is not None:
-            self.ptx_batches = epoch_batches(len(self.data.ptx), args.per_device_train_batch_size * world,
-                                             args.seed + 1, min_size=world)
-            skip_batches(self.ptx_batches, self.drawn["ptx"])
+        self.ptx.start(self.drawn["ptx"], world, args)
 
     # --- one step: rollout -> score -> advantages -> update ---------------------------------------------------------
     def training_step(self) -> Dict[str, float]:
         timer = PhaseTimer()
-        if self.source is not None:  # the version the rollout ranks sample the coming batches with
-            timer.times["time/weight_sync"] = self.source.send_weights(self.global_step, self.actor)
-        with timer.phase("generate"):
-            if self.ppo.dynamic_sampling:
-                rollout, rewards, metrics = self.sample_kept_groups()
-            else:
-                rollout, rewards, metrics = self.draw_rollout(attempt=0), None, {}
+        timer.times.update(self.rollouts.before_step(self.global_step, self.actor))
+        with timer.phase("generate"):  # one prompt batch, or dynamic sampling's kept groups
+            rollout, rewards, metrics = self.step_rollouts(self)
         times = timer.times
         if rollout is None:  # dynamic sampling kept no group within max_gen_batches: no update this step
             return mean_over_ranks({**metrics, **times, "skipped_steps": float(self.guard.skipped)})
@@ -167,35 +154,7 @@ class PPOTrainer(Trainer):
         self.drawn["prompts"] += 1
         self.sampling_seed = ds.generation_seed(self.args.seed, self.global_step, attempt)
         paddle.seed(self.sampling_seed)
-        n = self.ppo.num_return_sequences
-        if self.source is not None:  # the rollout ranks sampled the whole batch (asynchronous.py): this shard
-            whole = self.source.rollout(self.global_step, attempt, self.tokenizer.pad_token_id)
-            return whole.take([p * n + s for p in shard(list(range(len(whole) // n))) for s in range(n)])
-        batch = next(self.prompt_batches)
-        positions = shard(list(range(len(batch))))
-        self.show_phase(phase="generate", **({"try": str(attempt + 1)} if attempt else {}), **self.generation_speed)
-        with self.offload.phase("generate", [self.actor, *self.teacher.generating]), self.precision.autocast():
-            rollout = self.make_rollout([self.data.prompts[int(batch[p])] for p in positions], positions=positions,
-                                        total=len(batch))
-        rollout.sample_ids = sample_ids(self.drawn["prompts"] - 1, batch, positions, n)
-        return rollout
-
-    def sample_kept_groups(self):
-        """Dynamic sampling (dynamic_sampling.py): the kept groups as one rollout (None: none kept), their (end
-        rewards [N], reward parts averaged over the generation batches) and the dynamic_sampling/* metrics."""
-        def draw(attempt):
-            rollout = self.draw_rollout(attempt)
-            with self.offload.phase("reward", [self.reward.model]), self.precision.autocast():
-                rewards, parts = self.end_rewards(rollout)
-            every = gather_lists(rewards.numpy().tolist())  # one data rank: every row (the leader's under tp)
-            return (rollout, rewards, parts), every
-
-        target = self.ppo.per_device_prompt_batch_size
-        sampled = ds.accumulate(draw, self.ppo.num_return_sequences, target, self.ppo.max_gen_batches)
-        unused = self.source.unused(self.global_step, sampled.gen_batches) if self.source is not None else []
-        if self.ledger is not None:  # every sample drawn and not trained, with why (the report accounts for it)
-            self.ledger.write(dropped_rows(self.global_step + 1, sampled.dropped, unused))
-        return (*ds.kept_rollout(sampled, self.tokenizer.pad_token_id), sampled.metrics(target))
+        return self.rollouts.rollout(self, attempt)
 
     def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
         """Responses (or multi-turn episodes) to the prompt items, num_return_sequences each when sampling, one
@@ -297,13 +256,10 @@ class PPOTrainer(Trainer):
         loss = loss * share
         out.update({"actor_loss": float(loss), "entropy": share * float(rl.masked_mean(entropy, mask)),
                     **{k: share * float(v) for k, v in stats.items()}, "lr": self.policy.optimizer.get_lr()})
-        if self.ptx_batches is not None:
-            self.drawn["ptx"] += 1
-            ptx = to_tensors(self.data.collate_ptx([self.data.ptx[int(i)] for i in shard(next(self.ptx_batches))]))
-            with self.precision.autocast():
-                ptx_loss, _ = answer_token_loss(self.actor, ptx["input_ids"], ptx["attention_mask"], ptx["labels"])
-            loss = loss + ppo.ptx_coeff * ptx_scale * ptx_loss
-            out["ptx_loss"] = ptx_scale * float(ptx_loss)
+        ptx_loss, ptx_stats = self.ptx.loss(self.actor, self.precision, self.drawn, ptx_scale)
+        if ptx_loss is not None:
+            loss = loss + ptx_loss
+            out.update(ptx_stats)
         self.precision.backward(loss)
         return out
 
@@ -316,22 +272,19 @@ class PPOTrainer(Trainer):
             return evaluate_policy(self)
 
     def trainer_state(self) -> dict:
-        sampled = {} if self.source is None else {"sampled_ahead": self.source.state_dict()}
         return {**super().trainer_state(), "drawn": self.drawn, "reward_stats": self.reward_stats.state_dict(),
-                **sampled}
+                **self.rollouts.state_dict()}
 
     def load_trainer_state(self, state: dict) -> None:
         super().load_trainer_state(state)
         self.drawn = state["drawn"]
         self.reward_stats.load_state_dict(state["reward_stats"])
-        if self.source is not None:
-            self.source.load_state_dict(state["sampled_ahead"])
+        self.rollouts.load_state_dict(state)
         if self.ledger is not None:
             self.ledger.resume_at(self.global_step)
 
     def save_step_checkpoint(self) -> None:
-        if self.source is not None:  # the batches sampled ahead belong to the checkpoint
-            self.source.drain(self.global_step, self.actor)
+        self.rollouts.drain(self.global_step, self.actor)  # the batches sampled ahead belong to the checkpoint
         with self.offload.phase("checkpoint", [self.actor, self.critic.model], self.offload.optimizers):
             super().save_step_checkpoint()
 
