@@ -151,3 +151,21 @@ def test_rows_are_grouped_by_prompt_ids_and_mask_padding_included():
     np.testing.assert_array_equal(mask.numpy()[groups], mask.numpy())
     assert len(first) == 3  # rows 0 and 2; 1 and 4; row 3 (same ids as row 0, another mask)
     assert distinct_prompts(ids[:2], mask[:2]) is None
+
+
+def test_prompts_prefilled_together_give_the_tokens_of_prompts_prefilled_alone():
+    """generate's prefill_together: one padded forward for the prompts that start together (and a shared prompt
+    once), each row's keys and values moved to its slot; the same tokens, log-probs to float rounding."""
+    model = smollm2_shaped()
+    rows = prompts(5, seed=2, vocab=model.config.vocab_size) + prompts(1, seed=2, vocab=model.config.vocab_size)
+    outs = []
+    for together in (False, True):
+        engine = DecodeEngine(model, len(rows), 40, prefill_together=together)
+        seqs = [Sequence(r, GenerationConfig(max_new_tokens=6, do_sample=False), 40) for r in rows]
+        for seq in seqs:
+            engine.add(seq)
+        while engine.busy():
+            engine.step()
+        outs.append(([s.turn for s in seqs], np.array([s.turn_log_probs for s in seqs])))
+    assert outs[0][0] == outs[1][0] and outs[1][0][0] == outs[1][0][5]  # row 5 repeats row 0's prompt
+    np.testing.assert_allclose(outs[0][1], outs[1][1], atol=2e-5)

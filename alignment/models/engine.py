@@ -111,12 +111,15 @@ class DecodeEngine:
 
     draw_uniforms() -> [slots] float32 in [0, 1): the numbers of a step's sequences without an rng of their own
     (default: paddle.rand). before_decode(rounds) -> True when it changed the model's weights (partial rollouts),
-    called before each decode step with the sampling rounds done so far."""
+    called before each decode step with the sampling rounds done so far. prefill_together: the prompts of
+    sequences that start in the same step run in one padded forward (fewer calls; their bits then depend on which
+    prompts start together, so callers whose sequences start at times of their own leave it off)."""
 
     def __init__(self, model, slots: int, capacity: int, fused: bool = True, static=None,
                  draw_uniforms: Optional[Callable[[], paddle.Tensor]] = None,
-                 before_decode: Optional[Callable[[int], bool]] = None):
+                 before_decode: Optional[Callable[[int], bool]] = None, prefill_together: bool = False):
         self.model, self.slots, self.capacity = model, slots, capacity
+        self.prefill_together = prefill_together
         self.cache = SlotCache.for_model(model, slots, capacity)
         self.stepper = pick_stepper(model, slots, fused, static)
         self.draw_uniforms = draw_uniforms or (lambda: paddle.rand([slots]))
@@ -181,13 +184,15 @@ class DecodeEngine:
 
     def _prefill(self) -> None:
         shared: Dict[tuple, Sequence] = {}  # a prompt prefilled this step -> its sequence
-        for seq in self.running:
-            if seq is None or seq.state != PREFILL:
-                continue
+        waiting = [s for s in self.running if s is not None and s.state == PREFILL]
+        if self.prefill_together:
+            shared = self._prefill_prompts([s for s in waiting if s.fed == 0])
+        for seq in waiting:
             key = tuple(seq.pending) if seq.fed == 0 else None
             if key is not None and key in shared:
-                self.cache.copy(shared[key].slot, seq.slot)
-                self.logits[seq.slot] = self.logits[shared[key].slot]
+                if shared[key] is not seq:
+                    self.cache.copy(shared[key].slot, seq.slot)
+                    self.logits[seq.slot] = self.logits[shared[key].slot]
             else:
                 self._prefill_one(seq)
                 if key is not None:
@@ -195,6 +200,31 @@ class DecodeEngine:
             self._mark_seen(seq.slot, seq.pending)
             seq.fed += len(seq.pending)
             seq.pending, seq.state = [], SAMPLE
+
+    def _prefill_prompts(self, seqs: List[Sequence]) -> Dict[tuple, Sequence]:
+        """prefill_together: the distinct prompts of sequences that start now in one left-padded forward, each
+        one's keys and values moved to its slot's first columns; -> prompt -> the sequence holding it."""
+        first: Dict[tuple, Sequence] = {}
+        for seq in seqs:
+            first.setdefault(tuple(seq.pending), seq)
+        if len(first) < 2:
+            return {}
+        prompts = list(first)
+        width = max(len(p) for p in prompts)
+        ids = np.zeros([len(prompts), width], "int64")  # [u, P] left-padded
+        mask = np.zeros([len(prompts), width], "int64")
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt):], mask[i, width - len(prompt):] = prompt, 1
+        out = self.model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), use_cache=True,
+                         last_only=True)
+        for i, prompt in enumerate(prompts):
+            slot, n = first[prompt].slot, len(prompt)
+            for layer, (k, v) in enumerate(out.past_key_values):  # [u, kv_heads, P, d]: its last n columns
+                self.cache.k[layer][slot, :, :n] = k[i, :, width - n:]
+                self.cache.v[layer][slot, :, :n] = v[i, :, width - n:]
+            self.cache.lengths[slot] = n
+            self.logits[slot] = out.logits[i, -1]
+        return first
 
     def _prefill_one(self, seq: Sequence) -> None:
         start, n = seq.fed, len(seq.pending)

@@ -62,7 +62,7 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, static=
     if rows is not None:  # one number per row of the whole batch per token, each process keeping its own
         draw = lambda: paddle.gather(paddle.rand([rows.total]), rows.ids)  # noqa: E731
     engine = DecodeEngine(model, b, capacity, fused=fused, static=static, draw_uniforms=draw,
-                          before_decode=between_tokens)
+                          before_decode=between_tokens, prefill_together=True)  # every row starts now
     sequences = [Sequence(p, config, len(p) + config.max_new_tokens, log_prob_temperature=log_prob_temperature)
                  for p in prompts]
     for seq in sequences:
