@@ -101,8 +101,9 @@ class PPOTrainer(Trainer):
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1
+        # sharding stage 3 keeps slices of the weights: decoding reads them whole, from a copy refreshed each step
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
-            split and ppo_args.eval_mode == "single") else None
+            split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
         if ppo_args.dynamic_sampling:
             ds.check_layout(data_world_size(), pipelined)
         if pipelined:
