@@ -36,6 +36,9 @@ STAGE_LAYOUTS = [  # (stage, layout name, processes, flags, data degree, line th
      "sharding stage2: the gradients and AdamW states of 39 trained parameter tensors split over 2 ranks"),
     ("dpo", "stage3-sharding2xdp2", 4, ["--sharding", "stage3", "--sharding_parallel_degree", "2", *SLICE_ALL], 4,
      SLICED),
+    ("sft", "stage3-tp2xsharding2xdp2", 8, ["--tensor_parallel_degree", "2", "--sharding", "stage3",
+                                            "--sharding_parallel_degree", "2", *SLICE_ALL], 4,
+     "world 8 = tensor 2 x pipeline 1 x sharding 2 (stage3) x data 2"),
 ]
 
 

@@ -39,8 +39,9 @@ below is picked instead of Paddle's on a CPU build only; it builds Paddle's clas
                                    (`_HostBuild`, `_HostPaddle`)
     ParamStorage.add_rank_params   (from GroupShardedOptimizerStage2._integration_params) builds each rank's fused
                                    parameter buffer in host memory, then copies it to the device with cvt_to_device,
-                                   which raises OSError on a CPU build ("Only supported compiled paddle with gpu/rocm
-                                   and xpu"); here the buffer stays where it was built (convert_gpu=False)
+                                   which fails on a CPU build (CPUPlace has no get_device_type, before its own
+                                   OSError "Only supported compiled paddle with gpu/rocm and xpu"); here the buffer
+                                   stays where it was built (convert_gpu=False)
     GroupShardedStage3             __init__ asserts core.is_compiled_with_cuda() (or XPU, or a custom device: "Only
                                    support CUDA / XPU / CustomDevice."); Paddle's own __init__ runs with `core`
                                    answering it. The module-level names __init__ sets (DEV "cpu", DEV_ID 0,
