@@ -7,7 +7,9 @@ the tiny tokenizer's vocabulary of 1024: 104.9M parameters, 0.39 GiB in fp32) ne
 `alignment/sft/run_sft.py` under `paddle.distributed.launch` on 4 processes (gloo) with `benchmark: true` (no
 evaluation, nothing saved: training only) for each of sharding '' (4 data ranks), stage1, stage2 and stage3 over
 the 4 ranks, sharding_segment_size 65536 (every matrix split, the norms whole). The run's benchmark lines give each
-rank's peak RSS and the weights and AdamW states it holds. The runtime under them (Paddle, gloo, data, the
+rank's peak RSS while training (VmHWM reset when training starts; glibc's malloc set to return freed tensors, so
+the whole model each rank loads before stage 3 slices it does not count: ALIGNMENT_MALLOC=system,
+MALLOC_MMAP_THRESHOLD_=65536) and the weights and AdamW states it holds. The runtime under them (Paddle, gloo, data, the
 tokenizer) is measured the same way with the tiny model (1.0M parameters) and given to the planner
 (alignment/planning/memory.py, `tools/plan_layout.py --device cpu --runtime-gib`), whose train-phase total for
 the same layout is the prediction. Writes benchmarks/results/sharding_memory_<stamp>.{json,md,png} (CPU, date,
@@ -32,6 +34,7 @@ WIDE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_a
             num_key_value_heads=16)
 STAGES = ("", "stage1", "stage2", "stage3")
 PROCESSES, SEGMENT, SEQ, MICRO = 4, 65536, 64, 2
+MALLOC = {"ALIGNMENT_MALLOC": "system", "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed tensors leave the process
 LINES = {"peak_rss": "peak resident memory", "weights": "trained weights held", "adamw": "AdamW states held"}
 
 
@@ -71,7 +74,7 @@ def run(model: str, stage: str, steps: int, workdir: str) -> dict:
            "--per_device_train_batch_size", str(MICRO), "--gradient_accumulation_steps", "1", "--disable_tqdm",
            "--sharding", stage, "--sharding_segment_size", str(SEGMENT), "--output_dir", out]
     started = time.time()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, **MALLOC))
     text = open(os.path.join(logs, "workerlog.0")).read() if os.path.exists(logs) else ""
     if done.returncode != 0:
         raise SystemExit(f"{name} failed:\n{done.stderr[-2000:]}\n{text[-3000:]}")

@@ -10,8 +10,11 @@ PaddleNLP's scripts do:
 
 over all processes (PaddleNLP counts total tokens as micro-batches x max_seq_len because it packs rows to that
 length; here micro-batches are padded to their longest row, so these are the tokens the model computed). Lines
-with each rank's peak resident memory and the trained weights and AdamW states it holds (what sharding splits)
-follow, and the same figures go to metrics.jsonl as `benchmark/*` keys.
+with each rank's peak resident memory while training (the high-water mark is reset when training starts) and the
+trained weights and AdamW states it holds (what sharding splits) follow, and the same figures go to metrics.jsonl
+as `benchmark/*` keys. With ALIGNMENT_MALLOC=heap (alignment/cpu_env.py's default) memory freed before training
+(a model loaded whole, then sliced) stays resident and counts; ALIGNMENT_MALLOC=system with glibc's
+MALLOC_MMAP_THRESHOLD_=65536 returns freed tensors to the system, so the peak is what training itself holds.
 Logged rows carry PaddleNLP's interval metrics (interval_runtime, interval_steps_per_second,
 interval_samples_per_second, interval_tokens_per_second_per_device) when the stage counts its tokens.
 """
@@ -29,9 +32,24 @@ def tensors_gib(tensors) -> float:
     return sum(t._numel() * t.element_size() for t in tensors if t._is_initialized()) / GIB
 
 
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident memory afresh (Linux: "5" to /proc/self/clear_refs resets VmHWM to the
+    memory resident now); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_gib() -> float:
-    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+    """This process's peak resident memory since reset_peak_rss (VmHWM), else since it started (ru_maxrss, KiB)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024 / GIB
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
 class Throughput:
@@ -39,6 +57,7 @@ class Throughput:
     padded tokens over all processes, or None when the stage does not count them)."""
 
     def __init__(self):
+        reset_peak_rss()  # the peak while training, not while loading the model (which stage 3 then slices)
         self.steps: List[float] = []
         self.totals = {"samples": 0.0, "tokens": 0.0, "padded_tokens": 0.0}
         self.window_start = time.perf_counter()
