@@ -11,8 +11,9 @@ checkpoint cadence, resuming and progress live here once; a stage fills in the h
 
 What is trained is registered with `add_trained(name, model, ...)`: each gets an AdamW optimizer and schedule, split
 over the sharding ranks as `sharding` asks (training/sharding.py), is stepped together by `optimizer_step()` and
-saved under `name` in step checkpoints. A stage's constructor ends
-with `resume_if_asked()`, once everything a checkpoint restores exists (so a bad checkpoint fails before training).
+saved under `name` in step checkpoints. A stage's constructor ends with `resume_if_asked()`, once everything a
+checkpoint restores exists (so a bad checkpoint fails before training). `benchmark: true` trains without
+evaluating or saving and reports the run's speed and memory (training/benchmark.py).
 """
 from __future__ import annotations
 
