@@ -13,7 +13,9 @@ MALLOC_MMAP_THRESHOLD_=65536) and the weights and AdamW states it holds. The run
 tokenizer) is measured the same way with the tiny model (1.0M parameters) and given to the planner
 (alignment/planning/memory.py, `tools/plan_layout.py --device cpu --runtime-gib`), whose train-phase total for
 the same layout is the prediction. Writes benchmarks/results/sharding_memory_<stamp>.{json,md,png} (CPU, date,
-commit in the JSON) and benchmarks/results/latest_sharding_memory.md.
+commit in the JSON) and benchmarks/results/latest_sharding_memory.md. `--repredict FILE.json` measures nothing: it
+recomputes the planner's predictions for the file's measurements (after a change to the memory model) and rewrites
+the file, its table and plot (the commit of the predictions is recorded beside the measurement's).
 """
 from __future__ import annotations
 
@@ -85,15 +87,24 @@ def run(model: str, stage: str, steps: int, workdir: str) -> dict:
     return result
 
 
-def predict(model_dir: str, stage: str, runtime_gib: float) -> dict:
+def planner_model(config: dict):
+    """The planner's Model of a results file's model config."""
+    from alignment.planning.memory import Model
+
+    heads = config["num_attention_heads"]
+    return Model(config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"], heads,
+                 config["num_key_value_heads"], config["hidden_size"] // heads, config["vocab_size"])
+
+
+def predict(config: dict, stage: str, runtime_gib: float) -> dict:
     """The planner's components and train-phase total (GiB per rank) for the run's layout."""
     from alignment.parallel.layout import Layout
-    from alignment.planning.memory import GIB, Plan, load_model, memory
+    from alignment.planning.memory import GIB, Plan, memory
 
     lay = Layout(PROCESSES, 1, 1, PROCESSES if stage else 1, stage)
     plan = Plan(stage="sft", seq=SEQ, response=SEQ, micro=MICRO, dtype="fp32", device="cpu",
                 runtime_bytes=runtime_gib * GIB, segment=SEGMENT)
-    mem = memory(load_model(model_dir), lay, plan)
+    mem = memory(planner_model(config), lay, plan)
     parts = {k: mem["components"][k] / GIB for k in ("trained_weights", "grads", "adamw", "gathered", "activations")}
     return {**{k: round(v, 4) for k, v in parts.items()}, "train_total": round(mem["phases"]["train"] / GIB, 4)}
 
@@ -110,7 +121,9 @@ def render(result: dict) -> str:
     stage3, none = result["rows"][-1], result["rows"][0]
     return "\n".join([
         f"# Sharding stages on {PROCESSES} processes: peak memory per rank", "",
-        f"{result['cpu']}; {result['date']}; commit {result['commit']}.", "",
+        f"{result['cpu']}; {result['date']}; commit {result['commit']}"
+        + (f" (predictions: commit {result['predicted_at_commit']})" if "predicted_at_commit" in result else "")
+        + ".", "",
         f"Model: {result['model']['parameters'] / 1e6:.1f}M parameters (fp32, untied), SFT, micro-batch {MICRO} x "
         f"{SEQ} tokens, {result['steps']} steps, `benchmark: true`, sharding_segment_size {SEGMENT}. Runtime under "
         f"the runs (tiny model, same settings): {result['runtime_gib']:.2f} GiB per rank, given to the planner.", "",
@@ -140,44 +153,60 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def write(result: dict, base: str) -> None:
+    """base.json, base.md, base.png and latest_sharding_memory.md."""
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    table = render(result)
+    for path in (base + ".md", os.path.join(REPO, "benchmarks", "results", "latest_sharding_memory.md")):
+        with open(path, "w") as f:
+            f.write(table + f"\n\nRaw numbers: {os.path.basename(base)}.json\n")
+    plot(result, base + ".png")
+    print(f"wrote {base}.{{json,md,png}}")
+
+
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True).stdout.strip()
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--no-save", action="store_true", help="print, write no result files")
+    parser.add_argument("--repredict", metavar="RESULT_JSON", help="measure nothing: recompute the planner's "
+                        "predictions for a results file's measurements and rewrite it (.json, .md, .png)")
     args = parser.parse_args(argv)
+    if args.repredict:
+        with open(args.repredict) as f:
+            result = json.load(f)
+        for row in result["rows"]:
+            row["predicted"] = predict(result["model"], row["stage"], result["runtime_gib"])
+        result["predicted_at_commit"] = commit()
+        print(render(result))
+        write(result, args.repredict[:-len(".json")])
+        return result
     from alignment.models import LlamaConfig
     from alignment.planning.memory import load_model, model_params
 
     with tempfile.TemporaryDirectory() as workdir:
         models = build_models(workdir)
+        config = LlamaConfig.from_pretrained(models["wide"])
+        model = {**WIDE, "vocab_size": config.vocab_size, "parameters": model_params(load_model(models["wide"]))}
         runtime = max(run(models["tiny"], "", args.steps, workdir)["peak_rss"])
         print(f"runtime (tiny model): {runtime:.3f} GiB per rank", flush=True)
         rows = []
         for stage in STAGES:
             row = {"stage": stage, **run(models["wide"], stage, args.steps, workdir),
-                   "predicted": predict(models["wide"], stage, runtime)}
+                   "predicted": predict(model, stage, runtime)}
             print(json.dumps(row), flush=True)
             rows.append(row)
-        config = LlamaConfig.from_pretrained(models["wide"])
-        parameters = model_params(load_model(models["wide"]))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
-    result = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit, "steps": args.steps,
-              "processes": PROCESSES, "seq": SEQ, "micro_batch": MICRO, "segment_size": SEGMENT,
-              "model": {**WIDE, "vocab_size": config.vocab_size, "parameters": parameters},
-              "runtime_gib": runtime, "rows": rows}
-    table = render(result)
-    print(table)
+    result = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "commit": commit(), "steps": args.steps,
+              "processes": PROCESSES, "seq": SEQ, "micro_batch": MICRO, "segment_size": SEGMENT, "model": model,
+              "runtime_gib": runtime, "malloc": MALLOC, "rows": rows}
+    print(render(result))
     if not args.no_save:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = os.path.join(REPO, "benchmarks", "results", f"sharding_memory_{stamp}")
-        with open(base + ".json", "w") as f:
-            json.dump(result, f, indent=1)
-        for path in (base + ".md", os.path.join(REPO, "benchmarks", "results", "latest_sharding_memory.md")):
-            with open(path, "w") as f:
-                f.write(table + f"\n\nRaw numbers: {os.path.basename(base)}.json\n")
-        plot(result, base + ".png")
-        print(f"wrote {base}.{{json,md,png}}")
+        write(result, os.path.join(REPO, "benchmarks", "results", f"sharding_memory_{time.strftime('%Y%m%d-%H%M%S')}"))
     return result
 
 

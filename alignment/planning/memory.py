@@ -142,15 +142,18 @@ def stage3_split(m: Model, kind: str, lay: Layout, p: Plan) -> tuple:
 def trained_model(m: Model, kind: str, lay: Layout, p: Plan) -> dict:
     """Weights (base + adapters), gradients and AdamW states of one trained model on one rank, and what one step
     holds besides (`gathered`): stage 2 the other ranks' gradient buffers during backward (each up to
-    GRAD_BUCKET elements), stage 3 the largest sliced tensor and its gradient whole while its layer runs."""
+    GRAD_BUCKET elements), stage 3 the largest sliced tensor and its gradient whole while its layer runs. Stage 3
+    frees its gradient slices after each step (`grads_released`): they build up in backward as the activations are
+    freed, so a step holds the larger of the two, not both (measured: benchmarks/bench_sharding_memory.py)."""
     by, sd = BYTES[p.dtype], lay.sharding
     stage = lay.stage if sd > 1 else ""
     whole = stage_params(m, kind, lay.tensor, lay.pipeline)
     trainable = lora_params(m, p.lora_rank) + (m.hidden if kind == "score" else 0) if p.lora_rank else whole
-    base, gathered = whole, 0.0  # the (frozen under LoRA) weights each rank holds
+    base, gathered, released = whole, 0.0, 0.0  # the (frozen under LoRA) weights each rank holds
     if stage == "stage3":
         sliced, kept, largest = stage3_split(m, kind, lay, p)
         base, gathered = kept + sliced / sd, 2 * largest * by["w"]
+        released = 0.0 if p.lora_rank else sliced / sd * by["g"]  # a LoRA run's slices are frozen: no gradient
     split = {"": 1, "stage1": 1, "stage2": sd, "stage3": sd}[stage]  # what divides the gradients
     grads, opt = trainable / split, trainable / (sd if stage else 1)
     if p.lora_rank:  # the adapters are small: whole on every rank under stage 3 (their states too)
@@ -162,7 +165,7 @@ def trained_model(m: Model, kind: str, lay: Layout, p: Plan) -> dict:
     if stage == "stage2":
         gathered = (sd - 1) * min(GRAD_BUCKET, trainable / sd) * by["g"]
     return {"trained_weights": weights * by["w"], "grads": grads * by["g"], "adamw": opt * by["opt"],
-            "gathered": gathered}
+            "gathered": gathered, "grads_released": released}
 
 
 def memory(m: Model, lay: Layout, p: Plan) -> dict:
@@ -179,14 +182,15 @@ def memory(m: Model, lay: Layout, p: Plan) -> dict:
     copies = (model_params(m, "causal") + model_params(m, "score")) * w if ppo and lay.pipeline > 1 else \
         model_params(m, "causal") * w if ppo and (lay.tensor > 1 and p.eval_mode == "single" or sliced) else 0
     gen_tp = 1 if copies else lay.tensor
-    c = {k: sum(t[k] for t in trained) for k in ("trained_weights", "grads", "adamw", "gathered")}
+    c = {k: sum(t[k] for t in trained) for k in ("trained_weights", "grads", "adamw", "gathered", "grads_released")}
     c.update(activations=act[0], activations_recompute=act[1], frozen_models=frozen, whole_copies=copies,
              kv_cache=2 * m.layers * m.kv_heads * m.head_dim * p.seq * p.rollout * b / gen_tp * ppo,  # K and V
              runtime=p.runtime_bytes)
     off = p.offload if p.device == "gpu" else frozenset()  # on CPU the host is the device: offload frees nothing
-    base = c["grads"] + copies + c["runtime"]  # gradients keep their buffers between steps
+    base = c["grads"] - c["grads_released"] + copies + c["runtime"]  # gradients keep their buffers between steps
     opt, cold = (0 if "optimizer" in off else c["adamw"]), (0 if "freeze_model" in off else frozen)
-    phases = {"train": base + c["adamw"] + c["trained_weights"] + c["gathered"] + act[p.recompute] + cold}
+    phases = {"train": base + c["adamw"] + c["trained_weights"] + c["gathered"] + cold
+              + max(act[p.recompute], c["grads_released"])}
     if ppo:
         actor_w, critic_w = (t["trained_weights"] for t in trained)
         phases = {"generate": base + opt + actor_w + (0 if "train_model" in off else critic_w) + cold
