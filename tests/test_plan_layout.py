@@ -210,3 +210,25 @@ def test_divisors_are_the_brute_force_ones_for_large_counts_too():
     for n in (1, 2, 12, 36, 97, 720720, 2 ** 20):
         assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
     assert divisors(10 ** 12)[:5] == [1, 2, 4, 5, 8] and len(divisors(10 ** 12)) == 169  # (12 + 1) ** 2
+
+
+def test_the_planner_matches_the_measured_sharding_memory():
+    """benchmarks/bench_sharding_memory.py (newest results file): every stage's peak RSS per rank on 4 processes
+    within 10% of the planner's prediction for the same layout, and stage 3's weights a quarter of stage 0's."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_sharding_memory",
+                                                  os.path.join(REPO, "benchmarks", "bench_sharding_memory.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    newest = sorted(glob.glob(os.path.join(REPO, "benchmarks", "results", "sharding_memory_*.json")))[-1]
+    result = json.load(open(newest))
+    assert [row["stage"] for row in result["rows"]] == ["", "stage1", "stage2", "stage3"]
+    for row in result["rows"]:
+        predicted = bench.predict(result["model"], row["stage"], result["runtime_gib"])["train_total"]
+        assert abs(predicted - max(row["peak_rss"])) / max(row["peak_rss"]) < 0.10, (row["stage"], predicted)
+    none, stage3 = result["rows"][0], result["rows"][-1]
+    assert max(stage3["weights"]) / max(none["weights"]) == pytest.approx(0.25, abs=0.01)
+    above_runtime = [max(row["peak_rss"]) - result["runtime_gib"] for row in (none, stage3)]
+    assert above_runtime[1] < 0.35 * above_runtime[0]  # what training holds beyond the runtime: about a quarter
