@@ -100,8 +100,7 @@ class PPOTrainer(Trainer):
         self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
-        split = self.actor.config.tensor_parallel_degree > 1
-        # sharding stage 3 keeps slices of the weights: decoding reads them whole, from a copy refreshed each step
+        split = self.actor.config.tensor_parallel_degree > 1  # sharding stage 3: decoding reads whole weights
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
             split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
         if ppo_args.dynamic_sampling:
