@@ -160,7 +160,8 @@ CASES = [
     # --- parallel layout (tests/test_parallel.py has the 2-process case: heads not divisible by the degree)
     ("parallel degrees do not match the world size", lambda t, m: sft(t, m, "--tensor_parallel_degree", "2"),
      ["tensor_parallel_degree 2", "world size 1"]),
-    ("sharding stage2 on CPU", lambda t, m: sft(t, m, "--sharding", "stage2"), ["'sharding'", "stage2", "GPU"]),
+    ("Paddle's sharding offload", lambda t, m: sft(t, m, "--sharding", "stage3 offload"),
+     ["'sharding'", "stage3 offload", "remove 'offload'"]),
     ("unknown offload level", lambda t, m: ppo(t, m, "--offload_level", "everything"),
      ["offload_level", "everything", "freeze_model"]),
     ("eval_mode tensor_parallel without tensor parallelism", lambda t, m: ppo(t, m, "--eval_mode", "tensor_parallel"),

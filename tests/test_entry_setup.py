@@ -112,3 +112,29 @@ def test_models_for_a_stage_trained_frozen_and_the_reference(tiny_model_dir):
     critic = setup.load_trained_model("score", tiny_model_dir, Layout(), LoRAArguments(), score_type="critic",
                                       do_normalize=False)
     assert critic.config.score_type == "critic" and all(not p.stop_gradient for p in critic.parameters())
+
+
+@pytest.mark.parametrize("classes, flags, fragment", [
+    (SFT, SFT_FLAGS + ["--sharding", "stage2", "--pipeline_parallel_degree", "2"],
+     "key 'sharding' 'stage2' with pipeline_parallel_degree 2: pipeline parallelism is not compatible"),
+    (SFT, SFT_FLAGS + ["--sharding", "stage3", "--fp16", "true"], "key 'sharding' 'stage3' with fp16"),
+    (SFT, SFT_FLAGS + ["--sharding", "stage3 offload"], "Paddle's sharding offload is not used here"),
+    (PPO, PPO_FLAGS + ["--sharding", "stage2", "--offload_level", "train_model"],
+     "key 'offload_level' 'train_model' with sharding stage2"),
+], ids=["stage2-pipeline", "stage3-fp16", "offload", "stage2-train_model-offload"])
+def test_sharding_stages_2_and_3_refuse_what_they_cannot_run_before_anything_loads(monkeypatch, capsys, classes,
+                                                                                  flags, fragment):
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    with pytest.raises(SystemExit) as stop:
+        setup.parse_arguments(flags, *classes)
+    assert stop.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def test_sharding_stages_plan_their_groups(monkeypatch):
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "8")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "1")
+    *_, run = setup.parse_arguments(SFT_FLAGS + ["--sharding", "stage3", "--tensor_parallel_degree", "2",
+                                                 "--sharding_parallel_degree", "2"], *SFT)
+    assert (run.layout.tensor, run.layout.sharding, run.layout.stage, run.layout.data) == (2, 2, "stage3", 2)
+    *_, run = setup.parse_arguments(SFT_FLAGS + ["--sharding", "stage2"], *SFT)  # -1: every rank left over
+    assert (run.layout.sharding, run.layout.stage, run.layout.data) == (8, "stage2", 1)

@@ -105,19 +105,26 @@ def one_process_rl(tiny_model_dir, tiny_reward_dir, tmp_path_factory):
     return runs
 
 
+def rl_run_matches(one_process_run, tmp_path, models, estimator, layout, processes, flags, data_degree):
+    """The RL run of `estimator` (gae or rloo) under a layout against the one-process run: every logged metric and
+    final weight within the tolerances; returns (its output directory, its logs). models: (actor, reward) dirs."""
+    out = tmp_path / layout
+    logs = launch(tmp_path / "logs", rl_args(estimator, *models, data_degree, out) + flags, processes)
+    keys = RL_KEYS + (("critic_loss",) if estimator == "gae" else ())
+    subdirs = [("policy", LlamaForCausalLM)] + ([("value", ScoreModel)] if estimator == "gae" else [])
+    metrics, weights = worst_relative_difference(one_process_run, out, keys, subdirs)
+    print(f"\n{estimator} {layout}: worst relative difference: metrics {metrics:.1e}, weights {weights:.1e}")
+    return out, logs
+
+
 @pytest.mark.parametrize("estimator", ["gae", "rloo"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_combined_layout_equals_one_process(one_process_rl, tiny_model_dir, tiny_reward_dir, tmp_path, layout,
                                             estimator):
     processes, flags, data_degree = LAYOUTS[layout]
-    out = tmp_path / layout
-    logs = launch(tmp_path / "logs", rl_args(estimator, tiny_model_dir, tiny_reward_dir, data_degree, out) + flags,
-                  processes)
+    out, logs = rl_run_matches(one_process_rl[estimator], tmp_path, (tiny_model_dir, tiny_reward_dir), estimator,
+                               layout, processes, flags, data_degree)
     assert f"world {processes} = " in logs
-    keys = RL_KEYS + (("critic_loss",) if estimator == "gae" else ())
-    subdirs = [("policy", LlamaForCausalLM)] + ([("value", ScoreModel)] if estimator == "gae" else [])
-    metrics, weights = worst_relative_difference(one_process_rl[estimator], out, keys, subdirs)
-    print(f"\n{estimator} {layout}: worst relative difference: metrics {metrics:.1e}, weights {weights:.1e}")
     start = LlamaForCausalLM.from_pretrained(tiny_model_dir)
     trained = LlamaForCausalLM.from_pretrained(str(out / "policy"))
     assert max(float(np.abs(x.numpy() - y.numpy()).max())
@@ -166,26 +173,62 @@ def test_supervised_stages_under_combined_layouts_equal_one_process(tiny_model_d
     a head initialised from scratch draws from an RNG stream that model construction under tensor parallelism
     advances differently, so it is a different (equally random) head, like another seed. Evaluation runs too
     (through the pipeline for pipeline layouts): its metrics must match as well."""
+    logs = stage_run_matches(tmp_path, (tiny_model_dir, tiny_reward_dir), stage, layout, processes, flags,
+                             data_degree)
+    assert f"world {processes} = " in logs
+
+
+def stage_run_matches(tmp_path, models, stage, layout, processes, flags, data_degree) -> str:
+    """`stage` (sft, rm, dpo: stage_args) in one process and under a layout: every logged metric (evaluations too)
+    and final weight within the tolerances; returns the layout run's logs. models: (causal, score) dirs."""
     cls, keys = STAGES[stage][2:]
-    common = stage_args(stage, tiny_reward_dir if stage == "rm" else tiny_model_dir)
+    common = stage_args(stage, models[stage == "rm"])
     subprocess.run([sys.executable, *common, "--per_device_train_batch_size", "4", "--output_dir",
                     str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
     logs = launch(tmp_path / "logs", common + flags + ["--per_device_train_batch_size", str(4 // data_degree),
                                                        "--output_dir", str(tmp_path / layout)], processes)
-    assert f"world {processes} = " in logs
     eval_keys = tuple(f"eval/{key}" for key in keys if key != "grad_norm")
     metrics, weights = worst_relative_difference(tmp_path / "one", tmp_path / layout, keys + eval_keys,
                                                  [("model", cls)])
     print(f"\n{stage} {layout}: worst relative difference: metrics {metrics:.1e}, weights {weights:.1e}")
+    return logs
 
 
 def run_layout(layout, args_for, out, log_dir, *extra):
-    """One process (layout None) or `layout` on its processes; args_for(data_degree, out) builds the arguments."""
+    """One process (layout None) or a layout (a name in LAYOUTS, or (processes, flags, data degree)) on its
+    processes; args_for(data_degree, out) builds the arguments."""
     if layout is None:
         subprocess.run([sys.executable, *args_for(1, out), *extra], cwd=REPO, check=True, capture_output=True)
         return
-    processes, flags, data_degree = LAYOUTS[layout]
+    processes, flags, data_degree = LAYOUTS[layout] if isinstance(layout, str) else layout
     launch(log_dir, args_for(data_degree, out) + flags + list(extra), processes)
+
+
+def keep_steps(run, copy, first: int, models) -> None:
+    """`copy`: the metrics rows of `run` from step `first` on, and its final models (the subdirectories named)."""
+    copy.mkdir()
+    with open(copy / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in read_metrics(run) if row["step"] >= first)
+    for sub in models:
+        shutil.copytree(run / sub, copy / sub)
+
+
+def resume_across(tmp_path, tiny_model_dir, tiny_reward_dir, saved_under, resumed_under):
+    """checkpoint-2 of a 4-step PPO run under `saved_under` resumed under `resumed_under` (run_layout's layouts):
+    checks steps 3-4 and the final weights against the run that never stopped; returns the worst differences."""
+    def args_for(data_degree, out):
+        return rl_args("gae", tiny_model_dir, tiny_reward_dir, data_degree, out)[:-2] + [
+            "--max_steps", "4", "--save_steps", "2", "--output_dir", str(out)]
+
+    run_layout(saved_under, args_for, tmp_path / "straight", tmp_path / "logs-a")
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(tmp_path / "straight" / "checkpoint-2", resumed / "checkpoint-2")
+    run_layout(resumed_under, args_for, resumed, tmp_path / "logs-b", "--resume_from_checkpoint", "auto")
+    assert [r["step"] for r in read_metrics(resumed)] == [3, 4]
+    keep_steps(tmp_path / "straight", tmp_path / "straight-3-4", 3, ("policy", "value"))
+    return worst_relative_difference(tmp_path / "straight-3-4", resumed, RL_KEYS + ("critic_loss",),
+                                     [("policy", LlamaForCausalLM), ("value", ScoreModel)])
 
 
 @pytest.mark.parametrize("saved_under, resumed_under", [("tp2xpp2xdp2", None), (None, "tp2xpp2xdp2"),
@@ -196,24 +239,7 @@ def test_a_checkpoint_resumes_under_another_layout(tiny_model_dir, tiny_reward_d
     """checkpoint-2 of a 4-step PPO run, resumed under another layout (optimizer states resharded: gathered whole
     at save, sliced / given to their sharding owner at load), gives steps 3-4 and final weights equal to the run
     that never stopped under the first layout."""
-    def args_for(data_degree, out):
-        return rl_args("gae", tiny_model_dir, tiny_reward_dir, data_degree, out)[:-2] + [
-            "--max_steps", "4", "--save_steps", "2", "--output_dir", str(out)]
-
-    run_layout(saved_under, args_for, tmp_path / "straight", tmp_path / "logs-a")
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    shutil.copytree(tmp_path / "straight" / "checkpoint-2", resumed / "checkpoint-2")
-    run_layout(resumed_under, args_for, resumed, tmp_path / "logs-b", "--resume_from_checkpoint", "auto")
-    straight = read_metrics(tmp_path / "straight")
-    assert [r["step"] for r in read_metrics(resumed)] == [3, 4]
-    (tmp_path / "straight-3-4").mkdir()
-    with open(tmp_path / "straight-3-4" / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in straight[2:])
-    for sub in ("policy", "value"):
-        shutil.copytree(tmp_path / "straight" / sub, tmp_path / "straight-3-4" / sub)
-    metrics, weights = worst_relative_difference(tmp_path / "straight-3-4", resumed, RL_KEYS + ("critic_loss",),
-                                                 [("policy", LlamaForCausalLM), ("value", ScoreModel)])
+    metrics, weights = resume_across(tmp_path, tiny_model_dir, tiny_reward_dir, saved_under, resumed_under)
     print(f"\n{saved_under or 'one'} -> {resumed_under or 'one'}: worst relative difference: metrics "
           f"{metrics:.1e}, weights {weights:.1e}")
 
@@ -259,16 +285,8 @@ def test_a_kill_during_a_save_under_a_combined_layout_leaves_the_previous_checkp
 
     launch(tmp_path / "logs-resumed", args + flags + ["--output_dir", str(out), "--resume_from_checkpoint", "auto"],
            4)
-    rows = read_metrics(out)
-    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5, 6]  # no row lost or repeated
-    (tmp_path / "resumed-3-6").mkdir()
-    with open(tmp_path / "resumed-3-6" / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows if row["step"] >= 3)
-    shutil.copytree(out / "model", tmp_path / "resumed-3-6" / "model")
-    straight = read_metrics(tmp_path / "straight")
-    (tmp_path / "straight-3-6").mkdir()
-    with open(tmp_path / "straight-3-6" / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps(row) + "\n" for row in straight if row["step"] >= 3)
-    shutil.copytree(tmp_path / "straight" / "model", tmp_path / "straight-3-6" / "model")
+    assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]  # no row lost or repeated
+    keep_steps(out, tmp_path / "resumed-3-6", 3, ("model",))
+    keep_steps(tmp_path / "straight", tmp_path / "straight-3-6", 3, ("model",))
     worst_relative_difference(tmp_path / "straight-3-6", tmp_path / "resumed-3-6", ("loss", "grad_norm"),
                               [("model", LlamaForCausalLM)])

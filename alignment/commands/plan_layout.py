@@ -5,7 +5,11 @@
 
 Bytes per parameter: bf16 training = bf16 weights and gradients + AdamW's fp32 master weights and 2 moments (12 B);
 fp32 = 4 + 4 + 8 B. Sharding (Paddle/PaddleNLP): stage1 splits AdamW states over the sharding ranks, stage2 also
-gradients, stage3 also trained weights (frozen models stay whole). tp splits projections, vocabulary, LM head.
+gradients (during backward the other ranks' gradient buffers, up to 2**23 elements each, exist too), stage3 also
+trained weights above --sharding-segment-size elements (smaller ones, and a causal LM's tied embedding table, stay
+whole with their gradients and AdamW states; the largest sliced tensor and its gradient are whole while its layer
+runs; PPO generates from a whole copy of the actor). Frozen models stay whole. stage2/3 do not combine with
+pipeline parallelism. tp splits projections, vocabulary, LM head.
 
 Activations per decoder layer and token (s seq, a heads, h hidden, q = a*d, k = kv_heads*d, i MLP width, t tensor
 degree, B bytes per element). `--activations eager` (default), the tensors this toolkit's plain-Paddle layer
@@ -94,7 +98,10 @@ def parse_args(argv):
     add("--reserve", type=fraction, default=0.1, help="fraction kept free (CUDA context, NCCL, fragmentation)")
     for flag in ("--tp", "--pp", "--sharding-degree"):
         add(flag, type=positive_int, help="pin this degree")
-    add("--allow-unbuilt", action="store_true", help="also recommend sharding stage2/3 (not built in this toolkit)")
+    add("--allow-unbuilt", action="store_true", help="also recommend sharding stage2/3 with pipeline parallelism "
+        "(refused here, as in PaddleNLP)")
+    add("--sharding-segment-size", type=positive_int, default=2**20, help="stage3: parameters above this many "
+        "elements are split (the key sharding_segment_size)")
     add("--top", type=positive_int, default=30, help="rows of the printed table")
     add("--json", action="store_true", help="machine-readable output")
     return ap.parse_args(argv)
@@ -113,7 +120,7 @@ def build_plan(args) -> Plan:
     response = args.response_len or (args.seq_len // 2 if args.stage in ("ppo", "dpo") else args.seq_len)
     return Plan(args.stage, args.seq_len, min(response, args.seq_len), args.micro_batch, args.rollout_batch,
                 "fp32" if cpu else args.dtype, args.lora_rank, args.recompute, levels, args.eval_mode,
-                args.activations, runtime * GIB, args.device)
+                args.activations, runtime * GIB, args.device, args.sharding_segment_size)
 
 
 def run(argv=None) -> dict:
@@ -159,9 +166,10 @@ def report(params, args, p, lays, capacity, best, m) -> str:
                   f"the {best['phase']} phase, headroom {best['headroom'] / GIB:.2f} GiB",
                   f"  why: fewest ranks per model copy (tp x pp, tp <= {args.gpus_per_node}: one node). Tensor "
                   "parallelism all-reduces activations in every layer, forward and backward, so it wants NVLink "
-                  "and few ranks; pipelines add bubbles (and here whole generation copies); sharding stage1 and "
+                  "and few ranks; pipelines add bubbles (and here whole generation copies); sharding stages 1-2 and "
                   "data parallelism talk once per step and scale across hosts. Recompute, then offload, only when "
-                  "needed; then the most headroom."]
+                  "needed; sharding stage 3 (it gathers each layer's weights in every forward and backward) after "
+                  "them; then the most headroom."]
         if p.stage == "ppo" and p.device == "gpu":
             lines.append("  offload effect on this layout (GiB per phase):")
             lines += [f"    {r['offload']:<36} generate {r['generate']:7.2f}  score {r['score']:7.2f}  train "

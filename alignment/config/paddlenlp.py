@@ -62,7 +62,7 @@ def _own_sharding(ctx, key, value):
     if stage not in ("stage2", "stage3"):
         return
     if get_int(ctx.src, "sharding_parallel_degree", -1) == 1:  # PaddleNLP: "sharding_parallel_degree=1 means no
-        ctx.values[key] = ""                                   # sharding" (with -1, stage2/3 stay refused)
+        ctx.values[key] = ""                                   # sharding"
         ctx.notice(key, f"{stage!r} with sharding_parallel_degree 1 shards nothing; the run is unsharded "
                         "(PaddleNLP does the same)")
 

@@ -92,15 +92,23 @@ class TrainingArguments:
                                                         "/ DPO policy, the reward model) into this many pipeline "
                                                         "stages (1F1B over gradient_accumulation_steps micro-batches "
                                                         "of per_device_train_batch_size).")
-    sharding: str = field("", help="Optimizer-state sharding over data-parallel processes: 'stage1' (fleet's "
-                                   "sharding optimizer); '' = off. 'stage2'/'stage3' (GPU-only in Paddle) are "
-                                   "refused with a clear error: not built yet.")
+    sharding: str = field("", help="ZeRO sharding over the sharding processes (docs/parallel/sharding.md): 'stage1' "
+                                   "splits the AdamW states (fleet's sharding optimizer), 'stage2' also the "
+                                   "gradients, 'stage3' also the parameters (Paddle's group_sharded_parallel 'os_g' "
+                                   "/ 'p_g_os'); '' = off.")
     lost_rank_timeout: float = field(120.0, ge=0, help="Multi-process runs: seconds without a heartbeat from another "
                                                        "rank (a killed process, a lost host) after which every other "
                                                        "rank exits with code 1 and a message naming it, instead of "
                                                        "waiting in a collective; 0 = off (Paddle's own timeouts only).")
     sharding_parallel_degree: int = field(-1, help="Processes in one sharding group; -1 = all processes left after "
                                                    "tensor and pipeline parallelism. Data parallelism fills the rest.")
+    sharding_segment_size: int = field(2**20, ge=0, help="sharding stage3: parameters with more elements than this "
+                                                        "are split over the sharding processes, smaller ones stay "
+                                                        "whole on each (Paddle's segment_size; 2**20 as there).")
+    benchmark: bool = field(False, help="PaddleNLP's throughput mode: train the steps without evaluating or saving "
+                                        "anything (no checkpoints, no final model), log every step (unless "
+                                        "disable_tqdm) and end with tokens/s, step time and each rank's peak "
+                                        "memory (alignment/training/benchmark.py).")
     max_nonfinite_steps: int = field(5, ge=1, help="A step whose loss or gradients are NaN/inf is skipped and counted "
                                                    "(skipped_steps); after this many in a row the run stops.")
 

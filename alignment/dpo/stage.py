@@ -50,6 +50,8 @@ def train(argv, arguments_class) -> dict:
         del reference
     with setup.training_stops(trainer):
         results = trainer.train()
+    if setup.benchmark_ended(train_args, dpo_args.loss_type):
+        return results
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
     print(f"\n{dpo_args.loss_type} done")

@@ -23,18 +23,54 @@ collectives (`paddle.distributed.all_reduce` / `all_gather` / `send` / `recv`) t
 
 Pipeline stages exchange activations with isend/irecv on CPU (`use_batch_p2p_comm` false in
 parallel/distributed.py, a fleet setting), since gloo has no batched calc-stream p2p.
+
+Sharding stages 2 and 3 (training/sharding.py) run Paddle's own group-sharded classes. Their collectives are
+broadcast, reduce, all_reduce and all_gather, which gloo has (no reduce_scatter or alltoall, the two gloo lacks);
+what stops them on CPU is three device checks and one copy, found by running them there. `group_sharded_parallel`
+below is picked instead of Paddle's on a CPU build only; it builds Paddle's classes through these stand-ins:
+
+    group_sharded_parallel         paddle.distributed.sharding.group_sharded_parallel asserts paddle.get_device() is
+                                   gpu / xpu / a custom device ("group_sharded_parallel only support gpu, xpu and
+                                   custom_device now"); this one builds the same wrappers with device "cpu"
+    GroupShardedOptimizerStage2    __init__ asserts core.is_compiled_with_cuda() (or XPU, or a custom device: "Only
+                                   GPU and XPU and CustomDevice is supported now") and parses a device number out of
+                                   paddle.get_device() ("gpu:0"; "cpu" has none: IndexError). Paddle's own __init__
+                                   runs with `core` answering the first and `paddle.get_device()` saying "cpu:0"
+                                   (`_HostBuild`, `_HostPaddle`)
+    ParamStorage.add_rank_params   (from GroupShardedOptimizerStage2._integration_params) builds each rank's fused
+                                   parameter buffer in host memory, then copies it to the device with cvt_to_device,
+                                   which fails on a CPU build (CPUPlace has no get_device_type, before its own
+                                   OSError "Only supported compiled paddle with gpu/rocm and xpu"); here the buffer
+                                   stays where it was built (convert_gpu=False)
+    GroupShardedStage3             __init__ asserts core.is_compiled_with_cuda() (or XPU, or a custom device: "Only
+                                   support CUDA / XPU / CustomDevice."); Paddle's own __init__ runs with `core`
+                                   answering it. The module-level names __init__ sets (DEV "cpu", DEV_ID 0,
+                                   param2dtype) then live in the stand-in's copy of the module namespace, and so do
+                                   the two methods __init__ calls that record param2dtype (_flatten_layer_params,
+                                   _handle_unslice_params); Paddle reads them again only for offload, refused on CPU
+
+"Runs with": the stand-in is a new function object over Paddle's own code with a copy of its module's namespace
+in which the names above are replaced (`_paddle_code`); Paddle's modules and classes are not changed. Offload
+(Paddle's `offload=True`) is not stood in for: stage 2's asserts float16 parameters (no CPU matmul kernel) and
+stage 3's copies slices to "cpu:0", which paddle does not parse.
 """
 from __future__ import annotations
 
 import inspect
 import os
+import types
 
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed.fleet.layers.mpu import mp_ops
 from paddle.distributed import collective
+from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_optimizer_stage2 as stage2_optimizer
+from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as stage3
+from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_storage as storage
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 from paddle.distributed.parallel import ParallelEnv
+from paddle.framework import core
 
 from alignment.parallel.stores import rank_zero_store
 
@@ -184,3 +220,78 @@ def install() -> None:
     mp_ops._c_softmax_with_cross_entropy = _c_softmax_with_cross_entropy
     ParallelEnv.device_id = property(lambda self: getattr(self, "_device_id", 0))
     _installed = True
+
+
+class _HostBuild:
+    """`paddle.framework.core` as the group-sharded constructors see it here: their device assertion holds (the host
+    is the device on a CPU build); every other name is core's own."""
+
+    def __getattr__(self, name):
+        return getattr(core, name)
+
+    @staticmethod
+    def is_compiled_with_cuda() -> bool:
+        return True
+
+
+class _HostPaddle:
+    """`paddle` as GroupShardedOptimizerStage2.__init__ sees it here: get_device() names device number 0."""
+
+    def __getattr__(self, name):
+        return getattr(paddle, name)
+
+    @staticmethod
+    def get_device() -> str:
+        return "cpu:0"
+
+
+def _paddle_code(function, namespace: dict):
+    """Paddle's `function` (the same code object, defaults and closure) reading its module-level names from
+    `namespace`."""
+    return types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
+                              function.__closure__)
+
+
+class _HostParamStorage(storage.ParamStorage):
+    def add_rank_params(self, trainable_params, param2align, convert_gpu=True):
+        super().add_rank_params(trainable_params, param2align, convert_gpu=False)
+
+
+_OPTIMIZER_NAMES = {**vars(stage2_optimizer), "core": _HostBuild(), "paddle": _HostPaddle(),
+                    "ParamStorage": _HostParamStorage}
+
+
+class _HostGroupShardedOptimizerStage2(stage2_optimizer.GroupShardedOptimizerStage2):
+    __init__ = _paddle_code(stage2_optimizer.GroupShardedOptimizerStage2.__init__, _OPTIMIZER_NAMES)
+    _integration_params = _paddle_code(stage2_optimizer.GroupShardedOptimizerStage2._integration_params,
+                                       _OPTIMIZER_NAMES)
+
+
+_STAGE3_NAMES = {**vars(stage3), "core": _HostBuild()}
+
+
+class _HostGroupShardedStage3(stage3.GroupShardedStage3):
+    __init__ = _paddle_code(stage3.GroupShardedStage3.__init__, _STAGE3_NAMES)
+    _flatten_layer_params = _paddle_code(stage3.GroupShardedStage3._flatten_layer_params, _STAGE3_NAMES)
+    _handle_unslice_params = _paddle_code(stage3.GroupShardedStage3._handle_unslice_params, _STAGE3_NAMES)
+
+
+def group_sharded_parallel(model, optimizer, level, scaler=None, group=None, offload=False, sync_buffers=False,
+                           buffer_max_size=2**23, segment_size=2**20, sync_comm=False, dp_group=None,
+                           exclude_layer=None):
+    """paddle.distributed.sharding.group_sharded_parallel's signature and wrappers ('os_g': GroupShardedStage2 over
+    GroupShardedOptimizerStage2; 'p_g_os': GroupShardedStage3), built on the host. No scaler or offload here."""
+    if scaler is not None or offload:
+        raise ValueError("the CPU stand-in of group_sharded_parallel takes no GradScaler and no offload")
+    if level == "os_g":
+        optimizer = _HostGroupShardedOptimizerStage2(params=optimizer._parameter_list, optim=optimizer, group=group,
+                                                     dp_group=dp_group, device="cpu")
+        model = GroupShardedStage2(model, optimizer, group=group, sync_buffers=sync_buffers,
+                                   buffer_max_size=buffer_max_size, dp_group=dp_group, device="cpu")
+    elif level == "p_g_os":
+        model = _HostGroupShardedStage3(model, optimizer=optimizer, group=group, sync_buffers=sync_buffers,
+                                        segment_size=segment_size, sync_comm=sync_comm, dp_group=dp_group,
+                                        device="cpu", exclude_layer=exclude_layer)
+    else:
+        raise ValueError(f"level {level!r}: the CPU stand-in builds 'os_g' and 'p_g_os'")
+    return model, optimizer, scaler

@@ -171,13 +171,28 @@ def step_shares(weights: List[float]) -> List[float]:
     return [w / max(sum(weights), 1e-12) * total for w in weights]
 
 
-def grad_norm_squares(parameters) -> float:
+def grad_norm_squares(parameters, partial=None) -> float:
     """Sum of squared gradients of the whole model: slices of tensor-parallel parameters are summed over their
     group, replicated parameters counted once, pipeline stages added up. Call after average_gradients. One
-    squared_l2_norm kernel per gradient (bitwise sum(square(g)); SmolLM2-135M 0.10 -> 0.03 s on 2 cores)."""
+    squared_l2_norm kernel per gradient (bitwise sum(square(g)); SmolLM2-135M 0.10 -> 0.03 s on 2 cores).
+    `partial`: under sharding stages 2 and 3, the (parameter, gradient) pairs of which each sharding rank holds a
+    part of its own (the gradients it owns; its slices), also summed over the sharding group (a list on every rank
+    of such a run, empty or not)."""
+    total = _squares([(param, param.grad) for param in parameters])
+    if partial is not None and _hybrid is not None:
+        held = _squares(partial)
+        dist.all_reduce(held, group=_hybrid.get_sharding_parallel_group())
+        total = total + held
+    if _hybrid is not None and _hybrid.get_pipe_parallel_world_size() > 1:  # each stage holds its own layers
+        dist.all_reduce(total, group=_hybrid.get_pipe_parallel_group())
+    return float(total)
+
+
+def _squares(pairs):
+    """Sum of the squares of the gradients of (parameter, gradient) pairs, tensor-parallel slices summed over the
+    model-parallel group (a collective there)."""
     split, whole = [], []
-    for param in parameters:
-        grad = param.grad
+    for param, grad in pairs:
         if grad is not None and not getattr(param, "tied_copy", False):  # a stage's copy of a tied table
             square = _C_ops.squared_l2_norm(grad if grad.dtype == paddle.float32 else grad.astype("float32"))
             (split if getattr(param, "is_distributed", False) else whole).append(square.reshape([]))
@@ -188,9 +203,7 @@ def grad_norm_squares(parameters) -> float:
         total = total + part
     elif split:
         total = total + paddle.add_n(split)
-    if _hybrid is not None and _hybrid.get_pipe_parallel_world_size() > 1:  # each stage holds its own layers
-        dist.all_reduce(total, group=_hybrid.get_pipe_parallel_group())
-    return float(total)
+    return total
 
 
 def on_any_rank(flag: bool) -> bool:

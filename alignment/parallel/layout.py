@@ -3,7 +3,8 @@
     world size = tensor_parallel_degree x pipeline_parallel_degree x sharding_parallel_degree x data-parallel degree
 
 Ranks in one tensor-parallel group hold slices of the same model and see the same data; sharding and data-parallel
-ranks see different data (sharding stage 1 also splits the optimizer states among its ranks). Everything is checked
+ranks see different data (sharding also splits the optimizer states among its ranks, stage 2 the gradients too,
+stage 3 the parameters too: alignment/training/sharding.py). Everything is checked
 by `plan()` before any model is loaded, so a wrong layout fails in a second with the keys to change.
 """
 from __future__ import annotations
@@ -48,8 +49,13 @@ class Layout:
 def plan(args, world: int) -> Layout:
     """The layout the training arguments ask for over `world` processes, or a ValueError naming the keys."""
     tp, pp = args.tensor_parallel_degree, args.pipeline_parallel_degree
-    stage = args.sharding.strip()
-    if stage not in SHARDING_STAGES:
+    words = args.sharding.split()
+    stage = words[0] if words else ""
+    if stage not in SHARDING_STAGES or len(words) > 1:
+        if "offload" in words[1:]:
+            raise ValueError(f"key 'sharding' {args.sharding!r}: Paddle's sharding offload is not used here (PaddleNLP "
+                             "warns it is not supported with hybrid parallelism); remove 'offload' (PPO-family runs "
+                             "offload the sharded optimizer states with offload_level 'optimizer')")
         raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} does not divide the world "
@@ -65,9 +71,12 @@ def plan(args, world: int) -> Layout:
     if sharding < 1 or world % (tp * pp * sharding):
         raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} x sharding_parallel_degree "
                          f"{sharding} does not divide the world size {world}")
-    if stage in ("stage2", "stage3"):
-        raise ValueError(f"key 'sharding' {stage!r} is not built yet: Paddle's group_sharded_parallel (stage 2/3) "
-                         "needs a GPU/XPU device to run and be checked on; use stage1, which shards the optimizer "
-                         "states")
+    if stage in ("stage2", "stage3") and sharding > 1:
+        if pp > 1:
+            raise ValueError(f"key 'sharding' {stage!r} with pipeline_parallel_degree {pp}: pipeline parallelism "
+                             "is not compatible with sharding stage2 or stage3 (as in PaddleNLP); use stage1")
+        if args.fp16:
+            raise ValueError(f"key 'sharding' {stage!r} with fp16: the loss scaling of sharding stage2/3 is not "
+                             "built; use bf16, or sharding stage1")
     return Layout(world, tp, pp, sharding, stage, micro_batch_size=args.per_device_train_batch_size,
                   accumulate_steps=args.gradient_accumulation_steps)

@@ -1,7 +1,7 @@
 """Device memory of one rank under a process layout, per phase (generate, score, train) of a training stage.
 
 The formulas (bytes per parameter, activations per layer and token, logits, KV cache, what each sharding stage
-splits, what each offload level moves to the host) are spelled out in `python tools/plan_layout.py --help`
+splits and gathers, what each offload level moves to the host) are spelled out in `python tools/plan_layout.py --help`
 (alignment/commands/plan_layout.py). A layout is alignment.parallel.layout.Layout, as `plan()` builds it for a run.
 """
 from __future__ import annotations
@@ -20,7 +20,9 @@ BYTES = {"bf16": {"w": 2, "g": 2, "opt": 12, "act": 2}, "fp32": {"w": 4, "g": 4,
 Model = collections.namedtuple("Model", "hidden inter layers heads kv_heads head_dim vocab tied qkv_bias o_bias "
                                         "mlp_bias", defaults=(False, False, False, False))
 PLAN_DEFAULTS = dict(stage="ppo", seq=512, response=256, micro=8, rollout=8, dtype="bf16", lora_rank=0, recompute=False,
-                     offload=frozenset(), eval_mode="tensor_parallel", formula="eager", runtime_bytes=0, device="gpu")
+                     offload=frozenset(), eval_mode="tensor_parallel", formula="eager", runtime_bytes=0, device="gpu",
+                     segment=2**20)
+GRAD_BUCKET = 2**23  # Paddle's stage-2 gradient buffer per rank (group_sharded_parallel's buffer_max_size, elements)
 Plan = collections.namedtuple("Plan", PLAN_DEFAULTS, defaults=PLAN_DEFAULTS.values())
 
 
@@ -56,29 +58,47 @@ def projections(m: Model):
             (m.hidden, m.inter, m.mlp_bias, True), (m.inter, m.hidden, m.mlp_bias, False)]
 
 
-def layer_params(m: Model, tp: int = 1) -> int:
-    """Parameters of one decoder layer on one tensor-parallel rank (row-parallel biases are replicated)."""
-    n = 2 * m.hidden  # input and post-attention RMSNorm
+def layer_tensors(m: Model, tp: int = 1) -> list:
+    """Element counts of one decoder layer's parameters on one tensor-parallel rank (row-parallel biases are
+    replicated): two RMSNorms, seven projections and their biases."""
+    sizes = [m.hidden, m.hidden]
     for fan_in, fan_out, bias, column in projections(m):
-        n += fan_in * fan_out // tp + bias * (fan_out // tp if column else fan_out)
-    return n
+        sizes += [fan_in * fan_out // tp] + ([fan_out // tp if column else fan_out] if bias else [])
+    return sizes
+
+
+def layer_params(m: Model, tp: int = 1) -> int:
+    """Parameters of one decoder layer on one tensor-parallel rank."""
+    return sum(layer_tensors(m, tp))
+
+
+def model_tensors(m: Model, kind: str = "causal", tp: int = 1, layers: int = None, first=True, last=True) -> list:
+    """Element counts of the parameters on one rank: `layers` decoder layers, the embedding on the first stage,
+    final norm and head on the last (LM head unless tied, but a tied table is also held by a later stage; a score
+    model's head is hidden x 1). The embedding comes last."""
+    sizes = layer_tensors(m, tp) * (m.layers if layers is None else layers)
+    if last:
+        sizes += [m.hidden] + ([m.hidden] if kind == "score" else [] if m.tied and first else [m.vocab * m.hidden // tp])
+    return sizes + ([m.vocab * m.hidden // tp] if first else [])
 
 
 def model_params(m: Model, kind: str = "causal", tp: int = 1, layers: int = None, first=True, last=True) -> int:
-    """Parameters on one rank: `layers` decoder layers, embedding on the first stage, final norm and head on the last
-    (LM head unless tied, but a tied table is also held by a later stage; a score model's head is hidden x 1)."""
-    n = (m.layers if layers is None else layers) * layer_params(m, tp)
-    n += m.vocab * m.hidden // tp if first else 0
-    if last:
-        n += m.hidden + (m.hidden if kind == "score" else (0 if m.tied and first else m.vocab * m.hidden // tp))
-    return n
+    """Parameters on one rank (model_tensors summed)."""
+    return sum(model_tensors(m, kind, tp, layers, first, last))
+
+
+def stage_tensors(m: Model, kind: str, tp: int, pp: int) -> list:
+    """Element counts of the parameters of the largest pipeline stage (layers split evenly, as fleet's
+    seg_method layer:...)."""
+    per = math.ceil(m.layers / pp)
+    if pp == 1:
+        return model_tensors(m, kind, tp)
+    return max(model_tensors(m, kind, tp, per, True, False), model_tensors(m, kind, tp, per, False, True), key=sum)
 
 
 def stage_params(m: Model, kind: str, tp: int, pp: int) -> int:
-    """Parameters of the largest pipeline stage (layers split evenly, as fleet's seg_method layer:...)."""
-    per = math.ceil(m.layers / pp)
-    return model_params(m, kind, tp) if pp == 1 else max(model_params(m, kind, tp, per, True, False),
-                                                          model_params(m, kind, tp, per, False, True))
+    """Parameters of the largest pipeline stage."""
+    return sum(stage_tensors(m, kind, tp, pp))
 
 
 def lora_params(m: Model, rank: int) -> int:
@@ -112,13 +132,43 @@ def train_activations(m: Model, rows: int, s: int, head_tokens: int, tp: int, pp
     return max(pp * held, held + logits_bytes(m, head_tokens, tp)) + (one_layer if recompute else 0)
 
 
+def stage3_split(m: Model, kind: str, lay: Layout, p: Plan) -> tuple:
+    """(parameters stage 3 slices, those it keeps whole, the largest sliced tensor): tensors above the segment size
+    are sliced, except a tied embedding table of a causal LM (its head reads the table outside the embedding
+    layer, alignment/training/sharding.py); everything else stays whole on every rank."""
+    sizes = stage_tensors(m, kind, lay.tensor, lay.pipeline)
+    table = m.vocab * m.hidden // lay.tensor if kind == "causal" and m.tied else None
+    sliced = [t for i, t in enumerate(sizes) if t > p.segment and not (t == table and i == len(sizes) - 1)]
+    return sum(sliced), sum(sizes) - sum(sliced), max(sliced, default=0)
+
+
 def trained_model(m: Model, kind: str, lay: Layout, p: Plan) -> dict:
-    """Weights (base + adapters), gradients and AdamW states of one trained model on one GPU."""
-    by, whole, sd = BYTES[p.dtype], stage_params(m, kind, lay.tensor, lay.pipeline), lay.sharding
+    """Weights (base + adapters), gradients and AdamW states of one trained model on one rank, and what one step
+    holds besides (`gathered`): stage 2 the other ranks' gradient buffers during backward (each up to
+    GRAD_BUCKET elements), stage 3 the largest sliced tensor and its gradient whole while its layer runs. Stage 3
+    frees its gradient slices after each step (`grads_released`): they build up in backward as the activations are
+    freed, so a step holds the larger of the two, not both (measured: benchmarks/bench_sharding_memory.py)."""
+    by, sd = BYTES[p.dtype], lay.sharding
+    stage = lay.stage if sd > 1 else ""
+    whole = stage_params(m, kind, lay.tensor, lay.pipeline)
     trainable = lora_params(m, p.lora_rank) + (m.hidden if kind == "score" else 0) if p.lora_rank else whole
-    weights = (whole + trainable) * by["w"] if p.lora_rank else whole * by["w"] / (sd if lay.stage == "stage3" else 1)
-    return {"trained_weights": weights, "grads": trainable * by["g"] / (sd if lay.stage in ("stage2", "stage3") else 1),
-            "adamw": trainable * by["opt"] / (sd if lay.stage else 1)}
+    base, gathered, released = whole, 0.0, 0.0  # the (frozen under LoRA) weights each rank holds
+    if stage == "stage3":
+        sliced, kept, largest = stage3_split(m, kind, lay, p)
+        base, gathered = kept + sliced / sd, 2 * largest * by["w"]
+        released = 0.0 if p.lora_rank else sliced / sd * by["g"]  # a LoRA run's slices are frozen: no gradient
+    split = {"": 1, "stage1": 1, "stage2": sd, "stage3": sd}[stage]  # what divides the gradients
+    grads, opt = trainable / split, trainable / (sd if stage else 1)
+    if p.lora_rank:  # the adapters are small: whole on every rank under stage 3 (their states too)
+        weights = base + trainable
+        grads, opt = (trainable, trainable) if stage == "stage3" else (grads, opt)
+    else:
+        weights = base
+        grads, opt = (base, base) if stage == "stage3" else (grads, opt)
+    if stage == "stage2":
+        gathered = (sd - 1) * min(GRAD_BUCKET, trainable / sd) * by["g"]
+    return {"trained_weights": weights * by["w"], "grads": grads * by["g"], "adamw": opt * by["opt"],
+            "gathered": gathered, "grads_released": released}
 
 
 def memory(m: Model, lay: Layout, p: Plan) -> dict:
@@ -131,17 +181,19 @@ def memory(m: Model, lay: Layout, p: Plan) -> dict:
     trained = [trained_model(m, kind, lay, p) for kind in kinds]
     ref = model_params(m, "causal", lay.tensor) if (ppo or p.stage == "dpo") and not p.lora_rank else 0
     frozen = (ref + (model_params(m, "score", lay.tensor) if ppo else 0)) * w
+    sliced = lay.stage == "stage3" and lay.sharding > 1  # PPO then generates from a whole copy of the actor
     copies = (model_params(m, "causal") + model_params(m, "score")) * w if ppo and lay.pipeline > 1 else \
-        model_params(m, "causal") * w if ppo and lay.tensor > 1 and p.eval_mode == "single" else 0
+        model_params(m, "causal") * w if ppo and (lay.tensor > 1 and p.eval_mode == "single" or sliced) else 0
     gen_tp = 1 if copies else lay.tensor
-    c = {k: sum(t[k] for t in trained) for k in ("trained_weights", "grads", "adamw")}
+    c = {k: sum(t[k] for t in trained) for k in ("trained_weights", "grads", "adamw", "gathered", "grads_released")}
     c.update(activations=act[0], activations_recompute=act[1], frozen_models=frozen, whole_copies=copies,
              kv_cache=2 * m.layers * m.kv_heads * m.head_dim * p.seq * p.rollout * b / gen_tp * ppo,  # K and V
              runtime=p.runtime_bytes)
     off = p.offload if p.device == "gpu" else frozenset()  # on CPU the host is the device: offload frees nothing
-    base = c["grads"] + copies + c["runtime"]  # gradients keep their buffers between steps
+    base = c["grads"] - c["grads_released"] + copies + c["runtime"]  # gradients keep their buffers between steps
     opt, cold = (0 if "optimizer" in off else c["adamw"]), (0 if "freeze_model" in off else frozen)
-    phases = {"train": base + c["adamw"] + c["trained_weights"] + act[p.recompute] + cold}
+    phases = {"train": base + c["adamw"] + c["trained_weights"] + c["gathered"] + cold
+              + max(act[p.recompute], c["grads_released"])}
     if ppo:
         actor_w, critic_w = (t["trained_weights"] for t in trained)
         phases = {"generate": base + opt + actor_w + (0 if "train_model" in off else critic_w) + cold

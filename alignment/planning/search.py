@@ -8,7 +8,6 @@ from alignment.config.choices import OFFLOAD_LEVELS, SHARDING_STAGES
 from alignment.parallel.layout import Layout
 from alignment.planning.memory import GIB, Model, Plan, PlanError, memory, peak
 
-BUILT_STAGES = ("", "stage1")  # this toolkit's layout check refuses stage2/3 (they need a GPU to be built)
 PINNED = {"tp": "tensor", "pp": "pipeline", "sd": "sharding"}  # the short names `layouts(fixed=...)` takes
 
 
@@ -58,8 +57,10 @@ def layouts(m: Model, n: int, pipeline: bool = True, fixed: dict = None) -> list
 
 
 def runnable(lay: Layout, p: Plan, allow_unbuilt: bool) -> bool:
-    """Whether this toolkit can run the layout (stage2/3 not built; LoRA needs tp = pp = 1)."""
-    return (allow_unbuilt or lay.stage in BUILT_STAGES) and not (p.lora_rank and (lay.tensor > 1 or lay.pipeline > 1))
+    """Whether this toolkit runs the layout: sharding stage2/3 not with pipeline parallelism (refused, as in
+    PaddleNLP, unless allow_unbuilt); LoRA needs tp = pp = 1."""
+    pipelined_zero = lay.stage in ("stage2", "stage3") and lay.pipeline > 1
+    return (allow_unbuilt or not pipelined_zero) and not (p.lora_rank and (lay.tensor > 1 or lay.pipeline > 1))
 
 
 def ladder(p: Plan) -> list:
@@ -70,19 +71,26 @@ def ladder(p: Plan) -> list:
     return keep or [(p.recompute, p.offload)]
 
 
+STAGE_TIERS = (("", "stage1", "stage2"), ("stage3",))  # stage 3 gathers every layer's weights: the last resort
+
+
 def recommend(m: Model, lays: list, p: Plan, capacity: float, node: int, allow_unbuilt: bool) -> dict:
-    """Fewest model-parallel ranks (tp x pp, tp <= GPUs per node), then pp 1 over pipelines, then the cheapest
-    settings of the ladder, then the most headroom. None when nothing fits."""
+    """Fewest model-parallel ranks (tp x pp, tp <= GPUs per node), then pp 1 over pipelines, then sharding up to
+    stage 2 (its communication is data parallelism's: once per step) with the cheapest settings of the ladder,
+    then stage 3 (it gathers each layer's weights in every forward and backward) likewise, then the most headroom.
+    None when nothing fits."""
     for _, pp, tp in sorted({(lay.tensor * lay.pipeline, lay.pipeline, lay.tensor) for lay in lays
                              if lay.tensor <= node}):
-        for rc, off in ladder(p):
-            q = p._replace(recompute=rc, offload=off)
-            fits = [(capacity - used, lay, phase, used) for lay in lays
-                    if (lay.tensor, lay.pipeline) == (tp, pp) and runnable(lay, q, allow_unbuilt)
-                    for phase, used in [peak(memory(m, lay, q))] if used <= capacity]
-            if fits:
-                room, lay, phase, used = max(fits, key=lambda f: (round(f[0] / GIB, 1), -len(f[1].stage)))
-                return {"layout": lay, "plan": q, "phase": phase, "peak": used, "headroom": room}
+        for stages in STAGE_TIERS:
+            for rc, off in ladder(p):
+                q = p._replace(recompute=rc, offload=off)
+                fits = [(capacity - used, lay, phase, used) for lay in lays
+                        if (lay.tensor, lay.pipeline) == (tp, pp) and lay.stage in stages
+                        and runnable(lay, q, allow_unbuilt)
+                        for phase, used in [peak(memory(m, lay, q))] if used <= capacity]
+                if fits:
+                    room, lay, phase, used = max(fits, key=lambda f: (round(f[0] / GIB, 1), -len(f[1].stage)))
+                    return {"layout": lay, "plan": q, "phase": phase, "peak": used, "headroom": room}
     return None
 
 

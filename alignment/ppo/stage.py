@@ -192,6 +192,8 @@ def train(argv, ppo_class=PPOArguments) -> dict:
         setup.fail(err)
     if mailbox is not None and trainer.global_step == trainer.total_steps:
         mailbox.announce("async/done")  # the rollout ranks wait for it before the launch's last barrier
+    if setup.benchmark_ended(train_args, ppo_args.advantage_estimator):
+        return results
     print(f"\n{ppo_args.advantage_estimator} done: {trainer.global_step} steps; policy saved to "
           f"{os.path.join(train_args.output_dir, 'policy')}")
     if "start" in results and "end" in results:

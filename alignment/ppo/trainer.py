@@ -79,9 +79,9 @@ class PPOTrainer(Trainer):
         self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model, self.teacher.model],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
-        split = self.actor.config.tensor_parallel_degree > 1
+        split = self.actor.config.tensor_parallel_degree > 1  # sharding stage 3: decoding reads whole weights
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
-            split and ppo_args.eval_mode == "single") else None
+            split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
         if ppo_args.dynamic_sampling:
             ds.check_layout(data_world_size(), pipelined)
         self.step_rollouts = ds.step_rollouts(ppo_args)

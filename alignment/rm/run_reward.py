@@ -39,6 +39,8 @@ def train_process_reward_model(model_args, data_args, reward_args, lora_args, tr
                                        lambda items: collate_steps(items, tokenizer.pad_token_id), run.effective)
     with setup.training_stops(trainer):
         results = trainer.train()
+    if setup.benchmark_ended(train_args, "reward model"):
+        return results
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
     if is_main_process():  # rank 0 wrote the model
@@ -78,6 +80,8 @@ def main(argv=None) -> dict:
                                 lambda items: collate_preference(items, tokenizer.pad_token_id), run.effective)
     with setup.training_stops(trainer):
         results = trainer.train()
+    if setup.benchmark_ended(train_args, "reward model"):
+        return results
     before, results = results.get("start", {}), results.get("end", {})
     final = os.path.join(train_args.output_dir, "model")
     print("\nreward model done")

@@ -37,6 +37,8 @@ def main(argv=None) -> dict:
                                     lambda items: collate_supervised(items, tokenizer.pad_token_id), run.effective)
     with setup.training_stops(trainer):
         results = trainer.train().get("end", {})
+    if setup.benchmark_ended(train_args, "SFT"):
+        return results
     final = os.path.join(train_args.output_dir, "model")
     print(f"\nSFT done: {trainer.global_step} steps; model saved to {final}" +
           (f"; eval loss {results['eval/loss']:.4f}" if "eval/loss" in results else ""))

@@ -24,7 +24,8 @@ from typing import Callable, Dict, List, Optional
 import paddle
 from tqdm import tqdm
 
-from alignment.parallel.distributed import barrier, data_world_size, mean_over_ranks, shard, step_shares
+from alignment.parallel.distributed import (barrier, data_world_size, mean_over_ranks, shard, step_shares,
+                                            sum_over_data_ranks)
 from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
 from alignment.training.logger import hide_progress
 from alignment.training.trainer import Trainer, mean_rows
@@ -79,12 +80,21 @@ class DatasetTrainer(Trainer):
         skip_batches(self.batches, self.batches_drawn)  # a resumed run goes on where the checkpoint stopped
         self.model.train()
         self._window_tokens, self._window_start = 0, time.perf_counter()
+        self._step_counts = [0, 0, 0]  # samples, tokens and padded tokens of the step (benchmark)
 
     def next_batch(self) -> Dict[str, paddle.Tensor]:
         batch = to_tensors(self.collate_fn([self.train_dataset[int(i)] for i in shard(next(self.batches))]))
         self.batches_drawn += 1
-        self._window_tokens += self.batch_tokens(batch)
+        tokens = self.batch_tokens(batch)
+        self._window_tokens += tokens
+        rows, width = batch["input_ids"].shape
+        self._step_counts = [a + b for a, b in zip(self._step_counts, (rows, tokens, rows * width))]
         return batch
+
+    def benchmark_counts(self) -> Dict[str, float]:
+        counts = sum_over_data_ranks(paddle.to_tensor(self._step_counts, dtype="float64")).numpy().tolist()
+        self._step_counts = [0, 0, 0]
+        return dict(zip(("samples", "tokens", "padded_tokens"), counts))
 
     def training_step(self) -> Dict[str, float]:
         """gradient_accumulation_steps micro-batches, then one guarded optimizer step."""

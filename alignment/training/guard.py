@@ -51,10 +51,10 @@ class NonFiniteGuard:
                 f"under {self.output_dir} are intact: lower learning_rate and resume with resume_from_checkpoint.")
         return False
 
-    def check_weights(self, step: int, models) -> None:
-        """Raise TrainingStopped when any weight of `models` is NaN/inf on any rank (a collective)."""
-        params = [p for m in models for p in m.parameters() if not p.stop_gradient]
-        if on_any_rank(not all_finite(params)):
+    def check_weights(self, step: int, weights) -> None:
+        """Raise TrainingStopped when any of the trained `weights` (what this rank holds of them) is NaN/inf on any
+        rank (a collective)."""
+        if on_any_rank(not all_finite(list(weights))):
             raise TrainingStopped(
                 f"step {step}: the update made weights NaN/inf (is learning_rate finite and sensible?); stopping "
                 f"without saving them. Checkpoints already written under {self.output_dir} are intact.")

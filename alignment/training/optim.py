@@ -17,7 +17,7 @@ import math
 import paddle
 
 from alignment.config.training import TrainingArguments
-from alignment.parallel.distributed import grad_norm_squares, sharding_world_size
+from alignment.parallel.distributed import grad_norm_squares
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:
@@ -43,7 +43,8 @@ def warmup_steps_for(args: TrainingArguments, total_steps: int) -> int:
 def build_optimizer(model: paddle.nn.Layer, args: TrainingArguments, total_steps: int,
                     learning_rate: float = None, weight_decay: float = None, precision=None):
     """Return (optimizer, scheduler). Norm weights and biases get no weight decay. `precision`
-    (training/precision.py) decorates model and optimizer for AMP O2 before any sharding wrapper."""
+    (training/precision.py) decorates model and optimizer for AMP O2 before any sharding wrapper
+    (training/sharding.py)."""
     peak = args.learning_rate if learning_rate is None else learning_rate
     decay = args.weight_decay if weight_decay is None else weight_decay
     warmup = warmup_steps_for(args, total_steps)
@@ -62,19 +63,7 @@ def build_optimizer(model: paddle.nn.Layer, args: TrainingArguments, total_steps
     )
     if precision is not None:
         model, optimizer = precision.decorate(model, optimizer)
-    if sharding_world_size() > 1:
-        optimizer = shard_optimizer_states(optimizer)
     return optimizer, scheduler
-
-
-def shard_optimizer_states(optimizer):
-    """Sharding stage 1 with fleet's DygraphShardingOptimizer: each rank of the sharding group keeps the AdamW
-    states of its share of the parameters, updates only those and broadcasts them to the group."""
-    from paddle.distributed import fleet
-    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import \
-        DygraphShardingOptimizer
-
-    return DygraphShardingOptimizer(optimizer, fleet.get_hybrid_communicate_group())
 
 
 def global_grad_norm(parameters) -> float:
@@ -85,10 +74,15 @@ def global_grad_norm(parameters) -> float:
 def clip_gradients(parameters, max_norm: float, norm: float) -> None:
     """Scale the gradients by max_norm / max(norm, max_norm), as paddle.nn.ClipGradByGlobalNorm does (nothing to
     do when that is 1: the norm is within bounds)."""
+    clip_tensors([param.grad for param in parameters], max_norm, norm)
+
+
+def clip_tensors(grads, max_norm: float, norm: float) -> None:
+    """clip_gradients of gradient tensors (None entries skipped)."""
     if max_norm <= 0 or not norm > max_norm:
         return
     scale = max_norm / norm
     with paddle.no_grad():
-        for param in parameters:
-            if param.grad is not None:
-                param.grad.scale_(scale)
+        for grad in grads:
+            if grad is not None:
+                grad.scale_(scale)

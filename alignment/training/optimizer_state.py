@@ -7,8 +7,9 @@ Every accumulator is stored whole, under the whole model's parameter name and Pa
 
 Saving gathers tensor-parallel slices along their split axis, takes each pipeline stage's parameters under the
 whole model's names and each sharding rank's own parameters; loading gives every rank the slice of the
-parameters it holds, and under sharding only those its optimizer owns. So tp2 x pp2 x dp2 -> one process and one
-process -> tp2 x sharding2 both continue where the checkpoint stopped.
+parameters it holds, and under sharding only those its optimizer owns (stage 3: its slice of each). So tp2 x pp2 x
+dp2 -> one process and one process -> tp2 x sharding2 both continue where the checkpoint stopped. What a sharding
+stage keeps of a state is its strategy's (training/sharding.py; a bare optimizer counts as unsharded).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import paddle
 
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.distributed import gather_objects, hybrid_group, split_optimizer_states
+from alignment.training.sharding import Replicated
 
 SEPARATOR = "/"
 
@@ -28,36 +30,19 @@ def canonical_parameters(model) -> Dict[str, paddle.Tensor]:
     return model.hf_names() if hasattr(model, "hf_names") else dict(model.named_parameters())
 
 
-def _owned(optimizer, param) -> bool:
-    """Whether this rank's optimizer updates `param` (sharding stage 1 gives each parameter to one rank)."""
-    owner = getattr(optimizer, "_param2rank", None)
-    if owner is None:
-        return True
-    return owner[param.name] == hybrid_group().get_sharding_parallel_rank()
-
-
-def _accumulators(optimizer, param) -> Dict[str, paddle.Tensor]:
-    """{accumulator name as in state_dict keys (moment1_0, ...): tensor} of one parameter."""
-    inner = getattr(optimizer, "_inner_opt", optimizer)
-    out = {}
-    for per_param in inner._accumulators.values():
-        tensor = per_param.get(param.name)
-        if tensor is not None:
-            out[tensor.name[len(param.name) + 1:]] = tensor
-    master = getattr(inner, "_master_weights", {}).get(param.name)
-    if master is not None:
-        out["master_weight"] = master
-    return out
+def _strategy(model, optimizer) -> Replicated:
+    """The sharding strategy of `optimizer` (itself when it is one)."""
+    return optimizer if isinstance(optimizer, Replicated) else Replicated(model, optimizer)
 
 
 def whole_optimizer_state(model, optimizer) -> Dict[str, np.ndarray]:
     """The whole AdamW state of `model` as host arrays, on every rank (rank 0 writes it). A collective: every rank
-    calls it."""
-    local = {}
+    calls it. `optimizer`: the AdamW, or the sharding strategy that holds it."""
+    sharding, local = _strategy(model, optimizer), {}
     for name, param in sorted(canonical_parameters(model).items()):
         if getattr(param, "tied_copy", False):
             continue  # a pipeline stage's second copy of a tied table: the first stage's state is the same
-        accumulators = _accumulators(optimizer, param) if _owned(optimizer, param) else {}
+        accumulators = sharding.accumulators(param) if sharding.owns(param) else {}
         for key, tensor in sorted(accumulators.items()):
             if tp.is_split(param) and list(tensor.shape) == list(param.shape):
                 tensor = tp.gather_along(tensor, param.split_axis)  # every rank of the tensor-parallel group
@@ -73,10 +58,11 @@ def whole_optimizer_state(model, optimizer) -> Dict[str, np.ndarray]:
 
 
 def load_whole_optimizer_state(model, optimizer, tensors: Dict[str, np.ndarray], source: str) -> None:
-    """Set this rank's share of a whole state into `optimizer` (before or after its first step)."""
-    state = {}
+    """Set this rank's share of a whole state into `optimizer` (the AdamW or its sharding strategy; before or
+    after its first step)."""
+    sharding, state = _strategy(model, optimizer), {}
     for name, param in canonical_parameters(model).items():
-        if param.stop_gradient or not _owned(optimizer, param):
+        if param.stop_gradient or not sharding.owns(param):
             continue  # frozen (e.g. LoRA's base weights), or another sharding rank's
         prefix = f"{name}{SEPARATOR}"
         keys = [k for k in tensors if k.startswith(prefix)]
@@ -90,9 +76,9 @@ def load_whole_optimizer_state(model, optimizer, tensors: Dict[str, np.ndarray],
             elif list(value.shape) not in (list(param.shape), [1]):  # moments, or a beta power
                 raise ValueError(f"{source}: {key} has shape {list(value.shape)}, the model's parameter "
                                  f"{list(param.shape)}")
-            state[(param, key[len(prefix):])] = value
-    masters = {p.name: v for (p, k), v in state.items() if k == "master_weight"}
-    flat = {f"{p.name}_{k}": v for (p, k), v in state.items() if k != "master_weight"}
+            state[(sharding.state_name(param), key[len(prefix):])] = sharding.local_state(param, value)
+    masters = {p: v for (p, k), v in state.items() if k == "master_weight"}
+    flat = {f"{p}_{k}": v for (p, k), v in state.items() if k != "master_weight"}
     if masters:
         flat["master_weights"] = masters
-    optimizer.set_state_dict(flat)
+    sharding.optimizer.set_state_dict(flat)

@@ -38,6 +38,7 @@ class Precision:
             # tensor / pipeline ranks hold different gradients: fleet's scaler agrees on an overflow over all ranks
             self.scaler = fleet.distributed_scaler(self.scaler)
         self.on_device = paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu()
+        self.before_backward = []  # callables run before every backward pass (training/sharding.py: stage 2)
 
     @property
     def enabled(self) -> bool:
@@ -66,6 +67,8 @@ class Precision:
                                     custom_black_list=self.black or None, level=self.level, dtype=self.dtype)
 
     def backward(self, loss) -> None:
+        for prepare in self.before_backward:
+            prepare()
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def unscale(self, optimizer) -> None:

@@ -153,6 +153,11 @@ def parse_arguments(argv, *dataclass_types):
             raise ValueError("key 'rollout_ranks': the training ranks of an asynchronous run are plain data "
                              "parallel for now; set tensor_parallel_degree, pipeline_parallel_degree to 1 and "
                              "sharding to ''")
+        offload = set().union(*(getattr(instance, "offload_levels", frozenset()) for instance in instances))
+        if layout.stage == "stage2" and layout.sharding > 1 and "train_model" in offload:
+            raise ValueError("key 'offload_level' 'train_model' with sharding stage2: Paddle keeps each rank's "
+                             "parameters as views into fused buffers, which moving them would detach; use stage3 "
+                             "(its slices move) or leave train_model out")
         layout = dataclasses.replace(layout, rollout=rollout)
     except ValueError as err:
         fail(f"{parser.source}: {err}")
@@ -304,6 +309,16 @@ def where_to_look(train_args) -> str:
     if train_args.report_to == "visualdl":
         lines.append(f"dashboard: visualdl --logdir {os.path.join(out, 'visualdl')}")
     return "\n".join(lines)
+
+
+def benchmark_ended(train_args, stage: str) -> bool:
+    """benchmark: true (training/benchmark.py): the run saved nothing and printed its [timelog] lines; say so and
+    end the processes (then True: the entry point returns)."""
+    if not train_args.benchmark:
+        return False
+    print(f"\n{stage} benchmark done: nothing evaluated or saved (benchmark: true)")
+    end_processes(train_args)
+    return True
 
 
 def end_processes(train_args=None) -> None:

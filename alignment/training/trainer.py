@@ -9,36 +9,43 @@ checkpoint cadence, resuming and progress live here once; a stage fills in the h
     trainer_state() / load_trainer_state(state)   counters a resumed run needs besides models and optimizers
     log_row(window) -> metrics        one logged row from the steps since the last one (default: their mean)
 
-What is trained is registered with `add_trained(name, model, ...)`: each gets an AdamW optimizer and schedule,
-is stepped together by `optimizer_step()` and saved under `name` in step checkpoints. A stage's constructor ends
-with `resume_if_asked()`, once everything a checkpoint restores exists (so a bad checkpoint fails before training).
+What is trained is registered with `add_trained(name, model, ...)`: each gets an AdamW optimizer and schedule, split
+over the sharding ranks as `sharding` asks (training/sharding.py), is stepped together by `optimizer_step()` and
+saved under `name` in step checkpoints. A stage's constructor ends with `resume_if_asked()`, once everything a
+checkpoint restores exists (so a bad checkpoint fails before training). `benchmark: true` trains without
+evaluating or saving and reports the run's speed and memory (training/benchmark.py).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import time
 from typing import Dict, List, Optional
 
 import numpy as np
 from tqdm import tqdm
 
 from alignment.cpu_env import optimizer_threads
-from alignment.parallel.distributed import (average_gradients, barrier, init_distributed, is_main_process,
-                                            layout_name)
+from alignment.parallel.distributed import (barrier, gather_objects, init_distributed, is_main_process, layout_name,
+                                            training_world)
+from alignment.training.benchmark import Throughput, peak_rss_gib, tensors_gib, timelog_lines
 from alignment.training.best_model import BestModel
 from alignment.training.checkpointing import load_checkpoint, resolve_resume, save_checkpoint
 from alignment.training.guard import NonFiniteGuard, TrainingStopped
 from alignment.training.logger import MetricsLogger, hide_progress
-from alignment.training.optim import build_optimizer, clip_gradients, global_grad_norm
+from alignment.training.optim import build_optimizer
 from alignment.training.precision import Precision
+from alignment.training.sharding import Replicated, shard
 
 
 @dataclasses.dataclass
 class Trained:
-    """A model being trained, with its optimizer and learning-rate schedule."""
+    """A model being trained, with its optimizer, learning-rate schedule and how both are sharded."""
     model: object
     optimizer: object
     scheduler: object
+    sharding: Replicated
 
 
 class Trainer:
@@ -64,9 +71,21 @@ class Trainer:
 
     def add_trained(self, name: str, model, optimizer_steps: int, args=None) -> Trained:
         """Train `model` with AdamW under `args` (default: the run's training arguments) for `optimizer_steps`."""
-        optimizer, scheduler = build_optimizer(model, args or self.args, optimizer_steps, precision=self.precision)
-        self.trained[name] = Trained(model, optimizer, scheduler)
+        args = args or self.args
+        optimizer, scheduler = build_optimizer(model, args, optimizer_steps, precision=self.precision)
+        sharding = shard(model, optimizer, args)
+        if sharding.describe() and is_main_process():
+            print(f"{name}: {sharding.describe()}")
+        self.precision.before_backward.append(sharding.before_backward)
+        self.trained[name] = Trained(model, sharding.optimizer, scheduler, sharding)
         return self.trained[name]
+
+    def whole_models(self):
+        """A context in which every trained model holds its whole parameters (stage 3 slices them; a collective)."""
+        stack = contextlib.ExitStack()
+        for t in self.trained.values():
+            stack.enter_context(t.sharding.whole())
+        return stack
 
     # --- hooks ---------------------------------------------------------------------------------------------------
     def training_step(self) -> Dict[str, float]:
@@ -122,28 +141,36 @@ class Trainer:
         self.start_data_streams()
         progress = self.progress = tqdm(total=self.total_steps, initial=self.global_step, desc=self.progress_name,
                                         dynamic_ncols=True, disable=hide_progress(args))
-        results = {}
-        if self.evaluate_at_start and self.global_step == 0 and self.has_eval_data() and args.do_eval:
+        results, speed = {}, Throughput() if args.benchmark else None  # benchmark: no evaluation, no saving
+        evaluates = self.has_eval_data() and args.do_eval and speed is None
+        if self.evaluate_at_start and self.global_step == 0 and evaluates:
             results["start"] = self.evaluate()
+        log_every = 1 if speed is not None and not args.disable_tqdm else args.logging_steps  # as PaddleNLP
         while self.global_step < self.total_steps:
+            started = time.perf_counter()
             self.window.append(self.training_step())
+            if speed is not None:
+                speed.record(time.perf_counter() - started, self.benchmark_counts())
             self.global_step += 1
             progress.update(1)
             last = self.global_step == self.total_steps
-            if self.due(args.logging_steps) or last:
-                row = self.log_row(self.window)
+            if self.due(log_every) or last:
+                row = {**self.log_row(self.window), **(speed.interval(training_world()) if speed else {})}
                 self.logger.log(self.global_step, row, echo=progress.write)
                 self.shown = {k: f"{row[k]:.4g}" for k in ("loss", "reward/mean", "kl") if k in row}
                 progress.set_postfix(self.shown)
                 self.window = []
-            if self.due(args.eval_steps) and not last:
+            if self.due(args.eval_steps) and evaluates and not last:
                 self.consider_best(self.evaluate())
-            if self.due(args.save_steps) and not last:
+            if self.due(args.save_steps) and speed is None and not last:
                 self.save_step_checkpoint()
         progress.close()
-        if self.has_eval_data() and args.do_eval:
+        if speed is not None:
+            return self.report_benchmark(speed)
+        if evaluates:
             results["end"] = self.evaluate()
-        self.save(args.output_dir)
+        with self.whole_models():
+            self.save(args.output_dir)
         if self.best is not None:
             self.consider_best(results.get("end", {}), saved=True)
             line = self.best.restore(self.global_step, is_main_process())
@@ -154,15 +181,38 @@ class Trainer:
         barrier()  # every rank ends together: none tears down while another still talks to it
         return results
 
+    def benchmark_counts(self) -> Optional[Dict[str, float]]:
+        """benchmark: the samples, tokens and padded tokens the last step trained over all processes (a collective;
+        None: the stage does not count them)."""
+        return None
+
+    def report_benchmark(self, speed: Throughput) -> dict:
+        """benchmark: print PaddleNLP's [timelog] lines and every rank's peak memory; log them; save nothing."""
+        held = {"peak_rss": peak_rss_gib(),
+                "weights": tensors_gib(w for t in self.trained.values() for w in t.sharding.held_weights()),
+                "adamw": tensors_gib(a for t in self.trained.values() for a in t.sharding.held_states())}
+        ranks = gather_objects(held)
+        summary = {**speed.summary(), **{f"benchmark/{k}_gib_max": max(r[k] for r in ranks) for k in held}}
+        self.logger.log(self.global_step, summary)
+        if is_main_process():
+            print("\n".join(timelog_lines(summary, ranks)))
+        self.logger.close()
+        barrier()
+        return {"benchmark": summary}
+
     def consider_best(self, metrics: Dict[str, float], saved: bool = False) -> None:
         """load_best_model_at_end: save the models to output_dir/best when this evaluation is the best so far
         (`saved`: the final models are already written; the best then stays where it is)."""
         if self.best is None or not metrics:
             return
         try:
-            self.best.consider(metrics, self.global_step, (lambda folder: None) if saved else self.save)
+            self.best.consider(metrics, self.global_step, (lambda folder: None) if saved else self.save_whole)
         except ValueError as err:
             raise TrainingStopped(str(err)) from None
+
+    def save_whole(self, output_dir: str) -> None:
+        with self.whole_models():
+            self.save(output_dir)
 
     def due(self, every: int) -> bool:
         return every > 0 and self.global_step % every == 0
@@ -175,9 +225,9 @@ class Trainer:
         trained = list(self.trained.values())
         norms = []
         for t in trained:
-            average_gradients(t.model.parameters())
+            t.sharding.sync_gradients()
             self.precision.unscale(t.optimizer)  # fp16: back to the true gradients
-            norms.append(global_grad_norm(t.model.parameters()))
+            norms.append(t.sharding.gradient_norm())
         if self.precision.scaler is not None and all(map(math.isfinite, also_finite)) and \
                 not all(map(math.isfinite, norms)):
             finite = False  # fp16 overflow of finite losses: the scaler lowers the loss scale, no NaN step counted
@@ -185,24 +235,25 @@ class Trainer:
             finite = self.guard.check(self.global_step + 1, *norms, *also_finite)
         for t, norm in zip(trained, norms):
             if finite:
-                clip_gradients(t.model.parameters(), self.args.max_grad_norm, norm)
+                t.sharding.clip(self.args.max_grad_norm, norm)
                 with optimizer_threads():  # CPU: AdamW's OpenMP loops on every core (cpu_env.py)
-                    self.precision.step(t.optimizer)
+                    t.sharding.step(self.precision)
                 t.scheduler.step()
             t.optimizer.clear_grad()  # a skipped step's gradients are dropped too
         self.precision.update()
         if finite:
-            self.guard.check_weights(self.global_step + 1, [t.model for t in trained])
+            self.guard.check_weights(self.global_step + 1, [w for t in trained for w in t.sharding.held_weights()])
         return norms
 
     # --- checkpoints (alignment/training/checkpointing.py) ---------------------------------------------------------
     def _checkpointed(self):
         return ({name: t.model for name, t in self.trained.items()},
-                {name: (t.optimizer, t.scheduler) for name, t in self.trained.items()})
+                {name: (t.sharding, t.scheduler) for name, t in self.trained.items()})
 
     def save_step_checkpoint(self) -> None:
-        save_checkpoint(self.args.output_dir, self.global_step, *self._checkpointed(), self.trainer_state(),
-                        self.tokenizer.name_or_path, self.args.save_total_limit, layout_name())  # every rank
+        with self.whole_models():
+            save_checkpoint(self.args.output_dir, self.global_step, *self._checkpointed(), self.trainer_state(),
+                            self.tokenizer.name_or_path, self.args.save_total_limit, layout_name())  # every rank
         barrier()
 
     def resume_if_asked(self) -> None:
@@ -210,7 +261,8 @@ class Trainer:
         path = resolve_resume(self.args.output_dir, self.args.resume_from_checkpoint)
         if path is None:
             return
-        state = load_checkpoint(path, *self._checkpointed(), layout=layout_name())
+        with self.whole_models():
+            state = load_checkpoint(path, *self._checkpointed(), layout=layout_name())
         try:
             self.load_trainer_state(state)
         except (KeyError, TypeError, ValueError) as err:

@@ -16,6 +16,7 @@ from typing import Iterable, List
 
 import paddle
 
+from alignment.parallel import sharded
 
 
 def host_place():
@@ -37,12 +38,16 @@ def _move(tensors: Iterable[paddle.Tensor], place) -> None:
 
 
 def model_tensors(model) -> List[paddle.Tensor]:
-    return list(model.parameters()) + list(model.buffers())
+    """Parameters and buffers; under sharding stage 3 this rank's slice of each sliced parameter (the slice
+    tensors are replaced as layers run: a phase takes them again at its end)."""
+    params = [p.fw_storage if sharded.is_sliced(p) else p for p in model.parameters()]
+    return [t for t in params if t is not None] + list(model.buffers())
 
 
 def optimizer_tensors(optimizer) -> List[paddle.Tensor]:
-    """AdamW's moments and beta powers (and master weights), also behind fleet's sharding optimizer."""
-    inner = getattr(optimizer, "_inner_opt", optimizer)
+    """AdamW's moments and beta powers (and master weights), also behind fleet's sharding optimizer (stage 1) and
+    Paddle's GroupShardedOptimizerStage2 (stage 2; stage 3 keeps the AdamW itself, over the slices)."""
+    inner = getattr(optimizer, "_inner_opt", None) or getattr(optimizer, "_optim", optimizer)
     tensors = [t for per_param in inner._accumulators.values() for t in per_param.values()]
     return tensors + list(getattr(inner, "_master_weights", {}).values())
 
@@ -76,14 +81,13 @@ class Offloader:
     def phase(self, name: str, models=(), optimizers=()):
         """Bring `models` / `optimizers` to the device for the phase, back to host after it (enabled levels only);
         on GPU, record allocated device memory before and after (memory/<phase>_before|after, in GiB)."""
-        tensors = self._eligible(models, optimizers) if self.levels else []
-        _move(tensors, device_place())
+        _move(self._eligible(models, optimizers) if self.levels else [], device_place())
         self._record(f"{name}_before")
         try:
             yield
         finally:
             self._record(f"{name}_after")
-            _move(tensors, host_place())
+            _move(self._eligible(models, optimizers) if self.levels else [], host_place())
 
     def _record(self, key: str) -> None:
         if paddle.is_compiled_with_cuda():

@@ -1,5 +1,6 @@
 """eval_mode 'single': generate with a whole copy of a tensor- or pipeline-parallel actor (PaddleNLP's
-export_evaluate_model). Under pipeline parallelism the critic's old values come from a whole copy too.
+export_evaluate_model); under sharding stage 3 too. Under pipeline parallelism the critic's old values come from a
+whole copy too.
 
 Token-by-token decoding under tensor parallelism pays collectives at every layer of every token; a whole copy on
 each rank generates with none. The copy is refreshed from the training slices (one all-gather per parameter)
@@ -11,6 +12,7 @@ import dataclasses
 
 import paddle
 
+from alignment.parallel import sharded
 from alignment.parallel import tensor_parallel as tp
 
 
@@ -34,8 +36,9 @@ class WholeCopy:
             if hasattr(source, "whole_state"):  # pipeline stages exchange their layers
                 for name, tensor in source.whole_state().items():
                     own[name].set_value(tensor)
-            else:
+            else:  # sharding stage 3: each rank's slices gathered first
                 for name, param in source.named_parameters():
-                    own[name].set_value(tp.full_tensor(param) if tp.is_split(param) else param)
+                    value = sharded.whole_value(param)
+                    own[name].set_value(tp.gather_along(value, param.split_axis) if tp.is_split(param) else value)
             self.version = version
         return self.model

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from typing import Dict, List, Tuple
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # `alignment`
+
 RUNS = {"distill": "outputs/distill-demo-distill", "grpo": "outputs/distill-demo-grpo"}
 SFT_HELDOUT = "outputs/distill-demo-sft/heldout.jsonl"
 TEACHER_RUN = "outputs/smollm2-grpo-tools"
@@ -81,7 +83,10 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     print(f"\nthe student (15 of 30 layers, then SFT: {student_cpu:.1f} CPU minutes, common to all arms) starts at "
           f"{student:.2f}" + (f"; the teacher scores {teacher:.2f}" if teacher is not None else ""))
-    result = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu_model(),
+    from alignment.cpu_env import machine_facts
+
+    result = {"benchmark": "distill_demo", "machine": machine_facts(),
+              "date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu_model(),
               "commit": commit(), "student_accuracy": student, "teacher_accuracy": teacher,
               "student_cpu_minutes": student_cpu,
               "arms": {arm: {"points": [{"cpu_minutes": c, "accuracy": a, "step": s} for c, a, s in curves[arm]],
