@@ -42,6 +42,8 @@ ALG, EST, SUR, KL, DAPO = ("alignment/ppo/algorithms.py", "alignment/ppo/estimat
                            "alignment/ppo/kl.py", "alignment/ppo/dapo.py")
 DPO_LOSSES, ROLLOUT, EPISODES = "alignment/dpo/losses.py", "alignment/ppo/rollout.py", "alignment/ppo/episodes.py"
 T_ALG, T_RECIPE = "tests/test_algorithms.py", "tests/test_recipe_math.py"
+SAMPLING = "alignment/models/sampling.py"
+T_SAMPLING = ("tests/test_model.py", "tests/test_engine.py", "tests/test_fused_decode.py", "tests/test_multiturn.py")
 
 MUTATIONS: List[Mutation] = [
     # ---- algorithms.py: masked statistics, GAE, end rewards, critic loss
@@ -189,6 +191,19 @@ MUTATIONS: List[Mutation] = [
     m("episode-mask-all", EPISODES, "response_mask=paddle.to_tensor(batch[\"action_mask\"].astype(\"float32\")),",
       "response_mask=paddle.to_tensor((batch[\"attention_mask\"][:, batch[\"prompt_len\"]:]).astype(\"float32\")),",
       "tests/test_multiturn_training.py", "tests/test_multiturn.py"),
+    # ---- sampling: the filters and the draw every rollout token goes through
+    m("top-p-drops-the-crossing-token", SAMPLING, "paddle.where(mass_before >= p,",
+      "paddle.where(mass_before + sorted_probs >= p,",
+      *T_SAMPLING),
+    m("top-k-drops-kth", SAMPLING, "paddle.where(logits < kth,", "paddle.where(logits <= kth,", *T_SAMPLING),
+    m("repetition-penalty-sign", SAMPLING, "penalised = paddle.where(logits > 0, logits / penalty, logits * penalty)",
+      "penalised = paddle.where(logits > 0, logits * penalty, logits / penalty)", *T_SAMPLING),
+    m("temperature-inverted", SAMPLING, "        logits = logits / config.temperature",
+      "        logits = logits * config.temperature", *T_SAMPLING),
+    m("draw-left-of-target", SAMPLING, "paddle.searchsorted(cdf, target, right=True)",
+      "paddle.searchsorted(cdf, target, right=False)", *T_SAMPLING),
+    m("min-new-tokens-off-by-one", "alignment/models/engine.py", "under[s.slot] = len(s.turn) < config.min_new_tokens",
+      "under[s.slot] = len(s.turn) < config.min_new_tokens - 1", *T_SAMPLING),
     # ---- the features the weak tests of issue 57 name: each of these passed the test as it was
     m("dpo-step-loss-type", "alignment/dpo/trainer.py", "counts[:b], counts[b:], dpo.loss_type, dpo.beta,",
       "counts[:b], counts[b:], \"sigmoid\", dpo.beta,", "tests/test_dpo_variants.py", "-k", "trains_a_step"),
@@ -208,6 +223,17 @@ MUTATIONS: List[Mutation] = [
       "paddle.to_tensor(rewards.astype(\"float32\"))", "tests/test_multiturn_training.py", "-k", "env_reward_weight"),
     m("kto-takes-any-loss", "alignment/config/dpo.py", "        if self.loss_type != \"kto\":",
       "        if False:", "tests/test_algorithm_of_files.py", "-k", "refuses_another"),
+    m("ptx-not-trained", "alignment/ppo/trainer.py", "loss = loss + ppo.ptx_coeff * ptx_scale * ptx_loss",
+      "loss = loss", "tests/test_paddlenlp_files.py", "-k", "llama_ppo"),
+    m("reward-never-normalised", "alignment/ppo/trainer.py", "self.reward_stats if self.ppo.normalize_reward else None",
+      "None", "tests/test_resume.py", "-k", "ppo_killed"),
+    m("one-update-pass", "alignment/ppo/update.py", "for _ in range(ppo.update_iters):", "for _ in range(1):",
+      "tests/test_ppo.py", "tests/test_split_invariance.py"),
+    m("amp-context-skipped", "alignment/training/precision.py", "        if not self.enabled:\n            return "
+      "contextlib.nullcontext()", "        if True:\n            return contextlib.nullcontext()",
+      "tests/test_precision.py", "-k", "ppo_with_bf16"),
+    m("documented-key-untested", "docs/recipes/grpo.md", "| `num_return_sequences` | 4 |",
+      "| `num_return_sequences`, `undesirable_weight` | 4 |", "tests/test_documented_keys.py"),
     m("offload-nothing", "alignment/wrappers/offload.py", "tensors = self._eligible(models, optimizers) if "
       "self.levels else []", "tensors = []", "tests/test_offload.py", "-k", "ppo"),
     m("offload-no-optimizer", "alignment/wrappers/offload.py", "        if \"optimizer\" in self.levels:",
