@@ -137,9 +137,9 @@ def test_the_gae_estimator_puts_the_kl_in_the_reward_unless_it_is_a_loss_term_an
 
     def by_hand(rewards, values, lam=0.5):  # gamma 1: A_t = delta_t + lam A_{t+1}, delta_t = r_t + V_{t+1} - V_t
         out, next_value, next_adv = [0.0] * len(rewards), 0.0, 0.0
-        for t in reversed(range(len(rewards))):
-            next_adv = rewards[t] + next_value - values[t] + lam * next_adv
-            out[t], next_value = next_adv, values[t]
+        for step in reversed(range(len(rewards))):
+            next_adv = rewards[step] + next_value - values[step] + lam * next_adv
+            out[step], next_value = next_adv, values[step]
         return out
 
     with_kl = [by_hand([-0.05, 0.0, 1.0], [0.2, 0.4, 0.6]), by_hand([0.0, -0.05 - 1.0], [0.1, 0.3]) + [0.0]]

@@ -1,10 +1,11 @@
 """Parity with TRL (benchmarks/parity_trl.py). In the default suite, our side against TRL's numbers recorded once
 from the real TRL (tests/fixtures/trl_parity.json, by tests/scripts/record_trl_parity.py, which names the TRL
 version): the same rollout and weights, our update, TRL's loss and gradient norm. The online replay runs when the
-peer venv is present (slow; ../shared/peers/README.md: bash setup_trl_venv.sh /tmp/trlv). Bounds, both: the gradient norm within 1e-5 relative of TRL's for every loss type
-whose terms are the same; the loss within 1e-7 absolute (it is a near-cancelling mean of +-A terms: relative to it,
-float32 rounding alone reaches ~3e-5); the rows whose terms differ by definition (TRL's importance-weighted KL,
-its sequence-level RLOO ratio off-policy) must differ, so a silent change on either side shows."""
+peer venv is present (slow; ../shared/peers/README.md: bash setup_trl_venv.sh /tmp/trlv). Bounds, both: the
+gradient norm within 1e-5 relative of TRL's for every loss type whose terms are the same; the loss within 1e-7
+absolute (it is a near-cancelling mean of +-A terms: relative to it, float32 rounding alone reaches ~3e-5); the rows
+whose terms differ by definition (TRL's importance-weighted KL, its sequence-level RLOO ratio off-policy) must
+differ, so a silent change on either side shows."""
 import os
 import subprocess
 import sys

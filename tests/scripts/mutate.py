@@ -158,7 +158,8 @@ MUTATIONS: List[Mutation] = [
     m("dpo-kto-pair-clip", DPO_LOSSES, "chosen_kl, rejected_kl = paddle.clip(c.mean(), min=0.0), paddle.clip("
       "r.mean(), min=0.0)", "chosen_kl, rejected_kl = c.mean(), r.mean()", "tests/test_dpo.py",
       "tests/test_dpo_variants.py"),
-    m("dpo-sppo-sign", DPO_LOSSES, "return (c - half) ** 2 + (r + half) ** 2", "return (c - half) ** 2 + (r - half) ** 2",
+    m("dpo-sppo-sign", DPO_LOSSES, "return (c - half) ** 2 + (r + half) ** 2",
+      "return (c - half) ** 2 + (r - half) ** 2",
       "tests/test_dpo.py", "tests/test_dpo_variants.py"),
     m("dpo-nca-weight", DPO_LOSSES, "- 0.5 * F.log_sigmoid(-beta * c) - 0.5 * F.log_sigmoid(-beta * r)",
       "- 0.5 * F.log_sigmoid(-beta * r)", "tests/test_dpo.py", "tests/test_dpo_variants.py"),
