@@ -102,6 +102,26 @@ def test_paddlenlp_kto_file_trains_kto_on_paddlenlp_kto_rows(tmp_path, tiny_mode
     args = json.load(open(out / "args.json"))
     assert (args["loss_type"], args["desirable_weight"], args["beta"]) == ("kto", 1.5, 0.1)
     (row,) = read_metrics(out)
-    assert "kl" in row and row["kl"] >= 0  # KTO's reference point: logged by the KTO loss only
-    assert 0 < row["loss"] < 1.5  # desirable_weight 1.5 x (1 - sigmoid) and undesirable 1 x (1 - sigmoid)
+    # step 1: the policy is the reference, so every log-ratio and KTO's reference point (logged by the KTO loss
+    # only) are 0, and each row's loss is its weight x (1 - s(0)): the 8 rows of one step (batch 1 x 8
+    # accumulation steps: the 4-row file twice) are half desirable (1.5 x 0.5) and half undesirable (1 x 0.5)
+    assert row["kl"] == 0.0 and row["rewards/margin"] == 0.0
+    assert row["loss"] == pytest.approx((4 * 1.5 * 0.5 + 4 * 1.0 * 0.5) / 8, rel=1e-6)
     assert os.path.isdir(out / "model")
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "kto_pair"])
+def test_the_kto_entry_point_refuses_another_loss_type_before_anything_is_written(tmp_path, tiny_model_dir, capsys,
+                                                                                   loss_type):
+    from alignment.dpo import run_kto
+
+    data = write_jsonl(tmp_path / "kto.jsonl", KTO_ROWS)
+    with pytest.raises(SystemExit) as info:
+        run_kto.main([os.path.join(REPO, "tests", "fixtures", "paddlenlp", "kto_argument.json"),
+                      "--model_name_or_path", tiny_model_dir, "--train_dataset_path", data, "--dev_dataset_path", "",
+                      "--output_dir", str(tmp_path / "out"), "--tensor_parallel_degree", "1", "--loss_type",
+                      loss_type])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1
+    assert f"key 'loss_type': run_kto.py trains KTO, not '{loss_type}'" in err and "run_dpo.py" in err
+    assert not (tmp_path / "out").exists()

@@ -217,6 +217,15 @@ def test_gae_layouts_match_compacted_reference():
     assert (ret.numpy()[4] == 0).all()
 
 
+def test_sequence_kl_sums_each_response_then_averages_over_rows():
+    # k1 per token = lp - ref; row 0: 0.5 + 0 - 1 = -0.5 (3 tokens), row 1: 1.0 (1 token), row 2 all-masked: 0
+    # -> (-0.5 + 1.0 + 0) / 3 rows; a token mean would give 0.5 / 4 tokens instead
+    lp = t([[-1.0, -2, -3], [-1, -1, -1], [0, 0, 0]])
+    ref = t([[-1.5, -2, -2], [-2, INF, INF], [9, 9, 9]])
+    mask = t([[1.0, 1, 1], [1, 0, 0], [0, 0, 0]])
+    close(alg.sequence_kl(lp, ref, mask, kl_estimate("k1")), 0.5 / 3)
+
+
 # ---------------------------------------------------------------- end-score placement
 def test_last_valid_index():
     mask = t([[1, 1, 0, 0], [0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 1]])

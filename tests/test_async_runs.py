@@ -4,6 +4,7 @@ overlaps and its ledger holds every sample once; kill -9 of the rollout rank or 
 launch, and resume_from_checkpoint auto continues to the uninterrupted run's metrics and weights, the ledger still
 holding every sample exactly once; so does a kill in the middle of a weight transfer; partial rollouts tag each
 token with the version that drew it and resume exactly."""
+import json
 import os
 import signal
 import subprocess
@@ -88,6 +89,14 @@ def test_staleness_1_trains_every_sample_once_and_overlaps(tmp_path, tiny_model_
     rows = read_metrics(out)
     assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1, 1, 1]
     assert all(0.25 < r["async/behaviour_weight"] < 4 for r in rows[1:])
+    # it overlaps: batch b (trained by step b + 1) is sampled with version b - 1, sent at step b's start, while step
+    # b trains batch b - 1 (the rollout rank's timeline against the training rank's step starts); a synchronous
+    # schedule would start sampling it only after step b (none of the 5; a rank starved of the CPU for a whole step
+    # may miss one)
+    starts = [r["time/step_start"] for r in rows]
+    sampled = {t["batch"]: t for t in (json.loads(line) for line in open(out / "rollout_rank1.jsonl"))}
+    during = [b for b in range(1, 6) if starts[b - 1] <= sampled[b]["sample_start"] < starts[b]]
+    assert len(during) >= 4, (starts, sampled)
     ledger = read_ledger(str(out))
     assert len(ledger) == 6 * 4 and [r["version"] for r in ledger if r["step"] == 4] == [2] * 4
     assert all(len(r["behaviour_log_probs"]) == sum(r["policy_token"]) for r in ledger)

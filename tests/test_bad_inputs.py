@@ -226,7 +226,7 @@ def test_bad_input_gives_a_clear_error_and_writes_nothing(tmp_path, tiny_model_d
     with pytest.raises(SystemExit) as info:
         run(tmp_path, tiny_model_dir)
     err = capsys.readouterr().err.strip()
-    assert info.value.code != 0, case
+    assert info.value.code == 2, case  # the documented exit status of bad input
     assert err.startswith("error: ") and "Traceback" not in err and len(err.splitlines()) == 1, err
     for fragment in fragments:
         assert fragment in err, f"{case}: {fragment!r} not in {err!r}"

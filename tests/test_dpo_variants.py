@@ -71,15 +71,45 @@ def test_odds_ratio_is_reference_free_on_token_averaged_log_probs_by_hand():
     np.testing.assert_allclose(moved.numpy(), losses, rtol=1e-6)  # the reference does not enter
 
 
+# At step 1 the policy is the reference, so every pair's log-ratios are c = r = 0 and each loss with a reference
+# has a closed form (beta 0.1 in config/tiny/dpo_argument.json): dpop -log s(0) = ln 2; kto_pair
+# ((1 - s(0)) + (1 - s(0))) / 2 = 0.5; sppo_hard (0 - 5)^2 + (0 + 5)^2 = 50; nca_pair -log s(0) - 0.5 log s(0)
+# - 0.5 log s(0) = 2 ln 2. The reference-free `or` is checked against its formula on the step's own token-averaged
+# log-probs.
+AT_STEP_ONE = {"dpop": math.log(2), "kto_pair": 0.5, "sppo_hard": 50.0, "nca_pair": 2 * math.log(2)}
+
+
 @pytest.mark.parametrize("loss_type", ["dpop", "kto_pair", "sppo_hard", "nca_pair", "or"])
-def test_each_paddlenlp_loss_type_trains_a_step(loss_type, tmp_path, tiny_model_dir):
-    from alignment.dpo import run_dpo
+def test_each_paddlenlp_loss_type_trains_a_step(loss_type, tmp_path, tiny_model_dir, monkeypatch):
+    from safetensors.numpy import load_file
+
+    from alignment.dpo import run_dpo, trainer
     from tests.helpers import read_metrics
 
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append([a.numpy().copy() for a in args[:6]])  # policy / reference chosen, rejected; token counts
+        return preference_loss(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "preference_loss", recording)
     out = tmp_path / "out"
     run_dpo.main([CONFIG, "--model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--max_steps", "1",
                   "--loss_type", loss_type, "--eval_datasets", "", "--per_device_train_batch_size", "4",
                   "--disable_tqdm", "true"])
     args = json.load(open(os.path.join(out, "args.json")))
     (row,) = read_metrics(out)
-    assert args["loss_type"] == loss_type and math.isfinite(row["loss"]) and "rewards/margin" in row
+    assert args["loss_type"] == loss_type and len(seen) == 1
+    if loss_type == "or":
+        pc, pr, _, _, nc, nr = seen[0]
+
+        def log_odds(p):
+            return p - np.log1p(-np.exp(p))
+        expected = np.mean([softplus(-x) for x in log_odds(pc / nc) - log_odds(pr / nr)])
+        assert expected != pytest.approx(math.log(2), abs=1e-3)
+    else:
+        expected = AT_STEP_ONE[loss_type]
+        assert row["rewards/margin"] == 0.0  # policy == reference
+    assert row["loss"] == pytest.approx(expected, rel=1e-5)
+    start, end = load_file(f"{tiny_model_dir}/model.safetensors"), load_file(str(out / "model" / "model.safetensors"))
+    assert any(not np.array_equal(start[k], end[k]) for k in start)  # the loss had a gradient: the step trained

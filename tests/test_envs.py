@@ -241,7 +241,7 @@ def test_tool_environment_runs_calls_then_ends_on_an_answer():
                                                               "required argument: 'b')"}]
     assert (result.reward, result.done) == (0.0, False)
     assert result.metrics["tool_calls"] == 2 and result.metrics["tool_errors"] == 1
-    assert result.metrics["tool_time"] >= 0
+    assert result.metrics["tool_time"] > 0  # measured (the two calls took some time), not left at 0
 
     bad = checked_step(env, "<tool_call>{not json}</tool_call>")
     assert bad.observation[0]["content"].startswith("Error: tool call is not valid JSON")

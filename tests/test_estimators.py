@@ -122,6 +122,41 @@ def test_vapo_decouples_the_critics_and_the_policys_lambda():
     assert not math.isclose(float(advantages[0, 0]), 1.0 - 0.2)  # the policy's lambda is not the critic's
 
 
+def test_the_gae_estimator_puts_the_kl_in_the_reward_unless_it_is_a_loss_term_and_whitens_on_request():
+    import paddle
+
+    from alignment.ppo.estimators import GAE
+
+    class Scored:  # two rows, the second with 2 tokens; k1 KL = old - ref = [[0.5, 0, 0], [0, 0.5, -]]
+        response_mask = paddle.to_tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+        old_values = paddle.to_tensor([[0.2, 0.4, 0.6], [0.1, 0.3, 9.0]])
+        end_rewards = paddle.to_tensor([1.0, -1.0])
+        old_log_probs = paddle.to_tensor([[-1.0, -1.0, -1.0], [-2.0, -2.0, -2.0]])
+        ref_log_probs = paddle.to_tensor([[-1.5, -1.0, -1.0], [-2.0, -2.5, 0.0]])
+        turn_rewards = None
+
+    def by_hand(rewards, values, lam=0.5):  # gamma 1: A_t = delta_t + lam A_{t+1}, delta_t = r_t + V_{t+1} - V_t
+        out, next_value, next_adv = [0.0] * len(rewards), 0.0, 0.0
+        for step in reversed(range(len(rewards))):
+            next_adv = rewards[step] + next_value - values[step] + lam * next_adv
+            out[step], next_value = next_adv, values[step]
+        return out
+
+    with_kl = [by_hand([-0.05, 0.0, 1.0], [0.2, 0.4, 0.6]), by_hand([0.0, -0.05 - 1.0], [0.1, 0.3]) + [0.0]]
+    without_kl = [by_hand([0.0, 0.0, 1.0], [0.2, 0.4, 0.6]), by_hand([0.0, -1.0], [0.1, 0.3]) + [0.0]]
+    common = dict(advantage_estimator="gae", kl_coeff=0.1, kl_estimator="k1", gamma=1.0, gae_lambda=0.5)
+    for kl_in_loss, expected in ((False, with_kl), (True, without_kl)):
+        advantages, returns = GAE()(Scored, PPOArguments(**common, kl_in_loss=kl_in_loss,
+                                                         normalize_advantage=False), None)
+        close(advantages, expected)
+        close(returns, np.array(expected) + np.array([[0.2, 0.4, 0.6], [0.1, 0.3, 0.0]]))
+    whitened, returns = GAE()(Scored, PPOArguments(**common, normalize_advantage=True), None)
+    values = np.array(with_kl[0] + with_kl[1][:2])  # the 5 response tokens
+    scaled = (np.array(with_kl) - values.mean()) / np.sqrt(values.var(ddof=1) + 1e-8)
+    close(whitened, scaled * Scored.response_mask.numpy(), atol=1e-4)
+    close(returns, np.array(with_kl) + np.array([[0.2, 0.4, 0.6], [0.1, 0.3, 0.0]]))  # the critic's: not whitened
+
+
 def test_vapo_pretrains_the_critic_before_the_policy_moves(tmp_path, tiny_model_dir, tiny_reward_dir):
     import numpy as np
     from safetensors.numpy import load_file

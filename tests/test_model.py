@@ -191,6 +191,33 @@ def test_inverse_cdf_sampling_against_hand_computed_draws_and_frequencies():
     np.testing.assert_allclose(np.bincount(tokens, minlength=5) / 40000, expected, atol=0.01)
 
 
+def test_the_temperature_divides_the_logits_before_the_draw():
+    from alignment.models.sampling import next_token
+
+    # logits [0, ln 3] at temperature 0.5 -> [0, 2 ln 3]: probs [.1, .9] (cdf .1, 1); at 2 -> [0, ln 3 / 2]:
+    # probs [.366, .634]; a uniform of .2 draws token 1 at 0.5 and token 0 at 2 (and at 1: probs [.25, .75], 0)
+    logits = paddle.to_tensor([[0.0, np.log(3.0)]], dtype="float32")
+    draws = {t: next_token(logits, GenerationConfig(max_new_tokens=1, temperature=t), None,
+                           paddle.to_tensor([0.2], dtype="float32")).numpy().tolist() for t in (0.5, 1.0, 2.0)}
+    assert draws == {0.5: [1], 1.0: [0], 2.0: [0]}
+    assert next_token(logits, GenerationConfig(max_new_tokens=1, temperature=2.0), None,
+                      paddle.to_tensor([0.37], dtype="float32")).numpy().tolist() == [1]  # just past .366
+
+
+def test_min_new_tokens_ends_the_rows_right_after_the_minimum_when_every_other_token_is_eos():
+    """Every token but one is an end token: each row draws that one for min_new_tokens tokens, then ends."""
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    keep = 7
+    ends = [t for t in range(model.config.vocab_size) if t != keep]
+    for minimum in (1, 3, 5):
+        out = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=ends,
+                                                           min_new_tokens=minimum))
+        seq, lengths = out.sequences.numpy(), out.response_mask.numpy().sum(axis=1)
+        assert lengths.tolist() == [minimum + 1] * 3, minimum
+        assert (seq[:, 6:6 + minimum] == keep).all() and all(t in ends for t in seq[:, 6 + minimum])
+
+
 def test_logit_processors_against_hand_computed_values():
     logits = paddle.to_tensor([[2.0, -1.0, 0.5, 1.0]])
     seen = paddle.to_tensor([[True, True, False, False]])

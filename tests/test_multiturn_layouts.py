@@ -45,6 +45,13 @@ def one_process(tiny_model_dir, tmp_path_factory):
                    capture_output=True)
     rows = [r for r in read_metrics(out) if "actor_loss" in r]
     assert len(rows) == 3 and all(r["env/turns"] > 1 for r in rows)  # really multi-turn
+    # and it trained: rewards that differ between episodes, a loss off zero (step 1's on-policy RLOO loss can be 0:
+    # its advantages sum to 0 per group), weights that moved (equal runs of a policy that never changed would pass
+    # the comparison)
+    assert all(r["reward/std"] > 0 for r in rows) and any(r["actor_loss"] != 0.0 for r in rows)
+    start = LlamaForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    end = LlamaForCausalLM.from_pretrained(str(out / "policy")).state_dict()
+    assert max(float((start[k] - end[k]).abs().max()) for k in start) > 1e-5  # (4e-4 here: adam_epsilon 1)
     return out
 
 

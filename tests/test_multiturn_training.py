@@ -121,9 +121,9 @@ def tiny(tiny_model_dir):
     return model, Tokenizer.from_pretrained(tiny_model_dir)
 
 
-def episodes(max_turns=3, max_tokens=None):
+def episodes(max_turns=3, max_tokens=None, **env_options):
     env = EnvironmentArguments(environment="test-echo-training", max_turns=max_turns,
-                               max_trajectory_tokens=max_tokens)
+                               max_trajectory_tokens=max_tokens, **env_options)
 
     class PPO:
         max_new_tokens, min_new_tokens, rollout_decode = 6, 0, "eager"
@@ -153,6 +153,22 @@ def test_the_ids_trained_are_the_ids_sampled_and_observations_are_masked(tiny):
     sampled = rollout.old_log_probs.numpy()
     np.testing.assert_allclose(trained.numpy()[mask > 0], sampled[mask > 0], atol=2e-4)
     assert (sampled[mask == 0] == 0).all()
+
+
+def test_per_turn_rewards_land_on_each_turns_last_token_weighted(tiny):
+    """per_turn_rewards: Echo's turn k rewards k; times env_reward_weight 0.5 it sits on the last policy token of
+    turn k (where a run of the response mask ends), and nowhere else."""
+    model, tokenizer = tiny
+    base = GenerationConfig(max_new_tokens=2, temperature=1.0, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+    sampler = episodes(per_turn_rewards=True, env_reward_weight=0.5)
+    rollout = sampler(model, tokenizer, base, Draw(items(2), 2, seed=3, log_prob_temperature=1.0))
+    mask, rewards = rollout.response_mask.numpy(), rollout.turn_rewards.numpy()
+    for row in range(len(rollout)):
+        ends = [t for t in range(mask.shape[1]) if mask[row, t] > 0 and (t + 1 == mask.shape[1] or
+                                                                          mask[row, t + 1] == 0)]
+        assert len(ends) == 3 and list(np.flatnonzero(rewards[row])) == ends, (ends, rewards[row])
+        np.testing.assert_allclose(rewards[row, ends], [0.5, 1.0, 1.5])
 
 
 def test_episodes_do_not_depend_on_how_the_batch_is_split(tiny):
@@ -191,6 +207,16 @@ def test_a_user_environment_from_a_file_trains_with_ppo_and_grpo(tmp_path, tiny_
     if estimator == "gae":
         assert all(np.isfinite(r["critic_loss"]) for r in rows)
     assert os.path.isfile(tmp_path / "out" / "policy" / "model.safetensors")
+
+
+def test_the_end_reward_is_the_reward_functions_plus_env_reward_weight_times_the_environments(tmp_path,
+                                                                                              tiny_model_dir):
+    run_ppo.main(run_args(tmp_path / "out", tiny_model_dir, "grpo", "--max_steps", "2", "--reward_funcs",
+                          "sentiment", "--env_reward_weight", "2.0", "--normalize_reward", "false"))
+    rows = read_metrics(tmp_path / "out")
+    assert all(r["reward/environment"] < 0 and r["reward/environment"] == r["env/reward"] for r in rows)
+    for r in rows:  # means of the per-episode sums: sentiment + 2.0 x the environment's (wrong guesses cost 0.1)
+        assert r["reward/mean"] == pytest.approx(r["reward/sentiment"] + 2.0 * r["reward/environment"], abs=1e-6)
 
 
 def test_evaluation_judging_and_the_generations_view_show_whole_episodes(tmp_path, tiny_model_dir, capsys):
@@ -302,11 +328,17 @@ def test_multi_turn_arguments_are_checked_before_anything_loads(tmp_path, tiny_m
 def test_episodes_train_with_lora_offload_and_dynamic_sampling(tmp_path, tiny_model_dir, extra):
     run_ppo.main(run_args(tmp_path / "out", tiny_model_dir, "grpo", "--max_steps", "2", *extra))
     rows = read_metrics(tmp_path / "out")
-    assert len(rows) == 2 and all(r["env/turns"] > 1 for r in rows if "env/turns" in r)
+    assert len(rows) == 2 and all(1 < r["env/turns"] <= 3 for r in rows)  # every step logged its episodes
     if "--dynamic_sampling" in extra:
-        assert all("dynamic_sampling/gen_batches" in r for r in rows)
+        assert all(r["dynamic_sampling/gen_batches"] >= 1 for r in rows)
+    assert any(r["actor_loss"] != 0.0 for r in rows)
+    if "--lora" in extra:  # the adapters trained, the base weights did not
+        adapters = load_file(str(tmp_path / "out" / "policy" / "adapter_model.safetensors"))
+        assert any(k.endswith("lora_B.weight") and np.abs(v).max() > 0 for k, v in adapters.items())
     else:
-        assert all(np.isfinite(r["actor_loss"]) for r in rows)
+        start, end = (load_file(os.path.join(d, "model.safetensors")) for d in (tiny_model_dir,
+                                                                                 tmp_path / "out" / "policy"))
+        assert any(not np.array_equal(start[k], end[k]) for k in start)
 
 
 def test_an_environment_gets_every_column_of_its_jsonl_row(tmp_path, tiny_model_dir):

@@ -184,7 +184,7 @@ def test_convert_checkpoint_refuses_a_crafted_checkpoint(tmp_path, tiny_model_di
     path = crafted_checkpoint(tiny_model_dir, tmp_path, marker)
     out = tmp_path / "converted"
     result = run_tool("tools/convert_checkpoint.py", "--input", str(path), "--output", str(out))
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "posix.system" in result.stderr
     assert not marker.exists() and not out.exists()
 
@@ -201,7 +201,7 @@ def test_merge_lora_and_the_reward_server_refuse_a_crafted_base(tmp_path, tiny_m
     merged = run_tool("tools/merge_lora.py", "--adapter", str(adapter), "--output", str(out))
     served = run_tool("tools/reward_server.py", "--model", str(path), "--port", "0")
     for result in (merged, served):
-        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert "model_state.pdparams" in result.stderr
     assert not marker.exists() and not out.exists()
 
@@ -219,5 +219,5 @@ def test_ppo_refuses_a_crafted_actor_reward_or_critic(tmp_path, tiny_model_dir, 
     with pytest.raises(SystemExit) as stop:
         run_ppo.main(argv)
     err = capsys.readouterr().err
-    assert stop.value.code != 0 and "model_state.pdparams: refused" in err and err.strip().count("\n") == 0
+    assert stop.value.code == 2 and "model_state.pdparams: refused" in err and err.strip().count("\n") == 0
     assert not marker.exists() and not (tmp_path / "out").exists()

@@ -1,9 +1,6 @@
 """offload_level: tensors leave for host memory and come back with identical values; a PPO run with every level
 on equals the run without, bit for bit."""
 import os
-import subprocess
-import sys
-
 import numpy as np
 import paddle
 import pytest
@@ -46,16 +43,41 @@ def test_frozen_levels_skip_trained_models_and_unknown_levels_fail(tiny_model_di
         parse_levels("freeze_model everything")
 
 
-def test_ppo_with_every_offload_level_equals_the_run_without(tiny_model_dir, tiny_reward_dir, tmp_path):
-    common = [os.path.join(REPO, "alignment", "ppo", "run_ppo.py"),
-              os.path.join(REPO, "config", "tiny", "ppo_argument.json"), "--actor_model_name_or_path", tiny_model_dir,
+def test_ppo_with_every_offload_level_equals_the_run_without(tiny_model_dir, tiny_reward_dir, tmp_path, monkeypatch):
+    """Both runs in this process (the same thread settings); in the offloaded one every model and optimizer state
+    really moves (new storage each time, counted per move), phase by phase, and nothing moves without the levels."""
+    from alignment.ppo import run_ppo
+    from alignment.wrappers import offload
+
+    common = [os.path.join(REPO, "config", "tiny", "ppo_argument.json"), "--actor_model_name_or_path", tiny_model_dir,
               "--reward_model_name_or_path", tiny_reward_dir, "--eval_datasets", "", "--max_steps", "2",
               "--max_new_tokens", "8", "--disable_tqdm"]
-    for name, extra in (("plain", []), ("offload", ["--offload_level", "freeze_model optimizer train_model"])):
-        subprocess.run([sys.executable, *common, "--output_dir", str(tmp_path / name), *extra], cwd=REPO, check=True,
-                       capture_output=True)
-    plain, offload = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "offload")
-    for a, b in zip(plain, offload):
+    move, moves = offload._move, {}
+
+    def counting(tensors, place):
+        tensors = [t for t in tensors if t is not None and t._is_initialized()]
+        before = [t.data_ptr() for t in tensors]
+        move(tensors, place)
+        assert all(t.data_ptr() != p for t, p in zip(tensors, before))  # new storage: the data really moved
+        moves.setdefault(run, []).append(len(tensors))
+
+    monkeypatch.setattr(offload, "_move", counting)
+    for run, extra in (("plain", []), ("offload", ["--offload_level", "freeze_model optimizer train_model"])):
+        run_ppo.main([*common, "--output_dir", str(tmp_path / run), *extra])
+    assert sum(moves["plain"]) == 0
+    from alignment.models.score_model import ScoreModel
+
+    actor, reward = LlamaForCausalLM.from_pretrained(tiny_model_dir), ScoreModel.from_pretrained(tiny_reward_dir)
+    a, r = len(offload.model_tensors(actor)), len(offload.model_tensors(reward))
+    states = 4 * (len(actor.parameters()) + len(reward.parameters()))  # AdamW: two moments, two beta powers each
+
+    def step(optimizer_states):  # in and out: generate (actor), score (all four models), train (actor, critic)
+        return [a, a, 2 * a + 2 * r, 2 * a + 2 * r, a + r + optimizer_states, a + r + optimizer_states]
+    # at the start the four models go to host; step 1's update creates the optimizer states, step 2's moves them;
+    # the final save brings actor and critic
+    assert moves["offload"] == [2 * a + 2 * r] + step(0) + step(states) + [a + r, a + r]
+    plain, offloaded = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "offload")
+    for a, b in zip(plain, offloaded):
         assert {k: v for k, v in a.items() if not k.startswith("time/")} == \
             {k: v for k, v in b.items() if not k.startswith("time/")}
     a = LlamaForCausalLM.from_pretrained(str(tmp_path / "plain" / "policy"))

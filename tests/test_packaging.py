@@ -1,5 +1,7 @@
 """The project installs as a package: a wheel built from pyproject.toml, installed into a fresh virtual environment
-(the already-installed dependencies visible), imports from outside the checkout and exposes the console commands."""
+(the already-installed dependencies visible), imports from outside the checkout and exposes the console commands.
+Offline: pip may not reach an index (PIP_NO_INDEX), so the wheel is built with the installed setuptools (no build
+isolation, which would download it; requirements.txt installs setuptools)."""
 import os
 import shutil
 import subprocess
@@ -24,15 +26,16 @@ def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path, 
     for name in ("pyproject.toml", "README.md", "LICENSE", "requirements.txt"):
         shutil.copy(os.path.join(REPO, name), source / name)
     shutil.copytree(os.path.join(REPO, "alignment"), source / "alignment", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w",
-                    str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
+    offline = {**os.environ, "PIP_NO_INDEX": "1"}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300, env=offline)
     wheel = next((tmp_path / "dist").glob("paddle_alignment-*.whl"))
     env_dir = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=120)
     python, bin_dir = env_dir / "bin" / "python", env_dir / "bin"
     see_our_packages(python)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True,
-                   capture_output=True, timeout=300)
+                   capture_output=True, timeout=300, env=offline)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

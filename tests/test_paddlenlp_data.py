@@ -3,6 +3,7 @@ a bare path (or PaddleNLP's comma-separated list) in train_dataset_path / train_
 first row's keys show (alignment/data/detect.py, alignment/data/paddlenlp_files.py). The files here are written in
 PaddleNLP's exact documented shapes."""
 import json
+import math
 import os
 
 import pytest
@@ -130,7 +131,8 @@ def test_paddlenlp_dpo_file_trains_on_paddlenlp_pairs(tmp_path, tiny_model_dir):
     data = write_jsonl(tmp_path / "train.jsonl", PAIR_ROWS)
     row, args = one_step(run_dpo, os.path.join(FIXTURES, "dpo_argument.json"), tiny_model_dir, data, tmp_path / "o",
                          "--max_seq_len", "64")
-    assert args["loss_type"] == "sigmoid" and "rewards/accuracy" in row
+    assert args["loss_type"] == "sigmoid" and row["rewards/margin"] == 0.0  # step 1: the policy is the reference,
+    assert row["loss"] == pytest.approx(math.log(2), rel=1e-6)  # so every pair's DPO loss is -log s(0)
 
 
 def test_paddlenlp_sft_rows_train_sft(tmp_path, tiny_model_dir):

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from alignment.config import paddlenlp
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments
@@ -89,6 +91,16 @@ def test_llama_ppo_json_runs_one_step(tmp_path, tiny_model_dir, tiny_reward_dir,
     assert (args["eval_steps"], args["save_steps"], args["use_fusemt"]) == (0, 400, False)  # evaluation_strategy no
     assert args["critic_min_learning_rate"] == 2e-7  # honoured: the critic's schedule ends there
     assert args["min_new_tokens"] == 1  # min_dec_len
+    # ptx_coeff 16: the SFT loss on the ptx data is logged and trained on (the policy differs from the same step
+    # without it, whose rollout is the same)
+    assert args["ptx_coeff"] == 16.0 and read_metrics(tmp_path / "out")[0]["ptx_loss"] > 0
+    run(run_ppo, [fixture("ppo_argument.json"), "--actor_model_name_or_path", tiny_model_dir,
+                  "--reward_model_name_or_path", tiny_reward_dir, "--train_datasets", PROMPTS, "--eval_datasets", "",
+                  "--ptx_datasets", "", "--ptx_coeff", "0", "--output_dir", str(tmp_path / "no-ptx"),
+                  "--tensor_parallel_degree", "1", "--max_steps", "1", "--max_dec_len", "4"], capsys)
+    with_ptx, without = (load_file(str(tmp_path / name / "policy" / "model.safetensors")) for name in ("out", "no-ptx"))
+    assert read_metrics(tmp_path / "no-ptx")[0]["reward/mean"] == read_metrics(tmp_path / "out")[0]["reward/mean"]
+    assert any(not np.array_equal(with_ptx[k], without[k]) for k in with_ptx)
 
 
 def test_llama_rm_json_runs_one_step(tmp_path, tiny_model_dir, capsys):

@@ -92,12 +92,54 @@ def test_grpo_with_a_rule_reward_builds_no_critic(tmp_path, tiny_model_dir, caps
     assert all("critic_loss" not in r for r in read_metrics(out))
 
 
+def expected_advantages(name, seen):
+    """The advantages [N, R] the estimator `name` gives a scored rollout, in numpy from its definition."""
+    ppo, r, mask = seen["ppo"], seen["rewards"].astype("float64"), seen["mask"] > 0
+    if name == "reinforce_plus_plus":  # whitened returns-to-go of -kl_coeff * k3 per token + the score at the end
+        d = seen["ref"].astype("float64") - seen["old"]
+        rewards = np.where(mask, -ppo.kl_coeff * (np.exp(d) - d - 1), 0.0)
+        returns = np.zeros_like(rewards)
+        for row in range(len(r)):
+            idx = np.flatnonzero(mask[row])
+            rewards[row, idx[-1]] += r[row]
+            running = 0.0
+            for k in idx[::-1]:
+                running = rewards[row, k] + ppo.gamma * running
+                returns[row, k] = running
+        values = returns[mask]
+        return np.where(mask, (returns - values.mean()) / np.sqrt(values.var(ddof=1) + 1e-8), 0.0)
+    groups = r.reshape(-1, ppo.num_return_sequences)
+    centered = groups - groups.mean(axis=1, keepdims=True)
+    per_response = {"rloo": centered * groups.shape[1] / (groups.shape[1] - 1), "dr_grpo": centered,
+                    "reinforce_baseline": centered / (centered.std(ddof=1) + 1e-6)}[name].reshape(-1)
+    return np.where(mask, per_response[:, None], 0.0)
+
+
 @pytest.mark.parametrize("estimator", ["rloo", "dr_grpo", "reinforce_baseline", "reinforce_plus_plus"])
-def test_every_critic_free_estimator_runs_a_step(tmp_path, tiny_model_dir, estimator):
+def test_every_critic_free_estimator_runs_a_step(tmp_path, tiny_model_dir, estimator, monkeypatch):
+    """The estimator the key names is the one the step used: its advantages are the definition's on the step's own
+    rewards (and log-probs), and they trained the policy."""
+    from alignment.ppo.trainer import PPOTrainer
+
+    compute, seen = PPOTrainer.compute_advantages, {}
+
+    def recording(self, rollout):
+        out = compute(self, rollout)
+        seen.update(ppo=self.ppo, rewards=rollout.end_rewards.numpy(), mask=rollout.response_mask.numpy(),
+                    old=None if rollout.old_log_probs is None else rollout.old_log_probs.numpy(),
+                    ref=rollout.ref_log_probs.numpy(), advantages=rollout.advantages.numpy())
+        return out
+
+    monkeypatch.setattr(PPOTrainer, "compute_advantages", recording)
     run_ppo.main([GRPO_CONFIG, *common(tmp_path, tiny_model_dir, "--advantage_estimator", estimator,
                                        "--reward_funcs", "sentiment", "--max_steps", "1", "--kl_in_loss", "false")])
     row = read_metrics(tmp_path / "out")[0]
-    assert np.isfinite(row["actor_loss"]) and row["response_length"] > 0
+    expected = expected_advantages(estimator, seen)
+    assert np.abs(expected).max() > 0.1  # the rewards differ within groups: a wrong estimator shows
+    np.testing.assert_allclose(seen["advantages"], expected, rtol=1e-4, atol=1e-5)
+    assert row["advantage/mean"] == pytest.approx(float(expected[seen["mask"] > 0].mean()), abs=1e-5)
+    assert row["actor_loss"] != 0.0 and row["response_length"] > 0
+    assert np.abs(weights(str(tmp_path / "out" / "policy")) - weights(tiny_model_dir)).max() > 0
 
 
 def test_response_log_probs_and_values_line_up_with_the_response_tokens(tiny_model_dir, tiny_reward_dir):

@@ -41,15 +41,30 @@ def test_bf16_and_fp16_together_are_refused(tmp_path, tiny_model_dir, capsys):
     assert "'bf16' and 'fp16' are both true" in capsys.readouterr().err
 
 
-def test_ppo_with_bf16_runs_the_amp_path_and_equals_float32(tmp_path, tiny_model_dir, tiny_reward_dir):
+def test_ppo_with_bf16_runs_the_amp_path_and_equals_float32(tmp_path, tiny_model_dir, tiny_reward_dir, monkeypatch):
+    import contextlib
+
     from alignment.ppo import run_ppo
+    from alignment.training.precision import Precision
     from tests.test_resume import ppo_args
 
+    autocast, entered = Precision.autocast, {}
+
+    def counting_autocast(self):  # the AMP context each forward entered: its dtype (None: float32, no context)
+        context = autocast(self)
+        entered.setdefault(run, []).append(None if isinstance(context, contextlib.nullcontext) else self.dtype)
+        return context
+
+    monkeypatch.setattr(Precision, "autocast", counting_autocast)
     runs = {}
-    for name, flags in (("fp32", ()), ("bf16", ("--bf16", "true", "--fp16_opt_level", "O2"))):
-        run_ppo.main(ppo_args(tmp_path / name, tiny_model_dir, tiny_reward_dir, "--max_steps", "2", "--save_steps",
+    for run, flags in (("fp32", ()), ("bf16", ("--bf16", "true", "--fp16_opt_level", "O2"))):
+        run_ppo.main(ppo_args(tmp_path / run, tiny_model_dir, tiny_reward_dir, "--max_steps", "2", "--save_steps",
                               "0", *flags))
-        runs[name] = without_times(read_metrics(tmp_path / name))
+        runs[run] = without_times(read_metrics(tmp_path / run))
+    # every forward of the bf16 run (generation, scoring, actor and critic updates) ran under paddle's bf16
+    # auto_cast, the float32 run's under none
+    assert set(entered["fp32"]) == {None} and set(entered["bf16"]) == {"bfloat16"}
+    assert len(entered["bf16"]) == len(entered["fp32"]) > 4
     assert len(runs["bf16"]) == len(runs["fp32"]) == 2
     for row, reference in zip(runs["bf16"], runs["fp32"]):
         for key in reference:

@@ -90,7 +90,19 @@ def test_a_prm_scores_grpo_responses_step_by_step(trained_prm, tiny_model_dir, t
     scorer = ProcessRewardScorer(LlamaForCausalLM.from_pretrained(prm), Tokenizer.from_pretrained(prm), prm)
     scores = scorer.end_scores(["Check the steps."] * 3, ["Step 1: this is fine.\nStep 2: this is fine.",
                                                            "Step 1: this is fine.\nStep 2: this is wrong.", ""])
-    assert scores[0] > 0.5 > scores[1] and scores[2] == 0.5  # the lowest step decides; no step: 0.5
+    assert scores[0] > 0.5 > scores[1] and scores[2] == 0.5  # no step: 0.5
+    # the lowest step decides: each step's p(good) from the PRM's logits at its placeholder, by hand
+    import paddle
+
+    from alignment.rewards.process import step_logits
+
+    steps = ["Step 1: this is fine.", "Step 2: this is wrong.", "Step 3: this is fine."]
+    ids, positions = step_ids(scorer.tokenizer, "Check the steps.", steps, scorer.tokens, 4096)
+    logits = step_logits(scorer.model, paddle.to_tensor([ids]), paddle.ones([1, len(ids)], dtype="int64"),
+                         paddle.to_tensor([[0, p] for p in positions]), scorer.tokens).numpy().astype("float64")
+    good = 1 / (1 + np.exp(logits[:, 1] - logits[:, 0]))  # softmax over (good, bad)
+    (score,) = scorer.end_scores(["Check the steps."], ["\n".join(steps)])
+    assert score == pytest.approx(good.min(), rel=1e-4) and abs(score - good.mean()) > 0.1
     run_ppo.main([os.path.join(REPO, "config", "tiny", "grpo_argument.json"), "--actor_model_name_or_path",
                   tiny_model_dir, "--reward_model_name_or_path", prm, "--reward_funcs", "", "--gold_judge", "",
                   "--output_dir", str(tmp_path / "grpo"), "--max_steps", "1", "--eval_datasets", "",

@@ -51,6 +51,11 @@ def test_ppo_killed_after_a_checkpoint_resumes_to_the_same_losses_and_weights(tm
                                                                               tiny_reward_dir):
     straight = tmp_path / "straight"
     run_ppo.main(ppo_args(straight, tiny_model_dir, tiny_reward_dir))
+    # normalize_reward: the running statistics the checkpoint keeps are those of every reward of steps 1-3
+    # (4 prompts x 1 answer each), whose batch means the log holds
+    stats = json.load(open(straight / "checkpoint-3" / "trainer_state.json"))["reward_stats"]
+    means = [r["reward/mean"] for r in read_metrics(straight)[:3]]
+    assert stats["count"] == 12 and stats["mean"] == pytest.approx(float(np.mean(means)), rel=1e-5, abs=1e-7)
 
     killed = tmp_path / "killed"
     script = os.path.join(REPO, "alignment", "ppo", "run_ppo.py")

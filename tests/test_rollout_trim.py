@@ -106,3 +106,31 @@ def test_packed_rows_give_the_same_log_probs_and_values(tiny_model_dir, tiny_rew
     v = critic_values(critic, full.input_ids, full.attention_mask, full.prompt_len)
     w = critic_values(critic, packed.input_ids, packed.attention_mask, packed.prompt_len, packed.response_index)
     np.testing.assert_allclose(w.numpy()[mask], v.numpy()[mask], atol=1e-5)
+
+
+def test_a_sampled_rollouts_response_mask_ends_at_each_rows_first_eos(tiny_model_dir):
+    """sample_rollout's response mask is 1 up to and including each row's first end token and 0 on the padding
+    after it (eos is half the vocabulary here, so rows end early, at different lengths)."""
+    from alignment.models import GenerationConfig, Tokenizer
+    from alignment.ppo.rollout import sample_rollout
+
+    actor, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
+    ends = list(range(0, actor.config.vocab_size, 2))
+    config = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=1.0, eos_token_id=ends,
+                              pad_token_id=tokenizer.pad_token_id)
+    prompts = [[5, 6, 7], [8, 9]]
+
+    def collate(items):
+        width = max(len(item["input_ids"]) for item in items)
+        return {"input_ids": [[tokenizer.pad_token_id] * (width - len(i["input_ids"])) + i["input_ids"] for i in items],
+                "attention_mask": [[0] * (width - len(i["input_ids"])) + [1] * len(i["input_ids"]) for i in items]}
+
+    paddle.seed(1)
+    out = sample_rollout(actor, tokenizer, [{"prompt": str(p), "input_ids": p} for p in prompts], config, 4, collate)
+    responses, mask = out.input_ids.numpy()[:, out.prompt_len:], out.response_mask.numpy()
+    lengths = []
+    for row, ids in enumerate(responses):
+        stop = next((t for t, token in enumerate(ids) if token in ends), len(ids) - 1)
+        np.testing.assert_array_equal(mask[row], [1.0] * (stop + 1) + [0.0] * (len(ids) - stop - 1))
+        lengths.append(stop + 1)
+    assert len(set(lengths)) > 1 and min(lengths) < 8  # rows did end early, at different lengths

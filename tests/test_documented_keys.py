@@ -1,0 +1,61 @@
+"""Every argument key the docs' tables name is exercised by the tests (issue 57): a test passes it (as a flag, a
+keyword or an argument-file key), or a run's argument file that the tests run sets it (config/tiny, the PaddleNLP
+and PaddleFormers fixtures). A documented key no test exercises fails here, naming the pages that document it."""
+import dataclasses
+import glob
+import importlib
+import os
+import pkgutil
+import re
+
+from alignment.config.argument_file import load_argument_file
+from tests.helpers import REPO
+
+TABLE_ROW = re.compile(r"^\|([^|]*)\|")  # a Markdown table row's first cell
+
+
+def argument_keys():
+    """Every field of every argument dataclass in alignment/config."""
+    import alignment.config as config
+
+    keys = set()
+    for module in pkgutil.iter_modules(config.__path__):
+        for value in vars(importlib.import_module(f"alignment.config.{module.name}")).values():
+            if isinstance(value, type) and dataclasses.is_dataclass(value):
+                keys |= {f.name for f in dataclasses.fields(value)}
+    return keys
+
+
+def documented(keys):
+    """{key: pages} for the argument keys in backticks in the first cell of a table row of docs/."""
+    found = {}
+    for page in sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True)):
+        with open(page, encoding="utf-8") as f:
+            for line in f:
+                cell = TABLE_ROW.match(line)
+                for name in re.findall(r"`([a-z][a-z0-9_]*)`", cell.group(1) if cell else ""):
+                    if name in keys:
+                        found.setdefault(name, set()).add(os.path.relpath(page, REPO))
+    return found
+
+
+def exercised(keys):
+    """The keys some test passes, or some argument file the tests run sets."""
+    text = "\n".join(open(path, encoding="utf-8").read()
+                     for path in glob.glob(os.path.join(REPO, "tests", "**", "*.py"), recursive=True)
+                     if os.path.basename(path) != os.path.basename(__file__))
+    passed = {key for key in keys if re.search(rf"""["']--{key}["']|\b{key}=|["']{key}["']""", text)}
+    files = glob.glob(os.path.join(REPO, "config", "tiny", "*_argument.*")) + \
+        glob.glob(os.path.join(REPO, "tests", "fixtures", "paddle*", "*.*"))
+    in_files = {key for path in files if path.endswith((".json", ".yaml")) and "expected" not in path
+                for key in load_argument_file(path) if key in keys}
+    return passed | in_files
+
+
+def test_the_docs_tables_name_keys_and_every_one_is_exercised_by_a_test():
+    keys = argument_keys()
+    docs = documented(keys)
+    assert len(docs) >= 20, "the docs' key tables were not found (has their layout changed?)"
+    tested = exercised(keys)
+    missing = {key: sorted(pages) for key, pages in docs.items() if key not in tested}
+    assert not missing, f"documented keys no test exercises: {missing}"
