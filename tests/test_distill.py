@@ -155,15 +155,17 @@ def test_the_gateway_serves_a_teacher_with_the_local_teachers_numbers(tmp_path, 
     run_distill.main(distill_args(tmp_path / "local", tiny_model_dir, teacher_dir, *common))
     port = tmp_path / "port"
     server = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "serve.py"), "--model", teacher_dir,
-                               "--port", "0", "--port-file", str(port)], cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+                               "--port", "0", "--port-file", str(port), "--api-key", "teacher-key", "--name",
+                               "the-teacher"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
         while not port.exists() and server.poll() is None and time.time() < deadline:
             time.sleep(0.1)
         assert port.exists(), server.stderr.read() if server.poll() is not None else "no port"
         run_distill.main(distill_args(tmp_path / "served", tiny_model_dir,
-                                      f"http://127.0.0.1:{port.read_text().strip()}/v1", *common))
+                                      f"http://127.0.0.1:{port.read_text().strip()}/v1", *common,
+                                      "--teacher_server_token", "teacher-key", "--teacher_served_model",
+                                      "the-teacher", "--teacher_server_timeout", "60"))
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -351,3 +351,19 @@ def test_an_environment_gets_every_column_of_its_jsonl_row(tmp_path, tiny_model_
     prompts = PromptOnlyDataset(MixedRawDataset(f"prompt-only:1.0:{data}", seed=0),
                                 Tokenizer.from_pretrained(tiny_model_dir), 128)
     assert environment_row(prompts[0]) == {"input": "Find it.", "answer": "42", "secret": 7, "tools": ["calculator"]}
+
+
+def test_the_episode_schedule_and_the_pool_change_no_bit_of_a_run(tmp_path, tiny_model_dir):
+    """env_workers 1 with lockstep rounds against the default pool with continuous batching: the same metrics and
+    weights (the decode engine's shapes are fixed, so when a row resumes does not change its numbers)."""
+    runs = {"continuous": ("--env_workers", "16", "--episode_schedule", "continuous"),
+            "lockstep": ("--env_workers", "1", "--episode_schedule", "lockstep")}
+    for name, flags in runs.items():
+        run_ppo.main(run_args(tmp_path / name, tiny_model_dir, "grpo", "--save_steps", "0", "--max_steps", "2",
+                              *flags))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    continuous, lockstep = (strip(read_metrics(tmp_path / name)) for name in runs)
+    assert continuous == lockstep and all(r["env/turns"] > 1 for r in continuous)
+    a, b = (load_file(os.path.join(tmp_path / name, "policy", "model.safetensors")) for name in runs)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
