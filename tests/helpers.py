@@ -8,3 +8,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def read_metrics(output_dir):
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+GUESS = os.path.join(REPO, "examples", "guess_number_env.py")
+GRPO_TOOLS = os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json")
+
+
+def run_args(out, model, estimator, *extra):
+    args = [GRPO_TOOLS, "--actor_model_name_or_path", model, "--output_dir", str(out), "--disable_tqdm",
+            "--environment", "guess-number", "--environment_args", "{}", "--user_env_modules", GUESS,
+            "--reward_funcs", "", "--gold_judge", "", "--max_turns", "3", "--max_new_tokens", "6",
+            "--max_length", "128", "--max_trajectory_tokens", "48", "--advantage_estimator", estimator,
+            "--num_return_sequences", "2", "--per_device_prompt_batch_size", "2", "--max_steps", "4",
+            "--per_device_train_batch_size", "2", "--eval_datasets", "", "--logging_steps", "1",
+            "--train_datasets", f"prompt-only:1.0:{REPO}/data/reasoning/basic_arithmetic_train.jsonl"]
+    return args + (["--critic_learning_rate", "1e-3"] if estimator == "gae" else []) + list(extra)

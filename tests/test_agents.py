@@ -12,8 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from alignment.ppo import run_ppo
-from tests.helpers import REPO, read_metrics
-from tests.test_multiturn_training import GUESS, run_args
+from tests.helpers import REPO, read_metrics, run_args
 
 AGENT = os.path.join(REPO, "examples", "openai_agent", "guess_number_agent.py")
 # logged only by one of the two ways (agent/*), or by the wall clock; truncated and env/truncated: an

@@ -23,10 +23,8 @@ from alignment.config.ppo import PPOArguments
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.rollout import response_log_probs
 from alignment.ppo.samplers import Draw, Episodes
-from tests.helpers import REPO, read_metrics
+from tests.helpers import GUESS, REPO, read_metrics, run_args
 
-GUESS = os.path.join(REPO, "examples", "guess_number_env.py")
-GRPO_TOOLS = os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json")
 
 
 class Echo(Environment):
@@ -184,17 +182,6 @@ def test_episodes_do_not_depend_on_how_the_batch_is_split(tiny):
             assert episode["messages"] == whole.episodes[start + i]["messages"]
     other = sampler(model, tokenizer, base, Draw(items(4), 2, seed=6))
     assert [e["messages"] for e in other.episodes] != [e["messages"] for e in whole.episodes]
-
-
-def run_args(out, model, estimator, *extra):
-    args = [GRPO_TOOLS, "--actor_model_name_or_path", model, "--output_dir", str(out), "--disable_tqdm",
-            "--environment", "guess-number", "--environment_args", "{}", "--user_env_modules", GUESS,
-            "--reward_funcs", "", "--gold_judge", "", "--max_turns", "3", "--max_new_tokens", "6",
-            "--max_length", "128", "--max_trajectory_tokens", "48", "--advantage_estimator", estimator,
-            "--num_return_sequences", "2", "--per_device_prompt_batch_size", "2", "--max_steps", "4",
-            "--per_device_train_batch_size", "2", "--eval_datasets", "", "--logging_steps", "1",
-            "--train_datasets", f"prompt-only:1.0:{REPO}/data/reasoning/basic_arithmetic_train.jsonl"]
-    return args + (["--critic_learning_rate", "1e-3"] if estimator == "gae" else []) + list(extra)
 
 
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])

@@ -35,6 +35,7 @@ PROGRAMS = [
     ("make_tiny", "tools/make_tiny.py", ["--data-dir", MISSING, "--output", "{tmp}/out"]),
     ("replay_ledger", "tools/replay_ledger.py", [MISSING]),
     ("check_env", "tools/check_env.py", ["tools", "--rows", MISSING + ".jsonl"]),
+    ("serve", "tools/serve.py", ["--model", MISSING, "--port", "0"]),
 ]
 STAGE_CONFIGS = {"sft": "sft_argument.json", "rm": "rm_argument.json", "ppo": "ppo_argument.json",
                  "dpo": "dpo_argument.json"}
