@@ -134,6 +134,18 @@ def _update_padding(r: dict) -> List[List[str]]:
     return [[name, f"{x['sec']:.3f}", f"{x['padding']:.0%}", _x(base / x["sec"])] for name, x in r["ways"].items()]
 
 
+def _tool_demo(r: dict) -> List[List[str]]:
+    def time(x, stage):
+        wall, cpu = x[f"{stage}_wall_s"], x[f"{stage}_cpu_s"]
+        return "-" if wall is None else f"{wall / 60:.1f} / {cpu / 60:.1f}"
+
+    same = r.get("same_trajectories")
+    return [[x["arm"], f"{x['accuracy_after_sft']:.2f}", f"**{x['accuracy_after_grpo']:.2f}**",
+             "-" if x["tool_calls_after"] is None else f"{x['tool_calls_after']:.2f}", time(x, "sft"), time(x, "grpo"),
+             f"{same['same']} of {same['samples']}" if same and x["run"] in same["runs"] else "-"]
+            for x in r["arms"]]
+
+
 def _episode_overlap(r: dict) -> List[List[str]]:
     return [[name, f"{x['seconds']:.2f}", f"{x['growth_over_episode_waits']:.2f}", str(x["same_bits_as_no_waits"])]
             for name, x in r["variants"].items()]
@@ -185,6 +197,10 @@ TABLES: Dict[str, Table] = {
     "episode_overlap": Table(["episode_overlap"], "python benchmarks/bench_episode_overlap.py",
                              ["variant", "generation s", "growth, in one episode's waits", "same bits"],
                              _episode_overlap),
+    "tool_demo": Table(["tool_demo"], "bash examples/tool_demo.sh",
+                       ["arm", "held-out accuracy after SFT", "after GRPO", "tool calls per question",
+                        "SFT min wall / CPU", "GRPO min wall / CPU", "trained samples equal to the other arm's"],
+                       _tool_demo),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
                             ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
 }

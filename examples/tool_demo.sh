@@ -47,4 +47,4 @@ echo "held-out accuracy, 100 questions, greedy (CPU: $(lscpu | sed -n 's/^Model 
 python examples/tool_arithmetic/report.py --arm "with the calculator (tools)" outputs/smollm2-grpo-tools \
     --arm "no tools (direct answers)" outputs/smollm2-grpo-direct \
     --arm "the calculator, as an agent program" outputs/smollm2-grpo-agent --times "$times" \
-    --same outputs/smollm2-grpo-tools outputs/smollm2-grpo-agent
+    --same outputs/smollm2-grpo-tools outputs/smollm2-grpo-agent --record

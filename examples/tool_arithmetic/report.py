@@ -43,17 +43,26 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
 
 
-def table(arms: List[Tuple[str, str]], times: Dict[Tuple[str, str], Tuple[float, float]]) -> str:
+def arm_figures(label: str, run: str, times: Dict[Tuple[str, str], Tuple[float, float]]) -> dict:
+    before, after = evaluations(run)
+    figures = {"arm": label, "run": run, "accuracy_after_sft": before["eval/gold_reward"],
+               "accuracy_after_grpo": after["eval/gold_reward"], "tool_calls_after": after.get("eval/env/tool_calls")}
+    for stage in ("sft", "grpo"):
+        wall, cpu = times.get((os.path.normpath(run), stage), (None, None))
+        figures[f"{stage}_wall_s"], figures[f"{stage}_cpu_s"] = wall, cpu
+    return figures
+
+
+def table(arms: List[dict]) -> str:
     lines = ["| arm | held-out accuracy after SFT | after GRPO | tool calls per question (after) | SFT wall / CPU "
              "| GRPO wall / CPU | total wall / CPU |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for label, run in arms:
-        before, after = evaluations(run)
-        calls = after.get("eval/env/tool_calls")
-        cells = [label, f"{before['eval/gold_reward']:.2f}", f"**{after['eval/gold_reward']:.2f}**",
+    for arm in arms:
+        calls = arm["tool_calls_after"]
+        cells = [arm["arm"], f"{arm['accuracy_after_sft']:.2f}", f"**{arm['accuracy_after_grpo']:.2f}**",
                  "-" if calls is None else f"{calls:.2f}"]
         total = [0.0, 0.0]
         for stage in ("sft", "grpo"):
-            wall, cpu = times.get((os.path.normpath(run), stage), (None, None))
+            wall, cpu = arm[f"{stage}_wall_s"], arm[f"{stage}_cpu_s"]
             cells.append("-" if wall is None else f"{minutes(wall)} / {minutes(cpu)}")
             total = [total[0] + (wall or 0), total[1] + (cpu or 0)]
         cells.append(f"{minutes(total[0])} / {minutes(total[1])}" if total[0] else "-")
@@ -71,15 +80,15 @@ def ledger(output_dir: str) -> List[dict]:
     return rows
 
 
-def same_trajectories(a: str, b: str) -> str:
-    """How many trained samples of two runs' ledgers (rollout_ledger) hold the same token ids, policy-token mask and
-    reward, in order: an environment arm and its agent arm should agree on every one."""
+def same_trajectories(a: str, b: str) -> Tuple[int, int]:
+    """(how many trained samples of two runs' ledgers (rollout_ledger) hold the same token ids, policy-token mask and
+    reward, in order, of how many): an environment arm and its agent arm should agree on every one."""
     left, right = ledger(a), ledger(b)
     if not left or not right:
-        return f"same trajectories: no ledger in {a if not left else b} (rollout_ledger: true)"
+        raise SystemExit(f"error: no ledger in {a if not left else b} (rollout_ledger: true)")
     same = sum(x["response_ids"] == y["response_ids"] and x["policy_token"] == y["policy_token"]
                and x["reward"] == y["reward"] for x, y in zip(left, right))
-    return f"same trajectories ({a} / {b}): {same} of {max(len(left), len(right))} trained samples"
+    return same, max(len(left), len(right))
 
 
 def main(argv=None) -> str:
@@ -88,11 +97,23 @@ def main(argv=None) -> str:
     parser.add_argument("--times", default=None, help="the wall and CPU seconds of each run (see above)")
     parser.add_argument("--same", nargs=2, metavar=("RUN", "OTHER_RUN"),
                         help="also compare two runs' ledgers sample by sample (an environment arm and its agent arm)")
+    parser.add_argument("--record", action="store_true",
+                        help="write the figures to benchmarks/results/tool_demo_<stamp>.json (the docs' table)")
     args = parser.parse_args(argv)
-    text = table([tuple(arm) for arm in args.arm], read_times(args.times))
+    times = read_times(args.times)
+    arms = [arm_figures(label, run, times) for label, run in args.arm]
+    text = table(arms)
+    figures = {"arms": arms}
     if args.same:
-        text += "\n\n" + same_trajectories(*args.same)
+        same, total = same_trajectories(*args.same)
+        figures["same_trajectories"] = {"runs": list(args.same), "same": same, "samples": total}
+        text += f"\n\nsame trajectories ({args.same[0]} / {args.same[1]}): {same} of {total} trained samples"
     print(text)
+    if args.record:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        from benchmarks import record
+
+        record.save("tool_demo", figures)
     return text
 
 
