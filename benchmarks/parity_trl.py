@@ -89,6 +89,8 @@ def our_step(model_dir, rollout, recipe: dict, out_dir: str, lr: float = LR) -> 
     from alignment.config.training import TrainingArguments
     from alignment.models import LlamaForCausalLM
     from alignment.ppo.critic import make_critic
+    from alignment.ppo.ptx import NoPtx
+    from alignment.ppo.teacher import NoTeacher
     from alignment.ppo.trainer import PPOTrainer
     from alignment.ppo.update import EagerMicroBatches, run_update
     from alignment.training.precision import Precision
@@ -98,9 +100,9 @@ def our_step(model_dir, rollout, recipe: dict, out_dir: str, lr: float = LR) -> 
     rollout.advantages, _ = ppo.estimator()(rollout, ppo, lambda t: t)
     actor = LlamaForCausalLM.from_pretrained(model_dir)
     optimizer = paddle.optimizer.SGD(learning_rate=lr, parameters=actor.parameters())
-    trainer = types.SimpleNamespace(ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None,
+    trainer = types.SimpleNamespace(ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx=NoPtx(),
                                     policy=types.SimpleNamespace(optimizer=optimizer), global_step=0,
-                                    sampler_gap=None)
+                                    sampler_gap=None, teacher=NoTeacher())
     norms = []
 
     def optimizer_step():

@@ -23,6 +23,7 @@ from alignment.models.config import LlamaConfig
 from alignment.models.score_model import ScoreConfig, ScoreModel
 from alignment.ppo.critic import make_critic
 from alignment.ppo.rollout import Rollout, critic_values, response_log_probs
+from alignment.ppo.ptx import NoPtx
 from alignment.ppo.teacher import NoTeacher
 from alignment.ppo.trainer import PPOTrainer
 from alignment.ppo.update import EagerMicroBatches, run_update
@@ -95,7 +96,7 @@ class Update:
         teacher: teacher.py's strategy (default NoTeacher)."""
         self.ppo, self.actor, self.critic, self.values_in_update = ppo, actor, critic, values_in_update
         self.trainer = types.SimpleNamespace(  # what PPOTrainer.actor_step reads of its trainer
-            ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx_batches=None, global_step=0,
+            ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx=NoPtx(), global_step=0,
             sampler_gap=None, teacher=teacher or NoTeacher(),
             policy=types.SimpleNamespace(optimizer=types.SimpleNamespace(get_lr=lambda: 0.0)))
 

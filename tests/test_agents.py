@@ -152,7 +152,7 @@ def test_the_calculator_agent_plays_the_tools_environments_episode_token_for_tok
     from alignment.envs.formats import tool_call_format
     from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
     from alignment.data import import_function
-    from tests.test_multiturn import Scripted
+    from tests.scripted_model import Scripted
 
     play = import_function(os.path.join(REPO, "examples", "openai_agent", "calculator_agent.py:play"), "agent")
 

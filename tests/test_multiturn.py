@@ -10,6 +10,7 @@ from alignment.envs import Environment, EnvironmentFailure, StepResult
 from alignment.envs.chat import continuation_text
 from alignment.envs.multiturn import multi_turn_rollout
 from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer, generate
+from tests.scripted_model import Scripted
 
 PROMPTS = ["What is two plus two?", "Hi", "Tell me a long story about a cat and a dog, please."]
 
@@ -245,23 +246,6 @@ def test_a_template_that_hides_assistant_content_is_refused(tiny):
 
 
 # --------------------------------------------------------------------------- tool calls end to end
-
-
-class Scripted:
-    """The tiny model with each forward's logits replaced by a one-hot of the next scripted token (a test double
-    passed in place of the model: the random tiny model never writes a tool call). Forward i of a one-row rollout
-    predicts token i of the script (one prefill, then one step per token, then one prefill per observation)."""
-
-    def __init__(self, model, script):
-        self.model, self.config, self.script, self.calls = model, model.config, script, 0
-
-    def __call__(self, input_ids, **kwargs):
-        out = self.model(input_ids, **kwargs)
-        token = self.script[min(self.calls, len(self.script) - 1)]
-        self.calls += 1
-        logits = paddle.full_like(out.logits, -1e4)
-        logits[:, :, token] = 0.0
-        return out._replace(logits=logits)
 
 
 @pytest.mark.parametrize("call, result, errors", [

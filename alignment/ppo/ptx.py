@@ -11,11 +11,12 @@ from alignment.training.batches import epoch_batches, skip_batches, to_tensors
 
 class NoPtx:
     """No ptx data: nothing added."""
+    drawn = 0  # batches taken from the stream (a checkpoint keeps it; resume skips them)
 
     def start(self, drawn: int, world: int, args) -> None:
         pass
 
-    def loss(self, actor, precision, drawn: dict, scale: float) -> Tuple[Optional[object], Dict[str, float]]:
+    def loss(self, actor, precision, scale: float) -> Tuple[Optional[object], Dict[str, float]]:
         return None, {}
 
 
@@ -30,10 +31,11 @@ class PtxTerm(NoPtx):
         self.batches = epoch_batches(len(self.dataset), args.per_device_train_batch_size * world, args.seed + 1,
                                      min_size=world)
         skip_batches(self.batches, drawn)
+        self.drawn = drawn
 
-    def loss(self, actor, precision, drawn: dict, scale: float):
+    def loss(self, actor, precision, scale: float):
         """(ptx_coeff x scale x the loss of the next batch, {"ptx_loss": scale x the loss}); counts the batch."""
-        drawn["ptx"] += 1
+        self.drawn += 1
         batch = to_tensors(self.collate([self.dataset[int(i)] for i in shard(next(self.batches))]))
         with precision.autocast():
             loss, _ = answer_token_loss(actor, batch["input_ids"], batch["attention_mask"], batch["labels"])

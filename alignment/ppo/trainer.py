@@ -256,7 +256,7 @@ class PPOTrainer(Trainer):
         loss = loss * share
         out.update({"actor_loss": float(loss), "entropy": share * float(rl.masked_mean(entropy, mask)),
                     **{k: share * float(v) for k, v in stats.items()}, "lr": self.policy.optimizer.get_lr()})
-        ptx_loss, ptx_stats = self.ptx.loss(self.actor, self.precision, self.drawn, ptx_scale)
+        ptx_loss, ptx_stats = self.ptx.loss(self.actor, self.precision, ptx_scale)
         if ptx_loss is not None:
             loss = loss + ptx_loss
             out.update(ptx_stats)
@@ -272,7 +272,8 @@ class PPOTrainer(Trainer):
             return evaluate_policy(self)
 
     def trainer_state(self) -> dict:
-        return {**super().trainer_state(), "drawn": self.drawn, "reward_stats": self.reward_stats.state_dict(),
+        return {**super().trainer_state(), "drawn": {**self.drawn, "ptx": self.ptx.drawn},
+                "reward_stats": self.reward_stats.state_dict(),
                 **self.rollouts.state_dict()}
 
     def load_trainer_state(self, state: dict) -> None:
