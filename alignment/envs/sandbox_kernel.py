@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import stat
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -211,7 +210,7 @@ def seccomp_program(machine: str) -> list:
 
 def seccomp() -> None:
     """Install the filter (sets no_new_privs; the process must be single-threaded)."""
-    program = seccomp_program(platform.machine())
+    program = seccomp_program(os.uname().machine)
     filters = (_SockFilter * len(program))(*(_SockFilter(*instruction) for instruction in program))
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     fprog = _SockFprog(len(program), filters)
