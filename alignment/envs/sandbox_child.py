@@ -1,10 +1,10 @@
 """The python sandbox's child: `python -I sandbox_child.py SETTINGS` (sandbox.py starts it; standard library only).
 
 With the namespaces (every containment but "audit-hook") it is three processes:
-  R, this one, in the caller's PID namespace: enters new user, mount, PID, IPC and network namespaces, makes the
-    host's mounts read-only and mounts a tmpfs of `disk_bytes` on /tmp (the work directory and /dev/shm), forks C
-    and passes on how G ended. On SIGTERM (the caller's wall-time limit) it kills C and waits for the namespace to
-    empty. It dies with the caller (PR_SET_PDEATHSIG), and C with it.
+  R, this one, in the caller's PID namespace: enters new user, mount, PID, IPC, network, UTS and cgroup
+    namespaces (hostname "sandbox"), makes the host's mounts read-only and mounts a tmpfs of `disk_bytes` on /tmp
+    (the work directory and /dev/shm), forks C and passes on how G ended. On SIGTERM (the caller's wall-time
+    limit) it kills C and waits for the namespace to empty. It dies with the caller (PR_SET_PDEATHSIG), C with it.
   C, PID 1 of the new PID namespace: mounts its /proc, sets the limits, drops every capability, applies Landlock
     and seccomp, reports the layers on the status pipe, forks G and reaps until G ends; when C exits the kernel
     kills every process left in the namespace, those that left the process group (setsid, double fork) too.
@@ -133,6 +133,7 @@ def enter_namespaces(setup: Setup, settings: dict) -> bool:
     setup.layers.append("namespaces")
     try:
         kernel.map_ids(uid, gid)
+        kernel.set_hostname("sandbox")
     except OSError as err:  # e.g. Ubuntu's AppArmor restriction: a user namespace without capabilities
         setup.missing["read-only"] = setup.missing["tmpfs"] = f"writing uid_map: {err}"
         return True

@@ -15,7 +15,7 @@ REQUIRED_LAYERS = ("namespaces", "read-only", "tmpfs", "nproc", "landlock", "sec
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUTS, CLONE_NEWCGROUP = 0x20000000, 0x40000000, 0x04000000, 0x02000000
-NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
+NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS | CLONE_NEWCGROUP
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 _AT_FDCWD, _AT_RECURSIVE, _OPEN_TREE_CLONE, _MOVE_MOUNT_F_EMPTY_PATH = -100, 0x8000, 1, 4
@@ -45,6 +45,11 @@ def prctl(option: int, value: int) -> None:
 
 def unshare(flags: int) -> None:
     _checked(libc.unshare(flags), "unshare")
+
+
+def set_hostname(name: str) -> None:
+    """In a new UTS namespace: the machine's name is not the code's business."""
+    _checked(libc.sethostname(name.encode(), len(name)), "sethostname")
 
 
 def map_ids(uid: int, gid: int) -> None:
@@ -95,7 +100,8 @@ def drop_capabilities() -> None:
     _checked(libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), (_CapData * 2)()), "capset")
 
 
-# --------------------------------------------------------------------------- Landlock (docs.kernel.org/userspace-api/landlock.html)
+# --------------------------------------------------------------------------- Landlock
+# (docs.kernel.org/userspace-api/landlock.html)
 
 _FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1, 2, 4, 8
 _FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 14, 1 << 15
