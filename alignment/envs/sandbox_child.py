@@ -121,6 +121,7 @@ def enter_namespaces(setup: Setup, settings: dict) -> bool:
             kernel.unshare(kernel.CLONE_NEWNS)
             kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)  # nothing propagates to the host
             expose(python_dirs())
+            os.chown(settings["work"], NOBODY, NOBODY)  # its directory should the user namespace fail below
             os.setgroups([])
             os.setresgid(NOBODY, NOBODY, NOBODY)
             os.setresuid(NOBODY, NOBODY, NOBODY)
@@ -238,7 +239,8 @@ def audit_hook(event, args):
 
 
 def run_code(code: str, work: str, audited: bool) -> None:
-    os.chdir(work)
+    if work == WORK:  # else it is the caller's directory for it, already the current one
+        os.chdir(work)
     path = "main.py"
     with open(path, "w", encoding="utf-8") as f:
         f.write(code)
