@@ -108,7 +108,7 @@ def prepare_mounts(setup: Setup, disk_bytes: int) -> bool:
 
 
 def enter_namespaces(setup: Setup, settings: dict) -> bool:
-    """New user, mount, PID, IPC and network namespaces, and the mounts (as root: mounts first, then nobody)."""
+    """The new namespaces, then the mounts (as root: first the Python installation reachable, then nobody)."""
     uid, gid = os.geteuid(), os.getegid()
     as_nobody = uid == 0
     if as_nobody:
@@ -201,7 +201,7 @@ def contain(setup: Setup, settings: dict, work: str, namespaced: bool) -> None:
     """Limits, then (unless containment is "audit-hook") capabilities off, Landlock, seccomp; report the layers
     on the status pipe; refuse ("full") when a required layer is missing."""
     nproc = None
-    if namespaced and os.geteuid() != 0 and tuple(map(int, os.uname().release.split(".")[:2])) >= (5, 14):
+    if namespaced and os.geteuid() != 0 and kernel_version() >= (5, 14):
         nproc = settings["processes"] + 2  # R and C are in the user namespace too
         setup.layers.append("nproc")
     elif "nproc" not in setup.missing:
@@ -231,6 +231,11 @@ def contain(setup: Setup, settings: dict, work: str, namespaced: bool) -> None:
     os.close(settings["status_fd"])
     if refused:
         os._exit(125)
+
+
+def kernel_version() -> tuple:
+    major, minor = (os.uname().release.split("-")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def audit_hook(event, args):
