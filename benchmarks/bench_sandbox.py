@@ -18,6 +18,7 @@ import argparse
 import concurrent.futures
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -39,6 +40,7 @@ def baseline_sandbox():
     source = subprocess.run(["git", "-C", REPO, "show", f"{BASELINE}:alignment/envs/sandbox.py"],
                             capture_output=True, text=True, check=True).stdout
     module = types.ModuleType("baseline_sandbox")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
     exec(compile(source, "baseline_sandbox.py", "exec"), module.__dict__)
     return module
 
@@ -51,7 +53,7 @@ def timed(call) -> float:
 
 def summary(seconds) -> dict:
     ordered = sorted(seconds)
-    return {"median_ms": 1e3 * statistics.median(ordered), "p90_ms": 1e3 * ordered[int(0.9 * (len(ordered) - 1))],
+    return {"median_ms": 1e3 * statistics.median(ordered), "p90_ms": 1e3 * ordered[math.ceil(0.9 * len(ordered)) - 1],
             "calls": len(ordered)}
 
 
