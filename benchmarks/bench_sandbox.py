@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import importlib
 import json
 import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-import types
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -35,14 +36,17 @@ from alignment.cpu_env import describe_machine, machine_facts  # noqa: E402
 from alignment.envs.sandbox import SandboxLimits, run_python  # noqa: E402
 
 
-def baseline_sandbox():
-    """The sandbox module as it was at BASELINE, run from its git text (its runner is a string inside it)."""
+def baseline_sandbox(directory: str):
+    """The sandbox module as it was at BASELINE (its runner is a string inside it), imported from `directory`."""
     source = subprocess.run(["git", "-C", REPO, "show", f"{BASELINE}:alignment/envs/sandbox.py"],
                             capture_output=True, text=True, check=True).stdout
-    module = types.ModuleType("baseline_sandbox")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, "baseline_sandbox.py", "exec"), module.__dict__)
-    return module
+    with open(os.path.join(directory, "baseline_sandbox.py"), "w") as f:
+        f.write(source)
+    sys.path.insert(0, directory)
+    try:
+        return importlib.import_module("baseline_sandbox")
+    finally:
+        sys.path.remove(directory)
 
 
 def timed(call) -> float:
@@ -63,7 +67,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
-    old = baseline_sandbox()
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as directory:
+        old = baseline_sandbox(directory)  # stays imported once its file is gone
     full, weak = SandboxLimits(), SandboxLimits(containment="audit-hook")
 
     def checked(result):
