@@ -1,7 +1,9 @@
-"""The `python` tool's sandbox, with real child processes: wall-time, CPU and memory limits, no network (both the
-network namespace and the audit-hook fallback), nothing left on disk, errors and output bounds."""
+"""The `python` tool's sandbox, with real child processes: wall-time, CPU and memory limits, no network (the full
+containment and the audit-hook fallback), nothing left on disk, errors and output bounds. What the containment
+stops (files, processes, signals, budgets) is in test_sandbox_containment.py."""
 import os
 import signal
+import re
 import socket
 import threading
 import time
@@ -10,8 +12,10 @@ import pytest
 
 from alignment.envs import BUILTIN_TOOLS, SandboxLimits, ToolCall, python, run_python, run_tool_call
 from alignment.envs.sandbox import SandboxError, describe_failure
+from test_sandbox_containment import LACKS
 
-MODES = ("auto", "audit-hook")
+MODES = ("full", "audit-hook")
+pytestmark = pytest.mark.skipif(bool(LACKS), reason=f"this kernel cannot contain the sandbox: it lacks {LACKS}")
 
 
 def test_a_script_runs_and_prints():
@@ -79,7 +83,7 @@ def test_no_network_even_to_a_listening_local_port(mode):
         time.sleep(0.3)
         assert len(accepted) == 1
         code = f"import socket\ns = socket.socket()\ns.settimeout(3)\ns.connect(('127.0.0.1', {port}))\nprint('in')"
-        result = run_python(code, SandboxLimits(network=mode))
+        result = run_python(code, SandboxLimits(containment=mode))
         time.sleep(0.3)
     finally:
         stop.set()
@@ -89,15 +93,18 @@ def test_no_network_even_to_a_listening_local_port(mode):
             connection.close()
     assert result.returncode == 1 and result.stdout == "" and len(accepted) == 1
     assert "ConnectionRefusedError" not in result.stderr
-    if result.network == "namespace":  # a new network namespace: its loopback is down
-        assert mode == "auto" and "OSError: [Errno 101] Network is unreachable" in result.stderr
+    if mode == "full":  # Landlock refuses TCP connect (ABI >= 4); without it the namespace's loopback is down
+        assert "namespaces" in result.layers and "audit-hook" not in result.layers
+        refusal = ("PermissionError: [Errno 13] Permission denied" if "landlock-net" in result.layers
+                   else "OSError: [Errno 101] Network is unreachable")
+        assert refusal in result.stderr
     else:
-        assert result.network == "audit-hook"
+        assert result.layers == ("audit-hook",)
         assert "PermissionError: sandbox: socket.__new__ is blocked" in result.stderr
 
 
 def test_the_audit_hook_blocks_new_processes_and_raising_limits():
-    limits = SandboxLimits(network="audit-hook")
+    limits = SandboxLimits(containment="audit-hook")
     spawn = run_python("import subprocess\nsubprocess.run(['true'])", limits)
     assert "PermissionError: sandbox: subprocess.Popen is blocked" in spawn.stderr
     system = run_python("import os\nos.system('true')", limits)
@@ -112,12 +119,15 @@ def test_the_audit_hook_blocks_new_processes_and_raising_limits():
 def test_nothing_it_writes_survives(mode):
     code = ("import os\nos.makedirs('sub/deeper')\nopen('sub/deeper/f.txt', 'w').write('x' * 1000)\n"
             "open('top.bin', 'wb').write(b'y')\nos.chmod('sub', 0)\nprint(os.getcwd())")
-    result = run_python(code, SandboxLimits(network=mode))
+    result = run_python(code, SandboxLimits(containment=mode))
     assert result.returncode == 0, result.stderr
     work = result.stdout.strip()
-    assert os.path.basename(work) == "work" and os.path.basename(os.path.dirname(work)).startswith(
-        "alignment-sandbox-")
-    assert not os.path.exists(os.path.dirname(work))
+    if mode == "full":  # a tmpfs of its own on /tmp, gone with its mount namespace
+        assert work == "/tmp/work" and "tmpfs" in result.layers
+    else:  # a temporary directory of the host, removed afterwards
+        assert os.path.basename(work) == "work" and os.path.basename(os.path.dirname(work)).startswith(
+            "alignment-sandbox-")
+        assert not os.path.exists(os.path.dirname(work))
 
 
 def test_a_raise_is_error_text_with_the_traceback_of_the_code_only():
@@ -148,12 +158,20 @@ def test_the_environment_of_the_child_is_minimal():
         result = run_python("import os, sys\nprint(sorted(os.environ))\nprint(sys.flags.isolated)")
     finally:
         del os.environ["ALIGNMENT_SANDBOX_SECRET"]
-    assert result.stdout.splitlines() == ["['HOME', 'LANG', 'PATH', 'PYTHONIOENCODING', 'TMPDIR']", "1"]
+    assert result.stdout.splitlines() == ["['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', "
+                                          "'OPENBLAS_NUM_THREADS', 'PATH', 'PYTHONIOENCODING', 'TMPDIR']", "1"]
 
 
-def test_bad_limits_are_refused():
-    with pytest.raises(ValueError, match="python sandbox: network must be one of auto, audit-hook, got 'off'"):
-        SandboxLimits(network="off")
+@pytest.mark.parametrize("kwargs, message", [
+    ({"containment": "off"}, "containment must be one of full, best-effort, audit-hook, got 'off'"),
+    ({"wall_seconds": 0}, "wall_seconds must be a number > 0, got 0"),
+    ({"memory_bytes": "1G"}, "memory_bytes must be an integer >= 67108864, got '1G'"),
+    ({"max_processes": True}, "max_processes must be an integer >= 1, got True"),
+    ({"disk_bytes": 1000}, "disk_bytes must be an integer >= 1048576, got 1000"),
+])
+def test_bad_limits_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(f"python sandbox: {message}")):
+        SandboxLimits(**kwargs)
 
 
 def test_a_python_tool_with_its_own_limits_cannot_be_given_others_by_the_policy():

@@ -21,7 +21,10 @@ class EnvironmentArguments:
                                                   "single-turn rollouts.")
     environment_args: Dict[str, Any] = field({}, help="Keyword arguments of the environment's constructor, e.g. "
                                                       "{\"tools\": [\"calculator\", \"python\"]} for 'tools' "
-                                                      "(tool names, or 'module:function' / 'file.py:function').")
+                                                      "(tool names, or 'module:function' / 'file.py:function'); "
+                                                      "\"python_sandbox\": {\"containment\": \"best-effort\"} "
+                                                      "runs the python tool where the kernel cannot fully contain "
+                                                      "it (docs/agentic/sandbox.md).")
     user_env_modules: List[str] = field([], help="Python files or dotted modules imported before the run, so the "
                                                  "environments (and tools) they define register.")
     max_turns: int = field(4, ge=1, help="Assistant turns per episode; an episode still going after them is cut "

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from alignment.envs.base import Environment, Message, StepResult
 from alignment.envs.calculator import calculator
 from alignment.envs.formats import tool_call_format
-from alignment.envs.sandbox import SandboxLimits, python_tool
+from alignment.envs.sandbox import SandboxLimits, SandboxUnavailable, check_tools, python_tool, sandbox_limits
 from alignment.envs.tools import Tool, ToolCall, ToolResult, as_tool, resolve_tools, run_tool_call
 
 BUILTIN_TOOLS: Dict[str, Tool] = {
@@ -33,21 +33,28 @@ class ToolEnvironment(Environment):
 
     Final reward hook: `reward_fn(final_answer, row) -> float` when given; by default 0.0, leaving the final
     answer to the caller's reward functions / reward model (as for single-turn rollouts).
+
+    python_sandbox: SandboxLimits fields for the built-in `python` tool (sandbox.py), e.g. {"wall_seconds": 10} or
+    {"containment": "best-effort"}; an argument file sets them in environment_args. Built with a `python` tool,
+    the environment checks once per process that the sandbox's containment holds on this machine (a
+    ValueError naming what the kernel lacks when it does not).
     """
 
     NAME = "tools"
 
     def __init__(self, tools: Sequence[Union[str, Tool, Callable[..., Any]]] = ("calculator",),
                  format: str = "hermes", max_calls_per_turn: int = 4, system_prompt: str = "",
-                 reward_fn: Optional[RewardHook] = None, tool_role: str = "tool"):
+                 reward_fn: Optional[RewardHook] = None, tool_role: str = "tool",
+                 python_sandbox: Optional[Mapping[str, Any]] = None):
         if max_calls_per_turn < 1:
             raise ValueError(f"environment 'tools': max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         if tool_role not in ("tool", "user"):
             raise ValueError(f"environment 'tools': tool_role must be 'tool' or 'user', got {tool_role!r}")
         try:
-            self.tools = resolve_tools(tools, BUILTIN_TOOLS)
+            self.tools = resolve_tools(tools, _builtins(tools, python_sandbox))
             self.format = tool_call_format(format)
-        except ValueError as err:
+            check_tools(self.tools.values())
+        except (ValueError, SandboxUnavailable) as err:
             raise ValueError(f"environment 'tools': {err}") from None
         self.max_calls_per_turn = max_calls_per_turn
         self.system_prompt = system_prompt
@@ -91,6 +98,15 @@ class ToolEnvironment(Environment):
             raise ValueError(f"row asks for tools {unknown} this environment was not given "
                              f"(it has: {', '.join(sorted(self.tools))})")
         return {name: self.tools[name] for name in names}
+
+
+def _builtins(tools: Sequence[Any], python_sandbox: Optional[Mapping[str, Any]]) -> Dict[str, Tool]:
+    """The built-in tools, `python` with the limits of `python_sandbox` when given."""
+    if python_sandbox is None:
+        return BUILTIN_TOOLS
+    if "python" not in tools:
+        raise ValueError("python_sandbox is set but 'python' is not among the tools")
+    return {**BUILTIN_TOOLS, "python": python_tool(sandbox_limits(python_sandbox))}
 
 
 def tool_metrics(results: Sequence[ToolResult]) -> Dict[str, float]:
