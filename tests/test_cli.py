@@ -102,7 +102,7 @@ def test_relative_paths_are_found_beside_the_argument_file(tmp_path, monkeypatch
 
 
 def test_tool_flags_take_either_spelling():
-    from alignment.tool_parser import ToolParser, dashed
+    from alignment.commands.tool_parser import ToolParser, dashed
 
     assert dashed(["--max_new_tokens", "8", "--out_dir=a_b", "a_b", "-x"]) == \
         ["--max-new-tokens", "8", "--out-dir=a_b", "a_b", "-x"]
@@ -135,7 +135,7 @@ def test_a_tools_script_shows_its_help_from_the_checkout(name):
 
 
 def test_tool_help_refills_prose_and_list_items_but_keeps_commands_on_their_lines():
-    from alignment.tool_parser import ToolParser, paragraphs
+    from alignment.commands.tool_parser import ToolParser, paragraphs
 
     doc = ("Prose that a writer wrapped\nat 120 columns goes on.\n\n    python tools/x.py --a 1 \\\n"
            "        --b 2\n\n- an item\n  continued\n- next item\n1. numbered\n   more\n")

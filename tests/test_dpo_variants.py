@@ -8,19 +8,12 @@ import os
 import numpy as np
 import pytest
 
-from alignment.config.choices import PAIRED_LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES
-from alignment.dpo.losses import PAIRED_LOSSES, preference_loss
+from alignment.dpo.losses import preference_loss
 from tests.test_dpo import CONFIG, NC, NR, PC, PR, RR, losses_of, softplus, t
 
 
 def sigmoid(x):
     return 1 / (1 + math.exp(-x))
-
-
-def test_the_registry_is_the_list_the_arguments_accept():
-    assert tuple(PAIRED_LOSSES) == PAIRED_LOSS_TYPES
-    assert {name for name, (_, _, uses_reference) in PAIRED_LOSSES.items() if not uses_reference} == \
-        set(REFERENCE_FREE_LOSS_TYPES)
 
 
 def test_dpop_penalises_a_chosen_answer_that_lost_probability_by_hand():

@@ -297,7 +297,7 @@ def test_an_environment_that_breaks_its_api_stops_the_run_in_one_line(tmp_path, 
 
 def test_multi_turn_arguments_are_checked_before_anything_loads(tmp_path, tiny_model_dir):
     script = os.path.join(REPO, "alignment", "ppo", "run_ppo.py")
-    cases = {("--per_turn_rewards", "true"): "per-turn rewards need gae or reinforce_plus_plus",
+    cases = {("--per_turn_rewards", "true"): "per-turn rewards need one of gae, vapo, reinforce_plus_plus",
              ("--environment", "no-such-env"): "'no-such-env' is not a registered environment",
              ("--environment_args", json.dumps({"colour": 1})): "key 'environment_args': environment 'guess-number'",
              ("--rollout_decode", "static"): "key 'rollout_decode' 'static': multi-turn"}

@@ -23,7 +23,7 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.tool_parser import ToolParser  # noqa: E402
+from alignment.commands.tool_parser import ToolParser  # noqa: E402
 
 DEFAULT_SEED = 1234
 NAMES = ["Tom", "Mia", "Sam", "Lena", "Omar", "Ana", "Ben", "Yuki", "Ravi", "Zoe", "Noah", "Ivy"]

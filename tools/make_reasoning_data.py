@@ -15,7 +15,7 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.tool_parser import ToolParser  # noqa: E402
+from alignment.commands.tool_parser import ToolParser  # noqa: E402
 
 from alignment.fileio import write_text_atomic  # noqa: E402
 

@@ -28,7 +28,7 @@ from alignment.envs import (Environment, EnvironmentFailure, ToolEnvironment, ch
 from alignment.envs.base import checked_stop_strings
 from alignment.envs.formats import ToolCallFormat
 from alignment.envs.routed import environment_factory
-from alignment.tool_parser import ToolParser
+from alignment.commands.tool_parser import ToolParser
 
 WORDS = ("the", "answer", "is", "move", "[0]", "[4]", "yes", "no", "7", "42", "\\boxed{3}", "####", "call", "x")
 

@@ -13,7 +13,7 @@ Tokenizer files in our formats (tokenizer.json, tokenizer_config.json, ...) are 
 from __future__ import annotations
 
 from alignment.commands import add_output, write_output
-from alignment.tool_parser import ToolParser, positive_int
+from alignment.commands.tool_parser import ToolParser, positive_int
 
 
 def main(argv=None) -> str:

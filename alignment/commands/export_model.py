@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from alignment.commands import paddlenlp_flags as pdnlp
 from alignment.commands import write_output
-from alignment.tool_parser import ToolParser
+from alignment.commands.tool_parser import ToolParser
 
 NO_OPS = {**pdnlp.NO_OPS, **pdnlp.EXPORT_NO_OPS}
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from alignment.tool_parser import (ToolParser, non_negative_int, non_negative_number, positive_int,
-                                   positive_number, probability)
+from alignment.commands.tool_parser import (ToolParser, non_negative_int, non_negative_number, positive_int,
+                                            positive_number, probability)
 
 
 def complete(model_dir: str, prompts, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from alignment.tool_parser import ToolParser
+from alignment.commands.tool_parser import ToolParser
 from alignment.fileio import refuse_to_replace
 
 

@@ -26,7 +26,7 @@ import dataclasses
 import json
 from typing import List, Optional, Tuple
 
-from alignment.tool_parser import ToolParser, non_negative_int, positive_int
+from alignment.commands.tool_parser import ToolParser, non_negative_int, positive_int
 
 from alignment.fileio import refuse_to_replace
 from alignment.inputs import parse_json

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from alignment.tool_parser import ToolParser, non_negative_int, non_negative_number, probability
+from alignment.commands.tool_parser import ToolParser, non_negative_int, non_negative_number, probability
 
 
 from alignment.rewards.judges import JUDGES, get_judge, route  # noqa: E402

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 
-from alignment.tool_parser import ToolParser
+from alignment.commands.tool_parser import ToolParser
 from alignment.fileio import refuse_to_replace
 from alignment.inputs import InputError, json_lines
 

@@ -10,7 +10,7 @@ or critic) and restores the trained score head saved with the adapter. The resul
 from __future__ import annotations
 
 from alignment.commands import add_output, write_output
-from alignment.tool_parser import ToolParser
+from alignment.commands.tool_parser import ToolParser
 
 
 def main(argv=None) -> str:

@@ -36,7 +36,8 @@ import os
 import subprocess
 import sys
 
-from alignment.tool_parser import ToolParser, fraction, int_range, non_negative_int, positive_int, positive_number
+from alignment.commands.tool_parser import (ToolParser, fraction, int_range, non_negative_int, positive_int,
+                                            positive_number)
 from alignment.config.choices import parse_offload_levels
 from alignment.planning.memory import GIB, Plan, PlanError, load_model, memory, model_params, peak
 from alignment.planning.search import (NoFit, degrees, describe, ladder, layouts, name, offload_effect, recommend,

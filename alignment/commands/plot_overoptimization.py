@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Dict, List
 
-from alignment.tool_parser import ToolParser, positive_int
+from alignment.commands.tool_parser import ToolParser, positive_int
 from alignment.fileio import refuse_to_replace
 from alignment.inputs import read_json_object
 

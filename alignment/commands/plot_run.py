@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Dict, List, Tuple
 
-from alignment.tool_parser import ToolParser
+from alignment.commands.tool_parser import ToolParser
 from alignment.fileio import refuse_to_replace
 
 from alignment.training.logger import read_series

@@ -36,8 +36,8 @@ from typing import List
 
 from alignment.commands import paddlenlp_flags as pdnlp
 from alignment.fileio import refuse_to_replace
-from alignment.tool_parser import (ToolParser, non_negative_int, positive_int, positive_number,
-                                   probability)
+from alignment.commands.tool_parser import (ToolParser, non_negative_int, positive_int, positive_number,
+                                            probability)
 
 import paddle  # noqa: E402
 

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from typing import Dict, List
 
 from alignment.ppo.ledger import read_ledger
-from alignment.tool_parser import ToolParser, positive_int
+from alignment.commands.tool_parser import ToolParser, positive_int
 
 
 def ledger_checks(rows: List[dict]) -> Dict[str, list]:

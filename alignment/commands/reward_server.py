@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from alignment.tool_parser import ToolParser, non_negative_number, positive_int, positive_number
+from alignment.commands.tool_parser import ToolParser, non_negative_number, positive_int, positive_number
 
 from alignment.fileio import refuse_to_replace
 

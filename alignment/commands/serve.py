@@ -14,7 +14,7 @@ import os
 import sys
 
 from alignment.fileio import write_text_atomic
-from alignment.tool_parser import ToolParser, positive_int
+from alignment.commands.tool_parser import ToolParser, positive_int
 
 
 def parse_args(argv=None):

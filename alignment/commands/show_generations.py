@@ -14,7 +14,7 @@ import os
 import textwrap
 
 from alignment.inputs import NUMBER, TEXT, check_keys, integer, json_lines
-from alignment.tool_parser import ToolParser, non_negative_int
+from alignment.commands.tool_parser import ToolParser, non_negative_int
 
 
 def load(output_dir: str):

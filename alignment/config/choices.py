@@ -1,7 +1,8 @@
 """The allowed values of the choice keys, in one place: argument validation reads them here, and the modules that
-act on a choice (the RL math, the losses, the optimizer, offload) take their names from here too, so a name cannot
-be accepted by the parser and unknown to the code, or the other way round. Plain Python, no imports. What users
-extend (advantage estimators, policy losses, KL estimators) is named in registries instead (registry.py)."""
+act on a choice (the RL math, the optimizer, offload) take their names from here too, so a name cannot be accepted
+by the parser and unknown to the code, or the other way round. Plain Python, no imports. What users extend
+(advantage estimators, policy losses, KL estimators, preference losses, reward functions) is named in registries
+instead (registry.py)."""
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
@@ -13,10 +14,6 @@ OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
 
 REWARD_LOSS_TYPES = ("sequence-wise", "token-wise")
 NORMALIZER_TYPES = ("RunningMeanStd", "ExponentialMovingAverage", "Identity")
-
-PAIRED_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo", "dpop", "kto_pair", "sppo_hard", "nca_pair", "or")
-DPO_LOSS_TYPES = PAIRED_LOSS_TYPES + ("kto",)
-REFERENCE_FREE_LOSS_TYPES = ("simpo", "or")  # no reference model (PaddleNLP sets reference_free for them)
 
 # verl's `loss_agg_mode` values (verl/trainer/ppo/core_algos.py agg_loss); semantics in ppo/algorithms.aggregate_loss
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

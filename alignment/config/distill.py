@@ -7,7 +7,7 @@ from typing import Optional
 
 from alignment.config.parser import field
 from alignment.config.ppo import PPOArguments, server_urls
-from alignment.config.registry import DISTILL_LOSSES
+from alignment.config.registry import ADVANTAGE_ESTIMATORS, DISTILL_LOSSES
 from alignment.config.training import pipelined
 
 
@@ -84,9 +84,11 @@ class DistillArguments:
         if not self.distills:
             return
         ppo = next(other for other in others if isinstance(other, PPOArguments))
-        if self.lmbda < 1 and ppo.advantage_estimator != "none":
+        if self.lmbda < 1 and ppo.estimator.policy_gradient:
+            still = " or ".join(repr(name) for name in ADVANTAGE_ESTIMATORS.names(
+                where=lambda estimator: not estimator.policy_gradient))
             raise ValueError(f"key 'lmbda' < 1 trains on answers the policy did not sample: advantage_estimator "
-                             f"{ppo.advantage_estimator!r} would take policy gradients on them; use 'none' "
+                             f"{ppo.advantage_estimator!r} would take policy gradients on them; use {still} "
                              "(alignment-distill's default)")
         if self.lmbda < 1 and any(getattr(other, "rollout_ranks", 0) for other in others):
             raise ValueError("key 'lmbda' < 1 with rollout_ranks > 0: the rollout ranks sample every step")

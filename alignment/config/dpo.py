@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from alignment.config.choices import DPO_LOSS_TYPES as LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES
 from alignment.config.parser import field
+from alignment.config.registry import PREFERENCE_LOSSES
 from alignment.config.training import pipelined
 
 
@@ -15,12 +15,13 @@ class DPOArguments:
 
     beta: float = field(0.1, gt=0, help="Strength of the implicit KL to the reference: the temperature of the implicit "
                                         "reward beta * log(pi / pi_ref). For simpo the reward scale (SimPO uses 2-10).")
-    loss_type: str = field("sigmoid", help=f"One of {LOSS_TYPES}: sigmoid = DPO, ipo, hinge (SLiC), simpo "
-                                           "(reference-free, length-normalised, margin simpo_gamma), PaddleNLP's "
-                                           "dpop (dpop_lambda), kto_pair, sppo_hard, nca_pair and or (ORPO's "
-                                           "odds-ratio term, reference-free; its NLL term is nll_loss_coef), kto "
-                                           "(unpaired rows: KTO's data, or preference pairs split into a desirable "
-                                           "and an undesirable row; alignment/dpo/run_kto.py runs it).")
+    loss_type: str = field("sigmoid", help="A registered preference loss (alignment/dpo/losses.py): sigmoid = "
+                                           "DPO, ipo, hinge (SLiC), simpo (reference-free, length-normalised, "
+                                           "margin simpo_gamma), PaddleNLP's dpop (dpop_lambda), kto_pair, "
+                                           "sppo_hard, nca_pair and or (ORPO's odds-ratio term, reference-free; "
+                                           "its NLL term is nll_loss_coef), kto (unpaired rows: KTO's data, or "
+                                           "preference pairs split into a desirable and an undesirable row; "
+                                           "alignment/dpo/run_kto.py runs it).")
     label_smoothing: float = field(0.0, ge=0, lt=0.5, help="cDPO: assumed probability that a pair's label is "
                                                            "flipped (sigmoid and simpo); 0 = plain DPO.")
     simpo_gamma: float = field(0.5, ge=0, help="SimPO target reward margin gamma (loss_type simpo only).")
@@ -39,22 +40,27 @@ class DPOArguments:
     undesirable_weight: float = field(1.0, gt=0, help="KTO weight of undesirable rows.")
 
     @property
+    def loss(self) -> type:
+        """The preference loss's class (its traits: paired, reference_free, token_averaged, ...)."""
+        return PREFERENCE_LOSSES.lookup(self.loss_type)
+
+    @property
     def needs_reference(self) -> bool:
-        return not (self.reference_free or self.loss_type in REFERENCE_FREE_LOSS_TYPES)
+        return not (self.reference_free or self.loss.reference_free)
 
     def validate(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"key 'loss_type' must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.label_smoothing > 0 and self.loss_type not in ("sigmoid", "simpo"):
-            raise ValueError(f"key 'label_smoothing' applies to loss_type sigmoid or simpo, not {self.loss_type!r}")
+        PREFERENCE_LOSSES.check("loss_type", self.loss_type)
+        if self.label_smoothing > 0 and not self.loss.takes_label_smoothing:
+            smoothed = " or ".join(PREFERENCE_LOSSES.names(where=lambda loss: loss.takes_label_smoothing))
+            raise ValueError(f"key 'label_smoothing' applies to loss_type {smoothed}, not {self.loss_type!r}")
         if not self.needs_reference and (self.ref_model_name_or_path or self.precompute_ref_log_probs):
             key = "ref_model_name_or_path" if self.ref_model_name_or_path else "precompute_ref_log_probs"
             why = "reference_free true" if self.reference_free else f"loss_type {self.loss_type} (reference-free)"
             raise ValueError(f"key {key!r} contradicts {why} (no reference model is used)")
 
     def validate_with(self, *others) -> None:
-        if self.loss_type == "kto" and pipelined(others):
-            raise ValueError("key 'loss_type': 'kto' with pipeline_parallel_degree > 1 is not supported")
+        if not self.loss.paired and pipelined(others):  # the unpaired rows' batch has a second, mismatched half
+            raise ValueError(f"key 'loss_type': {self.loss_type!r} with pipeline_parallel_degree > 1 is not supported")
 
 
 @dataclasses.dataclass
@@ -66,7 +72,7 @@ class KTOArguments(DPOArguments):
                                        "alignment/dpo/run_dpo.py).")
 
     def validate(self) -> None:
-        if self.loss_type != "kto":
+        if self.loss_type not in PREFERENCE_LOSSES or self.loss.paired:
             raise ValueError(f"key 'loss_type': run_kto.py trains KTO, not {self.loss_type!r}; train the DPO family "
                              "with alignment/dpo/run_dpo.py")
         super().validate()

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 from alignment.config.choices import EPISODE_SCHEDULES
 from alignment.config.parser import field
 from alignment.config.ppo import PPOArguments
+from alignment.config.registry import ADVANTAGE_ESTIMATORS
 
 
 @dataclasses.dataclass
@@ -55,9 +56,10 @@ class EnvironmentArguments:
                                                                   "raise or time out; above it the run stops, naming "
                                                                   "the agent and its first error.")
     per_turn_rewards: bool = field(False, help="Place each turn's environment reward on that turn's last token "
-                                               "instead of adding the episode's sum at its end: for the token-level "
-                                               "estimators (gae, reinforce_plus_plus); the group estimators use "
-                                               "the sum either way.")
+                                               "instead of adding the episode's sum at its end: for the estimators "
+                                               "that read per-token rewards (their token_level_rewards, "
+                                               "alignment/ppo/estimators.py); the group estimators use the sum "
+                                               "either way.")
 
     @property
     def multi_turn(self) -> bool:
@@ -94,5 +96,6 @@ class EnvironmentArguments:
             raise ValueError("key 'per_turn_rewards' with 'normalize_reward': per-turn rewards are not normalised; "
                              "set one of them to false")
         if self.per_turn_rewards and not ppo_args.estimator.token_level_rewards:
+            token_level = ADVANTAGE_ESTIMATORS.names(where=lambda estimator: estimator.token_level_rewards)
             raise ValueError(f"key 'per_turn_rewards': advantage_estimator {ppo_args.advantage_estimator!r} uses one "
-                             "reward per episode; per-turn rewards need gae or reinforce_plus_plus")
+                             f"reward per episode; per-turn rewards need one of {', '.join(token_level)}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Tuple
 
 from alignment.config import paddleformers_table, paddlenlp_table
-from alignment.config.paddlenlp_table import ALIAS, NOTICE, REFUSE
+from alignment.config.paddlenlp_table import ALIAS, NOTICE, REFUSE, RL_ALGORITHMS
 from alignment.config.paddlenlp_values import (as_flag, as_number, asks_nothing, data_world_size, get_int, get_set,
                                                one_epoch, same_value)
 
@@ -123,7 +123,6 @@ OWN_VALUES: Dict[str, Callable] = {
 
 # --- the keys PaddleNLP computes from others ------------------------------------------------------------------------
 
-RL_ALGORITHMS = {"ppo": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus", "vapo": "vapo"}
 STRATEGIES = ("no", "steps", "epoch")
 
 

@@ -46,6 +46,7 @@ use_quick_lora                   LoRA (quick LoRA)
 MEMORY_ONLY = "a speed / memory switch of PaddleNLP's implementation; it does not change what is computed here"
 COMM = "a communication-tuning option of PaddleNLP's fleet set-up; it does not change what is computed here"
 NO_WANDB = "this toolkit logs to VisualDL and metrics.jsonl only (report_to); no Weights & Biases run is made"
+RL_ALGORITHMS = {"ppo": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus", "vapo": "vapo"}  # ours
 CHUNKS = ("the rows per inference pass of PaddleNLP's rollout engine; this toolkit chooses its own chunks (same "
           "values, different memory)")
 COLUMNS = ("the columns a dataset reads are fixed by its format here (PaddleNLP's src/tgt rows: prompt_key / "
@@ -125,9 +126,8 @@ TABLE: Dict[str, Rule] = {
     "sharding_degree": Rule(ALIAS, "sharding_parallel_degree", "PaddleNLP's deprecated spelling",
                             inert=lambda value, values: as_number(value) is not None and as_number(value) <= 0),
     "sft_loss_ratio": Rule(ALIAS, "nll_loss_coef", "weight of the SFT (chosen-response NLL) term of DPO"),
-    "rl_algorithm": Rule(ALIAS, "advantage_estimator", "ppo -> gae, grpo -> grpo (also: kl_coeff, normalize_reward "
-                                                       "and normalize_advantage off, as PaddleNLP's grpo sets them), "
-                                                       "reinforce_plus_plus -> reinforce_plus_plus"),
+    "rl_algorithm": Rule(ALIAS, "advantage_estimator", ", ".join(f"{k} -> {v}" for k, v in RL_ALGORITHMS.items()) +
+                         " (grpo also sets kl_coeff, normalize_reward, normalize_advantage off, as PaddleNLP's does)"),
     "global_batch_size": Rule(ALIAS, "per_device_prompt_batch_size", "prompts per step over all processes: divided "
                                                                      "by the data-parallel processes"),
     "global_mini_batch_size": Rule(ALIAS, "gradient_accumulation_steps", "prompts per optimizer step: "

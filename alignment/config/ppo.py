@@ -21,8 +21,9 @@ class PPOModelArguments:
                                                "also the frozen reference model.")
     reward_model_name_or_path: Optional[str] = field(None, help="Reward model (score-model checkpoint from "
                                                                "run_reward.py); null when only reward_funcs score.")
-    reward_critic_model_name_or_path: Optional[str] = field(None, help="Critic initialisation for gae; null = the "
-                                                                      "reward model (or the actor when there is none).")
+    reward_critic_model_name_or_path: Optional[str] = field(None, help="Critic initialisation (for an estimator "
+                                                                      "with a critic); null = the reward model (or "
+                                                                      "the actor when there is none).")
 
     def for_reward_server(self) -> "PPOModelArguments":
         """The models to load when a reward server scores (use_rm_server): no local reward model; its path
@@ -68,8 +69,8 @@ class PPOArguments:
     }
 
     advantage_estimator: str = field("gae", help="A registered advantage estimator (alignment/ppo/estimators.py): "
-                                                 "gae = PPO with a critic; the others are critic-free (no critic "
-                                                 "model is built).")
+                                                 "gae = PPO. An estimator whose needs_critic is true (gae's, vapo's) "
+                                                 "builds and trains a critic model; the others are critic-free.")
     per_device_prompt_batch_size: int = field(8, ge=1, help="Prompts per rollout step on each device.")
     num_return_sequences: int = field(1, ge=1, help="Responses sampled per prompt (the group size of the group "
                                                     "estimators).")

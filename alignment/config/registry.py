@@ -15,36 +15,54 @@ estimator needs a critic) without the framework. The classes live with the paddl
     ENVIRONMENTS          (multi-turn rollouts)             alignment/envs/base.py
     TOOL_CALL_FORMATS     (multi-turn rollouts)             alignment/envs/formats.py
     DISTILL_LOSSES        distill_loss                      alignment/ppo/distill.py
+    PREFERENCE_LOSSES     loss_type (DPO family, KTO)       alignment/dpo/losses.py
     JUDGE_PARSERS         (a model judge's `parser`)        alignment/rewards/judge_parsers.py
+    REWARD_FUNCTIONS      reward_funcs, gold_judge          alignment/rewards/judges.py, rules.py
 
-A stage imports its built-ins before it parses its arguments (alignment/ppo/builtins.py); a user's class
-registers when its module is imported.
+A registry of functions (reward functions: `fn(prompts, completions, **labels)`) takes them by decorator, under
+the name they are written as::
+
+    @REWARD_FUNCTIONS.function("sentiment")
+    def sentiment(prompts, completions, **labels): ...
+
+A stage imports its built-ins before it parses its arguments (alignment/ppo/builtins.py, alignment/dpo/losses.py);
+a user's class registers when its module is imported.
 """
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Dict, List, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Optional
 
 
 class Registry:
-    """name -> class for one family; `what` names the family in messages."""
+    """name -> class (or function) for one family; `what` names the family in messages."""
 
     def __init__(self, what: str):
         self.what = what
-        self.classes: Dict[str, type] = {}
+        self.classes: Dict[str, Any] = {}
 
     def register(self, cls: type) -> None:
-        name = cls.__dict__["NAME"]
+        self.add(cls.__dict__["NAME"], cls)
+
+    def function(self, name: str) -> Callable[[Callable], Callable]:
+        """A decorator registering a function as `name`; it returns the function unchanged."""
+        def register(fn: Callable) -> Callable:
+            self.add(name, fn)
+            return fn
+        return register
+
+    def add(self, name: str, entry) -> None:
+        """Register a class or function as `name`; a name another module's entry holds is refused."""
         if not isinstance(name, str) or not name.strip() or name != name.strip() or "," in name:
-            raise ValueError(f"{cls.__qualname__}: invalid {self.what} name {name!r}")
+            raise ValueError(f"{entry.__qualname__}: invalid {self.what} name {name!r}")
         existing = self.classes.get(name)
-        if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__,
-                                                                                     cls.__qualname__):
+        if existing is not None and (existing.__module__, existing.__qualname__) != (entry.__module__,
+                                                                                     entry.__qualname__):
             raise ValueError(f"{self.what} {name!r} is already registered by {existing.__module__}."
-                             f"{existing.__qualname__}; cannot register {cls.__module__}.{cls.__qualname__}")
-        self.classes[name] = cls  # a reloaded module redefines the same class: it replaces itself
+                             f"{existing.__qualname__}; cannot register {entry.__module__}.{entry.__qualname__}")
+        self.classes[name] = entry  # a reloaded module redefines the same class: it replaces itself
 
     def names(self, where: Optional[Callable[[type], bool]] = None) -> List[str]:
-        """The registered names (of the classes `where` accepts), in the order they registered."""
+        """The registered names (of the entries `where` accepts), in the order they registered."""
         return [name for name, cls in self.classes.items() if where is None or where(cls)]
 
     def lookup(self, name: str) -> type:
@@ -94,4 +112,6 @@ KL_ESTIMATORS = Registry("KL estimator")
 ENVIRONMENTS = Registry("environment")
 TOOL_CALL_FORMATS = Registry("tool-call format")
 DISTILL_LOSSES = Registry("distillation loss")
+PREFERENCE_LOSSES = Registry("preference loss")
 JUDGE_PARSERS = Registry("judge parser")
+REWARD_FUNCTIONS = Registry("reward function")

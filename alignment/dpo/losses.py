@@ -1,21 +1,40 @@
-"""Offline preference losses as pure functions: DPO and its variants, and KTO.
+"""Offline preference losses, registered by name (`loss_type`; alignment/config/registry.py): DPO and its
+variants on preference pairs, and KTO on unpaired rows. Pure math on paddle tensors.
 
 Inputs are per-sequence log-probabilities, already summed over the response tokens (prompt and padding
 excluded; see `alignment.dpo.trainer.sequence_log_probs`), with the token counts where a variant averages.
-Every function returns (losses [b], chosen_rewards [b], rejected_rewards [b]); rewards are the implicit
+Every loss gives (losses [b], chosen_rewards [b], rejected_rewards [b]); rewards are the implicit
 rewards beta * (log pi - log pi_ref), detached, for logging.
 
-The paired losses are a registry, `PAIRED_LOSSES` (name -> function), whose names are config/choices.py's
-PAIRED_LOSS_TYPES. The variants PaddleNLP and PaddleFormers add (dpop, kto_pair, sppo_hard, nca_pair, or) follow
-their criterion (paddlenlp/trl/dpo_criterion.py `dpo_loss`, paddleformers/nn/criterion/dpo_loss.py `cal_dpo_loss`):
-ipo, simpo and or on token-averaged log-probs, the others on summed ones.
+A loss's traits say what the stage does for it, so neither the arguments, the data nor the trainer ask which loss
+they have: `paired` (preference pairs; KTO reads unpaired rows), `reference_free` (no reference model is loaded:
+log pi_ref = 0), `token_averaged` (the ratios are averaged over the response tokens), `takes_label_smoothing`
+(cDPO's label_smoothing applies). The variants PaddleNLP and PaddleFormers add (dpop, kto_pair, sppo_hard, nca_pair, or)
+follow their criterion (paddlenlp/trl/dpo_criterion.py `dpo_loss`, paddleformers/nn/criterion/dpo_loss.py
+`cal_dpo_loss`): ipo, simpo and or on token-averaged log-probs, the others on summed ones.
 """
 from __future__ import annotations
 
 import paddle
 import paddle.nn.functional as F
 
-from alignment.config.choices import PAIRED_LOSS_TYPES
+from alignment.config.registry import PREFERENCE_LOSSES, Registered
+
+
+class PreferenceLoss(Registered, registry=PREFERENCE_LOSSES):
+    """A `loss_type`. A paired loss's __call__(c, r, options) -> losses [b], where c = log pi(chosen) -
+    log pi_ref(chosen) and r likewise for the rejected answer ([b] each; token-averaged when token_averaged, the
+    reference 0 when reference_free; preference_loss below prepares them); options: beta, label_smoothing,
+    simpo_gamma, dpop_lambda. An unpaired loss (paired False) is called as kto_loss below, with the reference
+    point its reference_point(policy_mismatched, ref_mismatched) gives (kto_kl_estimate's signature)."""
+
+    paired = True  # reads preference pairs (chosen, rejected); False: unpaired rows, each desirable or not
+    reference_free = False  # ignores the reference: no reference model is loaded (PaddleNLP's reference_free)
+    token_averaged = False  # the log-ratios are averaged over each response's tokens
+    takes_label_smoothing = False  # label_smoothing applies (cDPO's flipped-label probability)
+
+    def __call__(self, c, r, o):
+        raise NotImplementedError
 
 
 def _smoothed(logits, label_smoothing):
@@ -23,65 +42,101 @@ def _smoothed(logits, label_smoothing):
     return -(1 - label_smoothing) * F.log_sigmoid(logits) - label_smoothing * F.log_sigmoid(-logits)
 
 
-def _sigmoid(c, r, o):
+class Sigmoid(PreferenceLoss):
     """DPO: h = (pc - rc) - (pr - rr); -(1 - ls) log s(beta h) - ls log s(-beta h)."""
-    return _smoothed(o["beta"] * (c - r), o["label_smoothing"])
+
+    NAME = "sigmoid"
+    takes_label_smoothing = True
+
+    def __call__(self, c, r, o):
+        return _smoothed(o["beta"] * (c - r), o["label_smoothing"])
 
 
-def _ipo(c, r, o):
+class IPO(PreferenceLoss):
     """IPO on token-averaged ratios: (h - 1 / (2 beta))^2."""
-    return (c - r - 1.0 / (2.0 * o["beta"])) ** 2
+
+    NAME = "ipo"
+    token_averaged = True
+
+    def __call__(self, c, r, o):
+        return (c - r - 1.0 / (2.0 * o["beta"])) ** 2
 
 
-def _hinge(c, r, o):
+class Hinge(PreferenceLoss):
     """SLiC: relu(1 - beta h)."""
-    return F.relu(1.0 - o["beta"] * (c - r))
+
+    NAME = "hinge"
+
+    def __call__(self, c, r, o):
+        return F.relu(1.0 - o["beta"] * (c - r))
 
 
-def _simpo(c, r, o):
+class SimPO(PreferenceLoss):
     """SimPO (reference-free, token-averaged): -(1 - ls) log s(beta (pc - pr) - gamma) - ls log s(-...)."""
-    return _smoothed(o["beta"] * (c - r) - o["simpo_gamma"], o["label_smoothing"])
+
+    NAME = "simpo"
+    reference_free = True
+    token_averaged = True
+    takes_label_smoothing = True
+
+    def __call__(self, c, r, o):
+        return _smoothed(o["beta"] * (c - r) - o["simpo_gamma"], o["label_smoothing"])
 
 
-def _dpop(c, r, o):
-    """DPO-Positive: -log s(beta (h - lambda max(0, rc - pc))): a penalty when the chosen answer loses probability."""
-    return -F.log_sigmoid(o["beta"] * (c - r - o["dpop_lambda"] * paddle.clip(-c, min=0.0)))
+class DPOP(PreferenceLoss):
+    """DPO-Positive: -log s(beta (h - lambda max(0, rc - pc))): a penalty when the chosen answer loses
+    probability."""
+
+    NAME = "dpop"
+
+    def __call__(self, c, r, o):
+        return -F.log_sigmoid(o["beta"] * (c - r - o["dpop_lambda"] * paddle.clip(-c, min=0.0)))
 
 
-def _kto_pair(c, r, o):
+class KTOPair(PreferenceLoss):
     """KTO on pairs (HALOs eqn 7): each side's reference point is the other side's batch-mean ratio, clipped at 0;
     1 - s(beta (c - KL_r)) for the chosen and 1 - s(beta (KL_c - r)) for the rejected half, averaged per pair
     (PaddleNLP averages the concatenation: the same mean)."""
-    chosen_kl, rejected_kl = paddle.clip(c.mean(), min=0.0), paddle.clip(r.mean(), min=0.0)
-    beta = o["beta"]
-    return ((1 - F.sigmoid(beta * (c - rejected_kl))) + (1 - F.sigmoid(beta * (chosen_kl - r)))) / 2
+
+    NAME = "kto_pair"
+
+    def __call__(self, c, r, o):
+        chosen_kl, rejected_kl = paddle.clip(c.mean(), min=0.0), paddle.clip(r.mean(), min=0.0)
+        beta = o["beta"]
+        return ((1 - F.sigmoid(beta * (c - rejected_kl))) + (1 - F.sigmoid(beta * (chosen_kl - r)))) / 2
 
 
-def _sppo_hard(c, r, o):
+class SPPOHard(PreferenceLoss):
     """SPPO with hard probabilities (winner 1, loser 0): (c - 1 / (2 beta))^2 + (r + 1 / (2 beta))^2."""
-    half = 0.5 / o["beta"]
-    return (c - half) ** 2 + (r + half) ** 2
+
+    NAME = "sppo_hard"
+
+    def __call__(self, c, r, o):
+        half = 0.5 / o["beta"]
+        return (c - half) ** 2 + (r + half) ** 2
 
 
-def _nca_pair(c, r, o):
+class NCAPair(PreferenceLoss):
     """NCA: -log s(beta c) - 0.5 log s(-beta c) - 0.5 log s(-beta r)."""
-    beta = o["beta"]
-    return -F.log_sigmoid(beta * c) - 0.5 * F.log_sigmoid(-beta * c) - 0.5 * F.log_sigmoid(-beta * r)
+
+    NAME = "nca_pair"
+
+    def __call__(self, c, r, o):
+        beta = o["beta"]
+        return -F.log_sigmoid(beta * c) - 0.5 * F.log_sigmoid(-beta * c) - 0.5 * F.log_sigmoid(-beta * r)
 
 
-def _odds_ratio(c, r, o):
+class OddsRatio(PreferenceLoss):
     """ORPO's odds-ratio term on token-averaged log-probs (reference-free): -log s(log odds(c) - log odds(r)),
     log odds(p) = log p - log(1 - p); the NLL part of ORPO is nll_loss_coef (PaddleNLP's sft_loss_ratio)."""
-    log_odds = (c - r) - (paddle.log1p(-paddle.exp(c)) - paddle.log1p(-paddle.exp(r)))
-    return -F.log_sigmoid(log_odds)
 
+    NAME = "or"
+    reference_free = True
+    token_averaged = True
 
-# name -> (loss function of (chosen, rejected, options), averages over tokens, uses the reference)
-PAIRED_LOSSES = {
-    "sigmoid": (_sigmoid, False, True), "ipo": (_ipo, True, True), "hinge": (_hinge, False, True),
-    "simpo": (_simpo, True, False), "dpop": (_dpop, False, True), "kto_pair": (_kto_pair, False, True),
-    "sppo_hard": (_sppo_hard, False, True), "nca_pair": (_nca_pair, False, True), "or": (_odds_ratio, True, False),
-}
+    def __call__(self, c, r, o):
+        log_odds = (c - r) - (paddle.log1p(-paddle.exp(c)) - paddle.log1p(-paddle.exp(r)))
+        return -F.log_sigmoid(log_odds)
 
 
 def preference_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, chosen_tokens, rejected_tokens,
@@ -92,16 +147,18 @@ def preference_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, ch
     The loss sees c = log pi(chosen) - log pi_ref(chosen) and r likewise for the rejected answer (token-averaged
     for ipo, simpo and or; the reference is 0 for the reference-free simpo and or); see each function above.
     """
-    if loss_type not in PAIRED_LOSSES:
-        raise ValueError(f"unknown paired loss_type {loss_type!r}; expected one of {PAIRED_LOSS_TYPES}")
-    loss_fn, averaged, uses_reference = PAIRED_LOSSES[loss_type]
+    loss = PREFERENCE_LOSSES.lookup(loss_type)
+    if not loss.paired:
+        paired = PREFERENCE_LOSSES.names(where=lambda cls: cls.paired)
+        raise ValueError(f"{loss_type!r} is not a paired loss; the paired ones: {', '.join(paired)}")
+    averaged, uses_reference = loss.token_averaged, not loss.reference_free
     chosen = policy_chosen - ref_chosen if uses_reference else policy_chosen  # [b]
     rejected = policy_rejected - ref_rejected if uses_reference else policy_rejected  # [b]
     if averaged:
         chosen, rejected = chosen / chosen_tokens, rejected / rejected_tokens
     options = {"beta": beta, "label_smoothing": label_smoothing, "simpo_gamma": simpo_gamma,
                "dpop_lambda": dpop_lambda}
-    losses = loss_fn(chosen, rejected, options)
+    losses = loss()(chosen, rejected, options)
     if uses_reference and averaged:  # ipo logs the summed ratios, as before
         chosen, rejected = policy_chosen - ref_chosen, policy_rejected - ref_rejected
     return losses, (beta * chosen).detach(), (beta * rejected).detach()
@@ -130,3 +187,15 @@ def kto_loss(policy_logps, ref_logps, desirable, kl, beta: float = 0.1, desirabl
     losses = want * desirable_losses + (1 - want) * undesirable_losses
     rewards = (beta * ratio).detach()
     return losses, rewards * want, rewards * (1 - want)
+
+
+class KTO(PreferenceLoss):
+    """KTO on unpaired rows (Ethayarajh et al. 2024, arXiv 2402.01306): kto_loss, its reference point
+    kto_kl_estimate."""
+
+    NAME = "kto"
+    paired = False
+    reference_point = staticmethod(kto_kl_estimate)
+
+    def __call__(self, policy_logps, ref_logps, desirable, kl, beta, desirable_weight, undesirable_weight):
+        return kto_loss(policy_logps, ref_logps, desirable, kl, beta, desirable_weight, undesirable_weight)

@@ -7,16 +7,17 @@ import os
 
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments
 from alignment.config.training import TrainingArguments
+from alignment.dpo import losses  # noqa: F401  registers the loss types the arguments name, before they are parsed
 from alignment.training import setup
 
 
 def build_datasets(dpo_args, data_args, tokenizer, train_raw, eval_raw, seed: int):
-    """(train, eval or None, collate) for the loss type: preference pairs, or unpaired rows for kto."""
+    """(train, eval or None, collate) for the loss type: preference pairs, or unpaired rows (kto)."""
     from alignment.data.tokenized import preference_datasets
     from alignment.dpo.data import UnpairedDataset, collate_pairs, collate_unpaired
 
     pad = tokenizer.pad_token_id
-    if dpo_args.loss_type == "kto":
+    if not dpo_args.loss.paired:
         make = lambda raw: UnpairedDataset(raw, tokenizer, data_args.max_length, seed)  # noqa: E731
         return make(train_raw), make(eval_raw) if eval_raw is not None else None, lambda i: collate_unpaired(i, pad)
     hint = (f" (loss_type {dpo_args.loss_type!r}; unpaired rows, such as PaddleNLP's KTO rows with one response, "

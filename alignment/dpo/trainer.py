@@ -12,7 +12,7 @@ import paddle.nn.functional as F
 from tqdm import tqdm
 
 from alignment.config.dpo import DPOArguments
-from alignment.dpo.losses import kto_kl_estimate, kto_loss, preference_loss
+from alignment.dpo.losses import preference_loss
 from alignment.models.logprobs import response_log_probs_from_logits
 from alignment.models.lora import adapters_disabled
 from alignment.training.batches import to_tensors
@@ -60,13 +60,12 @@ class DPOTrainer(DatasetTrainer):
     @paddle.no_grad()
     def precompute_reference(self, dataset, batch_size: int) -> None:
         """Cache each item's reference log-probs (chosen, rejected) or (row, mismatched row) in the item."""
-        kto = self.dpo.loss_type == "kto"
         for start in tqdm(range(0, len(dataset), batch_size), desc="reference log-probs", dynamic_ncols=True,
                           disable=hide_progress(self.args)):
             items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
             batch = to_tensors(self.collate_fn(items))
             first = self._reference_logps(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
-            if kto:
+            if not self.dpo.loss.paired:
                 second = self._reference_logps(batch["kl_input_ids"], batch["kl_attention_mask"],
                                                batch["kl_response_mask"])
             else:
@@ -76,8 +75,8 @@ class DPOTrainer(DatasetTrainer):
 
     # --- the loss -------------------------------------------------------------------------------------------------
     def compute_loss(self, batch):
-        if self.dpo.loss_type == "kto":
-            return self._kto_loss(batch)
+        if not self.dpo.loss.paired:
+            return self._unpaired_loss(batch)
         logps, counts = sequence_log_probs(self.model, batch["input_ids"], batch["attention_mask"],
                                            batch["response_mask"])  # [2b]
         return self.pair_loss(logps, counts, self.reference_of(batch))
@@ -105,7 +104,7 @@ class DPOTrainer(DatasetTrainer):
 
     def batch_weight(self, batch) -> float:  # KTO: a mean over rows; the pair losses: over pairs
         rows = batch["input_ids"].shape[0]
-        return float(rows if self.dpo.loss_type == "kto" else rows // 2)
+        return float(rows // 2 if self.dpo.loss.paired else rows)
 
     # pipeline parallelism: the last stage has the whole-sequence logits; the reference stays a whole model
     def pipeline_labels(self, batch):
@@ -117,7 +116,7 @@ class DPOTrainer(DatasetTrainer):
         logps, counts = response_log_probs_from_logits(logits, input_ids, response_mask)  # [2b]
         return self.pair_loss(logps, counts, ref.squeeze(-1))
 
-    def _kto_loss(self, batch):
+    def _unpaired_loss(self, batch):
         dpo = self.dpo
         logps, counts = sequence_log_probs(self.model, batch["input_ids"], batch["attention_mask"],
                                            batch["response_mask"])  # [b]
@@ -131,9 +130,10 @@ class DPOTrainer(DatasetTrainer):
             kl_ref = self._reference_logps(batch["kl_input_ids"], batch["kl_attention_mask"],
                                            batch["kl_response_mask"])
         desirable = batch["desirable"]  # [b] bool
-        kl = kto_kl_estimate(kl_logps, kl_ref)
-        losses, chosen_rewards, rejected_rewards = kto_loss(logps, ref, desirable, kl, dpo.beta,
-                                                            dpo.desirable_weight, dpo.undesirable_weight)
+        loss = dpo.loss()  # an unpaired loss (kto)
+        kl = loss.reference_point(kl_logps, kl_ref)
+        losses, chosen_rewards, rejected_rewards = loss(logps, ref, desirable, kl, dpo.beta, dpo.desirable_weight,
+                                                        dpo.undesirable_weight)
         want = desirable.astype("float32")
         loss = losses.mean() + self._nll(logps * want, counts * want)
         n_good, n_bad = float(want.sum()), float((1 - want).sum())

@@ -35,6 +35,7 @@ class AdvantageEstimator(Registered, registry=ADVANTAGE_ESTIMATORS):
     min_group_size = 1  # the smallest num_return_sequences (2: compares the responses to one prompt)
     uses_old_log_probs = True  # the advantages read the rollout's old log-probs (e.g. the KL in the reward)
     token_level_rewards = False  # reads per-token rewards (a multi-turn episode's per-turn rewards)
+    policy_gradient = True  # its advantages move the policy on the sampled answers (False: zero advantages)
     # critic estimators: critic_returns(rollout, ppo) -> the critic's targets [N, R] from the rollout's old values,
     # row by row (no statistic over the batch), so the update's first critic pass can give both (critic.py); None:
     # the critic scores the rollout in a pass of its own first
@@ -198,6 +199,7 @@ class NoAdvantage(AdvantageEstimator):
 
     NAME = "none"
     uses_old_log_probs = False
+    policy_gradient = False
 
     def __call__(self, rollout, ppo, reduce_sum):
         return paddle.zeros_like(rollout.response_mask.astype("float32")), None  # [N, R]

@@ -1,7 +1,7 @@
 """Reward functions: `fn(prompts, completions, **labels) -> list[float]`, one float per completion (labels are
-dataset columns such as `answer`). A spec names a registered function (the judges of alignment/rewards/judges.py,
-`arithmetic`, `sentiment`, ..., and the rule rewards `accuracy`, `format_reward`, `gsm8k` of
-alignment/rewards/rules.py), a language-model judge `judge:path/to/judge.yaml` (model_judges.py), a
+dataset columns such as `answer`). A spec names a registered function (REWARD_FUNCTIONS: the judges of
+alignment/rewards/judges.py, `arithmetic`, `sentiment`, ..., and the rule rewards `accuracy`, `format_reward`,
+`gsm8k` of alignment/rewards/rules.py), a language-model judge `judge:path/to/judge.yaml` (model_judges.py), a
 `module:function`, or a `path/to/file.py:function`. Pure Python: no paddle (a local model judge loads it when asked).
 """
 from __future__ import annotations
@@ -10,13 +10,11 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from alignment.config.registry import REWARD_FUNCTIONS
 from alignment.data import import_function
+from alignment.rewards import judges, rules  # noqa: F401  register the built-in reward functions
 from alignment.rewards.errors import RewardFunctionError
-from alignment.rewards.judges import JUDGES
-from alignment.rewards.rules import accuracy, format_reward, gsm8k
 
-REWARD_FUNCTIONS: Dict[str, Callable] = {**JUDGES, "accuracy": accuracy, "format_reward": format_reward,
-                                       "gsm8k": gsm8k}
 MODEL_JUDGES: Dict[str, Callable] = {}  # "judge:<file>" -> its ModelJudge, made on first use
 
 
@@ -31,8 +29,8 @@ def load_reward_function(spec: str) -> Callable:
         return MODEL_JUDGES[spec]
     if ":" not in spec:
         raise ValueError(f"key 'reward_funcs' / 'gold_judge': {spec!r} is neither a registered reward function "
-                         f"({', '.join(sorted(REWARD_FUNCTIONS))}), 'judge:<judge file>' nor 'module:function' / "
-                         "'file.py:function'")
+                         f"({', '.join(sorted(REWARD_FUNCTIONS.names()))}), 'judge:<judge file>' nor "
+                         "'module:function' / 'file.py:function'")
     return import_function(spec, "key 'reward_funcs' / 'gold_judge'")
 
 

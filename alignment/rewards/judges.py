@@ -9,7 +9,8 @@ Every judge has the signature of PPO's ``reward_funcs``::
 
 ``labels`` are dataset columns (e.g. ``answer``) passed as lists aligned with ``prompts``; a judge ignores the
 columns it does not use, and a ``None`` entry means "no label for this row". Look judges up by name with
-:func:`get_judge` (``JUDGES`` holds the registry).
+:func:`get_judge`; they are registered reward functions (``@REWARD_FUNCTIONS.function(name)``,
+alignment/config/registry.py), and ``JUDGES`` holds the ones this module registers.
 
 Judges
 ------
@@ -57,6 +58,8 @@ import math
 import re
 from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from alignment.config.registry import REWARD_FUNCTIONS
 
 __all__ = [
     "FORMAT_BONUS",
@@ -125,6 +128,7 @@ def sentiment_score(completion: str) -> float:
     return float(min(1.0, max(-1.0, score)))
 
 
+@REWARD_FUNCTIONS.function("sentiment")
 def sentiment(prompts: Sequence[str], completions: Sequence[str], **labels: Any) -> List[float]:
     """"Be positive and helpful": VADER compound minus repetition and shortness penalties, in [-1, 1]."""
     _check_lengths(prompts, completions, labels)
@@ -230,6 +234,7 @@ def arithmetic_score(prompt: str, completion: str, answer: Any = None, format_bo
     return 1.0 + (format_bonus if _states_equation(completion, expected) else 0.0)
 
 
+@REWARD_FUNCTIONS.function("arithmetic")
 def arithmetic(prompts: Sequence[str], completions: Sequence[str], answer: Optional[Sequence[Any]] = None,
                **labels: Any) -> List[float]:
     """Verifier: 1.0 when the completion's final number is the expected one (+0.1 for a correct equation)."""
@@ -254,6 +259,7 @@ def route(prompts: Sequence[str], answer: Optional[Sequence[Any]] = None) -> Lis
     return [judge_for_prompt(p, a) for p, a in zip(prompts, answers)]
 
 
+@REWARD_FUNCTIONS.function("combined")
 def combined(prompts: Sequence[str], completions: Sequence[str], answer: Optional[Sequence[Any]] = None,
              **labels: Any) -> List[float]:
     """``arithmetic`` for arithmetic-looking rows, ``sentiment`` for the rest (see :func:`judge_for_prompt`)."""
@@ -279,6 +285,7 @@ def _rg_scorer(source_dataset: str) -> Callable:
     return _rg_scorers[source_dataset]
 
 
+@REWARD_FUNCTIONS.function("reasoning_gym")
 def reasoning_gym_accuracy(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any] = None,
                            metadata: Sequence[Dict[str, Any]] = None, **labels: Any) -> List[float]:
     """Score completions of reasoning-gym entries with each task's own ``score_answer`` (in [0, 1])."""
@@ -298,12 +305,9 @@ def reasoning_gym_accuracy(prompts: Sequence[str], completions: Sequence[str], a
 
 # --------------------------------------------------------------------------- registry
 
-JUDGES: Dict[str, Judge] = {
-    "sentiment": sentiment,
-    "arithmetic": arithmetic,
-    "combined": combined,
-    "reasoning_gym": reasoning_gym_accuracy,
-}
+# the gold judges: the reward functions registered above (tools/make_preference_data.py's --judge choices)
+JUDGES: Dict[str, Judge] = {name: REWARD_FUNCTIONS[name]
+                            for name in REWARD_FUNCTIONS.names(where=lambda fn: fn.__module__ == __name__)}
 
 
 def get_judge(name: str) -> Judge:

@@ -14,12 +14,15 @@ gsm8k:    PaddleNLP's rule reward (`use_rule_reward: true`; paddlenlp/rl/trainer
           text (commas removed from the completion's number, as PaddleNLP does), 0.0 when it differs or there is
           no "#### N" (PaddleNLP's format_score and its no-answer score are both 0). The label is the number, as
           PaddleNLP's gsm8k_processor.py writes `tgt`, or a GSM8K solution whose own "#### N" gives it.
-All have the reward-function signature fn(prompts, completions, **labels) -> list[float].
+All have the reward-function signature fn(prompts, completions, **labels) -> list[float], and are registered
+reward functions under these names (alignment/config/registry.py REWARD_FUNCTIONS).
 """
 from __future__ import annotations
 
 import re
 from typing import Any, List, Optional, Sequence
+
+from alignment.config.registry import REWARD_FUNCTIONS
 
 ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 STRICT_FORMAT = re.compile(r"^\s*(<think>.*?</think>\s*)?<answer>(?:(?!<answer>).)*?</answer>\s*$", re.DOTALL)
@@ -50,6 +53,7 @@ def answers_match(predicted: Optional[str], expected: Any) -> bool:
         return predicted.strip() == expected
 
 
+@REWARD_FUNCTIONS.function("accuracy")
 def accuracy(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any] = None,
              **labels: Any) -> List[float]:
     if answer is None:
@@ -57,6 +61,7 @@ def accuracy(prompts: Sequence[str], completions: Sequence[str], answer: Sequenc
     return [float(answers_match(extract_answer(c), a)) for c, a in zip(completions, answer)]
 
 
+@REWARD_FUNCTIONS.function("format_reward")
 def format_reward(prompts: Sequence[str], completions: Sequence[str], **labels: Any) -> List[float]:
     scores = []
     for completion in completions:
@@ -77,6 +82,7 @@ def gsm8k_answer(text: str) -> Optional[str]:
     return found[-1].replace(",", "").replace("$", "") if found else None
 
 
+@REWARD_FUNCTIONS.function("gsm8k")
 def gsm8k(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any] = None,
           **labels: Any) -> List[float]:
     if answer is None:
