@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from alignment.config.registry import DATASETS
 import alignment.data.builtin as builtin
 from alignment.data import (
     DataFormatError,
@@ -30,10 +31,10 @@ pytestmark = pytest.mark.usefixtures("offline_datasets")
 
 @pytest.fixture
 def registry():
-    saved = dict(RawDataset._registry)
+    saved = dict(DATASETS.classes)
     yield RawDataset
-    RawDataset._registry.clear()
-    RawDataset._registry.update(saved)
+    DATASETS.classes.clear()
+    DATASETS.classes.update(saved)
 
 
 @pytest.fixture

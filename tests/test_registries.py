@@ -67,3 +67,27 @@ def test_the_help_names_every_estimator_that_builds_a_critic():
 
 def test_only_none_takes_no_policy_gradient_so_distillation_on_other_answers_allows_only_it():
     assert ADVANTAGE_ESTIMATORS.names(where=lambda estimator: not estimator.policy_gradient) == ["none"]
+
+
+def test_datasets_register_in_the_same_mechanism_with_their_aliases():
+    from alignment.config.registry import DATASETS
+    from alignment.data import RawDataset
+
+    assert RawDataset.REGISTRY is DATASETS and RawDataset.registered_names() == sorted(DATASETS.classes)
+    before = dict(DATASETS.classes)
+    try:
+        class Pairs(RawDataset):
+            NAME = "test-pairs"
+            ALIASES = ("test-pairs/train",)
+        assert DATASETS["test-pairs"] is Pairs and DATASETS["test-pairs/train"] is Pairs
+        with pytest.raises(ValueError, match="dataset 'test-pairs' is already registered by"):
+            class Again(RawDataset):
+                NAME = "test-other"
+                ALIASES = ("test-pairs",)
+        assert "test-other" not in DATASETS  # checked before any name registers
+        with pytest.raises(ValueError, match="may not contain ':' or ','"):
+            class Colon(RawDataset):
+                NAME = "data:set"
+    finally:
+        DATASETS.classes.clear()
+        DATASETS.classes.update(before)

@@ -1,6 +1,6 @@
-"""Registries of what users extend, one pattern for all (as `RawDataset`'s, alignment/data/raw.py): a family is a
-base class `class Family(Registered, registry=SOME_REGISTRY)`, and a subclass that sets `NAME` in its own body
-registers itself under that name::
+"""Registries of what users extend, one pattern for all: a family is a base class
+`class Family(Registered, registry=SOME_REGISTRY)`, and a subclass that sets `NAME` (and optionally `ALIASES`) in
+its own body registers itself under that name::
 
     class Halved(AdvantageEstimator):      # alignment/ppo/estimators.py has the family and the built-ins
         NAME = "halved"
@@ -18,6 +18,7 @@ estimator needs a critic) without the framework. The classes live with the paddl
     PREFERENCE_LOSSES     loss_type (DPO family, KTO)       alignment/dpo/losses.py
     JUDGE_PARSERS         (a model judge's `parser`)        alignment/rewards/judge_parsers.py
     REWARD_FUNCTIONS      reward_funcs, gold_judge          alignment/rewards/judges.py, rules.py
+    DATASETS              train_datasets, eval_datasets     alignment/data/raw.py, formats.py (names and ALIASES)
 
 A registry of functions (reward functions: `fn(prompts, completions, **labels)`) takes them by decorator, under
 the name they are written as::
@@ -36,12 +37,22 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional
 class Registry:
     """name -> class (or function) for one family; `what` names the family in messages."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, forbidden: str = ","):
         self.what = what
+        self.forbidden = forbidden  # characters a name may not hold (a list separator, a path's ':')
         self.classes: Dict[str, Any] = {}
 
     def register(self, cls: type) -> None:
-        self.add(cls.__dict__["NAME"], cls)
+        """Register a class under its NAME and its ALIASES (both read from its own body); every name is checked
+        before any registers, so a class refused registers under none."""
+        aliases = cls.__dict__.get("ALIASES", ())
+        if isinstance(aliases, str):
+            raise TypeError(f"{cls.__qualname__}.ALIASES must be a tuple of names, not a string")
+        names = (cls.__dict__["NAME"], *aliases)
+        for name in names:
+            self._check(name, cls)
+        for name in names:
+            self.classes[name] = cls
 
     def function(self, name: str) -> Callable[[Callable], Callable]:
         """A decorator registering a function as `name`; it returns the function unchanged."""
@@ -52,14 +63,20 @@ class Registry:
 
     def add(self, name: str, entry) -> None:
         """Register a class or function as `name`; a name another module's entry holds is refused."""
-        if not isinstance(name, str) or not name.strip() or name != name.strip() or "," in name:
+        self._check(name, entry)
+        self.classes[name] = entry  # a reloaded module redefines the same class: it replaces itself
+
+    def _check(self, name: str, entry) -> None:
+        if not isinstance(name, str) or not name.strip() or name != name.strip():
             raise ValueError(f"{entry.__qualname__}: invalid {self.what} name {name!r}")
+        if any(char in name for char in self.forbidden):
+            raise ValueError(f"{entry.__qualname__}: {self.what} name {name!r} may not contain "
+                             f"{' or '.join(repr(char) for char in self.forbidden)}")
         existing = self.classes.get(name)
         if existing is not None and (existing.__module__, existing.__qualname__) != (entry.__module__,
                                                                                      entry.__qualname__):
             raise ValueError(f"{self.what} {name!r} is already registered by {existing.__module__}."
                              f"{existing.__qualname__}; cannot register {entry.__module__}.{entry.__qualname__}")
-        self.classes[name] = entry  # a reloaded module redefines the same class: it replaces itself
 
     def names(self, where: Optional[Callable[[type], bool]] = None) -> List[str]:
         """The registered names (of the entries `where` accepts), in the order they registered."""
@@ -115,3 +132,4 @@ DISTILL_LOSSES = Registry("distillation loss")
 PREFERENCE_LOSSES = Registry("preference loss")
 JUDGE_PARSERS = Registry("judge parser")
 REWARD_FUNCTIONS = Registry("reward function")
+DATASETS = Registry("dataset", forbidden=":,")  # ':' separates a dataset's name from its path in specs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from alignment.config.registry import DATASETS
 from alignment.data.builtin import JsonRowsDataset
 from alignment.data.jsonfiles import resolve_data_files, scan_records
 from alignment.data.raw import REGISTER_HINT, DataFormatError, RawDataset, RawSample
@@ -32,7 +33,7 @@ def first_row(path: str) -> dict[str, Any]:
 def readers() -> list[type]:
     """The registered readers that can recognise a file (one class per reader: the splits of a dataset share one)."""
     seen, result = set(), []
-    for cls in dict.fromkeys(RawDataset._registry.values()):
+    for cls in dict.fromkeys(DATASETS.classes.values()):
         if isinstance(cls, type) and issubclass(cls, JsonRowsDataset) and cls.DETECT_KEYS:
             if cls.convert_row not in seen:
                 seen.add(cls.convert_row)

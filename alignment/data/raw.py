@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Iterator, Mapping, TypedDict, Union
 
 import numpy as np
 
+from alignment.config.registry import DATASETS, Registered
 from alignment.data.errors import DataFormatError, user_code_error
 from alignment.inputs import InputError
 from alignment.data.specs import DatasetSpec, SpecsLike, parse_dataset_specs
@@ -74,46 +75,31 @@ class RawSample(TypedDict, total=False):
 
 # --------------------------------------------------------------------------- registry
 
-_NAME_FORBIDDEN = (":", ",")
 FILE_READER = "auto"  # the dataset that reads a bare path (alignment/data/detect.py)
 REGISTER_HINT = "your own layout: a RawDataset subclass with a NAME in a user_dataset_modules file (README 'Data')"
 
 
-class RawDataset(Sequence):
+class RawDataset(Sequence, Registered, registry=DATASETS):
     """Base class of raw datasets (a read-only sequence of :class:`RawSample`);
-    subclasses with a ``NAME`` register themselves and implement ``__getitem__``/``__len__``.
+    subclasses with a ``NAME`` register themselves in ``DATASETS`` (alignment/config/registry.py) and implement
+    ``__getitem__``/``__len__``.
 
     ``NAME`` and ``ALIASES`` are only read from the class body that defines them, so
     helper base classes without a ``NAME`` stay unregistered and subclasses of a
     registered dataset must pick their own ``NAME`` to register.
     """
 
-    NAME: ClassVar[str]
     ALIASES: ClassVar[tuple[str, ...]] = ()
     OPTIONS: ClassVar[tuple[str, ...]] = ()  # the run-wide options it takes (prompt_key, response_key), see load()
-    _registry: ClassVar[dict[str, type[RawDataset]]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("NAME")
-        if name is None:
-            return
-        aliases = cls.__dict__.get("ALIASES", ())
-        if isinstance(aliases, str):
-            raise TypeError(f"{cls.__qualname__}.ALIASES must be a tuple of names, not a string")
-        keys = (name, *aliases)
-        for key in keys:  # check every key first so a failed class registers nothing
-            _check_key(key, cls)
-        RawDataset._registry.update(dict.fromkeys(keys, cls))
 
     @classmethod
     def load(cls, name: str, path: str | os.PathLike | None = None, options: Mapping[str, Any] | None = None,
              **kwargs: Any) -> RawDataset:
         """The dataset registered as ``name`` (or alias) with ``path``; an unregistered ``name`` that is an existing
         path is read by FILE_READER. ``options`` (prompt_key, ...) reach the datasets listing them in ``OPTIONS``."""
-        dataset_cls = RawDataset._registry.get(name) if isinstance(name, str) else None
+        dataset_cls = DATASETS.classes.get(name) if isinstance(name, str) else None
         if dataset_cls is None and path is None and isinstance(name, str) and os.path.exists(name):
-            name, path, dataset_cls = FILE_READER, name, RawDataset._registry.get(FILE_READER)
+            name, path, dataset_cls = FILE_READER, name, DATASETS.classes.get(FILE_READER)
         if dataset_cls is None:
             known = ", ".join(cls.registered_names())
             raise ValueError(f"Unknown dataset {name!r}: no registered name and no such file. Registered: {known}; "
@@ -128,33 +114,9 @@ class RawDataset(Sequence):
             raise user_code_error(f"dataset {name!r} ({dataset_cls.__qualname__} in {where}) failed to load",
                                   err) from None
 
-    @classmethod
-    def registered_names(cls) -> list[str]:
-        """All registered names and aliases, sorted."""
-        return sorted(RawDataset._registry)
-
     def __iter__(self) -> Iterator[RawSample]:
         for index in range(len(self)):
             yield self[index]
-
-
-def _check_key(key: str, dataset_cls: type[RawDataset]) -> None:
-    if not isinstance(key, str) or not key.strip() or key != key.strip():
-        raise ValueError(f"{dataset_cls.__qualname__}: invalid dataset name {key!r}")
-    if any(char in key for char in _NAME_FORBIDDEN):
-        raise ValueError(f"{dataset_cls.__qualname__}: dataset name {key!r} may not contain ':' or ','")
-    existing = RawDataset._registry.get(key)
-    if existing is not None and not _same_class(existing, dataset_cls):
-        raise ValueError(
-            f"Dataset name {key!r} is already registered by "
-            f"{existing.__module__}.{existing.__qualname__}; cannot register "
-            f"{dataset_cls.__module__}.{dataset_cls.__qualname__} under the same name"
-        )
-
-
-def _same_class(old: type, new: type) -> bool:
-    """A re-executed module (reload) redefines the same class: allow re-registering it."""
-    return old.__module__ == new.__module__ and old.__qualname__ == new.__qualname__
 
 
 # --------------------------------------------------------------------------- mixing
