@@ -151,6 +151,13 @@ def _episode_overlap(r: dict) -> List[List[str]]:
             for name, x in r["variants"].items()]
 
 
+def _sandbox(r: dict) -> List[List[str]]:
+    ms = {name: f"{x['median_ms']:.1f} / {x['p90_ms']:.1f}" for name, x in r["stats"].items()}
+    return [[ms["bare"], ms["before"], ms["audit-hook"], ms["full"], f"**{_x(r['full_over_before'])}**",
+             _x(r["full_over_audit_hook"]), f"{r['concurrent_calls_per_s']:.1f} / {r['serial_calls_per_s']:.1f}",
+             r.get("kernel", "-")]]
+
+
 class Table:
     def __init__(self, benchmarks: List[str], command: str, header: List[str],
                  rows: Callable[[dict], List[List[str]]]):
@@ -201,6 +208,10 @@ TABLES: Dict[str, Table] = {
                        ["arm", "held-out accuracy after SFT", "after GRPO", "tool calls per question",
                         "SFT min wall / CPU", "GRPO min wall / CPU", "trained samples equal to the other arm's"],
                        _tool_demo),
+    "sandbox": Table(["sandbox"], "python benchmarks/bench_sandbox.py --calls 60",
+                     ["`python -I -c pass` ms (median / p90)", "before the containment", "`audit-hook`", "`full`",
+                      "full / before", "full / audit-hook", "calls/s from 4 threads / one after the other",
+                      "kernel"], _sandbox),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
                             ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
 }
