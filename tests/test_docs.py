@@ -74,12 +74,22 @@ def run_block(block, base, tmp_path):
     assert done.returncode == 0, f"{block.id}\n{block.script}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if not b.slow], ids=lambda b: b.id)
+def test_blocks_run_by_another_test_are_run_there():
+    by_tests = [b for b in BLOCKS if b.by]
+    assert by_tests  # the smoke run of getting-started
+    for block in by_tests:
+        with open(os.path.join(REPO, block.by), encoding="utf-8") as f:
+            test = f.read()
+        assert "block_on(" in test and repr(block.page) in test, f"{block.id}: {block.by} does not run it"
+        assert runnable.block_on(block.page, block.by) == block
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if not b.slow and not b.by], ids=lambda b: b.id)
 def test_runnable_block(block, workspace_base, tmp_path):
     run_block(block, workspace_base, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.slow], ids=lambda b: b.id)
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.slow and not b.by], ids=lambda b: b.id)
 def test_slow_runnable_block(block, workspace_base, tmp_path):
     run_block(block, workspace_base, tmp_path)

@@ -1,6 +1,7 @@
 """The tiny pipeline's figures are the same from one run to the next, also when another process loads the CPU
-(README: "Figures a user can reproduce"). Two copies of the checkout run examples/tiny_pipeline.sh; the second with
-a busy-looping process beside it. Every logged metric but the timings must be equal."""
+(README: "Figures a user can reproduce"). Two copies of the checkout run the smoke run as the getting-started page
+shows it (its block is marked `# runnable: by tests/test_reproducibility.py`: run here, not a third time by
+test_docs); the second with a busy-looping process beside it. Every logged metric but the timings must be equal."""
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+from docsgen import runnable
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
@@ -33,7 +35,9 @@ def metrics(root):
 
 def run_pipeline(root):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    done = subprocess.run(["bash", str(root / "examples" / "tiny_pipeline.sh")], env=env, capture_output=True,
+    block = runnable.block_on('getting-started/index.md', "tests/test_reproducibility.py")
+    assert "examples/tiny_pipeline.sh" in block.script
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.script], cwd=root, env=env, capture_output=True,
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-2000:]
     return metrics(root)

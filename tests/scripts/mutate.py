@@ -165,7 +165,8 @@ MUTATIONS: List[Mutation] = [
       "- 0.5 * F.log_sigmoid(-beta * r)", "tests/test_dpo.py", "tests/test_dpo_variants.py"),
     m("dpo-or-odds", DPO_LOSSES, "- (paddle.log1p(-paddle.exp(c)) - paddle.log1p(-paddle.exp(r)))", "",
       "tests/test_dpo.py", "tests/test_dpo_variants.py"),
-    m("dpo-average-flag", DPO_LOSSES, "\"ipo\": (_ipo, True, True)", "\"ipo\": (_ipo, False, True)",
+    m("dpo-average-flag", DPO_LOSSES, "NAME = \"ipo\"\n    token_averaged = True",
+      "NAME = \"ipo\"\n    token_averaged = False",
       "tests/test_dpo.py", "tests/test_dpo_variants.py"),
     m("kto-kl-unclamped", DPO_LOSSES, "return paddle.clip((policy_mismatched - ref_mismatched).mean(), min=0.0)"
       ".detach()", "return (policy_mismatched - ref_mismatched).mean().detach()", "tests/test_dpo.py"),
@@ -208,8 +209,8 @@ MUTATIONS: List[Mutation] = [
     # ---- the features the weak tests of issue 57 name: each of these passed the test as it was
     m("dpo-step-loss-type", "alignment/dpo/trainer.py", "counts[:b], counts[b:], dpo.loss_type, dpo.beta,",
       "counts[:b], counts[b:], \"sigmoid\", dpo.beta,", "tests/test_dpo_variants.py", "-k", "trains_a_step"),
-    m("kto-desirable-weight", "alignment/dpo/trainer.py", "dpo.desirable_weight, dpo.undesirable_weight)",
-      "1.0, dpo.undesirable_weight)", "tests/test_algorithm_of_files.py", "-k", "kto_rows"),
+    m("kto-desirable-weight", "alignment/dpo/trainer.py", "dpo.beta, dpo.desirable_weight,",
+      "dpo.beta, 1.0,", "tests/test_algorithm_of_files.py", "-k", "kto_rows"),
     m("group-estimators-as-dr-grpo", EST, "per_response = self.per_response(rollout.end_rewards, "
       "ppo.num_return_sequences)  # [N]", "per_response = DrGRPO.per_response(rollout.end_rewards, "
       "ppo.num_return_sequences)  # [N]", "tests/test_ppo.py", "-k", "critic_free"),
@@ -222,10 +223,10 @@ MUTATIONS: List[Mutation] = [
       "results))}", "\"tool_time\": 0.0}", "tests/test_envs.py", "-k", "calls_then_ends"),
     m("env-reward-unweighted", "alignment/ppo/scoring.py", "paddle.to_tensor((weight * rewards).astype(\"float32\"))",
       "paddle.to_tensor(rewards.astype(\"float32\"))", "tests/test_multiturn_training.py", "-k", "env_reward_weight"),
-    m("kto-takes-any-loss", "alignment/config/dpo.py", "        if self.loss_type != \"kto\":",
-      "        if False:", "tests/test_algorithm_of_files.py", "-k", "refuses_another"),
-    m("ptx-not-trained", "alignment/ppo/trainer.py", "loss = loss + ppo.ptx_coeff * ptx_scale * ptx_loss",
-      "loss = loss", "tests/test_paddlenlp_files.py", "-k", "llama_ppo"),
+    m("kto-takes-any-loss", "alignment/config/dpo.py", "        if self.loss_type not in PREFERENCE_LOSSES or "
+      "self.loss.paired:", "        if False:", "tests/test_algorithm_of_files.py", "-k", "refuses_another"),
+    m("ptx-not-trained", "alignment/ppo/ptx.py", "return self.coeff * scale * loss, {",
+      "return 0.0 * loss, {", "tests/test_paddlenlp_files.py", "-k", "llama_ppo"),
     m("reward-never-normalised", "alignment/ppo/trainer.py", "self.reward_stats if self.ppo.normalize_reward else None",
       "None", "tests/test_resume.py", "-k", "ppo_killed"),
     m("one-update-pass", "alignment/ppo/update.py", "for _ in range(ppo.update_iters):", "for _ in range(1):",
@@ -235,8 +236,8 @@ MUTATIONS: List[Mutation] = [
       "tests/test_precision.py", "-k", "ppo_with_bf16"),
     m("documented-key-untested", "docs/recipes/grpo.md", "| `num_return_sequences` | 4 |",
       "| `num_return_sequences`, `undesirable_weight` | 4 |", "tests/test_documented_keys.py"),
-    m("offload-nothing", "alignment/wrappers/offload.py", "tensors = self._eligible(models, optimizers) if "
-      "self.levels else []", "tensors = []", "tests/test_offload.py", "-k", "ppo"),
+    m("offload-nothing", "alignment/wrappers/offload.py", "_move(self._eligible(models, optimizers) if self.levels "
+      "else [], host_place())", "_move([], host_place())", "tests/test_offload.py", "-k", "ppo"),
     m("offload-no-optimizer", "alignment/wrappers/offload.py", "        if \"optimizer\" in self.levels:",
       "        if \"optimizers\" in self.levels:", "tests/test_offload.py", "-k", "ppo"),
     m("tool-trace-wrong-result", "data/tool_arithmetic/sft_tools.jsonl", "\"content\": \"2953541\"}, {\"role\": "
