@@ -45,7 +45,7 @@ from peer_shape import MODEL_SHAPE, VOCAB_SIZE, build_checkpoints, build_tokeniz
 
 # --- arguments ----------------------------------------------------------------------------------------------------
 def make_arguments(args, paths: dict, output_dir: str):
-    """(model, data, ppo, training) argument dataclasses for the peer's settings (see README for differences)."""
+    """(model, data, ppo, training) argument dataclasses for the peer's settings (see docs/performance/benchmarks.md for the differences)."""
     from alignment.config.parser import ArgumentParser, to_dict
     from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
     from alignment.config.training import TrainingArguments

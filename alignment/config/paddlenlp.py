@@ -272,7 +272,7 @@ def same_setting(key: str) -> set:
 
 
 def kinds() -> Dict[str, int]:
-    """How many PaddleNLP keys are honoured (aliases), noticed and refused (the README table counts)."""
+    """How many PaddleNLP keys are honoured (aliases), noticed and refused (the docs table counts: docs/paddlenlp.md)."""
     counts = {ALIAS: 0, NOTICE: 0, REFUSE: 0}
     for rule in TABLE.values():
         counts[rule.kind] += 1

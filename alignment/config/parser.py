@@ -214,7 +214,7 @@ class ArgumentParser:
         lines = [f"usage: {prog} ARGS.{{json,yaml}} [--key value ...]", ""]
         lines += textwrap.wrap("Keys come from the argument file, then from --key value flags (flags win; --key-name "
                                "and --key_name are the same flag). PaddleNLP's key names are read too "
-                               "(alignment/config/paddlenlp.py; README: PaddleNLP argument files).", width=100)
+                               "(alignment/config/paddlenlp.py; docs/paddlenlp.md).", width=100)
         for cls in self.dataclass_types:
             lines += ["", f"{cls.__name__}: {(cls.__doc__ or '').strip().splitlines()[0]}"]
             hints = typing.get_type_hints(cls)

@@ -76,7 +76,8 @@ class RawSample(TypedDict, total=False):
 # --------------------------------------------------------------------------- registry
 
 FILE_READER = "auto"  # the dataset that reads a bare path (alignment/data/detect.py)
-REGISTER_HINT = "your own layout: a RawDataset subclass with a NAME in a user_dataset_modules file (README 'Data')"
+REGISTER_HINT = ("your own layout: a RawDataset subclass with a NAME in a user_dataset_modules file "
+                 "(docs/concepts/datasets.md)")
 
 
 class RawDataset(Sequence, Registered, registry=DATASETS):

@@ -8,7 +8,7 @@ The norm is one squared_l2_norm kernel per gradient (alignment/parallel/distribu
 sum) and clipping is skipped when the norm is within bounds. A merged AdamW (one merged_adam_ for all parameters,
 0.22 -> 0.17 s a step on SmolLM2-135M) was measured and not kept: it rounds a few ulps differently from adamw_, and
 the 2-process DPO run then no longer matched the 1-process one within the layout tests' tolerance.
-Figures: benchmarks/README.md, "SmolLM2-135M against transformers".
+Figures: docs/performance.md, "SmolLM2-135M against transformers".
 """
 from __future__ import annotations
 
