@@ -168,6 +168,44 @@ def test_a_session_continues_its_trajectory_on_the_same_cache_and_counts_an_edit
     assert session.samples[1].num_turns == 1 and "edited" in tokenizer.decode(session.samples[1].input_ids)
 
 
+def test_a_turn_the_budget_cuts_ends_the_episode_and_the_next_call_is_refused(tiny_model_dir):
+    """As an environment's episode ends at max_trajectory_tokens: no new sample, no prefix break, the agent is told
+    `context_length_exceeded` (the calculator agent ends its episode on it)."""
+    from alignment.gateway.app import GatewayServer, create_app
+    from alignment.gateway.serving import build_gateway
+    from alignment.models import LlamaForCausalLM, Tokenizer
+
+    model, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
+    model.eval()
+    gateway = build_gateway(model, tokenizer, 2, 256, 8)
+    session = gateway.open_session("s", np.random.default_rng(1), budget=3)
+    server = GatewayServer(create_app(gateway, KEY))
+    done, seen = threading.Event(), {}
+
+    def agent():
+        c = openai.OpenAI(base_url=f"{server.base_url}/sessions/s/v1", api_key=KEY, max_retries=0)
+        try:
+            messages = [{"role": "user", "content": "Count with me."}]
+            choice = c.chat.completions.create(model="p", messages=messages, max_tokens=8).choices[0]
+            seen["finish"] = choice.finish_reason
+            messages += [{"role": "assistant", "content": choice.message.content}, {"role": "user", "content": "on"}]
+            for attempt in (messages, messages[:1] + [{"role": "user", "content": "edited"}]):
+                try:
+                    c.chat.completions.create(model="p", messages=attempt)
+                except openai.BadRequestError as err:
+                    seen.setdefault("codes", []).append((err.status_code, err.code))
+        finally:
+            done.set()
+
+    threading.Thread(target=agent, daemon=True).start()
+    gateway.pump(done.is_set)
+    server.stop()
+    assert seen["finish"] == "length" and session.sample.truncated
+    assert seen["codes"] == [(400, "context_length_exceeded")] * 2  # extended or edited: the episode is over
+    assert len(session.samples) == 1 and session.prefix_breaks == 0 and len(session.calls) == 1
+    assert len(session.calls[0]["sampled"]) == 3
+
+
 def test_legacy_completions_score_token_ids_as_vllm_does(server, tiny_model_dir):
     """echo + logprobs over token-id prompts (what a served distillation teacher is asked): each token's log-prob
     is the model's, the top-k map holds the k best and the token itself, named token_id:<id>."""

@@ -178,8 +178,10 @@ class Gateway:
                 call.seqs.append(self._new_sample(session, request, config, temperature, stops, rng))
                 call.seqs[-1].top_logprobs = request.top_logprobs
         else:
-            added = None if session.seq is None or session.sample.truncated else render.extension(
-                session.history, session.tools, request)
+            if session.seq is not None and session.sample.truncated:  # as an environment's episode, it is over
+                raise GatewayError(400, "this episode's token budget is spent: its last answer was cut at the "
+                                        "budget (max_trajectory_tokens)", "messages", "context_length_exceeded")
+            added = None if session.seq is None else render.extension(session.history, session.tools, request)
             if added is None:
                 if session.seq is not None:
                     session.prefix_breaks += 1

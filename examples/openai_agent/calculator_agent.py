@@ -7,6 +7,8 @@ It plays what the `tools` environment plays: the question, then each turn's tool
 results, until a turn without a call (the answer; the run's `accuracy` reward function scores it) or 3 turns.
 The calculator and its error texts are the environment's (`alignment.envs`); a call the gateway could not parse
 comes back as plain content, and is answered as the environment answers it, so both arms see the same turns.
+When the episode's token budget cuts an answer the gateway refuses the next call (`context_length_exceeded`) and
+the episode ends there, as the environment's does.
 """
 import json
 
@@ -25,8 +27,13 @@ def play(base_url, api_key, row):
     turns = row["input"] if isinstance(row["input"], list) else [row["input"]]
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
     for _ in range(TURNS):
-        message = client.chat.completions.create(model="policy", messages=messages,
-                                                 tools=[CALCULATOR.schema]).choices[0].message
+        try:
+            message = client.chat.completions.create(model="policy", messages=messages,
+                                                     tools=[CALCULATOR.schema]).choices[0].message
+        except openai.BadRequestError as err:
+            if err.code == "context_length_exceeded":  # the episode's token budget is spent: it ends here
+                return None
+            raise
         messages.append(message.model_dump(include={"role", "content", "tool_calls"}, exclude_none=True))
         calls = [ToolCall(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
         calls = calls or FORMAT.parse(message.content or "")  # malformed calls: the environment's error texts
