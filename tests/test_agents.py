@@ -181,3 +181,5 @@ def test_the_calculator_agent_plays_the_tools_environments_episode_token_for_tok
     assert session.prefix_breaks == 0 and got.num_turns == 3
     assert got.input_ids == expected.input_ids and got.action_mask == expected.action_mask
     np.testing.assert_array_equal(got.log_probs, expected.log_probs)
+    # env/tool_calls as the environment counts it: the malformed call too (it was answered with an error)
+    assert got.metrics["tool_calls"] == expected.metrics["tool_calls"] == 2.0

@@ -264,7 +264,9 @@ class Gateway:
         sample.num_turns += 1
         sample.turn_rewards.append(0.0)
         sample.turn_ends.append(len(sample.input_ids) - 1)
-        sample.metrics["tool_calls"] = sample.metrics.get("tool_calls", 0.0) + len(message.tool_calls)
+        # the calls the format finds, malformed ones too: what an environment counts (it answers those with an error)
+        attempts = len(self.fmt.parse(render.cut(text, session.stops)))
+        sample.metrics["tool_calls"] = sample.metrics.get("tool_calls", 0.0) + attempts
         sample.truncated = seq.ending == "budget"
         assistant = {"role": "assistant", "content": text}
         session.shown = session.shown + [assistant]

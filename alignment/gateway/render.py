@@ -34,12 +34,18 @@ def written(message: Message, fmt: ToolCallFormat) -> str:
     return "\n".join(part for part in [message.content] + calls if part)
 
 
-def reply(text: str, fmt: ToolCallFormat, stops: Sequence[str] = ()) -> Message:
-    """The assistant's turn as a Message: text cut before the first of the request's `stops` (OpenAI's stop
-    sequences are not returned), calls parsed by the format (ids call_<n>), the rest as content."""
+def cut(text: str, stops: Sequence[str] = ()) -> str:
+    """The text before the first of the request's `stops` (OpenAI's stop sequences are not returned)."""
     for stop in stops:
         if stop in text:
             text = text[: text.index(stop)]
+    return text
+
+
+def reply(text: str, fmt: ToolCallFormat, stops: Sequence[str] = ()) -> Message:
+    """The assistant's turn as a Message: text cut before the first of the request's `stops` (OpenAI's stop
+    sequences are not returned), calls parsed by the format (ids call_<n>), the rest as content."""
+    text = cut(text, stops)
     calls = [c for c in fmt.parse(text) if c.error is None]
     content = text
     if calls and hasattr(fmt, "OPEN"):
