@@ -30,7 +30,8 @@ from alignment.envs.sandbox_kernel import REQUIRED_LAYERS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.geteuid() == 0
 NOBODY = 65534
-FULL, WEAK = SandboxLimits(), SandboxLimits(containment="audit-hook")
+# the battery reports the host's process and /tmp listings where the weak mode shows them: no 4000-character cut
+FULL, WEAK = SandboxLimits(output_chars=1 << 20), SandboxLimits(containment="audit-hook", output_chars=1 << 20)
 # the numbers this test tries, checked independently of the sandbox's own table
 SYSCALLS = {"x86_64": {"ptrace": 101, "keyctl": 250, "io_uring_setup": 425, "bpf": 321, "perf_event_open": 298,
                        "unshare": 272, "mount": 165},
@@ -492,7 +493,7 @@ jobs = json.loads(sys.argv[1])
 out = []
 for mode, code in jobs:
     result = run_python(code.replace("TRAINER_PID", str(__import__("os").getpid())), SandboxLimits(containment=mode,
-                        max_processes=8))
+                        max_processes=8, output_chars=1 << 20))
     out.append([result.stdout, result.stderr, result.layers])
 print(json.dumps(out))
 '''
