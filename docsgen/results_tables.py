@@ -151,6 +151,27 @@ def _episode_overlap(r: dict) -> List[List[str]]:
             for name, x in r["variants"].items()]
 
 
+def _distill_demo(r: dict) -> List[List[str]]:
+    rows = [["teacher (the tool demo's recipe)", "-", f"{r['teacher_accuracy']:.2f}", "-", "-"],
+            ["student (common start of the arms)", "-", f"{r['student_accuracy']:.2f}", "-",
+             f"{r['student_cpu_minutes']:.1f}"]]
+    for name, arm in r["arms"].items():
+        first, last = arm["points"][0], arm["points"][-1]
+        rows.append([f"arm {name}", f"{first['accuracy']:.2f}", f"**{last['accuracy']:.2f}**",
+                     f"{arm['wall_minutes']:.1f}", f"{last['cpu_minutes']:.1f}"])
+    return rows
+
+
+def _sharding_memory(r: dict) -> List[List[str]]:
+    out = []
+    for x in r["rows"]:
+        peak, predicted = max(x["peak_rss"]), x["predicted"]["train_total"]
+        out.append([x["stage"] or "none", f"{peak:.2f} (ranks: {', '.join(f'{v:.2f}' for v in x['peak_rss'])})",
+                    f"{predicted:.2f}", f"{(predicted - peak) / peak:+.0%}", f"{max(x['weights']):.3f}",
+                    f"{max(x['adamw']):.3f}", f"{x['predicted']['trained_weights']:.3f}"])
+    return out
+
+
 def _sandbox(r: dict) -> List[List[str]]:
     ms = {name: f"{x['median_ms']:.1f} / {x['p90_ms']:.1f}" for name, x in r["stats"].items()}
     return [[ms["bare"], ms["before"], ms["audit-hook"], ms["full"], f"**{_x(r['full_over_before'])}**",
@@ -208,6 +229,12 @@ TABLES: Dict[str, Table] = {
                        ["arm", "held-out accuracy after SFT", "after GRPO", "tool calls per question",
                         "SFT min wall / CPU", "GRPO min wall / CPU", "trained samples equal to the other arm's"],
                        _tool_demo),
+    "distill_demo": Table(["distill_demo"], "bash examples/distill_demo.sh",
+                          ["run", "held-out accuracy at its start", "at its end", "wall min", "CPU min"],
+                          _distill_demo),
+    "sharding_memory": Table(["sharding_memory"], "python benchmarks/bench_sharding_memory.py",
+                             ["sharding", "peak RSS per rank, measured (GiB)", "predicted (GiB)", "error",
+                              "weights held", "AdamW held", "weights, predicted"], _sharding_memory),
     "sandbox": Table(["sandbox"], "python benchmarks/bench_sandbox.py --calls 60",
                      ["`python -I -c pass` ms (median / p90)", "before the containment", "`audit-hook`", "`full`",
                       "full / before", "full / audit-hook", "calls/s from 4 threads / one after the other",
