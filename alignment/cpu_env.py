@@ -9,11 +9,12 @@ re-measures any machine):
   a tiny 3-step PPO 1.7x slower than on 1 thread each (tests/test_layouts.py, tp2xpp2xdp2).
 - MKL_DEBUG_CPU_TYPE (AMD only, `mkl_code_path`): the MKL bundled with paddle runs its generic code on AMD CPUs
   unless told which of its paths to take. 5, the AVX2 path: SmolLM2 training 73 -> 137 tokens/s. 7, the AVX-512
-  (Skylake-SP) path, on Zen 5 (family 26), which executes 512-bit FMAs at full width: fp32 GEMM 237 -> 434
-  GFLOP/s, a SmolLM2 GRPO step 18.8 -> 13.1 s (2 EPYC family 26 cores). Zen 4 splits each 512-bit FMA in two, so
-  the path cannot raise its FMA rate; it keeps 5, measured there (7 is not yet). A path whose instructions the
-  CPU lacks dies of SIGILL (8 does on that Zen 5), so each is set only with its ISA flags present. On an Intel
-  Xeon MKL dispatches itself, and 5 halves fp32 GEMM there (156 vs 287-301 GFLOP/s): nothing is set.
+  (Skylake-SP) path: on Zen 5 fp32 GEMM 237 -> 434 GFLOP/s, a SmolLM2 GRPO step 18.8 -> 13.1 s. Where a CPU has
+  both paths' instructions the faster is measured once per CPU model and kept (alignment/mkl_path.py): the CPU
+  family does not tell, since Zen 4 splits 512-bit FMAs in two and 7 still ran its decode GEMMs 1.7-1.9x faster.
+  A path whose instructions the CPU lacks dies of SIGILL (8 does on Zen 5), so each is only a candidate with its
+  ISA flags present. On an Intel Xeon MKL dispatches itself, and 5 halves fp32 GEMM there (156 vs 287-301
+  GFLOP/s): nothing is set.
 - FLAGS_use_stride_kernel=0: transpose and slicing copy with dense kernels instead of returning strided views,
   whose backward took most of the gap to torch on CPU (one PPO step 2.857 s -> 2.021 s).
 - FLAGS_new_executor_serial_run=1: a static program's ops run on the calling thread instead of executor threads
@@ -40,8 +41,9 @@ import importlib.metadata
 import os
 import sys
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
+from alignment import mkl_path
 from alignment.launcher import local_processes
 
 _applied: Dict[str, str] = {}
@@ -92,30 +94,24 @@ def has_cuda_paddle() -> bool:
     return False
 
 
-AVX2_PATH = ("avx2", "fma")
-AVX512_PATH = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")  # what MKL's Skylake-SP path executes
-FULL_WIDTH_AVX512_FAMILY = 26  # AMD Zen 5: 512-bit FMAs at full width (Zen 4, family 25, splits them in two)
+def mkl_code_path(cpu: Dict[str, str], choose: Optional[Callable[[Dict[str, str], List[str]], str]] = None
+                  ) -> Optional[str]:
+    """MKL_DEBUG_CPU_TYPE for the CPU described by these /proc/cpuinfo fields, or None (MKL's own choice): the one
+    path it can take, or of two the faster as `choose` finds it (default: measured once per CPU and kept,
+    alignment/mkl_path.py)."""
+    paths = mkl_path.possible_paths(cpu)
+    if len(paths) < 2:
+        return paths[0] if paths else None
+    return (choose or mkl_path.measured_choice)(cpu, paths)
 
 
-def can_take_mkl_path(cpu: Dict[str, str], isa) -> bool:
-    """Is this an AMD CPU (where MKL takes the path MKL_DEBUG_CPU_TYPE names) with every flag of that path's ISA?"""
-    return cpu.get("vendor_id") == "AuthenticAMD" and set(cpu.get("flags", "").split()).issuperset(isa)
-
-
-def mkl_code_path(cpu: Dict[str, str]) -> Optional[str]:
-    """MKL_DEBUG_CPU_TYPE for the CPU described by these /proc/cpuinfo fields, or None (MKL's own choice)."""
-    family = cpu.get("cpu family", "0")
-    if can_take_mkl_path(cpu, AVX512_PATH) and family.isdigit() and int(family) >= FULL_WIDTH_AVX512_FAMILY:
-        return "7"
-    return "5" if can_take_mkl_path(cpu, AVX2_PATH) else None
-
-
-def cpu_defaults(cpu: Dict[str, str], cores: int) -> Dict[str, str]:
-    """The settings for the CPU described by these /proc/cpuinfo fields, with this many usable cores."""
+def cpu_defaults(cpu: Dict[str, str], cores: int, choose=None) -> Dict[str, str]:
+    """The settings for the CPU described by these /proc/cpuinfo fields, with this many usable cores (`choose`:
+    as for mkl_code_path)."""
     settings = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": str(max(1, cores)),
                 "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1", "ALIGNMENT_MALLOC": "heap",
                 "ALIGNMENT_OPTIMIZER_THREADS": str(max(1, cores))}
-    path = mkl_code_path(cpu)
+    path = mkl_code_path(cpu, choose)
     if path is not None:
         settings["MKL_DEBUG_CPU_TYPE"] = path
     return settings
@@ -129,10 +125,10 @@ def apply_cpu_defaults() -> Dict[str, str]:
     # paddle's import warns that no ccache is installed (for compiling custom operators, which we never do): two
     # lines of noise before every command's output, and before its one-line error
     warnings.filterwarnings("ignore", message="No ccache found", module="paddle.utils.cpp_extension")
-    defaults = cpu_defaults(cpuinfo_fields(), cores_per_process())
+    inherited = dict(item.split("=", 1) for item in os.environ.get(INHERITED, "").split(";") if "=" in item)
+    defaults = cpu_defaults(cpuinfo_fields(), cores_per_process(), choose=_mkl_choice(inherited))
     if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         defaults.pop("ALIGNMENT_MALLOC")  # the user tuned malloc already
-    inherited = dict(item.split("=", 1) for item in os.environ.get(INHERITED, "").split(";") if "=" in item)
     for key, value in defaults.items():
         if key not in os.environ or inherited.get(key) == os.environ[key]:
             os.environ[key] = value
@@ -141,6 +137,17 @@ def apply_cpu_defaults() -> Dict[str, str]:
     configure_malloc(os.environ.get("ALIGNMENT_MALLOC", "system"))
     optimizer_thread_count()  # a bad value fails at start-up, not at the first optimizer step
     return dict(_applied)
+
+
+def _mkl_choice(inherited: Dict[str, str]):
+    """How to choose between MKL paths in apply_cpu_defaults: not at all when the user set MKL_DEBUG_CPU_TYPE (it
+    stays, so nothing is measured); a parent's measured choice on this host is kept; otherwise measured."""
+    value = os.environ.get("MKL_DEBUG_CPU_TYPE")
+    if value is not None and inherited.get("MKL_DEBUG_CPU_TYPE") != value:
+        return lambda cpu, paths: paths[-1]  # not applied: the user's value is kept
+    if value is not None:
+        return lambda cpu, paths: value if value in paths else mkl_path.measured_choice(cpu, paths)
+    return None
 
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt(3) parameter numbers from glibc's malloc.h
@@ -260,3 +267,28 @@ def describe() -> str:
     shared = f" shared by {local_processes()} processes" if local_processes() > 1 else ""
     return (f"cpu: {model or vendor or 'unknown'}, {usable_cores()} usable cores{shared}; "
             f"{values or 'no thread settings'}")
+
+
+def main() -> int:
+    """`python -m alignment.cpu_env`: measure MKL's paths again where this CPU has a choice (replacing the kept
+    figures), then print the settings an entry point here would choose."""
+    cpu = cpuinfo_fields()
+    paths = mkl_path.possible_paths(cpu)
+    chosen = paths[0] if paths else None
+    if len(paths) > 1:
+        chosen = mkl_path.measured_choice(cpu, paths, remeasure=True)
+        entry = mkl_path.read_cache(mkl_path.cache_file()).get(mkl_path.cpu_key(cpu))
+        if entry is None:
+            print(f"no MKL probe ran (Paddle's libmklml_intel.so not found, or every path's probe failed): "
+                  f"MKL_DEBUG_CPU_TYPE={chosen}, not kept")
+        for path, figures in (entry or {}).get("gflops", {}).items():
+            print(f"MKL_DEBUG_CPU_TYPE={path}: " + ", ".join(f"{shape} {g:.0f}" for shape, g in figures.items()) +
+                  " GFLOP/s")
+        print(f"kept in {mkl_path.cache_file()} for {mkl_path.cpu_key(cpu)}")
+    settings = cpu_defaults(cpu, cores_per_process(), choose=lambda _, choices: chosen)
+    print(describe_machine({**machine_facts(), "settings": settings}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,10 +1,12 @@
-"""Which CPU settings make Paddle fastest on this machine: fp32 GEMM GFLOP/s and a training step's tokens/s under
-each candidate setting, each measured in a fresh process (the variables only act before paddle is imported).
+"""Which CPU settings make Paddle fastest on this machine: fp32 GEMM GFLOP/s (1024 x 1024 x 1024, and SmolLM2's
+decode GEMM 8 x 576 x 1536) and a training step's tokens/s under each candidate setting, each measured in a fresh
+process (the variables only act before paddle is imported).
 
     python benchmarks/bench_cpu_settings.py [--repeats 3] [--rounds 2] [--json out.json]
 
-Candidates: what alignment/cpu_env.py chooses for this CPU, the same without / with MKL_DEBUG_CPU_TYPE=5 (and =7,
-MKL's AVX-512 path, on an AMD CPU with AVX-512), OpenMP threads instead of (or as well as) MKL threads, one MKL
+Candidates: what alignment/cpu_env.py chooses for this CPU (on an AMD CPU with AVX-512, the MKL path
+alignment/mkl_path.py measured faster), the same without / with MKL_DEBUG_CPU_TYPE=5 (and =7, MKL's AVX-512 path,
+on an AMD CPU with AVX-512), OpenMP threads instead of (or as well as) MKL threads, one MKL
 thread, Paddle's strided views left on, glibc's default allocator instead of ALIGNMENT_MALLOC=heap, and the
 optimizer step on one OpenMP thread instead of ALIGNMENT_OPTIMIZER_THREADS = cores (identical candidates are
 measured once). Prints one row per candidate with ratios to the chosen setting and the spread of its rounds, so
@@ -22,8 +24,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import (AVX512_PATH, SETTINGS, can_take_mkl_path, cpu_defaults, cpu_model,  # noqa: E402
-                               cpuinfo_fields, machine_facts, usable_cores)
+from alignment.cpu_env import SETTINGS, cpu_defaults, cpu_model, cpuinfo_fields, machine_facts, usable_cores  # noqa: E402
+from alignment.mkl_path import possible_paths  # noqa: E402
 
 CHILD = r"""
 import json, os, sys, time
@@ -42,6 +44,8 @@ def best(fn, repeats):
 
 a, b = paddle.randn([1024, 1024]), paddle.randn([1024, 1024])
 gemm = best(lambda: float(paddle.matmul(a, b)[0, 0]), REPEATS * 3)
+x, w = paddle.randn([8, 576]), paddle.randn([576, 1536])  # SmolLM2's decode GEMM at batch 8
+decode = best(lambda: [float(paddle.matmul(x, w)[0, 0]) for _ in range(20)], REPEATS * 3) / 20
 paddle.seed(0)
 config = LlamaConfig(vocab_size=8000, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)
@@ -58,7 +62,8 @@ def step():
     optimizer.clear_grad()
 
 train = best(step, REPEATS)
-print(json.dumps({"gemm_gflops": 2 * 1024 ** 3 / gemm / 1e9, "train_tokens_per_s": 8 * 128 / train}))
+print(json.dumps({"gemm_gflops": 2 * 1024 ** 3 / gemm / 1e9, "decode_gemm_gflops": 2 * 8 * 576 * 1536 / decode / 1e9,
+                  "train_tokens_per_s": 8 * 128 / train}))
 """
 
 
@@ -70,7 +75,7 @@ def candidates() -> dict:
              "without MKL_DEBUG_CPU_TYPE": without,
              "with MKL_DEBUG_CPU_TYPE=5": {**without, "MKL_DEBUG_CPU_TYPE": "5"},
              **({"with MKL_DEBUG_CPU_TYPE=7 (AVX-512)": {**without, "MKL_DEBUG_CPU_TYPE": "7"}}
-                if can_take_mkl_path(cpu, AVX512_PATH) else {}),  # on any AMD CPU with its instructions
+                if "7" in possible_paths(cpu) else {}),  # on any AMD CPU with its instructions
              "OpenMP threads (OMP=cores, MKL=1)": {**chosen, "OMP_NUM_THREADS": str(cores), "MKL_NUM_THREADS": "1"},
              "OpenMP and MKL threads (OMP=MKL=cores)": {**chosen, "OMP_NUM_THREADS": str(cores),
                                                          "MKL_NUM_THREADS": str(cores)},
@@ -129,10 +134,11 @@ def main(argv=None) -> dict:
     for r in results.values():  # how far apart the rounds of one candidate were: the noise of this machine
         r["spread"] = max(r["rounds_tokens_per_s"]) / min(r["rounds_tokens_per_s"]) - 1.0
     base = results["chosen for this CPU"]
-    print(f"{'setting':40s} {'GEMM GFLOP/s':>13s} {'x chosen':>9s} {'train tok/s':>12s} {'x chosen':>9s} "
-          f"{'spread':>7s}")
+    print(f"{'setting':40s} {'GEMM GFLOP/s':>13s} {'x chosen':>9s} {'decode GEMM':>12s} {'x chosen':>9s} "
+          f"{'train tok/s':>12s} {'x chosen':>9s} {'spread':>7s}")
     for name, r in results.items():
         print(f"{name:40s} {r['gemm_gflops']:13.1f} {r['gemm_gflops'] / base['gemm_gflops']:9.2f} "
+              f"{r['decode_gemm_gflops']:12.1f} {r['decode_gemm_gflops'] / base['decode_gemm_gflops']:9.2f} "
               f"{r['train_tokens_per_s']:12.0f} {r['train_tokens_per_s'] / base['train_tokens_per_s']:9.2f} "
               f"{100 * r['spread']:6.1f}%")
     print(verdict(results))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from alignment import cpu_env
+from alignment import cpu_env, mkl_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,22 +26,12 @@ XEON = {"vendor_id": "GenuineIntel", "cpu family": "6", "flags": ZEN4["flags"]}
 
 
 def test_mkl_debug_cpu_type_is_set_on_amd_only_and_threads_follow_the_cores():
-    amd, intel = cpu_env.cpu_defaults(ZEN4, 4), cpu_env.cpu_defaults(XEON, 4)
+    amd, intel = cpu_env.cpu_defaults(ZEN4, 4, lambda cpu, paths: "5"), cpu_env.cpu_defaults(XEON, 4)
     assert amd["MKL_DEBUG_CPU_TYPE"] == "5" and "MKL_DEBUG_CPU_TYPE" not in intel  # it halves GEMM on Intel
     for settings in (amd, intel):
         assert settings["OMP_NUM_THREADS"] == "1" and settings["MKL_NUM_THREADS"] == "4"
         assert settings["FLAGS_use_stride_kernel"] == "0"
     assert cpu_env.cpu_defaults({}, 0)["MKL_NUM_THREADS"] == "1"
-
-
-def test_mkl_takes_its_avx512_path_only_on_amd_cpus_that_run_it_at_full_width():
-    assert cpu_env.mkl_code_path(ZEN5) == "7"  # Zen 5
-    assert cpu_env.mkl_code_path(ZEN4) == "5"  # Zen 4: 512-bit FMAs in two halves
-    without_dq = {**ZEN5, "flags": ZEN5["flags"].replace("avx512dq ", "")}
-    assert cpu_env.mkl_code_path(without_dq) == "5"  # a path whose instructions are missing dies of SIGILL
-    assert cpu_env.mkl_code_path({**ZEN5, "flags": "fpu sse2 avx"}) is None  # no AVX2 either: MKL's generic code
-    assert cpu_env.mkl_code_path({**ZEN5, "cpu family": ""}) == "5"
-    assert cpu_env.mkl_code_path(XEON) is None and cpu_env.mkl_code_path({}) is None
 
 
 def test_a_fresh_process_gets_the_defaults_and_keeps_what_the_user_set():
@@ -140,6 +130,7 @@ def test_the_settings_benchmark_measures_each_distinct_candidate_once(monkeypatc
 
     monkeypatch.setattr(bench, "usable_cores", lambda: 2)
     monkeypatch.setattr(bench, "cpuinfo_fields", lambda: ZEN4)
+    monkeypatch.setattr(mkl_path, "measured_choice", lambda cpu, paths: {"25": "5", "26": "7"}[cpu["cpu family"]])
     amd = bench.candidates()
     assert list(amd)[0] == "chosen for this CPU" and "with MKL_DEBUG_CPU_TYPE=5" not in amd  # same as chosen
     assert amd["with MKL_DEBUG_CPU_TYPE=7 (AVX-512)"]["MKL_DEBUG_CPU_TYPE"] == "7"  # measured against the chosen 5
