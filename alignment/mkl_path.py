@@ -39,6 +39,7 @@ SHAPES = {"decode 8x576x1536": (8, 576, 1536, False, False), "decode 8x1536x576"
           "train grad-input 1024x1536x576": (1024, 1536, 576, False, True),
           "train grad-weight 576x1024x1536": (576, 1024, 1536, True, False)}
 CACHE_FILE = "mkl_paths.json"
+PROBE_TIMEOUT = 120.0  # seconds a probe may take (it takes about one)
 Figures = Dict[str, Dict[str, float]]  # path -> shape name -> GFLOP/s
 
 PROBE = r"""
@@ -100,17 +101,30 @@ def measure(paths: List[str], rounds: int = 2, seconds: float = 0.1) -> Figures:
         for path in paths:
             if path in failed:
                 continue
-            env = {**os.environ, "MKL_DEBUG_CPU_TYPE": path, "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-            done = subprocess.run([sys.executable, "-I", "-c", PROBE, libs, json.dumps(SHAPES), str(seconds)],
-                                  env=env, capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
+            measured = _probe(path, libs, seconds)
+            if measured is None:
                 failed.add(path)
                 figures.pop(path, None)
                 continue
-            for shape, gflops in json.loads(done.stdout.strip().splitlines()[-1]).items():
+            for shape, gflops in measured.items():
                 kept = figures.setdefault(path, {})
                 kept[shape] = round(max(kept.get(shape, 0.0), gflops), 1)
     return figures
+
+
+def _probe(path: str, libs: str, seconds: float) -> Optional[Dict[str, float]]:
+    """One child's GFLOP/s per shape under MKL_DEBUG_CPU_TYPE=path; None when it dies, hangs or prints no figures."""
+    env = {**os.environ, "MKL_DEBUG_CPU_TYPE": path, "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", PROBE, libs, json.dumps(SHAPES), str(seconds)],
+                              env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT)
+        measured = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    if not isinstance(measured, dict) or set(measured) != set(SHAPES) or not all(
+            isinstance(v, (int, float)) and v > 0 for v in measured.values()):
+        return None
+    return {shape: float(gflops) for shape, gflops in measured.items()}
 
 
 def cpu_key(cpu: Dict[str, str]) -> str:

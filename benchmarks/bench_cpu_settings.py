@@ -24,7 +24,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import SETTINGS, cpu_defaults, cpu_model, cpuinfo_fields, machine_facts, usable_cores  # noqa: E402
+from alignment.cpu_env import (SETTINGS, cpu_defaults, cpu_model, cpuinfo_fields, machine_facts,  # noqa: E402
+                               usable_cores)
 from alignment.mkl_path import possible_paths  # noqa: E402
 
 CHILD = r"""

@@ -69,9 +69,13 @@ def test_a_measured_choice_is_kept_per_cpu_and_measured_again_only_when_asked_or
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
-def test_no_figures_give_the_avx2_path_and_keep_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("probe", ["import sys; sys.exit(132)",  # dies, as of SIGILL
+                                   "print('no figures')", "print('{\"decode 8x576x1536\": 1.0}')",  # one shape
+                                   "import time; time.sleep(5)"])  # hangs past the timeout
+def test_no_figures_give_the_avx2_path_and_keep_nothing(tmp_path, monkeypatch, probe):
     monkeypatch.setenv("ALIGNMENT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(mkl_path, "PROBE", "import sys; sys.exit(132)")  # every probe dies (as of SIGILL)
+    monkeypatch.setattr(mkl_path, "PROBE", probe)
+    monkeypatch.setattr(mkl_path, "PROBE_TIMEOUT", 1.0)
     if mkl_path.mkl_library_dir() is not None:
         assert mkl_path.measure(["7", "5"], rounds=1) == {}
     assert mkl_path.measured_choice(ZEN4, ["7", "5"]) == "5"
