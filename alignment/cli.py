@@ -46,7 +46,7 @@ def kto() -> int:
 
 TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_lora", "generate", "judge_policy",
          "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny",
-         "replay_ledger", "check_env", "serve")
+         "replay_ledger", "check_env", "serve", "evaluate")
 
 
 def predict() -> int:
@@ -71,6 +71,10 @@ def merge_lora() -> int:
 
 def generate() -> int:
     return _run("alignment.commands.generate")
+
+
+def evaluate() -> int:
+    return _run("alignment.commands.evaluate")
 
 
 def judge_policy() -> int:

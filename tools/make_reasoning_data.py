@@ -16,21 +16,18 @@ if not __package__:  # run as a script from a checkout: make `alignment` importa
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from alignment.commands.tool_parser import ToolParser  # noqa: E402
-
+from alignment.evaluation.tasks import BASIC_ARITHMETIC, reasoning_rows  # noqa: E402
 from alignment.fileio import write_text_atomic  # noqa: E402
 
-INSTRUCTION = "Give the final number inside <answer></answer> tags."
-# sized for a 135M model: two terms of 1-2 digits, + and -, no parentheses or negated terms
-TASK_OPTIONS = {"basic_arithmetic": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2, operators=("+", "-"),
-                                         allow_parentheses=False, allow_negation=False)}
+# the training files' difficulty (the held-out chain_sum task asks three terms; training mixes two and three)
+TASK_OPTIONS = {"basic_arithmetic": BASIC_ARITHMETIC,
+                "chain_sum": dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1)}
 
 
 def make_rows(task: str, size: int, seed: int) -> list:
-    import reasoning_gym
-
-    dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **TASK_OPTIONS.get(task, {}))
-    return [{"prompt": f"{entry['question']}\n{INSTRUCTION}", "answer": str(entry["answer"]), "task": task}
-            for entry in dataset]
+    """reasoning-gym's `task` as training rows: prompt, answer, task."""
+    return [{"prompt": row["input"], "answer": row["answer"], "task": task}
+            for row in reasoning_rows(task, size, seed, TASK_OPTIONS.get(task, {}))]
 
 
 def main(argv=None) -> None:

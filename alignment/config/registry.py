@@ -19,6 +19,7 @@ estimator needs a critic) without the framework. The classes live with the paddl
     JUDGE_PARSERS         (a model judge's `parser`)        alignment/rewards/judge_parsers.py
     REWARD_FUNCTIONS      reward_funcs, gold_judge          alignment/rewards/judges.py, rules.py
     DATASETS              train_datasets, eval_datasets     alignment/data/raw.py, formats.py (names and ALIASES)
+    EVAL_TASKS            eval_tasks, alignment-eval --task  alignment/evaluation/tasks.py
 
 A registry of functions (reward functions: `fn(prompts, completions, **labels)`) takes them by decorator, under
 the name they are written as::
@@ -133,3 +134,4 @@ PREFERENCE_LOSSES = Registry("preference loss")
 JUDGE_PARSERS = Registry("judge parser")
 REWARD_FUNCTIONS = Registry("reward function")
 DATASETS = Registry("dataset", forbidden=":,")  # ':' separates a dataset's name from its path in specs
+EVAL_TASKS = Registry("evaluation task", forbidden=":,")  # ',' separates eval_tasks, ':' a file task's path

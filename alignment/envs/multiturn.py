@@ -58,6 +58,19 @@ class Trajectory:
         return float(self.metrics.get("tool_time", 0.0))
 
 
+def environment_row(item: Mapping[str, Any]) -> Dict[str, Any]:
+    """The dataset row an environment's reset() gets (item: a prompt dataset's item): its other columns as
+    written, then input and answer."""
+    sample = dict(item.get("row") or {"input": item["prompt"], "answer": item.get("answer")})
+    return {**sample.pop("columns", {}), **sample}
+
+
+def final_answer(trajectory: Trajectory) -> str:
+    """The episode's last assistant message (what reward functions judge); "" when it has none."""
+    said = [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
+    return said[-1] if said else ""
+
+
 class Schedule:
     """When the environments' answers go back to the engine. `ready(futures, decoding)` -> the finished futures
     to apply now (it may wait for them when nothing is decoding)."""

@@ -19,7 +19,8 @@ import numpy as np
 import paddle
 
 from alignment.envs.base import Environment, make_environment
-from alignment.envs.multiturn import Trajectory, multi_turn_rollout, pad_trajectories
+from alignment.envs.multiturn import (Trajectory, environment_row, final_answer,  # noqa: F401 (agents.py's)
+                                     multi_turn_rollout, pad_trajectories)
 from alignment.ppo.rollout import Rollout
 
 
@@ -35,12 +36,6 @@ def build_environments(env_args, count: int) -> List[Environment]:
         return [make_environment(name, **env_args.environment_args) for _ in range(count)]
     except (TypeError, ValueError) as err:
         raise ValueError(f"key 'environment_args': environment {name!r} refused them: {err}") from None
-
-
-def environment_row(item: Mapping) -> Dict:
-    """The dataset row an environment's reset() gets: its other columns as written, then input and answer."""
-    sample = dict(item.get("row") or {"input": item["prompt"], "answer": item.get("answer")})
-    return {**sample.pop("columns", {}), **sample}
 
 
 @paddle.no_grad()
@@ -86,12 +81,6 @@ def episode_rollout(trajectories: Sequence[Trajectory], items: Sequence[Mapping]
         old_log_probs=paddle.to_tensor(batch["log_probs"]) if with_log_probs else None,  # [N, R]
         turn_rewards=turn_rewards,
         episodes=[episode_record(t) for t in trajectories])
-
-
-def final_answer(trajectory: Trajectory) -> str:
-    """The episode's last assistant message (what reward functions judge); "" when it has none."""
-    said = [m["content"] for m in trajectory.messages if m["role"] == "assistant"]
-    return said[-1] if said else ""
 
 
 def episode_record(trajectory: Trajectory) -> Dict:

@@ -1,5 +1,6 @@
 """The PPO-family trainer's held-out evaluation: greedy responses (or greedy episodes) to the eval prompts, their
-reward, gold reward and length, every generation written to eval_generations.jsonl."""
+reward, gold reward and length, every generation written to eval_generations.jsonl; then the evaluation tasks of
+`eval_tasks` (alignment/evaluation), logged as eval/<task>/<metric>."""
 from __future__ import annotations
 
 from typing import Dict
@@ -8,15 +9,25 @@ import numpy as np
 import paddle
 from tqdm import tqdm
 
-from alignment.parallel.distributed import gather_lists
+from alignment.parallel.distributed import gather_lists, is_main_process
 from alignment.ppo import scoring
 from alignment.rewards.functions import gold_scores
 from alignment.training.batches import eval_shards
 from alignment.training.logger import hide_progress
 
 
-@paddle.no_grad()
 def evaluate_policy(trainer) -> Dict[str, float]:
+    """The eval prompts' metrics (when eval_datasets are given) and the evaluation tasks' (when eval_tasks are)."""
+    results = evaluate_prompts(trainer) if trainer.data.eval_prompts is not None else {}
+    tasks = trainer.data.eval_tasks(trainer.actor, trainer.tokenizer, trainer.global_step,
+                                    trainer.args.output_dir if is_main_process() else None)
+    if tasks:
+        trainer.logger.log(trainer.global_step, tasks, echo=tqdm.write)
+    return {**results, **tasks}
+
+
+@paddle.no_grad()
+def evaluate_prompts(trainer) -> Dict[str, float]:
     """eval/reward, eval/response_length, eval/gold_reward (with a gold judge) and eval/env/* (episodes)."""
     rewards, golds, lengths, records = [], [], [], []
     prompts = trainer.data.eval_prompts

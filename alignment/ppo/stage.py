@@ -11,6 +11,7 @@ from alignment.config.asynchronous import AsyncArguments
 from alignment.config.data import LoRAArguments
 from alignment.config.distill import DistillArguments
 from alignment.config.environment import EnvironmentArguments
+from alignment.config.evaluation import EvaluationArguments
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
 from alignment.config.training import TrainingArguments
 from alignment.parallel.layout import Layout
@@ -114,13 +115,15 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
 def train(argv, ppo_class=PPOArguments) -> dict:
     """Parse the arguments (PPO's under `ppo_class`: PPOArguments, or the distillation entry point's
     DistillPPOArguments, which also require a teacher), train, save, summarise."""
-    model_args, data_args, ppo_args, distill_args, env_args, async_args, lora_args, train_args, run = \
+    model_args, data_args, ppo_args, distill_args, env_args, async_args, lora_args, eval_args, train_args, run = \
         setup.parse_arguments(argv, PPOModelArguments, PPODataArguments, ppo_class, DistillArguments,
-                              EnvironmentArguments, AsyncArguments, LoRAArguments, TrainingArguments)
+                              EnvironmentArguments, AsyncArguments, LoRAArguments, EvaluationArguments,
+                              TrainingArguments)
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
     from alignment.envs import EnvironmentFailure, load_environment_modules
+    from alignment.evaluation.inline import HeldOutTasks
     from alignment.parallel.distributed import is_rollout_rank
     from alignment.ppo.asynchronous import RolloutSource, open_mailbox
     from alignment.ppo.episodes import build_environments
@@ -141,6 +144,10 @@ def train(argv, ppo_class=PPOArguments) -> dict:
                 load_agent(env_args.agent)
             else:
                 build_environments(env_args, 1)
+        eval_tasks = HeldOutTasks.from_args(eval_args, train_args.seed, run.argument_dir)  # a typo fails here too
+        if eval_tasks and train_args.pipeline_parallel_degree > 1:
+            raise ValueError("key 'eval_tasks' needs the whole policy on each rank to decode; with "
+                             "pipeline_parallel_degree > 1 evaluate the saved checkpoints with alignment-eval")
         tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.actor_model_name_or_path, data_args,
                                                            train_args.seed, run)
         prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
@@ -177,7 +184,7 @@ def train(argv, ppo_class=PPOArguments) -> dict:
           + (" (re-tokenized for the reward model)" if reward.retokenize else ""))
     with setup.user_errors():
         data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
-                          lambda items: collate_supervised(items, tokenizer.pad_token_id))
+                          lambda items: collate_supervised(items, tokenizer.pad_token_id), eval_tasks)
         source = RolloutSource(mailbox, run.layout, async_schedule(ppo_args, data_args, async_args, train_args,
                                                                    run.layout, len(prompts))) \
             if mailbox is not None else None

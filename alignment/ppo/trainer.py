@@ -265,7 +265,7 @@ class PPOTrainer(Trainer):
 
     # --- evaluation and checkpoints -------------------------------------------------------------------------------
     def has_eval_data(self) -> bool:
-        return self.data.eval_prompts is not None
+        return self.data.eval_prompts is not None or bool(self.data.eval_tasks)
 
     def evaluate(self) -> Dict[str, float]:
         with self.offload.phase("evaluate", [self.actor, self.reward.model]):
