@@ -47,6 +47,15 @@ def test_fixed_seed_same_bits_and_batches_do_not_change_samples(policy):
     assert all(len(r["samples"]) == 3 and r["samples"][1]["seed"] == [0, r["index"], 1] for r in first)
 
 
+def test_episode_task_plays_the_environment_and_batches_do_not_change_episodes(policy):
+    task = make_task("tool_arithmetic")
+    run = lambda batch: evaluate(policy, task, EvalSettings(n=2, seed=3, batch_size=batch, limit=3))  # noqa: E731
+    first = run(6)
+    assert first["items"] == run(2)["items"]
+    assert all("environment" in s["rewards"] and s["tokens"] <= task.max_episode_tokens
+               for r in first["items"] for s in r["samples"])
+
+
 def test_killed_run_resumes_to_the_uninterrupted_result(policy, tmp_path):
     task, settings = make_task("basic_arithmetic"), EvalSettings(n=2, seed=4, batch_size=4, limit=7,
                                                                  max_new_tokens=8)

@@ -59,7 +59,7 @@ class EndpointPolicy:
         except (ValueError, KeyError, IndexError, TypeError):
             raise EndpointError(f"endpoint {self.url}: not a chat completion: {response.text[:200]}") from None
 
-    def capacity(self, rows, budget: int) -> int:
+    def capacity(self, task, rows, budget: int) -> int:
         return 0  # the server sizes its own cache
 
     def complete(self, rows: Sequence[Dict[str, Any]], seeds, config, capacity: int, slots: int) -> List[tuple]:

@@ -77,9 +77,19 @@ class LocalPolicy:
 
         return self.tokenizer.encode(format_prompt(self.tokenizer, row), add_special_tokens=True)
 
-    def capacity(self, rows: Sequence[Dict[str, Any]], budget: int) -> int:
-        """The decode engine's width for every batch of a run: the longest prompt plus the response budget."""
-        return max(len(self.prompt_ids(row)) for row in rows) + budget
+    def capacity(self, task, rows: Sequence[Dict[str, Any]], budget: int) -> int:
+        """The decode engine's width for every batch of a run: the longest prompt (an episode's first messages,
+        from a reset of the task's environment) plus the response budget."""
+        if task.environment is None:
+            return max(len(self.prompt_ids(row)) for row in rows) + budget
+        from alignment.envs.base import checked_reset, make_environment
+        from alignment.envs.chat import prompt_text
+        from alignment.envs.multiturn import environment_row
+
+        env = make_environment(task.environment, **task.environment_args)
+        first = [checked_reset(env, environment_row({"row": row})) for row in rows]
+        return max(len(self.tokenizer.encode(prompt_text(self.tokenizer, m), add_special_tokens=True))
+                   for m in first) + budget
 
     def complete(self, rows: Sequence[Dict[str, Any]], seeds: Sequence[List[int]], config, capacity: int,
                  slots: int) -> List[Tuple[str, int]]:

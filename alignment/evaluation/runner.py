@@ -159,5 +159,7 @@ def evaluate(policy, task: EvalTask, settings: EvalSettings, out_dir: Optional[s
 
 def policy_capacity(policy, task: EvalTask, settings: EvalSettings, rows) -> int:
     """The decode engine's width for every batch of the run (the same for a resumed run and inline)."""
+    if task.environment is not None and task.max_length:
+        return task.max_length
     budget = task.max_episode_tokens or (settings.max_new_tokens or task.max_new_tokens) * task.max_turns
-    return policy.capacity(rows, budget)
+    return policy.capacity(task, rows, budget)

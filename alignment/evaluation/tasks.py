@@ -35,6 +35,7 @@ class EvalTask(Registered, registry=EVAL_TASKS):
     max_turns: ClassVar[int] = 1
     max_new_tokens: ClassVar[int] = 64  # per turn
     max_episode_tokens: ClassVar[int] = 0  # tokens after the prompt per episode (0: max_new_tokens * max_turns)
+    max_length: ClassVar[int] = 0  # episodes: prompt and all per row, the decode engine's width (0: measured)
     votes: ClassVar[bool] = True  # answers can be compared: maj@k (answer() extracts them)
 
     def rows(self) -> List[Dict[str, Any]]:
@@ -117,7 +118,7 @@ class ToolArithmetic(EvalTask):
     NAME = "tool_arithmetic"
     environment = "tools"
     environment_args = {"tools": ["calculator"], "format": "hermes-compact"}
-    max_turns, max_new_tokens, max_episode_tokens = 3, 48, 112
+    max_turns, max_new_tokens, max_episode_tokens, max_length = 3, 48, 112, 256  # the tool demo's
     path: ClassVar[str] = "data/tool_arithmetic/heldout.jsonl"
 
     def rows(self) -> List[Dict[str, Any]]:
