@@ -22,13 +22,15 @@ class EndpointError(RuntimeError):
 
 
 def resolve_model_dir(path: str) -> str:
-    """A directory with config.json: the path itself, an export's hf/ or a stage output's model/."""
-    for candidate in (path, os.path.join(path, "hf"), os.path.join(path, "model")):
+    """A directory with config.json: the path itself, an export's hf/, a stage output's model/ or an RL run's (or
+    its checkpoint's) policy/."""
+    for candidate in (path, *(os.path.join(path, sub) for sub in ("hf", "model", "policy"))):
         if os.path.isfile(os.path.join(candidate, "config.json")):
             return candidate
     if not os.path.exists(path):
         raise InputError(f"--model {path}: no such checkpoint directory")
-    raise InputError(f"--model {path}: no config.json in it, in its hf/ (an export) or its model/ (a stage's output)")
+    raise InputError(f"--model {path}: no config.json in it, in its hf/ (an export), model/ (a stage's output) or "
+                     f"policy/ (an RL run or checkpoint)")
 
 
 def weights_digest(model_dir: str) -> str:
