@@ -1,0 +1,116 @@
+"""The verifiable-reward demo's result: held-out pass@1 / pass@8 over training minutes, per seed, from
+alignment-eval's directories, and the gain with its paired 95% CI; a result file (CPU, date, commit) and a plot.
+
+    python examples/reasoning_demo/report.py --run outputs/smollm2-grpo-chain-sum-s42 [--run ...] \
+        [--task chain_sum] [--transfer basic_arithmetic] [--results-dir benchmarks/results]
+
+Each --run is a GRPO output directory holding metrics.jsonl and evals/step-N/{greedy,n8}/<task>/ written by
+examples/reasoning_demo.sh (step-0 is the starting model). Training minutes at step N are the summed generate,
+score and train times of steps 1..N (evaluations and checkpoint saves excluded).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from alignment.evaluation.report import compare  # noqa: E402
+
+
+def training_minutes(run: str) -> dict:
+    """{step: minutes of training up to and including it}."""
+    minutes, total = {0: 0.0}, 0.0
+    with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+        for row in map(json.loads, f):
+            if "time/train" in row:
+                total += sum(row.get(k, 0.0) for k in ("time/generate", "time/score", "time/train")) / 60
+                minutes[row["step"]] = total
+    return minutes
+
+
+def summary(path: str) -> dict:
+    with open(os.path.join(path, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)["summary"]
+
+
+def seed_curve(run: str, task: str, transfer: str) -> dict:
+    evals, minutes = os.path.join(run, "evals"), training_minutes(run)
+    steps = sorted(int(m.group(1)) for m in (re.fullmatch(r"step-(\d+)", d) for d in os.listdir(evals)) if m)
+    points = []
+    for step in steps:
+        where = os.path.join(evals, f"step-{step}")
+        point = {"step": step, "train_minutes": minutes.get(step),
+                 "greedy": summary(os.path.join(where, "greedy", task))["pass@1"]}
+        if os.path.isdir(os.path.join(where, "n8", task)):
+            sampled = summary(os.path.join(where, "n8", task))
+            point.update({"sampled_pass@1": sampled["pass@1"], "sampled_pass@8": sampled["pass@8"]})
+        if os.path.isdir(os.path.join(where, "greedy", transfer)):
+            point["transfer_greedy"] = summary(os.path.join(where, "greedy", transfer))["pass@1"]
+        points.append(point)
+    first, last = f"step-{steps[0]}", f"step-{steps[-1]}"
+    gain = {"greedy": compare(os.path.join(evals, first, "greedy", task),
+                              os.path.join(evals, last, "greedy", task))["difference"]["pass@1"]}
+    for variant, metric in (("n8", "pass@1"), ("n8", "pass@8")):
+        if os.path.isdir(os.path.join(evals, last, variant, task)):
+            gain[f"sampled_{metric}"] = compare(os.path.join(evals, first, variant, task),
+                                                os.path.join(evals, last, variant, task))["difference"][metric]
+    if os.path.isdir(os.path.join(evals, last, "greedy", transfer)):
+        gain["transfer_greedy"] = compare(os.path.join(evals, first, "greedy", transfer),
+                                          os.path.join(evals, last, "greedy", transfer))["difference"]["pass@1"]
+    with open(os.path.join(run, "args.json"), encoding="utf-8") as f:
+        args = json.load(f)
+    return {"run": os.path.basename(os.path.normpath(run)), "seed": args["seed"], "points": points, "gain": gain}
+
+
+def plot(seeds: list, task: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for seed in seeds:
+        pts = [p for p in seed["points"] if p["train_minutes"] is not None]
+        x = [p["train_minutes"] for p in pts]
+        for key, style in (("greedy", "-o"), ("sampled_pass@8", "--s")):
+            shown = [(t, p[key]) for t, p in zip(x, pts) if key in p]
+            if shown:
+                ax.errorbar([t for t, _ in shown], [v["mean"] for _, v in shown],
+                            yerr=[[v["mean"] - v["low"] for _, v in shown], [v["high"] - v["mean"] for _, v in shown]],
+                            fmt=style, capsize=3, label=f"seed {seed['seed']}: {key.replace('greedy', 'greedy pass@1')}")
+    ax.set_xlabel("training minutes (2 CPU cores)")
+    ax.set_ylabel(f"held-out {task}")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", action="append", required=True)
+    parser.add_argument("--task", default="chain_sum")
+    parser.add_argument("--transfer", default="basic_arithmetic")
+    parser.add_argument("--results-dir", default=os.path.join("benchmarks", "results"))
+    args = parser.parse_args(argv)
+    from benchmarks import record
+
+    seeds = [seed_curve(run, args.task, args.transfer) for run in args.run]
+    when = record.stamp()
+    figures = {"task": args.task, "transfer_task": args.transfer, "seeds": seeds}
+    path = record.save("grpo_reasoning", figures, results_dir=args.results_dir, when=when)
+    plot(seeds, args.task, path[:-len(".json")] + ".png")
+    for seed in seeds:
+        g = seed["gain"]["greedy"]
+        print(f"seed {seed['seed']}: greedy pass@1 {seed['points'][0]['greedy']['mean']:.3f} -> "
+              f"{seed['points'][-1]['greedy']['mean']:.3f}, gain {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
