@@ -131,3 +131,15 @@ def test_dataset_task_scores_with_the_named_reward_functions(tiny_model_dir, tmp
     assert all(set(s["rewards"]) == {"accuracy", "format_reward"} and
                s["reward"] == s["rewards"]["accuracy"] + s["rewards"]["format_reward"]
                for r in records for s in r["samples"])
+
+
+def test_unknown_eval_task_stops_a_training_run_before_any_model_loads(tiny_model_dir, tmp_path, capsys):
+    from alignment.exits import run_program
+    from alignment.ppo import run_ppo
+
+    argv = [os.path.join(REPO, "config", "tiny", "grpo_argument.json"), "--actor_model_name_or_path", tiny_model_dir,
+            "--output_dir", str(tmp_path / "out"), "--eval_tasks", "chain_sum,no_such_task"]
+    code = run_program(lambda: run_ppo.main(argv), uses_paddle=False)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "key 'eval_tasks'" in err[0] and "no_such_task" in err[0], err
+    assert not (tmp_path / "out").exists()
