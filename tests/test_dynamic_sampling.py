@@ -143,10 +143,10 @@ def test_the_settings_dynamic_sampling_cannot_run_are_refused():
                                                                "num_return_sequences": 2, "max_gen_batches": 3})
     assert (ppo.dynamic_sampling, ppo.max_gen_batches) == (True, 3)
     with pytest.raises(ValueError, match="'dynamic_sampling' runs with one data-parallel process only .*2 data"):
-        ds.check_layout(2, False)
+        ds.check_layout(ppo, 2, False)
     with pytest.raises(ValueError, match="'dynamic_sampling' does not run with pipeline_parallel_degree > 1"):
-        ds.check_layout(1, True)
-    ds.check_layout(1, False)
+        ds.check_layout(ppo, 1, True)
+    ds.check_layout(ppo, 1, False)
 
 
 # ---------------------------------------------------------------- GRPO on the tiny model

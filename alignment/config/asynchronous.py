@@ -51,6 +51,9 @@ class AsyncArguments:
             raise ValueError("key 'max_staleness' > 0 needs rollout_ranks > 0 (a synchronous run is on-policy)")
         if not self.asynchronous:
             return
+        if ppo.curriculum:
+            raise ValueError("key 'curriculum' needs rollout_ranks 0: rollout ranks draw prompt batches ahead, "
+                             "before the groups that would set their prompts aside are rewarded")
         if ppo.dynamic_sampling and ppo.max_gen_batches < 1:
             raise ValueError("key 'max_gen_batches' must be >= 1 with dynamic_sampling and rollout_ranks > 0: the "
                              "rollout ranks sample that many prompt batches ahead for every step")

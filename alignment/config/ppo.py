@@ -105,6 +105,11 @@ class PPOArguments:
                                          "less) = no bound, as verl's max_num_gen_batches. When the bound comes "
                                          "first the step trains on the groups kept so far, or makes no update "
                                          "when there are none.")
+    curriculum: bool = field(False, help="Set aside the prompts whose last curriculum_patience groups had equal "
+                                         "rewards (all right or all wrong) and draw the stream's next prompts in "
+                                         "their places (alignment/ppo/curriculum.py); logs curriculum/*. Same "
+                                         "needs as dynamic_sampling, which it does not combine with.")
+    curriculum_patience: int = field(1, ge=1, help="Curriculum: equal-reward groups in a row that set a prompt aside.")
     kl_coeff: float = field(0.02, ge=0, help="Weight of the KL(actor || reference) penalty.")
     kl_estimator: str = field("k1", help="KL estimator of the reward, kl_in_loss and the logged kl: one registered "
                                          "in alignment/ppo/kl.py that is not loss-only.")
@@ -244,9 +249,13 @@ class PPOArguments:
         if self.num_return_sequences < smallest:
             raise ValueError(f"advantage_estimator {self.advantage_estimator!r} compares responses within a "
                              f"group: key 'num_return_sequences' must be >= {smallest}")
-        if self.dynamic_sampling and (self.uses_critic or self.num_return_sequences < 2):
+        if self.dynamic_sampling and self.curriculum:
+            raise ValueError("keys 'dynamic_sampling' and 'curriculum' both choose prompts by their groups' rewards "
+                             "(after and before sampling): set one of them")
+        filtering = "dynamic_sampling" if self.dynamic_sampling else "curriculum" if self.curriculum else None
+        if filtering and (self.uses_critic or self.num_return_sequences < 2):
             critic_free = ADVANTAGE_ESTIMATORS.names(where=lambda estimator: not estimator.needs_critic)
-            raise ValueError("key 'dynamic_sampling' filters groups of responses to one prompt by their rewards: it "
+            raise ValueError(f"key '{filtering}' filters groups of responses to one prompt by their rewards: it "
                              f"needs a critic-free advantage_estimator ({', '.join(critic_free)}) and "
                              f"num_return_sequences >= 2, got {self.advantage_estimator!r} and "
                              f"{self.num_return_sequences}")

@@ -103,15 +103,17 @@ def generation_seed(seed: int, step: int, attempt: int) -> int:
     return int(np.random.SeedSequence([seed, step + 1, attempt]).generate_state(1)[0] % (2 ** 31 - 1))
 
 
-def check_layout(data_world: int, pipelined: bool) -> None:
-    """The layouts dynamic sampling runs in: one data-parallel process (tensor parallel allowed), no pipeline."""
-    if data_world > 1:
-        raise ValueError(f"key 'dynamic_sampling' runs with one data-parallel process only (this layout has "
-                         f"{data_world} data-parallel / sharding ranks): kept groups are not moved between ranks. "
-                         "Use tensor_parallel_degree for several processes, or set dynamic_sampling false")
-    if pipelined:
-        raise ValueError("key 'dynamic_sampling' does not run with pipeline_parallel_degree > 1 (a step's row "
-                         "count may vary); use tensor_parallel_degree, or set dynamic_sampling false")
+def check_layout(ppo, data_world: int, pipelined: bool) -> None:
+    """The layouts dynamic sampling and the curriculum run in: one data-parallel process (tensor parallel allowed),
+    no pipeline."""
+    key = "dynamic_sampling" if ppo.dynamic_sampling else "curriculum" if ppo.curriculum else None
+    if key and data_world > 1:
+        raise ValueError(f"key '{key}' runs with one data-parallel process only (this layout has "
+                         f"{data_world} data-parallel / sharding ranks): groups are read in one process's batch "
+                         f"order. Use tensor_parallel_degree for several processes, or set {key} false")
+    if key and pipelined:
+        raise ValueError(f"key '{key}' does not run with pipeline_parallel_degree > 1 (a step's row "
+                         f"count may vary); use tensor_parallel_degree, or set {key} false")
 
 
 class OneBatch:
@@ -147,5 +149,8 @@ class KeptGroups:
 
 
 def step_rollouts(ppo):
-    """How a step draws its rollout: KeptGroups with dynamic_sampling, else OneBatch."""
-    return KeptGroups() if ppo.dynamic_sampling else OneBatch()
+    """How a step draws its rollout: KeptGroups with dynamic_sampling, curriculum.SetAsideFlat with curriculum
+    (recording each group's reward spread in the prompt pool), else OneBatch."""
+    from alignment.ppo.curriculum import SetAsideFlat
+
+    return KeptGroups() if ppo.dynamic_sampling else SetAsideFlat() if ppo.curriculum else OneBatch()

@@ -27,6 +27,7 @@ from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL 
 from alignment.ppo import dapo, scoring
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.critic import make_critic
+from alignment.ppo.curriculum import prompt_stream
 from alignment.ppo.evaluation import evaluate_policy
 from alignment.ppo.inputs import PolicyModels, PromptData  # noqa: F401  (the trainer's inputs)
 from alignment.ppo.kl import kl_estimate
@@ -37,7 +38,7 @@ from alignment.ppo.ptx import ptx_term
 from alignment.ppo.samplers import Draw, rollout_generation_config
 from alignment.ppo.sources import rollout_source
 from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
-from alignment.training.batches import epoch_batches, planned_steps, skip_batches
+from alignment.training.batches import planned_steps
 from alignment.training.timing import PhaseTimer
 from alignment.training.trainer import Trainer
 from alignment.wrappers.offload import Offloader
@@ -82,8 +83,7 @@ class PPOTrainer(Trainer):
         split = self.actor.config.tensor_parallel_degree > 1  # sharding stage 3: decoding reads whole weights
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
             split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
-        if ppo_args.dynamic_sampling:
-            ds.check_layout(data_world_size(), pipelined)
+        ds.check_layout(ppo_args, data_world_size(), pipelined)
         self.step_rollouts = ds.step_rollouts(ppo_args)
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
@@ -103,6 +103,7 @@ class PPOTrainer(Trainer):
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
         self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
+        self.pool_state = None  # a resumed curriculum's prompt pool (curriculum.py)
         self.ptx = ptx_term(data, ppo_args.ptx_coeff)  # ptx.py: an answer-token loss on supervised data, or none
         self.ledger = Ledger(train_args.output_dir, is_main_process(), {**reward_sources(ppo_args, self.reward), **(
             self.teacher.sources())}) if async_args is not None and async_args.ledger else None  # rank 0 writes
@@ -111,9 +112,8 @@ class PPOTrainer(Trainer):
 
     def start_data_streams(self) -> None:
         world, args = data_world_size(), self.args
-        self.prompt_batches = epoch_batches(len(self.data.prompts), self.ppo.per_device_prompt_batch_size * world,
-                                            args.seed, min_size=world, drop_last=args.dataloader_drop_last)
-        skip_batches(self.prompt_batches, self.drawn["prompts"])
+        self.prompt_batches = prompt_stream(self.ppo, len(self.data.prompts), world, args, self.drawn["prompts"],
+                                            self.pool_state)  # curriculum.py
         self.ptx.start(self.drawn["ptx"], world, args)
 
     # --- one step: rollout -> score -> advantages -> update ---------------------------------------------------------
@@ -273,12 +273,13 @@ class PPOTrainer(Trainer):
 
     def trainer_state(self) -> dict:
         return {**super().trainer_state(), "drawn": {**self.drawn, "ptx": self.ptx.drawn},
+                "prompt_pool": self.prompt_batches.state_dict(),
                 "reward_stats": self.reward_stats.state_dict(),
                 **self.rollouts.state_dict()}
 
     def load_trainer_state(self, state: dict) -> None:
         super().load_trainer_state(state)
-        self.drawn = state["drawn"]
+        self.drawn, self.pool_state = state["drawn"], state.get("prompt_pool")
         self.reward_stats.load_state_dict(state["reward_stats"])
         self.rollouts.load_state_dict(state)
         if self.ledger is not None:
