@@ -134,6 +134,15 @@ def test_verifiers_guessing_game_is_scored_by_its_rubric():
     assert own_row[0][-1]["content"] == "Guess my number (1-9)." and own_row[1][1] == pytest.approx(1.5)
 
 
+def test_verifiers_group_level_reward_functions_are_refused_at_load_even_inside_a_rubric_group():
+    with pytest.raises(ValueError) as refused:
+        environment_factory("verifiers", {"id": "tests.envlibs.vf_guess", "args": {"kind": "grouped"}})
+    assert "\n" not in str(refused.value) and str(refused.value).startswith("key 'environment': ")
+    assert str(refused.value).endswith("environment 'verifiers' 'tests.envlibs.vf_guess': reward function "
+                                       "'shorter_than_the_group' of its rubric is group-level (it scores a whole "
+                                       "group at once); only per-rollout reward functions are supported")
+
+
 def test_verifiers_tools_are_shown_in_the_format_and_called_from_the_policy_text():
     env = environment_factory("verifiers", {"id": "tests.envlibs.vf_guess", "args": {"kind": "tools"}})()
     prompt = checked_reset(env, {"input": "What is 2 + 3?", "answer": "5"})

@@ -38,10 +38,22 @@ def _loaded(env_id: str, args_json: str):
     except Exception as err:  # noqa: BLE001 - the environment's own loading code: one line naming it
         raise ValueError(f"environment 'verifiers': load_environment({env_id!r}) failed: "
                          f"{type(err).__name__}: {err}") from err
-    if env.rubric._get_group_reward_funcs():
-        raise ValueError(f"environment 'verifiers' {env_id!r}: its rubric has group-level reward functions, which "
-                         f"score a whole group at once; only per-rollout reward functions are supported")
+    grouped = [getattr(func, "__name__", repr(func)) for func in group_reward_functions(env.rubric)]
+    if grouped:
+        which = (f"reward function {grouped[0]!r} of its rubric is" if len(grouped) == 1 else
+                 f"reward functions {', '.join(map(repr, grouped))} of its rubric are")
+        raise ValueError(f"environment 'verifiers' {env_id!r}: {which} group-level (it scores a whole group at "
+                         f"once); only per-rollout reward functions are supported")
     return env
+
+
+def group_reward_functions(rubric) -> List[Any]:
+    """The rubric's group-level reward functions, those of the rubrics inside a RubricGroup included (its own
+    `_get_group_reward_funcs` sees only its own, empty, function list)."""
+    found = list(rubric._get_group_reward_funcs())
+    for inner in getattr(rubric, "rubrics", None) or []:
+        found += group_reward_functions(inner)
+    return found
 
 
 @functools.lru_cache(maxsize=None)
