@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from alignment.envs.adapters.common import numbers, require
 from alignment.envs.base import Environment, Message, StepResult
+from alignment.envs.event_loop import cancel_soon, start_task
 from alignment.envs.formats import tool_call_format
 from alignment.envs.tool_env import prompt_messages
 
@@ -142,7 +143,7 @@ class VerifiersEnvironment(Environment):
     async def reset(self, row: Mapping[str, Any]) -> List[Message]:
         self._stop()
         self.client = _client_class()(self.format)
-        self.episode = asyncio.ensure_future(self._play(self.rollout_input(row)))
+        self.episode = start_task(_play(self.env, self.client, self.rollout_input(row)))
         call = await self._next_call()
         if call is None:
             raise ValueError("the rollout ended before asking the model anything")
@@ -167,11 +168,6 @@ class VerifiersEnvironment(Environment):
         metrics["errors"] = float(state.get("error") is not None)
         return StepResult([], float(state.get("reward") or 0.0), True, metrics)
 
-    async def _play(self, rollout_input: Dict[str, Any]):
-        state = await self.env.rollout(rollout_input, self.client, "policy", None)
-        await self.env.rubric.score_rollout(state)
-        return state
-
     async def _next_call(self):
         """The rollout's next model call (prompt, tools, answer future), or None when the rollout has ended."""
         getter = asyncio.ensure_future(self.client.calls.get())
@@ -183,11 +179,18 @@ class VerifiersEnvironment(Environment):
         return None
 
     def _stop(self) -> None:
-        if self.episode is not None and not self.episode.done():
-            self.episode.get_loop().call_soon_threadsafe(self.episode.cancel)
+        cancel_soon(self.episode)
 
     def __del__(self):  # an episode cut by max_turns leaves its rollout waiting for a turn that never comes
         try:
             self._stop()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+async def _play(env, client, rollout_input: Dict[str, Any]):
+    """One rollout, scored. A function, not a method: the task must not refer to the adapter, whose collection
+    (when the rollout drops an episode cut by max_turns) is what cancels it."""
+    state = await env.rollout(rollout_input, client, "policy", None)
+    await env.rubric.score_rollout(state)
+    return state
