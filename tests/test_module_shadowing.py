@@ -10,7 +10,7 @@ import sys
 
 from tests.helpers import REPO
 
-SKIPPED = {".git", "__pycache__", "node_modules", "site", "outputs"}
+SKIPPED = {"__pycache__", "node_modules", "site", "outputs", "build", "site-packages", "dist-packages"}
 
 
 def _top_level_names() -> set:
@@ -34,7 +34,8 @@ def entry_folders() -> list:
     `run_*.py`, a `__main__.py` or any script with a main guard (tools/, benchmarks/, examples/, tests/scripts/)."""
     folders = {REPO}
     for root, dirs, names in os.walk(REPO):
-        dirs[:] = [d for d in dirs if d not in SKIPPED and not d.startswith(".")]
+        dirs[:] = [d for d in dirs if d not in SKIPPED and not d.startswith(".")  # .git, .venv-ci
+                   and not os.path.exists(os.path.join(root, d, "pyvenv.cfg"))]  # a virtual environment
         if any(name.endswith(".py") and _is_script(os.path.join(root, name)) for name in names):
             folders.add(root)
     return sorted(folders)

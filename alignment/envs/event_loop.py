@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import threading
 from typing import Any, Awaitable, Coroutine, Optional, Set
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _thread: Optional[threading.Thread] = None
+_owner_pid = 0  # the process that started the loop's thread (a forked child has the loop but not the thread)
 _lock = threading.Lock()
 _tasks: Set[asyncio.Task] = set()  # held until done: asyncio keeps only weak references to tasks
 SHUTDOWN_SECONDS = 10.0  # how long the exit waits for cancelled tasks to finish
 
 
 def _running_loop() -> asyncio.AbstractEventLoop:
-    global _loop, _thread
+    global _loop, _thread, _owner_pid
     with _lock:
-        if _loop is None or _loop.is_closed():
+        if _loop is None or _loop.is_closed() or _owner_pid != os.getpid():
             loop = asyncio.new_event_loop()
             _thread = threading.Thread(target=loop.run_forever, name="alignment-env-loop", daemon=True)
             _thread.start()
-            _loop = loop
+            _loop, _owner_pid = loop, os.getpid()
         return _loop
 
 
@@ -85,7 +87,7 @@ def shutdown() -> None:
     global _loop
     with _lock:
         loop, thread, _loop = _loop, _thread, None
-    if loop is None or loop.is_closed():
+    if loop is None or loop.is_closed() or _owner_pid != os.getpid():
         return
     if loop.is_running():
         try:

@@ -12,8 +12,10 @@ the reward of `env.rubric.score_rollout(state)` with the rubric's per-function s
 environment offers are shown in the tool-call format's convention (`format`), and the calls parsed from the
 policy's text are the response's `tool_calls`. The rollout input is the row: its `input` as the user prompt
 after the environment's system prompt and few-shot messages, `answer`, `info`; a row with an `example_id`
-column plays that row of the environment's own dataset instead. Rubrics with group-level reward functions are
-refused (they score a group at once). Needs verifiers 0.3 (the `verifiers.legacy` API, Python >= 3.11).
+column plays that row of the environment's own dataset instead. Rubrics with group-level reward functions (in a
+RubricGroup's rubrics too) are refused at load (they score a group at once). A rollout left waiting for a turn (its
+episode cut by max_turns, or the run stopping) is cancelled on the environments' event loop (event_loop.py).
+Needs verifiers 0.3 (the `verifiers.legacy` API, Python >= 3.11).
 """
 from __future__ import annotations
 
