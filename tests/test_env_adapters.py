@@ -272,7 +272,8 @@ def test_a_verifiers_episode_left_waiting_is_cancelled_when_the_rollout_drops_it
     assert not set(episodes) & event_loop._tasks  # no longer held
 
 
-@pytest.mark.parametrize("kind, max_turns, exit_code", [("game", 1, 0), ("breaks", 3, 2)])
+# ("tools", ...): a verifiers ToolEnv (it imports openai-agents' `agents`) trained through the stage's script
+@pytest.mark.parametrize("kind, max_turns, exit_code", [("game", 1, 0), ("breaks", 3, 2), ("tools", 2, 0)])
 def test_verifiers_episodes_cut_by_max_turns_or_left_by_a_raising_step_end_cleanly(tmp_path, tiny_model_dir, kind,
                                                                                     max_turns, exit_code):
     """A verifiers rollout waits for a turn that never comes when max_turns cuts its episode or another episode's
