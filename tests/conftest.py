@@ -12,7 +12,7 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 import pytest  # noqa: E402
 
 import alignment.dpo.losses  # noqa: E402,F401  the preference losses DPO arguments name
-import alignment.ppo.builtins  # noqa: E402,F401  the estimators, losses and KL estimators PPO arguments name
+import alignment.ppo.registrations  # noqa: E402,F401  the estimators, losses and KL estimators PPO arguments name
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,25 @@ def test_tools_get_well_formed_random_calls(rows):
     assert all(json.loads(turn[0].split("\n")[1])["name"] == "calculator" for turn in calls)
 
 
+def test_timing_metrics_are_not_compared_between_the_two_plays(rows):
+    """The tools environment reports tool_time (wall-clock seconds, different on each play): the check compares
+    everything else, so it finds the same episode twice, and still reports a real difference."""
+    from alignment.envs import TIMING_METRICS
+
+    assert "tool_time" in TIMING_METRICS
+    report = check_env.main(["tools", "--env-args", '{"tools": ["calculator"]}', "--rows", rows, "--episodes", "3",
+                             "--max-turns", "4", "--seed", "1"])
+    timed = [turn[4]["tool_time"] for e in report["episodes"] for turn in e["transcript"][1:]
+             if turn[4].get("tool_calls")]
+    assert timed and all(t > 0 for t in timed)  # measured, so it differs between the plays
+    assert report["warnings"] == []
+    first = [[{"role": "user", "content": "q"}], ["a", [], 0.0, True, {"tool_time": 0.1, "tool_calls": 1.0}]]
+    same = [[{"role": "user", "content": "q"}], ["a", [], 0.0, True, {"tool_time": 0.2, "tool_calls": 1.0}]]
+    other = [[{"role": "user", "content": "q"}], ["a", [], 0.0, True, {"tool_time": 0.1, "tool_calls": 2.0}]]
+    assert check_env.without_timing(first) == check_env.without_timing(same)
+    assert check_env.without_timing(first) != check_env.without_timing(other)
+
+
 def test_an_argument_file_names_the_environment_and_a_file_class_works(tmp_path, rows):
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"environment": "trl", "environment_args": {

@@ -60,9 +60,13 @@ def test_the_package_list_covers_every_folder_of_alignment():
     assert "package-dir" not in project["tool"]["setuptools"]  # nothing from outside alignment/ is installed
 
 
+PROJECT_LINES = ("-e .", ".")  # a requirements line that installs the checkout itself
+
+
 def _names(requirements):
-    return {re.split(r"[<>=!~\[ ]", line.strip())[0].lower().replace("_", "-")
-            for line in requirements if line.strip() and not line.strip().startswith("#")}
+    """The distribution names a requirements list installs, not counting the line installing the project."""
+    return {re.split(r"[<>=!~\[ ]", line.strip())[0].lower().replace("_", "-") for line in requirements
+            if line.strip() and not line.strip().startswith("#") and line.strip() not in PROJECT_LINES}
 
 
 def test_requirements_txt_installs_the_core_and_every_extra():
@@ -70,8 +74,17 @@ def test_requirements_txt_installs_the_core_and_every_extra():
     extras = [req for name, reqs in project["optional-dependencies"].items() if name != "all" for req in reqs]
     declared = _names(project["dependencies"] + extras)
     assert _names(open(os.path.join(REPO, "requirements.txt"))) == declared
+    assert "paddle-alignment" not in declared  # the `all` extra names the project; the project line installs it
     everything = project["optional-dependencies"]["all"][0]
     assert set(everything.split("[")[1].rstrip("]").split(",")) == set(project["optional-dependencies"]) - {"all"}
+
+
+def test_requirements_txt_installs_the_project_so_every_documented_command_exists():
+    """The README's install (`pip install -r requirements.txt` in the checkout) must give the console commands of
+    [project.scripts]: only installing the project does (tests/test_packaging.py installs it into a venv)."""
+    lines = [line.strip() for line in open(os.path.join(REPO, "requirements.txt"))]
+    assert [line for line in lines if line in PROJECT_LINES] == ["-e ."]
+    assert all(not line.startswith("-") for line in lines if line != "-e .")  # no option that would change it
 
 
 @pytest.mark.parametrize("stage", ["sft", "ppo"])

@@ -7,6 +7,8 @@ import json
 import os
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -134,6 +136,15 @@ def test_verifiers_guessing_game_is_scored_by_its_rubric():
     assert own_row[0][-1]["content"] == "Guess my number (1-9)." and own_row[1][1] == pytest.approx(1.5)
 
 
+def test_verifiers_group_level_reward_functions_are_refused_at_load_even_inside_a_rubric_group():
+    with pytest.raises(ValueError) as refused:
+        environment_factory("verifiers", {"id": "tests.envlibs.vf_guess", "args": {"kind": "grouped"}})
+    assert "\n" not in str(refused.value) and str(refused.value).startswith("key 'environment': ")
+    assert str(refused.value).endswith("environment 'verifiers' 'tests.envlibs.vf_guess': reward function "
+                                       "'shorter_than_the_group' of its rubric is group-level (it scores a whole "
+                                       "group at once); only per-rollout reward functions are supported")
+
+
 def test_verifiers_tools_are_shown_in_the_format_and_called_from_the_policy_text():
     env = environment_factory("verifiers", {"id": "tests.envlibs.vf_guess", "args": {"kind": "tools"}})()
     prompt = checked_reset(env, {"input": "What is 2 + 3?", "answer": "5"})
@@ -242,3 +253,44 @@ def test_each_library_trains_a_tiny_grpo_step(tmp_path, tiny_model_dir, case):
     assert 1 <= rows[0]["env/turns"] <= 3 and np.isfinite(rows[0]["env/reward"])
     assert rows[0]["reward/environment"] == pytest.approx(rows[0]["env/reward"])  # the library's reward, trained on
     assert os.path.isfile(out / "policy" / "model.safetensors")
+
+
+def test_a_verifiers_episode_left_waiting_is_cancelled_when_the_rollout_drops_it():
+    from alignment.envs import event_loop
+
+    build = environment_factory("verifiers", {"id": "tests.envlibs.vf_guess"})
+    envs = [build() for _ in range(3)]
+    for env in envs:
+        checked_reset(env, {"input": "Guess.", "answer": "7"})
+        assert not checked_step(env, "5").done  # cut here, as by max_turns 1: its rollout waits for a turn
+    episodes = [env.episode for env in envs]
+    del env, envs
+    deadline = time.time() + 10
+    while not all(episode.done() for episode in episodes) and time.time() < deadline:
+        time.sleep(0.01)
+    assert all(episode.cancelled() for episode in episodes)
+    assert not set(episodes) & event_loop._tasks  # no longer held
+
+
+# ("tools", ...): a verifiers ToolEnv (it imports openai-agents' `agents`) trained through the stage's script
+@pytest.mark.parametrize("kind, max_turns, exit_code", [("game", 1, 0), ("breaks", 3, 2), ("tools", 2, 0)])
+def test_verifiers_episodes_cut_by_max_turns_or_left_by_a_raising_step_end_cleanly(tmp_path, tiny_model_dir, kind,
+                                                                                    max_turns, exit_code):
+    """A verifiers rollout waits for a turn that never comes when max_turns cuts its episode or another episode's
+    step raises; the run cancels and awaits it, so asyncio reports no task destroyed while pending at exit."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "Guess.", "answer": "7", "seed": 1}\n{"prompt": "Guess!", "answer": "3", "seed": 2}\n')
+    run = subprocess.run(
+        [sys.executable, os.path.join(REPO, "alignment", "ppo", "run_ppo.py"), GRPO, "--actor_model_name_or_path",
+         tiny_model_dir, "--output_dir", str(tmp_path / "out"), "--disable_tqdm", "--environment", "verifiers",
+         "--environment_args", json.dumps({"id": "tests.envlibs.vf_guess", "args": {"kind": kind}}),
+         "--reward_funcs", "", "--gold_judge", "", "--max_turns", str(max_turns), "--max_new_tokens", "6",
+         "--max_length", "512", "--max_trajectory_tokens", "48", "--num_return_sequences", "2",
+         "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "4", "--max_steps", "2",
+         "--eval_datasets", "", "--save_steps", "0", "--train_datasets", f"prompt-only:1.0:{data}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    assert run.returncode == exit_code, run.stderr[-2000:]
+    assert "Task was destroyed" not in run.stderr and "never retrieved" not in run.stderr, run.stderr[-3000:]
+    if kind == "breaks":
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "RuntimeError: the game broke" in errors[0] and "Traceback" not in run.stderr

@@ -7,7 +7,8 @@ environment's NAME with --env-modules), 'module:Class' / 'file.py:Class', or an 
 whose environment, environment_args, user_env_modules and max_turns are used. --rows: the dataset (a file or a
 spec such as "prompt-only:1.0:rows.jsonl"), each row given to reset as in a run. The random policy writes random
 text, and well-formed random tool calls when the environment shows tools. Each episode is played twice with one
-seed: a different second play is reported as not deterministic. What the run would stop on (a raise, a wrong
+seed: a different second play is reported as not deterministic (timing metrics such as tool_time, which measure
+wall-clock time, are not compared). What the run would stop on (a raise, a wrong
 type: the run's own one-line errors) exits 2; slow resets or steps (--slow seconds) and nondeterminism are
 warnings.
 """
@@ -23,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from alignment.config.argument_file import load_argument_file
 from alignment.data import MixedRawDataset
-from alignment.envs import (Environment, EnvironmentFailure, ToolEnvironment, checked_reset, checked_step,
-                            load_environment_modules)
+from alignment.envs import (TIMING_METRICS, Environment, EnvironmentFailure, ToolEnvironment, checked_reset,
+                            checked_step, load_environment_modules)
 from alignment.envs.base import checked_stop_strings
 from alignment.envs.formats import ToolCallFormat
 from alignment.envs.routed import environment_factory
@@ -55,9 +56,10 @@ def main(argv=None) -> Dict[str, Any]:
         first["row"] = index
         report["episodes"].append(first)
         print(describe(first))
-        if first["transcript"] != second["transcript"]:
+        played, replayed = without_timing(first["transcript"]), without_timing(second["transcript"])
+        if played != replayed:
             report["warnings"].append(f"row {index}: not deterministic under one seed: a second play "
-                                      f"{first_difference(first['transcript'], second['transcript'])}")
+                                      f"{first_difference(played, replayed)}")
     times = [t for e in report["episodes"] for t in e["step_seconds"]]
     resets = [e["reset_seconds"] for e in report["episodes"]]
     for what, values in (("reset", resets), ("step", times)):
@@ -159,6 +161,12 @@ def random_value(prop: Mapping[str, Any], rng: random.Random) -> Any:
     if kind == "object":
         return {}
     return "".join(rng.choice(string.ascii_letters + string.digits + " +-*/") for _ in range(rng.randint(1, 12)))
+
+
+def without_timing(transcript: List[Any]) -> List[Any]:
+    """The transcript with each turn's timing metrics (TIMING_METRICS) left out: what must repeat under one seed."""
+    return [transcript[0]] + [turn[:4] + [{k: v for k, v in turn[4].items() if k not in TIMING_METRICS}]
+                              for turn in transcript[1:]]
 
 
 def first_difference(first: List[Any], second: List[Any]) -> str:

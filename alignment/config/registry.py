@@ -27,7 +27,7 @@ the name they are written as::
     @REWARD_FUNCTIONS.function("sentiment")
     def sentiment(prompts, completions, **labels): ...
 
-A stage imports its built-ins before it parses its arguments (alignment/ppo/builtins.py, alignment/dpo/losses.py);
+A stage imports its built-ins before it parses its arguments (alignment/ppo/registrations.py, alignment/dpo/losses.py);
 a user's class registers when its module is imported.
 """
 from __future__ import annotations

@@ -17,6 +17,11 @@ Message = Dict[str, str]  # {"role": ..., "content": ...}
 ROLES = ("system", "user", "assistant", "tool")
 
 
+# StepResult metrics that measure wall-clock time: they differ between two plays of one episode, so comparisons of
+# episodes (alignment-check-env's determinism check) leave them out.
+TIMING_METRICS = frozenset({"tool_time"})
+
+
 class EnvironmentFailure(RuntimeError):
     """A user environment raised, or returned something outside the API; the message names the environment."""
 

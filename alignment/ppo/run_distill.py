@@ -17,7 +17,7 @@ from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
-import alignment.ppo.builtins  # noqa: E402,F401  registers what the arguments name, before they are parsed
+import alignment.ppo.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.distill import DistillPPOArguments  # noqa: E402
 from alignment.ppo.stage import train  # noqa: E402
 

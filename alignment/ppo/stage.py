@@ -93,7 +93,7 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
     from alignment.launcher import rank
     from alignment.ppo.pipeline_update import PolicyPipeLoss
     from alignment.ppo.rollout_worker import WorkerPlan, run_rollout_worker
-    from alignment.ppo.agents import make_sampler
+    from alignment.ppo.agent_programs import make_sampler
     from alignment.ppo.samplers import rollout_generation_config
 
     actor = setup.load_trained_model("causal", model_args.actor_model_name_or_path, run.layout, lora_args,
@@ -139,7 +139,7 @@ def train(argv, ppo_class=PPOArguments) -> dict:
         if env_args.multi_turn:  # so does an environment that is not registered or refuses its arguments
             load_environment_modules(env_args.user_env_modules, base_dir=run.argument_dir)
             if env_args.agent is not None:  # or an agent program that does not import
-                from alignment.ppo.agents import load_agent
+                from alignment.ppo.agent_programs import load_agent
 
                 load_agent(env_args.agent)
             else:

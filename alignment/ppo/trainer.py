@@ -22,8 +22,8 @@ from alignment.models.score_model import ScoreModel
 from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
                                             mean_over_ranks, sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
-from alignment.ppo.agents import make_sampler
-from alignment.ppo import builtins  # noqa: F401  the estimators, losses and KL estimators the arguments name
+from alignment.ppo.agent_programs import make_sampler
+from alignment.ppo import registrations  # noqa: F401  the estimators, losses and KL estimators the arguments name
 from alignment.ppo import dapo, scoring
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.critic import make_critic

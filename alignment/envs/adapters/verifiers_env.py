@@ -12,8 +12,10 @@ the reward of `env.rubric.score_rollout(state)` with the rubric's per-function s
 environment offers are shown in the tool-call format's convention (`format`), and the calls parsed from the
 policy's text are the response's `tool_calls`. The rollout input is the row: its `input` as the user prompt
 after the environment's system prompt and few-shot messages, `answer`, `info`; a row with an `example_id`
-column plays that row of the environment's own dataset instead. Rubrics with group-level reward functions are
-refused (they score a group at once). Needs verifiers 0.3 (the `verifiers.legacy` API, Python >= 3.11).
+column plays that row of the environment's own dataset instead. Rubrics with group-level reward functions (in a
+RubricGroup's rubrics too) are refused at load (they score a group at once). A rollout left waiting for a turn (its
+episode cut by max_turns, or the run stopping) is cancelled on the environments' event loop (event_loop.py).
+Needs verifiers 0.3 (the `verifiers.legacy` API, Python >= 3.11).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from alignment.envs.adapters.common import numbers, require
 from alignment.envs.base import Environment, Message, StepResult
+from alignment.envs.event_loop import cancel_soon, start_task
 from alignment.envs.formats import tool_call_format
 from alignment.envs.tool_env import prompt_messages
 
@@ -38,10 +41,22 @@ def _loaded(env_id: str, args_json: str):
     except Exception as err:  # noqa: BLE001 - the environment's own loading code: one line naming it
         raise ValueError(f"environment 'verifiers': load_environment({env_id!r}) failed: "
                          f"{type(err).__name__}: {err}") from err
-    if env.rubric._get_group_reward_funcs():
-        raise ValueError(f"environment 'verifiers' {env_id!r}: its rubric has group-level reward functions, which "
-                         f"score a whole group at once; only per-rollout reward functions are supported")
+    grouped = [getattr(func, "__name__", repr(func)) for func in group_reward_functions(env.rubric)]
+    if grouped:
+        which = (f"reward function {grouped[0]!r} of its rubric is" if len(grouped) == 1 else
+                 f"reward functions {', '.join(map(repr, grouped))} of its rubric are")
+        raise ValueError(f"environment 'verifiers' {env_id!r}: {which} group-level (it scores a whole group at "
+                         f"once); only per-rollout reward functions are supported")
     return env
+
+
+def group_reward_functions(rubric) -> List[Any]:
+    """The rubric's group-level reward functions, those of the rubrics inside a RubricGroup included (its own
+    `_get_group_reward_funcs` sees only its own, empty, function list)."""
+    found = list(rubric._get_group_reward_funcs())
+    for inner in getattr(rubric, "rubrics", None) or []:
+        found += group_reward_functions(inner)
+    return found
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,7 +145,7 @@ class VerifiersEnvironment(Environment):
     async def reset(self, row: Mapping[str, Any]) -> List[Message]:
         self._stop()
         self.client = _client_class()(self.format)
-        self.episode = asyncio.ensure_future(self._play(self.rollout_input(row)))
+        self.episode = start_task(_play(self.env, self.client, self.rollout_input(row)))
         call = await self._next_call()
         if call is None:
             raise ValueError("the rollout ended before asking the model anything")
@@ -155,11 +170,6 @@ class VerifiersEnvironment(Environment):
         metrics["errors"] = float(state.get("error") is not None)
         return StepResult([], float(state.get("reward") or 0.0), True, metrics)
 
-    async def _play(self, rollout_input: Dict[str, Any]):
-        state = await self.env.rollout(rollout_input, self.client, "policy", None)
-        await self.env.rubric.score_rollout(state)
-        return state
-
     async def _next_call(self):
         """The rollout's next model call (prompt, tools, answer future), or None when the rollout has ended."""
         getter = asyncio.ensure_future(self.client.calls.get())
@@ -171,11 +181,18 @@ class VerifiersEnvironment(Environment):
         return None
 
     def _stop(self) -> None:
-        if self.episode is not None and not self.episode.done():
-            self.episode.get_loop().call_soon_threadsafe(self.episode.cancel)
+        cancel_soon(self.episode)
 
     def __del__(self):  # an episode cut by max_turns leaves its rollout waiting for a turn that never comes
         try:
             self._stop()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+async def _play(env, client, rollout_input: Dict[str, Any]):
+    """One rollout, scored. A function, not a method: the task must not refer to the adapter, whose collection
+    (when the rollout drops an episode cut by max_turns) is what cancels it."""
+    state = await env.rollout(rollout_input, client, "policy", None)
+    await env.rubric.score_rollout(state)
+    return state
