@@ -148,3 +148,31 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(argv, fragment, tiny_mo
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error:") and fragment in err[0], err
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_alignment_serve_as_the_endpoint_answers_as_the_checkpoint(tiny_model_dir, tmp_path):
+    """Greedy through `alignment-serve` (the gateway, the same decode engine behind HTTP) gives the local
+    evaluation's completions and rewards, item by item."""
+    import subprocess
+    import sys
+    import time
+
+    port = tmp_path / "port"
+    server = subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "serve.py"), "--model", tiny_model_dir,
+                               "--port", "0", "--port-file", str(port), "--api-key", "k", "--name", "tiny"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not port.exists() and server.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert port.exists(), server.stderr.read() if server.poll() is not None else "no port"
+        common = ["--task", "chain_sum", "--limit", "6", "--max-new-tokens", "12"]
+        cli.main(["--endpoint", f"http://127.0.0.1:{port.read_text().strip()}/v1", "--endpoint-model", "tiny",
+                  "--endpoint-api-key", "k", *common, "--output-dir", str(tmp_path / "served")])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    cli.main(["--model", tiny_model_dir, *common, "--output-dir", str(tmp_path / "local")])
+    served, local = items(tmp_path / "served" / "chain_sum"), items(tmp_path / "local" / "chain_sum")
+    assert [[(s["completion"], s["reward"]) for s in r["samples"]] for r in served] == \
+        [[(s["completion"], s["reward"]) for s in r["samples"]] for r in local]

@@ -31,6 +31,8 @@ def parser() -> ToolParser:
     policy.add_argument("--model", help="checkpoint directory (a stage's output, its model/, or an export)")
     policy.add_argument("--endpoint", help="base URL of an OpenAI-compatible API (…/v1)")
     p.add_argument("--endpoint-model", default="", help="the `model` field of requests to --endpoint")
+    p.add_argument("--endpoint-api-key", default=os.environ.get("OPENAI_API_KEY", "none"),
+                   help="the bearer key of --endpoint (default: $OPENAI_API_KEY)")
     p.add_argument("--task", action="append", default=[], help="a registered task; repeat for several")
     p.add_argument("--task-module", action="append", default=[], help="a .py file or module registering tasks")
     p.add_argument("--dataset", help="a dataset spec (name:proportion:path) to evaluate instead of a task")
@@ -72,7 +74,7 @@ def policy_from(args):
     if args.endpoint:
         from alignment.evaluation.endpoint import EndpointPolicy
 
-        policy = EndpointPolicy(args.endpoint, args.endpoint_model)
+        policy = EndpointPolicy(args.endpoint, args.endpoint_model, args.endpoint_api_key)
         policy.check()
         return policy
     if not args.model:
