@@ -67,7 +67,7 @@ def test_a_restored_pool_draws_what_the_original_would():
 def grpo_args(out, model, *extra):
     return [os.path.join(REPO, "config", "tiny", "grpo_argument.json"), "--actor_model_name_or_path", model,
             "--output_dir", str(out), "--disable_tqdm", "--reward_funcs", "accuracy", "--gold_judge", "",
-            "--train_datasets", f"prompt-only:1.0:{REPO}/data/reasoning/chain_sum_train.jsonl",
+            "--train_datasets", f"prompt-only:1.0:{REPO}/data/chain_sum/chain_sum_train.jsonl",
             "--eval_datasets", "", "--max_steps", "4", "--save_steps", "2", "--max_new_tokens", "4",
             "--per_device_prompt_batch_size", "4", "--num_return_sequences", "2", "--per_device_train_batch_size",
             "8", "--logging_steps", "1", "--curriculum", "true", *extra]

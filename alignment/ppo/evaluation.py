@@ -19,8 +19,8 @@ from alignment.training.logger import hide_progress
 def evaluate_policy(trainer) -> Dict[str, float]:
     """The eval prompts' metrics (when eval_datasets are given) and the evaluation tasks' (when eval_tasks are)."""
     results = evaluate_prompts(trainer) if trainer.data.eval_prompts is not None else {}
-    tasks = trainer.data.eval_tasks(trainer.actor, trainer.tokenizer, trainer.global_step,
-                                    trainer.args.output_dir if is_main_process() else None)
+    tasks = trainer.data.eval_tasks(trainer.actor, trainer.tokenizer, trainer.global_step, trainer.args.output_dir
+                                    if is_main_process() else None) if trainer.data.eval_tasks else {}
     if tasks:
         trainer.logger.log(trainer.global_step, tasks, echo=tqdm.write)
     return {**results, **tasks}

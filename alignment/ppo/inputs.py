@@ -23,4 +23,4 @@ class PromptData:
     collate_prompts: Callable
     ptx: Optional[object] = None  # SupervisedDataset for the ptx loss
     collate_ptx: Optional[Callable] = None
-    eval_tasks: Callable = lambda model, tokenizer, step, output_dir: {}  # evaluation/inline.py's HeldOutTasks
+    eval_tasks: Optional[Callable] = None  # evaluation/inline.py's HeldOutTasks (false when it holds no task)
