@@ -30,6 +30,14 @@ def items(out):
 
 
 @pytest.fixture(scope="module")
+def task_module(tmp_path_factory):
+    """One file for the module's tests: a task NAME registers from one file per process."""
+    module = tmp_path_factory.mktemp("tasks") / "my_tasks.py"
+    module.write_text(TASK_MODULE)
+    return module
+
+
+@pytest.fixture(scope="module")
 def policy(tiny_model_dir):
     return LocalPolicy(tiny_model_dir)
 
@@ -84,24 +92,27 @@ def test_resume_refuses_other_settings(policy, tmp_path):
         evaluate(policy, task, EvalSettings(limit=2, max_new_tokens=4, seed=1), str(tmp_path))
 
 
-def test_inline_evaluation_equals_standalone_on_the_saved_policy(tiny_model_dir, tmp_path):
+def test_inline_evaluation_equals_standalone_on_the_saved_policy(tiny_model_dir, task_module, tmp_path):
     from alignment.ppo import run_ppo
 
-    out = tmp_path / "grpo"
+    out, module = tmp_path / "grpo", task_module
     run_ppo.main([os.path.join(REPO, "config", "tiny", "grpo_argument.json"), "--actor_model_name_or_path",
                   tiny_model_dir, "--output_dir", str(out), "--max_steps", "1", "--eval_datasets", "",
-                  "--gold_judge", "", "--eval_tasks", "chain_sum", "--eval_k", "2", "--eval_limit", "3",
+                  "--gold_judge", "", "--eval_tasks", "chain_sum,test_sums", "--user_eval_modules", str(module),
+                  "--eval_k", "2", "--eval_limit", "3", "--eval_temperature", "0.7", "--eval_batch_size", "4",
                   "--disable_tqdm", "true"])
     logged = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert any("eval/chain_sum/pass@2" in row for row in logged)
-    cli.main(["--model", str(out / "policy"), "--task", "chain_sum", "--n", "2", "--seed", "42", "--limit", "3",
+    assert [row["step"] for row in logged if "eval/test_sums/pass@2" in row] == [0, 1]  # at the start and the end
+    assert any("eval/chain_sum/maj@2" in row for row in logged)
+    cli.main(["--model", str(out / "policy"), "--task", "chain_sum", "--task", "test_sums", "--task-module",
+              str(module), "--n", "2", "--seed", "42", "--limit", "3", "--temperature", "0.7", "--batch-size", "4",
               "--output-dir", str(tmp_path / "alone")])
-    assert items(out / "eval_tasks" / "step-1" / "chain_sum") == items(tmp_path / "alone" / "chain_sum")
+    for task in ("chain_sum", "test_sums"):
+        assert items(out / "eval_tasks" / "step-1" / task) == items(tmp_path / "alone" / task)
 
 
-def test_user_task_module_and_compare(tiny_model_dir, tmp_path, capsys):
-    module = tmp_path / "my_tasks.py"
-    module.write_text(TASK_MODULE)
+def test_user_task_module_and_compare(tiny_model_dir, task_module, tmp_path, capsys):
+    module = task_module
     for name, seed in (("a", "0"), ("b", "1")):
         cli.main(["--model", tiny_model_dir, "--task-module", str(module), "--task", "test_sums", "--n", "2",
                   "--seed", seed, "--output-dir", str(tmp_path / name)])
