@@ -185,6 +185,28 @@ def _sandbox(r: dict) -> List[List[str]]:
              r.get("kernel", "-")]]
 
 
+def _ci(v: dict, sign: str = "") -> str:
+    return f"{v['mean']:{sign}.3f} [{v['low']:{sign}.3f}, {v['high']:{sign}.3f}]"
+
+
+def _grpo_reasoning(r: dict) -> List[List[str]]:
+    rows = []
+    for seed in r["seeds"]:
+        first, last, gain = seed["points"][0], seed["points"][-1], seed["gain"]
+        sampled = [f"{_ci(first[k])} -> {_ci(last[k])}" if k in first and k in last else "-"
+                   for k in ("sampled_pass@1", "sampled_pass@8")]
+        transfer = _ci(gain["transfer_greedy"], "+") if "transfer_greedy" in gain else "-"
+        rows.append([str(seed["seed"]), str(last["step"]), f"{last['train_minutes']:.1f}",
+                     f"{_ci(first['greedy'])} -> **{_ci(last['greedy'])}**", f"**{_ci(gain['greedy'], '+')}**",
+                     *sampled, transfer])
+    return rows
+
+
+def _eval_harness(r: dict) -> List[List[str]]:
+    return [[r["model"], f"{r['items']} x {r['n']}", f"{r['harness_samples_per_s']:.2f}",
+             f"{r['generate_samples_per_s']:.2f}", f"**{_x(r['harness_over_generate'])}**"]]
+
+
 class Table:
     def __init__(self, benchmarks: List[str], command: str, header: List[str],
                  rows: Callable[[dict], List[List[str]]]):
@@ -246,6 +268,13 @@ TABLES: Dict[str, Table] = {
                      ["`python -I -c pass` ms (median / p90)", "before the containment", "`audit-hook`", "`full`",
                       "full / before", "full / audit-hook", "calls/s from 4 threads / one after the other",
                       "kernel"], _sandbox),
+    "grpo_reasoning": Table(["grpo_reasoning"], "bash examples/reasoning_demo.sh",
+                            ["seed", "steps", "training min", "greedy pass@1, start -> end (95% CI)",
+                             "gain (paired 95% CI)", "sampled pass@1 (n=8)", "sampled pass@8 (n=8)",
+                             "transfer: basic_arithmetic greedy gain"], _grpo_reasoning),
+    "eval_harness": Table(["eval_harness"], "python benchmarks/bench_eval.py --model checkpoints/smollm2-135m-instruct",
+                          ["model", "items x samples", "harness samples/s", "generate samples/s",
+                           "harness / generate"], _eval_harness),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
                             ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
 }
