@@ -138,7 +138,7 @@ def test_every_critic_free_estimator_runs_a_step(tmp_path, tiny_model_dir, estim
     assert np.abs(expected).max() > 0.1  # the rewards differ within groups: a wrong estimator shows
     np.testing.assert_allclose(seen["advantages"], expected, rtol=1e-4, atol=1e-5)
     assert row["advantage/mean"] == pytest.approx(float(expected[seen["mask"] > 0].mean()), abs=1e-5)
-    print("DBG", row); assert row["actor_loss"] != 0.0 and row["response_length"] > 0
+    assert row["actor_loss"] != 0.0 and row["response_length"] > 0
     assert np.abs(weights(str(tmp_path / "out" / "policy")) - weights(tiny_model_dir)).max() > 0
 
 
