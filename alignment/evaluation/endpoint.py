@@ -4,6 +4,7 @@ user/tool message. A refused or dead endpoint is an EndpointError (one line); th
 on disk and a rerun goes on from there."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 from typing import Any, Dict, List, Sequence
 
 from alignment.evaluation.policies import EndpointError
@@ -63,19 +64,19 @@ class EndpointPolicy:
         return 0  # the server sizes its own cache
 
     def complete(self, rows: Sequence[Dict[str, Any]], seeds, config, capacity: int, slots: int) -> List[tuple]:
-        out = []
-        for row, seed in zip(rows, seeds):
+        """(text, completion tokens) per row; up to `slots` requests in flight (the answers do not depend on the
+        order: each request carries its sample's seed)."""
+        def one(row, seed):
             answer = self.chat(chat_messages(row["input"]), config, seed)
-            out.append((answer["text"], answer["tokens"]))
-        return out
+            return answer["text"], answer["tokens"]
+        return self.concurrently(one, rows, seeds, slots)
 
     def episodes(self, task, rows: Sequence[Dict[str, Any]], seeds, config, capacity: int) -> List[tuple]:
         """Each row's episode in a new environment: (final assistant text, tokens, summed environment reward)."""
         from alignment.envs.base import checked_reset, checked_step, make_environment
         from alignment.envs.multiturn import environment_row
 
-        out = []
-        for row, seed in zip(rows, seeds):
+        def one(row, seed):
             env = make_environment(task.environment, **task.environment_args)
             messages = list(checked_reset(env, environment_row({"row": row})))
             text, tokens, reward = "", 0, 0.0
@@ -87,5 +88,10 @@ class EndpointPolicy:
                 if result.done:
                     break
                 messages += [{"role": "assistant", "content": text}, *result.observation]
-            out.append((text, tokens, reward))
-        return out
+            return text, tokens, reward
+        return self.concurrently(one, rows, seeds, len(rows))
+
+    @staticmethod
+    def concurrently(fn, rows, seeds, workers: int) -> List[tuple]:
+        with cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(rows)))) as pool:
+            return list(pool.map(fn, rows, seeds))
