@@ -59,6 +59,7 @@ class LocalPolicy:
             model_dir = resolve_model_dir(model_dir)
             model, tokenizer = LlamaForCausalLM.from_pretrained(model_dir), Tokenizer.from_pretrained(model_dir)
         self.model, self.tokenizer, self.model_dir = model, tokenizer, model_dir
+        self.encoded: Dict[str, List[int]] = {}  # a prompt's ids, encoded once for its n samples and the width
 
     def describe(self) -> Dict[str, Any]:
         if self.model_dir is None:
@@ -77,7 +78,10 @@ class LocalPolicy:
         """The prompt as training encodes it (PromptOnlyDataset: the chat template, special tokens)."""
         from alignment.data.tokenized import format_prompt
 
-        return self.tokenizer.encode(format_prompt(self.tokenizer, row), add_special_tokens=True)
+        key = repr((row.get("dialogue"), row["input"]))  # what format_prompt reads
+        if key not in self.encoded:
+            self.encoded[key] = self.tokenizer.encode(format_prompt(self.tokenizer, row), add_special_tokens=True)
+        return self.encoded[key]
 
     def capacity(self, task, rows: Sequence[Dict[str, Any]], budget: int) -> int:
         """The decode engine's width for every batch of a run: the longest prompt (an episode's first messages,
