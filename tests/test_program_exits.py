@@ -36,6 +36,7 @@ PROGRAMS = [
     ("replay_ledger", "tools/replay_ledger.py", [MISSING]),
     ("check_env", "tools/check_env.py", ["tools", "--rows", MISSING + ".jsonl"]),
     ("serve", "tools/serve.py", ["--model", MISSING, "--port", "0"]),
+    ("evaluate", "tools/evaluate.py", ["--model", MISSING, "--task", "basic_arithmetic"]),
 ]
 STAGE_CONFIGS = {"sft": "sft_argument.json", "rm": "rm_argument.json", "ppo": "ppo_argument.json",
                  "dpo": "dpo_argument.json"}
