@@ -28,3 +28,27 @@ def test_key_problems_name_every_key_once_in_order():
         "missing key 'x'", "key 'r' must be a positive integer, got '4'",
         "key 'alpha' must be a finite number, got NaN"]
     assert key_problems({"r": None}, kinds, ("r",)) == ["key 'r' is null"]
+
+
+def test_a_small_file_reads_under_an_address_space_limit(tmp_path):
+    """`ulimit -v` (containers, batch schedulers): the reader reads in chunks instead of asking for the whole size
+    limit up front, which was a MemoryError before a byte was read (issue 65)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.helpers import REPO
+
+    (tmp_path / "args.json").write_text('{"learning_rate": 1e-5}' + " " * 1000)
+    child = textwrap.dedent(f"""
+        import resource, sys
+        sys.path.insert(0, {REPO!r})
+        from alignment.inputs.files import read_bytes
+        with open("/proc/self/status") as f:
+            vm = next(int(line.split()[1]) for line in f if line.startswith("VmSize")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), vm + (256 << 20)))
+        data = read_bytes({str(tmp_path / "args.json")!r}, "argument file", limit=8 << 30)
+        print(len(data))
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "1023", done.stderr[-500:]

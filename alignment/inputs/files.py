@@ -61,7 +61,7 @@ def read_bytes(path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> bytes:
         raise InputError(f"{path}: {os.path.getsize(path):,} bytes, larger than {a(what)} may be ({limit:,})", path)
     try:
         with open(path, "rb") as f:
-            data = f.read(limit + 1)
+            data = read_at_most(f, limit + 1)
     except OSError as err:
         raise InputError(f"{path}: cannot read the {what} ({err.strerror})", path) from None
     if path.endswith(".gz"):
@@ -70,6 +70,19 @@ def read_bytes(path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> bytes:
         raise InputError(f"{path}: gzip-compressed data in a file not named .gz; decompress it or name it "
                          f"{os.path.basename(path)}.gz", path)
     return data
+
+
+def read_at_most(f, count: int, chunk: int = 1 << 20) -> bytes:
+    """Up to `count` bytes of `f`, read a chunk at a time: `f.read(count)` allocates `count` bytes before reading
+    one, which under an address-space limit (`ulimit -v`) is a MemoryError for a large limit and a small file."""
+    parts, got = [], 0
+    while got < count:
+        part = f.read(min(chunk, count - got))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _gunzip(data: bytes, path: str, limit: int) -> bytes:
