@@ -82,7 +82,7 @@ def plot(seeds: list, task: str, path: str) -> None:
                 ax.errorbar([t for t, _ in shown], [v["mean"] for _, v in shown],
                             yerr=[[v["mean"] - v["low"] for _, v in shown], [v["high"] - v["mean"] for _, v in shown]],
                             fmt=style, capsize=3, label=f"seed {seed['seed']}: {key.replace('greedy', 'greedy pass@1')}")
-    ax.set_xlabel("training minutes (2 CPU cores)")
+    ax.set_xlabel("training minutes (generate + score + train)")
     ax.set_ylabel(f"held-out {task}")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -97,14 +97,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--task", default="chain_sum")
     parser.add_argument("--transfer", default="basic_arithmetic")
     parser.add_argument("--results-dir", default=os.path.join("benchmarks", "results"))
+    parser.add_argument("--plot", help="also write the plot here (the docs' copy: docs/images/grpo_reasoning.png)")
+    parser.add_argument("--note", default="", help="what the result file should say about the run's conditions")
     args = parser.parse_args(argv)
     from benchmarks import record
 
     seeds = [seed_curve(run, args.task, args.transfer) for run in args.run]
     when = record.stamp()
-    figures = {"task": args.task, "transfer_task": args.transfer, "seeds": seeds}
+    figures = {"task": args.task, "transfer_task": args.transfer, "seeds": seeds, "notes": args.note}
     path = record.save("grpo_reasoning", figures, results_dir=args.results_dir, when=when)
-    plot(seeds, args.task, path[:-len(".json")] + ".png")
+    for target in (path[:-len(".json")] + ".png", args.plot):
+        if target:
+            plot(seeds, args.task, target)
     for seed in seeds:
         g = seed["gain"]["greedy"]
         print(f"seed {seed['seed']}: greedy pass@1 {seed['points'][0]['greedy']['mean']:.3f} -> "
