@@ -113,7 +113,7 @@ def main(argv=None) -> str:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         from benchmarks import record
 
-        record.save("tool_demo", figures)
+        record.save("tool_demo", figures, record.RESULTS)
     return text
 
 
