@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import glob
 import importlib
 import io
@@ -32,10 +33,29 @@ FOREIGN_FLAGS = {
     "systemd-run": {"--user", "--scope"},
     "visualdl": {"--logdir"},
 }
-# figures that are settings or assumptions, not measurements: (page, the text around the figure, why)
-SETTING_FIGURES: Dict[tuple, str] = {}
-PEERS = ("TRL", "transformers", "PaddleNLP", "PaddleFormers", "Paddle", "PaddlePaddle", "verl", "OpenRLHF", "torch",
-         "PyTorch", "vLLM", "DeepSpeed", "MkDocs")
+# text the checks let through, each with why (a test fails when an entry no longer matches): a figure that is a
+# setting, a limit or an input, not a measurement; a machine path that is a path inside the sandbox or container
+ALLOWED: Dict[str, str] = {
+    "at most 1 MiB": "MAX_ARGUMENT_FILE_BYTES, the argument file's size limit (alignment/config/argument_file.py)",
+    "up to 2 s": "how long the sandbox's parent waits for the namespace to empty (alignment/envs/sandbox.py)",
+    "1 GiB as 64 files of 16 MiB": "the input of a containment test",
+    "`disk_bytes` (64 MiB)": "SandboxLimits.disk_bytes' default",
+    "2 GB allocation": "the input of a containment test",
+    "(0.5 s, doubled each round up to 16 s": "reward_server_backoff's default and MAX_BACKOFF (alignment/rewards)",
+    "to the back for 10 s": "DOWN_FOR (alignment/rewards/remote.py)",
+    "and a 10x": "the overload the reward-server benchmark sends (10 x --max-queue requests)",
+    "at 5x its learning rate": "examples/overoptimization_tiny.sh's learning rate against config/tiny's",
+    "on 8 x 80 GB": "the layout planner's input in the example",
+    "waits 0.25 s": "the episode-overlap benchmark's environment latency",
+    "`disk_bytes` on `/tmp`": "the sandbox's own mount point, inside the sandbox",
+    "`/tmp/work` (also `HOME`)": "the working directory inside the sandbox",
+    '"--tmpfs", "/tmp:size=64m", "--workdir", "/tmp"': "paths inside the throwaway container of the example",
+}
+# flags the docs show being refused (they name flags no parser takes on purpose)
+REFUSED_FLAGS = {"--mod": "not read as --model: flags are never abbreviated (docs/export.md)",
+                 "--cachekv_int8_type": "one of PaddleNLP's flags refused as unknown (docs/export.md)"}
+PEERS = ("TRL", "transformers", "PaddleNLP", "PaddleFormers", "verl", "OpenRLHF", "torch", "PyTorch", "vLLM",
+         "DeepSpeed")  # the libraries the docs compare with or stand in for (Paddle is the platform, not a peer)
 ROOTS = ("alignment", "benchmarks", "config", "data", "docs", "docsgen", "examples", "tests", "tools")
 
 FENCE = re.compile(r"^[ \t]*(```|~~~)")
@@ -49,7 +69,7 @@ REPO_PATH = re.compile(rf"(?<![\w./-])(?:{'|'.join(ROOTS)})/[\w./-]*")
 UNITS = r"ns|µs|us|ms|s|sec|seconds?|min|minutes?|h|hours?|days?|[KMGT]i?B|[KMGT]?FLOP/s|tokens?/s|requests/s|calls/s|steps?/s"
 FIGURE = re.compile(rf"(?<![\w.])\d+(?:[.,]\d+)*(?: (?:{UNITS})(?![\w/])|[KMGT]i?B\b|\s?%|x(?!\w))")
 MACHINE_PATH = re.compile(r"(?<![\w.~$-])/(?:tmp|root|home|work)(?:/|\b)")
-PEER_VERSION = re.compile(rf"\b({'|'.join(PEERS)}) v?(\d+\.\d+(?:\.\d+)*)\b")
+PEER_VERSION = re.compile(rf"\b({'|'.join(PEERS)}|{'|'.join(p.lower() for p in PEERS)})(?: v?|==)(\d+\.\d+(?:\.\d+)*)\b")
 
 
 class Problem(NamedTuple):
@@ -165,12 +185,12 @@ def prose_lines(text: str) -> List[Optional[str]]:
     return [None if is_code else line for line, is_code in zip(prose.split("\n"), code)]
 
 
-def paragraphs(lines: List[Optional[str]]) -> Iterable[tuple]:
-    """(first line number, text) of each prose paragraph: not a table, list, heading, admonition, image or HTML, not
-    indented (list continuations, admonition bodies)."""
+def paragraphs(lines: List[Optional[str]], raw: List[str]) -> Iterable[tuple]:
+    """(first line number, text) of each prose paragraph (a blank line of the page ends one): not a table, list,
+    heading, admonition, image or HTML, not indented (list continuations, admonition bodies)."""
     start, block = 0, []
-    for number, line in enumerate(lines + [""], 1):
-        if line is None or not line.strip():
+    for number, (line, original) in enumerate(zip(lines + [""], raw + [""]), 1):
+        if line is None or not original.strip():
             if block and _is_prose(block[0]):
                 yield start, " ".join(part.strip() for part in block)
             block = []
@@ -187,9 +207,7 @@ def _is_prose(first: str) -> bool:
 
 def _paragraph_problem(text: str) -> Optional[str]:
     text = text.strip()
-    if not text:
-        return None
-    if text[0].islower():
+    if text and text[0].islower():
         return f"starts lowercase: {text[:60]!r}"
     end = text.rstrip(")]*_\"' ")
     if end and end[-1] not in ".:!?":
@@ -199,49 +217,73 @@ def _paragraph_problem(text: str) -> Optional[str]:
 
 # ---- the checks ------------------------------------------------------------------------------------------------
 
-def _path_exists(path: str) -> bool:
-    path = path.rstrip(".,;:/")
-    return os.path.exists(os.path.join(REPO, path))
+class Known(NamedTuple):
+    flags: Set[str]
+    keys: Set[str]   # argument-file keys
+    names: Set[str]  # every key the code reads
 
 
-def check_page(page: str, text: str, flags: Set[str], keys: Set[str], names: Set[str]) -> List[Problem]:
-    """The problems of one page (`page` is its name in messages and the setting-figure list): a key table's keys
-    (a table whose first column is headed `key`) must be argument keys, a `key: value` in code a key or a name the
-    code reads."""
+@functools.lru_cache(maxsize=1)
+def known() -> Known:
+    return Known(known_flags(), known_keys(), known_keys() | code_names())
+
+
+def _allowed(line: str, start: int, end: int, used: Set[str]) -> bool:
+    """Whether an ALLOWED phrase of the line covers [start, end); marks the phrase used."""
+    for phrase in ALLOWED:
+        at = line.find(phrase)
+        while at >= 0:
+            if at <= start and end <= at + len(phrase):
+                used.add(phrase)
+                return True
+            at = line.find(phrase, at + 1)
+    return False
+
+
+def _key_table_keys(line: str, previous: str, state: dict) -> List[str]:
+    """The backticked names of the first cell of a table row whose table's first column is headed `key`."""
+    if not line.startswith("|") or set(line) <= set("|-: "):
+        return []
+    first = line.strip().strip("|").split("|")[0].strip()
+    if not previous.startswith("|"):
+        state["key"] = first.lower() == "key"
+        return []
+    return re.findall(r"`([a-z][a-z0-9_]*)`", first) if state.get("key") else []
+
+
+def check_page(page: str, text: str, used: Optional[Set[str]] = None) -> List[Problem]:
+    """The problems of one page (`page` is its name in messages). `used` collects the ALLOWED phrases it used."""
+    flags, keys, names = known()
+    used = set() if used is None else used
     problems = []
-    raw = text.split("\n")
-    prose = prose_lines(text)
-    header_key = False
+    raw, prose, table = text.split("\n"), prose_lines(text), {}
     for number, (line, shown) in enumerate(zip(raw, prose), 1):
+        def problem(kind: str, what: str) -> None:
+            problems.append(Problem(page, number, kind, what))
+
         for flag in FLAG.findall(line):
-            if flag not in flags:
-                problems.append(Problem(page, number, "flag", f"{flag}: no parser takes it"))
+            if flag not in flags and flag not in REFUSED_FLAGS:
+                problem("flag", f"{flag}: no parser takes it")
         for key in KEY_VALUE.findall(line):
-            if key not in keys and key not in names:
-                problems.append(Problem(page, number, "key", f"{key}: no parser reads it"))
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-            if set(line) <= set("|-: "):
-                pass
-            elif number == 1 or not raw[number - 2].startswith("|"):
-                header_key = cells[0].lower() == "key"
-            elif header_key and shown is not None:
-                for key in re.findall(r"`([a-z][a-z0-9_]*)`", cells[0]):
-                    if key not in keys:
-                        problems.append(Problem(page, number, "key", f"{key}: no argument dataclass has it"))
+            if key not in names:
+                problem("key", f"{key}: no parser reads it")
+        for key in _key_table_keys(line, raw[number - 2] if number > 1 else "", table):
+            if key not in keys and shown is not None:
+                problem("key", f"{key}: in a key table, but no argument dataclass has it")
         for found in REPO_PATH.finditer(line):
             path, after = found.group(0), line[found.end():found.end() + 1]
-            if not re.search(r"[<*{|.]", path + after.replace(".", "")) and not _path_exists(path):
-                problems.append(Problem(page, number, "path", f"{path}: no such file or folder in the repository"))
+            if not re.search(r"[<*{|]|\.\.\.", path + after) and not os.path.exists(os.path.join(REPO, path.rstrip(".,;:"))):
+                problem("path", f"{path}: no such file or folder in the repository")
         for found in MACHINE_PATH.finditer(line):
-            problems.append(Problem(page, number, "machine-path", f"{line[found.start():found.start() + 30]!r}"))
-        if shown is not None:
-            for found in FIGURE.finditer(shown):
+            if not _allowed(line, found.start(), found.end(), used):
+                problem("machine-path", f"{line[found.start():found.start() + 30]!r}: name it with a variable or "
+                                        f"a path relative to the repository")
+        for found in FIGURE.finditer(shown or ""):
+            if not _allowed(line, found.start(), found.end(), used):
                 context = shown[max(0, found.start() - 30):found.end() + 30].strip()
-                if not any(p == page and phrase in line for p, phrase in SETTING_FIGURES):
-                    problems.append(Problem(page, number, "figure", f"{found.group(0)!r} typed by hand "
-                                                                     f"(in {context!r}): generate it from a result file"))
-    for number, paragraph in paragraphs(prose):
+                problem("figure", f"{found.group(0)!r} typed by hand (in {context!r}): generate it from a result "
+                                  f"file (<!-- generated: results ... -->)")
+    for number, paragraph in paragraphs(prose, raw):
         why = _paragraph_problem(paragraph)
         if why:
             problems.append(Problem(page, number, "paragraph", why))
@@ -250,22 +292,28 @@ def check_page(page: str, text: str, flags: Set[str], keys: Set[str], names: Set
 
 def peer_versions(texts: Dict[str, str]) -> List[Problem]:
     """A peer named at two versions (neither a prefix of the other) across the pages."""
+    canonical = {peer.lower(): peer for peer in PEERS}
     seen: Dict[str, Dict[str, tuple]] = {}
     for page, text in texts.items():
         for number, line in enumerate(text.split("\n"), 1):
             for peer, version in PEER_VERSION.findall(line):
-                seen.setdefault(peer, {}).setdefault(version, (page, number))
+                seen.setdefault(canonical[peer.lower()], {}).setdefault(version, (page, number))
     problems = []
     for peer, versions in seen.items():
-        parts = sorted(versions, key=len)
-        for i, short in enumerate(parts):
-            for long in parts[i + 1:]:
-                if not (long + ".").startswith(short + ".") and long != short:
-                    page, number = versions[long]
+        ordered = sorted(versions, key=len)
+        for i, short in enumerate(ordered):
+            for long in ordered[i + 1:]:
+                if not (long + ".").startswith(short + "."):
                     other = versions[short]
-                    problems.append(Problem(page, number, "version", f"{peer} {long} here, {peer} {short} at "
-                                                                      f"{other[0]}:{other[1]}"))
+                    problems.append(Problem(*versions[long], "version",
+                                            f"{peer} {long} here, {peer} {short} at {other[0]}:{other[1]}"))
     return problems
+
+
+def check(texts: Dict[str, str], used: Optional[Set[str]] = None) -> List[Problem]:
+    """The problems of the pages `texts` ({name: text})."""
+    used = set() if used is None else used
+    return [p for page, text in texts.items() for p in check_page(page, text, used)] + peer_versions(texts)
 
 
 def pages() -> List[str]:
@@ -273,19 +321,16 @@ def pages() -> List[str]:
         [os.path.join(REPO, "README.md")]
 
 
-def check(texts: Dict[str, str]) -> List[Problem]:
-    """The problems of the pages `texts` ({name: text})."""
-    keys, flags, names = known_keys(), known_flags(), code_names()
-    problems = [p for page, text in texts.items() for p in check_page(page, text, flags, keys, names)]
-    return problems + peer_versions(texts)
-
-
 def check_docs() -> List[Problem]:
+    """The problems of docs/ and README.md, and every ALLOWED phrase none of them uses (the list stays tight)."""
     texts = {}
     for path in pages():
         with open(path, encoding="utf-8") as f:
             texts[os.path.relpath(path, REPO)] = f.read()
-    return check(texts)
+    used: Set[str] = set()
+    problems = check(texts, used)
+    return problems + [Problem("docsgen/claims.py", 0, "allowed", f"{phrase!r} is allowed but no page has it")
+                       for phrase in ALLOWED if phrase not in used]
 
 
 def main() -> int:
