@@ -9,7 +9,8 @@ offline), PPO with a critic, the same global batch of prompts per step in every 
 per step (steps 2..N, from the trainer's step start times) and trained tokens per second (response tokens of the
 global batch / step time), as ratios to the synchronous run measured in the same invocation; a timeline PNG of the
 max_staleness 1 run (the training rank's generate-wait / score / train phases, the rollout rank's weight wait,
-sampling and posting per batch). Prints one `RESULT {json}` line; writes benchmarks/results/async_<time>.{json,png}.
+sampling and posting per batch). Prints one `RESULT {json}` line; writes async_<time>.{json,png} (benchmarks/record.py:
+--results-dir, --record, --no-save).
 
 --env-wait S: a tool-latency workload instead: every episode plays 3 turns against an environment whose each step
 waits S seconds (a remote tool), so the waits of the next batch's episodes overlap this step's training in the
@@ -148,11 +149,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step (global batch), even")
     parser.add_argument("--env-wait", type=float, default=0.0,
                         help="seconds each environment step waits: a 3-turn tool-latency workload (0: single-turn)")
+    record.add_arguments(parser)
     args = parser.parse_args()
     benchmark = "async_env_wait" if args.env_wait > 0 else "async"
     stamp = record.stamp()
-    results_dir = record.RESULTS
-    os.makedirs(results_dir, exist_ok=True)
+    results_dir = record.results_dir(args)
+    if not args.no_save:
+        os.makedirs(results_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
         paths = build(work, args.prompts)
         workload = environment_args(work, args.env_wait, args.new_tokens) if args.env_wait > 0 else []
@@ -165,14 +168,16 @@ def main() -> None:
             run(name, paths, out, args.steps, args.new_tokens, args.prompts, extra + workload, out + "-logs")
             results[name] = figures(out, args.prompts, args.new_tokens)
             results[name]["rank0_cpu"] = cpu_line(os.path.join(out + "-logs", "workerlog.0"))
-            if "staleness 1" in name:
+            if "staleness 1" in name and not args.no_save:
                 timeline(out, os.path.join(results_dir, f"{benchmark}_{stamp}.png"))
     base = results["sync, 2 data-parallel ranks"]["median_step_s"]
     for figure in results.values():
         figure["step_time_vs_sync"] = figure["median_step_s"] / base
     report = {"machine": machine_facts(), "steps": args.steps, "new_tokens": args.new_tokens,
               "prompts": args.prompts, "env_wait": args.env_wait, "runs": results}
-    record.save(benchmark, report, results_dir, machine=report.pop("machine"), when=stamp)
+    machine = report.pop("machine")
+    if not args.no_save:
+        record.save(benchmark, report, results_dir, machine=machine, when=stamp)
     for name, figure in results.items():
         print(f"{name}: {figure['median_step_s']:.3f} s/step ({figure['step_time_vs_sync']:.2f}x sync), "
               f"{figure['trained_tokens_per_s']:.0f} trained tokens/s; rank 0 {figure['rank0_cpu']}")

@@ -120,7 +120,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=2, help="passes over the candidates, interleaved so a "
                                                                "machine's load drifts over all of them alike")
     parser.add_argument("--json", default=None, help="also write the figures here")
-    parser.add_argument("--no-save", action="store_true", help="write no benchmarks/results file")
+    from benchmarks import record
+
+    record.add_arguments(parser)
     args = parser.parse_args(argv)
     vendor, model = cpu_model()
     print(f"CPU: {model or vendor} ({vendor}), {usable_cores()} usable cores")
@@ -145,9 +147,7 @@ def main(argv=None) -> dict:
     print(verdict(results))
     facts = {k: v for k, v in machine_facts().items() if k != "settings"}  # settings: per candidate
     if not args.no_save:
-        from benchmarks import record
-
-        record.save("cpu_settings", {"results": results}, machine=facts)
+        record.save("cpu_settings", {"results": results}, record.results_dir(args), machine=facts)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"machine": facts, "results": results}, f, indent=2)

@@ -9,7 +9,7 @@ schedule of envs/multiturn.py and the environment pool at its default size, one 
 rollout did before steps overlapped), and as an `async def` environment. Each variant's generation time is set
 against the same rollout without waits; the target is growth <= 2 x one episode's waits (turns x wait). Every
 variant's trajectories are compared with the no-wait run's, token for token and log-prob for log-prob.
-Writes benchmarks/results/episode_overlap_<stamp>.json (benchmarks/record.py) unless --no-save.
+Writes episode_overlap_<stamp>.json (benchmarks/record.py: --results-dir, --record, --no-save).
 """
 from __future__ import annotations
 
@@ -67,8 +67,9 @@ def main(argv=None) -> dict:
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--wait", type=float, default=0.25)
     p.add_argument("--jitter", type=float, default=0.5)
-    p.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--no-save", action="store_true")
+    from benchmarks import record
+
+    record.add_arguments(p)
     args = p.parse_args(argv)
 
     import numpy as np
@@ -121,9 +122,7 @@ def main(argv=None) -> dict:
         print(f"  {name:28s} {r['growth_over_episode_waits']:6.2f}x")
     print(describe_machine(machine_facts()))
     if not args.no_save:
-        from benchmarks import record
-
-        record.save("episode_overlap", report, args.results_dir)
+        record.save("episode_overlap", report, record.results_dir(args))
     return report
 
 

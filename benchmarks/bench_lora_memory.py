@@ -39,7 +39,10 @@ def main(argv=None) -> dict:
     p.add_argument("--config", default=os.path.join(REPO, "config", "smollm2", "ppo_argument.json"))
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--no-save", action="store_true", help="write no benchmarks/results file")
+    sys.path.insert(0, REPO)
+    from benchmarks import record
+
+    record.add_arguments(p)
     args = p.parse_args(argv)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,10 +62,8 @@ def main(argv=None) -> dict:
           f"(saved {saved:.2f} GiB, {saved / results['full']['peak_rss_gb']:.0%})")
     print("RESULT " + json.dumps(results))
     if not args.no_save:
-        sys.path.insert(0, REPO)
-        from benchmarks import record
-
-        record.save("lora_memory", {"steps": args.steps, "lora_rank": args.lora_rank, "runs": results})
+        record.save("lora_memory", {"steps": args.steps, "lora_rank": args.lora_rank, "runs": results},
+                    record.results_dir(args))
     return results
 
 

@@ -261,11 +261,13 @@ def print_decode_ceiling(ceiling: dict) -> None:
 
 
 def write_result(benchmark: str, result: dict, args) -> dict:
-    """benchmarks/results/<benchmark>_<stamp>.json (unless --no-save), --json's file, and the RESULT line."""
+    """<benchmark>_<stamp>.json (benchmarks/record.py: --results-dir, --record, --no-save), --json's file, and the
+    RESULT line."""
     if not args.no_save:
         from benchmarks import record
 
-        record.save(benchmark, {k: v for k, v in result.items() if k != "machine"}, machine=result["machine"])
+        record.save(benchmark, {k: v for k, v in result.items() if k != "machine"}, record.results_dir(args),
+                    machine=result["machine"])
     path = args.json
     if path:
         with open(path, "w", encoding="utf-8") as f:
@@ -313,7 +315,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--model", default=smol.DEFAULT_MODEL)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None, help="also write the figures here")
-    parser.add_argument("--no-save", action="store_true", help="write no benchmarks/results file")
+    from benchmarks import record
+
+    record.add_arguments(parser)
     parser.add_argument("--decode-only", action="store_true",
                         help="only the bandwidth and greedy decoding, fused decoder and model layers alternating")
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ stopping at eos) through the exported program with paddle.inference (tools/predi
 sets for the whole process (MKL and OpenMP: --threads, default 1; predict.py keeps the process's own unless told). After a
 warm-up batch each, the two take turns decoding the whole set, --repeats times. Prints the CPU, the load average,
 the best new tokens/s of each, the median of the per-repeat speed ratios and whether the tokens are the same;
-writes benchmarks/results/predict_<timestamp>.json unless --no-save.
+writes predict_<timestamp>.json (benchmarks/record.py: --results-dir, --record, --no-save).
 """
 from __future__ import annotations
 
@@ -114,8 +114,9 @@ def main(argv=None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="the predictor's CPU math threads (as predict.py's)")
-    p.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--no-save", action="store_true", help="write no result file")
+    from benchmarks import record
+
+    record.add_arguments(p)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
@@ -129,9 +130,7 @@ def main(argv=None) -> dict:
     text = report(result)
     print(text)
     if not args.no_save:
-        from benchmarks import record
-
-        record.save("predict", result, args.results_dir)
+        record.save("predict", result, record.results_dir(args))
     return result
 
 

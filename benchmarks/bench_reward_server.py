@@ -9,7 +9,8 @@ twice (micro-batching on: --max-batch 32, the requests that queue up while a bat
 shipped prompt + a canned reply) back to back: one warm-up request each, then at least --seconds and 2 requests
 per client. Then a 10x overload: 10 x --max-queue requests at once, in 3 waves, against the batching server of
 the last model: its peak resident memory (VmHWM) before and after, how many got 200 / 503, whether it still
-answers. Client and server share the machine's cores. Writes benchmarks/results/reward_server_<timestamp>.{json,md}.
+answers. Client and server share the machine's cores. Writes reward_server_<timestamp>.{json,md} (benchmarks/record.py:
+--results-dir, --record, --no-save).
 """
 from __future__ import annotations
 
@@ -171,7 +172,7 @@ def main(argv=None) -> dict:
     p.add_argument("--models", default="tiny,smollm2")
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--max-queue", type=int, default=32)
-    p.add_argument("--no-save", action="store_true")
+    record.add_arguments(p)
     args = p.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     prompts = [json.loads(line)["prompt"] for line in open(os.path.join(REPO, "data", "prompts", "train.jsonl"))]
@@ -209,7 +210,7 @@ def main(argv=None) -> dict:
     print(text)
     if not args.no_save:
         stamp = record.stamp()
-        path = record.save("reward_server", result, when=stamp)
+        path = record.save("reward_server", result, record.results_dir(args), when=stamp)
         with open(path[:-len(".json")] + ".md", "w") as f:
             f.write(text)
     return result

@@ -13,7 +13,8 @@ optimizer step. PPO: 16 prompts x 1 answer scored by a SmolLM2 score model (the 
 (eos blocked until then: min_new_tokens = max_new_tokens). Per-step phase times (generate / score / train) are
 medians of the steps after --warmup; each process reports its peak RSS (VmHWM). The parent imports no paddle:
 ours runs in a child with alignment/cpu_env.py's defaults, TRL in a child of --peer-python with those variables
-removed (torch's default threads). Ends with `RESULT {json}` and writes benchmarks/results/rl_smollm2_<time>.json.
+removed (torch's default threads). Ends with `RESULT {json}` and writes rl_smollm2_<time>.json (benchmarks/record.py:
+--results-dir, --record, --no-save).
 """
 from __future__ import annotations
 
@@ -234,8 +235,7 @@ def main(argv=None) -> dict:
     p.add_argument("--peer-gradient-checkpointing", action="store_true",
                    help="TRL's own default (recompute activations in backward); off: the same work as ours")
     p.add_argument("--workdir", default=None, help="default: /tmp/bench_rl_smollm2 (score checkpoint, outputs)")
-    p.add_argument("--results-dir", default=record.RESULTS)
-    p.add_argument("--no-save", action="store_true")
+    record.add_arguments(p)
     p.add_argument("--side", choices=["ours"], help=argparse.SUPPRESS)  # the child process's part
     p.add_argument("--plan", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -284,7 +284,7 @@ def main(argv=None) -> dict:
             print(f"{algo} ours / TRL: {run['ratio_ours_over_trl']}; same prompt ids: {run['same_prompt_ids']}",
                   flush=True)
     if not args.no_save:
-        record.save("rl_smollm2", {k: v for k, v in result.items() if k != "machine"}, args.results_dir,
+        record.save("rl_smollm2", {k: v for k, v in result.items() if k != "machine"}, record.results_dir(args),
                     machine=result.get("machine"))
     print("RESULT " + json.dumps(result), flush=True)
     return result

@@ -13,8 +13,8 @@ phase times are the trainer's time/generate, time/score, time/train metrics.
 
 `--steps N` is the total number of steps; the first `--warmup` steps (default 1) are excluded from the medians, so
 `--steps 12` is directly comparable with the peer's `median_step_s_excl_first` (the median of steps 2-12).
-The last line printed is `RESULT {json}`. A Markdown table, a JSON file and a PNG chart are written under
-benchmarks/results/ (`<algo>_<timestamp>.*` and `latest_<algo>.md`).
+The last line printed is `RESULT {json}`. A Markdown table, a JSON file and a PNG chart are written as
+`<algo>_<timestamp>.*` (benchmarks/record.py: --results-dir, --record, --no-save).
 """
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from report import write_reports  # noqa: E402
+
+from benchmarks import record  # noqa: E402
 
 from alignment.cpu_env import apply_cpu_defaults, machine_facts  # noqa: E402
 
@@ -302,8 +304,7 @@ def main(argv=None):
                         "default) instead of taking the old log-probs from the sampling pass as TRL does")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 2048])
-    p.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
-    p.add_argument("--no-save", action="store_true", help="do not write benchmarks/results files")
+    record.add_arguments(p)
     p.add_argument("--workdir", default=None, help="keep the tokenizer/models here instead of a temp dir")
     p.add_argument("--keep-workdir", action="store_true")
     p.add_argument("--profile", default=None, help="cProfile the steps after warmup into this .prof file")
@@ -320,7 +321,7 @@ def main(argv=None):
 
     result, rows = run(args)
     if not args.no_save:
-        for path in write_reports(result, rows, args.results_dir):
+        for path in write_reports(result, rows, record.results_dir(args)):
             shown = os.path.relpath(path, REPO)
             print(f"wrote {path if shown.startswith('..') else shown}", flush=True)
     print("RESULT " + json.dumps(result), flush=True)

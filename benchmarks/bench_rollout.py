@@ -7,8 +7,8 @@ A random-init LLaMA of the peer benchmark's shape (hidden 256, intermediate 1024
 built from config; greedy decoding of exactly --new-tokens tokens (no eos) from random prompts. For each prompt
 length and batch size it times `generate` (the decode engine), the same with `static=StaticDecoder(model)` (compiled once per shape
 before timing) and `generate_without_cache` (best of --repeats), checks all three produce the same tokens, and prints a
-Markdown table with tokens/s and the speed-ups. Writes benchmarks/results/rollout_<timestamp>.{md,png} (the
-table, and a bar chart of tokens/s per batch size) unless --no-save.
+Markdown table with tokens/s and the speed-ups. Writes rollout_<timestamp>.{json,png} (the figures, and a bar chart
+of tokens/s per batch size; benchmarks/record.py: --results-dir, --record, --no-save).
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def main(argv=None) -> list:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-lens", default="16,64", help="prompt lengths (the no-cache path's cost grows with them)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    p.add_argument("--no-save", action="store_true", help="write no result files")
+    from benchmarks import record
+
+    record.add_arguments(p)
     args = p.parse_args(argv)
 
     import paddle
@@ -79,7 +80,7 @@ def main(argv=None) -> list:
         f"prompts of the given length, best of {args.repeats}; {describe_machine(machine_facts())})\n"
     print(table)
     if not args.no_save:
-        for path in save(rows, {"new_tokens": args.new_tokens, "repeats": args.repeats}, args.results_dir):
+        for path in save(rows, {"new_tokens": args.new_tokens, "repeats": args.repeats}, record.results_dir(args)):
             print(f"wrote {path}")
     return rows
 

@@ -1,6 +1,6 @@
 """Start-up cost of one python-tool call (alignment/envs/sandbox.py), before and after the containment of issue 52.
 
-    flock /tmp/cpu.lock python benchmarks/bench_sandbox.py [--calls 40] [--threads 4] [--no-save]
+    python benchmarks/bench_sandbox.py [--calls 40] [--threads 4] [--results-dir DIR | --record | --no-save]
 
 Variants, run round-robin (one call of each per round, so load drifts hit them alike), each call
 `run_python("print(sum(range(1000)))")` with default limits:
@@ -12,7 +12,7 @@ Then the full containment from --threads threads at once (the overlap of several
 the same calls one after the other. Prints medians / p90 in ms and the ratios full / before, full / audit-hook (what
 the layers cost: same parent code) and full / bare. "before" waited with Popen.wait(timeout), whose sleeps grow to
 50 ms, so its times cluster just above 63.5 or 113.5 ms (the sums of those sleeps) whatever the child took.
-Writes benchmarks/results/sandbox_<timestamp>.json (CPU, date, commit, every call's seconds).
+Writes sandbox_<timestamp>.json (CPU, date, commit, every call's seconds; benchmarks/record.py).
 """
 from __future__ import annotations
 
@@ -65,7 +65,9 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--no-save", action="store_true")
+    from benchmarks import record
+
+    record.add_arguments(parser)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as directory:
         old = baseline_sandbox(directory)  # stays imported once its file is gone
@@ -112,9 +114,8 @@ def main(argv=None) -> dict:
           f"{args.threads} threads: {result['concurrent_calls_per_s']:.1f} calls/s vs "
           f"{result['serial_calls_per_s']:.1f} one after the other")
     if not args.no_save:
-        from benchmarks import record
         record.save("sandbox", {key: value for key, value in result.items() if key != "machine"},
-                    machine=result["machine"])
+                    record.results_dir(args), machine=result["machine"])
     return result
 
 

@@ -1,6 +1,6 @@
 """Peak resident memory per rank of sharding stages 0-3 on 4 processes, against the layout planner's prediction.
 
-    flock /tmp/cpu.lock python benchmarks/bench_sharding_memory.py [--steps 2] [--no-save]
+    python benchmarks/bench_sharding_memory.py [--steps 2] [--results-dir DIR | --record | --no-save]
 
 Builds a random LLaMA wide enough that its parameters dominate (hidden 1024, MLP 2816, 8 layers, 16 heads, untied,
 the tiny tokenizer's vocabulary of 1024: 104.9M parameters, 0.39 GiB in fp32) next to the tiny model, then runs
@@ -12,8 +12,8 @@ the whole model each rank loads before stage 3 slices it does not count: ALIGNME
 MALLOC_MMAP_THRESHOLD_=65536) and the weights and AdamW states it holds. The runtime under them (Paddle, gloo, data, the
 tokenizer) is measured the same way with the tiny model (1.0M parameters) and given to the planner
 (alignment/planning/memory.py, `tools/plan_layout.py --device cpu --runtime-gib`), whose train-phase total for
-the same layout is the prediction. Writes benchmarks/results/sharding_memory_<stamp>.{json,md,png} (CPU, date,
-commit and machine in the JSON). `--repredict FILE.json` measures nothing: it
+the same layout is the prediction. Writes sharding_memory_<stamp>.{json,md,png} (CPU, date, commit and machine in
+the JSON; the directory as benchmarks/record.py's flags say). `--repredict FILE.json` measures nothing: it
 recomputes the planner's predictions for the file's measurements (after a change to the memory model) and rewrites
 the file, its table and plot (the commit of the predictions is recorded beside the measurement's).
 """
@@ -173,7 +173,9 @@ def commit() -> str:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--no-save", action="store_true", help="print, write no result files")
+    from benchmarks import record
+
+    record.add_arguments(parser)
     parser.add_argument("--repredict", metavar="RESULT_JSON", help="measure nothing: recompute the planner's "
                         "predictions for a results file's measurements and rewrite it (.json, .md, .png)")
     args = parser.parse_args(argv)
@@ -207,7 +209,9 @@ def main(argv=None) -> dict:
               "runtime_gib": runtime, "malloc": MALLOC, "rows": rows}
     print(render(result))
     if not args.no_save:
-        write(result, os.path.join(REPO, "benchmarks", "results", f"sharding_memory_{time.strftime('%Y%m%d-%H%M%S')}"))
+        directory = record.results_dir(args)
+        os.makedirs(directory, exist_ok=True)
+        write(result, os.path.join(directory, f"sharding_memory_{time.strftime('%Y%m%d-%H%M%S')}"))
     return result
 
 

@@ -286,7 +286,9 @@ def main(argv=None) -> dict:
                    help="run transformers in this process, under our allocator setting, instead of a child process")
     p.add_argument("--serve-torch", action="store_true", help=argparse.SUPPRESS)  # the child process's side
     p.add_argument("--json", help="also write the figures here")
-    p.add_argument("--no-save", action="store_true", help="write no benchmarks/results file")
+    from benchmarks import record
+
+    record.add_arguments(p)
     args = p.parse_args(argv)
     if args.serve_torch:
         return serve_torch(args.model, args.torch_threads)
@@ -306,11 +308,9 @@ def main(argv=None) -> dict:
     print(markdown(rows, [r.name for r in runners]))
     result = {"machine": info, "rows": rows, "skipped": why}
     if not args.no_save:
-        from benchmarks import record
-
         record.save("smollm2", {"rows": rows, "skipped": why, "settings": {k: v for k, v in info.items()
                                                                           if k not in machine_facts()}},
-                    machine=machine_facts())
+                    record.results_dir(args), machine=machine_facts())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -31,7 +31,9 @@ def main(argv=None) -> dict:
     p.add_argument("--rollouts", type=int, default=64)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--no-save", action="store_true", help="write no benchmarks/results file")
+    from benchmarks import record
+
+    record.add_arguments(p)
     args = p.parse_args(argv)
 
     import numpy as np
@@ -101,9 +103,8 @@ def main(argv=None) -> dict:
     for name, r in results.items():
         print(f"| {name} | {r['sec']:.3f} | {r['padding']:.0%} | {base / r['sec']:.2f}x |")
     if not args.no_save:
-        from benchmarks import record
-
-        record.save("update_padding", {"rollouts": args.rollouts, "micro_batch": args.micro_batch, "ways": results})
+        record.save("update_padding", {"rollouts": args.rollouts, "micro_batch": args.micro_batch, "ways": results},
+                    record.results_dir(args))
     return results
 
 

@@ -1,9 +1,11 @@
-"""Benchmark results as data: every benchmark writes `benchmarks/results/<benchmark>_<YYYYMMDD-HHMMSS>.json` through
-`save()`, with the same header (benchmark, UTC date, commit, the machine of `alignment.cpu_env.machine_facts()`,
-command line) beside its figures. `runs()` reads the directory back, files of older formats included, and
-`files_to_keep()` is the retention rule `tests/test_results_retention.py` enforces: the latest run of each benchmark
-per CPU model, plus every file a documentation page (docs/, README.md) names. No paddle import: the docs build reads
-these files."""
+"""Benchmark results as data: every benchmark writes `<benchmark>_<YYYYMMDD-HHMMSS>.json` through `save()`, with the
+same header (benchmark, UTC date, commit, the machine of `alignment.cpu_env.machine_facts()`, command line) beside
+its figures. Where: `add_arguments()` gives every benchmark `--results-dir DIR` (default `default_results_dir()`,
+outside the repository), `--record` (into `benchmarks/results/`, the files the docs' tables are made from: run
+`python -m docsgen` after) and `--no-save`; `results_dir(args)` resolves them. `runs()` reads a directory back, files
+of older formats included, and `files_to_keep()` is the retention rule `tests/test_results_retention.py` enforces
+on benchmarks/results/: the latest run of each benchmark per CPU model, plus every file a documentation page
+(docs/, README.md) names. No paddle import: the docs build reads these files."""
 from __future__ import annotations
 
 import datetime
@@ -40,12 +42,40 @@ def stamp() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
-def save(benchmark: str, figures: dict, results_dir: str = RESULTS, machine: Optional[dict] = None,
+def default_results_dir() -> str:
+    """Where a run's files go unless told otherwise: `bench-results/` in the toolkit's cache folder
+    ($ALIGNMENT_CACHE_DIR, else $XDG_CACHE_HOME/alignment, else ~/.cache/alignment), outside the repository, so a
+    user's run leaves benchmarks/results/ and the docs built from it as they were."""
+    from alignment import mkl_path
+
+    return os.path.join(os.path.dirname(mkl_path.cache_file()), "bench-results")
+
+
+def add_arguments(parser) -> None:
+    """A benchmark's choice of where its files go: --results-dir DIR, --record or --no-save (one of them)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--results-dir", default=None,
+                       help="directory for the result files (default: bench-results/ in the toolkit's cache folder, "
+                            "$ALIGNMENT_CACHE_DIR or $XDG_CACHE_HOME/alignment or ~/.cache/alignment)")
+    where.add_argument("--record", action="store_true",
+                       help="write into benchmarks/results/ for the docs' tables (then run python -m docsgen)")
+    where.add_argument("--no-save", action="store_true", help="write no result file")
+
+
+def results_dir(args) -> str:
+    """The directory `add_arguments()`'s flags name: benchmarks/results/ with --record, else --results-dir or the
+    default."""
+    return RESULTS if args.record else (args.results_dir or default_results_dir())
+
+
+def save(benchmark: str, figures: dict, results_dir: Optional[str] = None, machine: Optional[dict] = None,
          when: Optional[str] = None) -> str:
-    """Write one run's figures with the header every result carries, as `<benchmark>_<when>.json` (`when` from
-    `stamp()`, given when the run's other files share it); returns the path."""
+    """Write one run's figures with the header every result carries, as `<benchmark>_<when>.json` in `results_dir`
+    (default `default_results_dir()`; `when` from `stamp()`, given when the run's other files share it); returns
+    the path."""
     from alignment.cpu_env import machine_facts
 
+    results_dir = results_dir or default_results_dir()
     when = when or stamp()
     date = datetime.datetime.strptime(when, "%Y%m%d-%H%M%S").strftime("%Y-%m-%d %H:%M UTC")
     record = {"benchmark": benchmark, "date": date, "commit": git_commit(),
@@ -55,7 +85,9 @@ def save(benchmark: str, figures: dict, results_dir: str = RESULTS, machine: Opt
     path = os.path.join(results_dir, f"{benchmark}_{when}.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1)
-    print(f"wrote {os.path.relpath(path, REPO)}")
+    recorded = os.path.abspath(results_dir) == os.path.abspath(RESULTS)
+    print(f"wrote {os.path.relpath(path, REPO) if recorded else path}" +
+          ("; python -m docsgen brings the docs' tables up to date" if recorded else ""))
     return path
 
 

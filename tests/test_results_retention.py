@@ -3,8 +3,12 @@ directory keeps only the latest run of each benchmark per CPU model plus the fil
 (benchmarks/record.py: files_to_keep); older runs live in git history."""
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 from benchmarks import record
+from tests.helpers import REPO
 
 
 def test_results_keep_only_the_latest_run_per_cpu_and_the_cited_files():
@@ -43,3 +47,45 @@ def test_save_writes_the_header_beside_the_figures(tmp_path):
     assert written["benchmark"] == "demo" and written["date"] == "2026-12-01 12:00 UTC" and written["figure"] == 1.5
     assert written["commit"] and written["machine"]["model"] is not None
     assert [run.cpu for run in record.runs(str(tmp_path))] == [record.Run("demo", "", [], written).cpu]
+
+
+def _listing(directory):
+    return {name: os.stat(os.path.join(directory, name)).st_mtime_ns for name in os.listdir(directory)}
+
+
+def test_a_benchmark_run_without_record_leaves_benchmarks_results_alone(tmp_path):
+    """A user's run writes into the default directory (the toolkit's cache folder): benchmarks/results/, which the
+    docs are built from, changes only with --record."""
+    from alignment import mkl_path
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if os.path.exists(mkl_path.cache_file()):  # the MKL path measured for this CPU: not measured again
+        shutil.copy(mkl_path.cache_file(), cache / mkl_path.CACHE_FILE)
+    env = {**os.environ, "ALIGNMENT_CACHE_DIR": str(cache), "PYTHONPATH": REPO}
+    before = _listing(record.RESULTS)
+    done = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_update_padding.py"), "--rollouts",
+                           "4", "--micro-batch", "2", "--repeats", "1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _listing(record.RESULTS) == before
+    names = os.listdir(cache / "bench-results")
+    assert len(names) == 1 and names[0].startswith("update_padding_") and names[0].endswith(".json"), names
+    saved = json.load(open(cache / "bench-results" / names[0]))
+    assert saved["benchmark"] == "update_padding" and "grouped by length + packed (default)" in saved["ways"]
+    assert str(cache / "bench-results" / names[0]) in done.stdout  # the run says where its file went
+
+
+def test_the_results_directory_follows_the_flags(tmp_path, monkeypatch):
+    import argparse
+
+    monkeypatch.setenv("ALIGNMENT_CACHE_DIR", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    record.add_arguments(parser)
+    assert record.results_dir(parser.parse_args([])) == str(tmp_path / "bench-results")
+    assert record.results_dir(parser.parse_args(["--results-dir", "elsewhere"])) == "elsewhere"
+    assert record.results_dir(parser.parse_args(["--record"])) == record.RESULTS
+    assert record.default_results_dir() != record.RESULTS
+    assert not os.path.abspath(record.default_results_dir()).startswith(REPO + os.sep)
+    path = record.save("demo", {"figure": 2.0}, when="20261201-120000")
+    assert path == str(tmp_path / "bench-results" / "demo_20261201-120000.json")

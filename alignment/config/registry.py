@@ -18,7 +18,7 @@ estimator needs a critic) without the framework. The classes live with the paddl
     PREFERENCE_LOSSES     loss_type (DPO family, KTO)       alignment/dpo/losses.py
     JUDGE_PARSERS         (a model judge's `parser`)        alignment/rewards/judge_parsers.py
     REWARD_FUNCTIONS      reward_funcs, gold_judge          alignment/rewards/judges.py, rules.py
-    DATASETS              train_datasets, eval_datasets     alignment/data/raw.py, formats.py (names and ALIASES)
+    DATASETS              train_datasets, eval_datasets     alignment/data/raw.py, builtin.py, paddlenlp_files.py
     EVAL_TASKS            eval_tasks, alignment-eval --task  alignment/evaluation/tasks.py
 
 A registry of functions (reward functions: `fn(prompts, completions, **labels)`) takes them by decorator, under

@@ -97,8 +97,10 @@ def main(argv=None) -> str:
     parser.add_argument("--times", default=None, help="the wall and CPU seconds of each run (see above)")
     parser.add_argument("--same", nargs=2, metavar=("RUN", "OTHER_RUN"),
                         help="also compare two runs' ledgers sample by sample (an environment arm and its agent arm)")
-    parser.add_argument("--record", action="store_true",
-                        help="write the figures to benchmarks/results/tool_demo_<stamp>.json (the docs' table)")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from benchmarks import record
+
+    record.add_arguments(parser)  # tool_demo_<stamp>.json: --results-dir, --record (the docs' table) or --no-save
     args = parser.parse_args(argv)
     times = read_times(args.times)
     arms = [arm_figures(label, run, times) for label, run in args.arm]
@@ -109,11 +111,8 @@ def main(argv=None) -> str:
         figures["same_trajectories"] = {"runs": list(args.same), "same": same, "samples": total}
         text += f"\n\nsame trajectories ({args.same[0]} / {args.same[1]}): {same} of {total} trained samples"
     print(text)
-    if args.record:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        from benchmarks import record
-
-        record.save("tool_demo", figures)
+    if not args.no_save:
+        record.save("tool_demo", figures, record.results_dir(args))
     return text
 
 
