@@ -2,13 +2,13 @@
 the decode engine, reward functions, the records) against the single-turn generate path on the same prompts.
 
     python benchmarks/bench_eval.py [--model checkpoints/smollm2-135m-instruct] [--task chain_sum] [--items 16]
-        [--n 8] [--batch-size 32] [--repeats 2] [--no-save]
+        [--n 8] [--batch-size 32] [--repeats 2] [--results-dir DIR | --record | --no-save]
 
 Both paths sample --n responses to each of the task's first --items prompts at temperature 1.0 and at most the
 task's max_new_tokens, --batch-size sequences at a time: the harness through `evaluate` (scoring included), the
 generate path as `alignment.models.generate` on the same chat prompts repeated n times, left-padded (tokens only).
 After a warm-up, the two take turns --repeats times; prints samples/s of each and their ratio, and writes
-benchmarks/results/eval_harness_<timestamp>.json unless --no-save. Default --model: the tiny model of
+eval_harness_<timestamp>.json where benchmarks/record.py's flags say (--record: benchmarks/results/). Default --model: the tiny model of
 tools/make_tiny.py, built in a temporary directory.
 """
 from __future__ import annotations
@@ -52,7 +52,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--no-save", action="store_true")
+    from benchmarks import record
+
+    record.add_arguments(parser)
     args = parser.parse_args(argv)
     from alignment.evaluation.policies import LocalPolicy
     from alignment.evaluation.runner import EvalSettings, evaluate
@@ -88,9 +90,7 @@ def main(argv=None) -> dict:
           f"({harness_tokens} tokens), generate {figures['generate_samples_per_s']:.2f} samples/s "
           f"({generate_tokens} tokens): {figures['harness_over_generate']:.2f}x")
     if not args.no_save:
-        from benchmarks import record
-
-        record.save("eval_harness", figures)
+        record.save("eval_harness", figures, results_dir=record.results_dir(args))
     return figures
 
 

@@ -13,9 +13,10 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
 from typing import Dict, Iterable, List, NamedTuple, Optional
+
+from alignment.provenance import git_commit  # noqa: F401  (the header's commit; benchmarks import it from here)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -23,18 +24,6 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")
 NAME = re.compile(r"^(?P<benchmark>[a-z0-9_-]+?)_(?P<day>\d{8})(?:-(?P<time>\d{4,6}))?(?:-(?P<tag>[a-z][a-z0-9-]*))?"
                   r"\.(?P<ext>json|md|png)$")
 CITED = re.compile(r"[a-z0-9_-]+_\d{8}(?:-\d{4,6})?(?:-[a-z][a-z0-9-]*)?\.(?:json|md|png)|[a-z0-9_-]+\.(?:md|jsonl)")
-
-
-def git_commit(repo: str = REPO) -> str:
-    """The checkout's commit, with `+changes` when the tracked files differ from it (the run measured those)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
 
 
 def stamp() -> str:

@@ -36,6 +36,8 @@ FOREIGN_FLAGS = {
 # text the checks let through, each with why (a test fails when an entry no longer matches): a figure that is a
 # setting, a limit or an input, not a measurement; a machine path that is a path inside the sandbox or container
 ALLOWED: Dict[str, str] = {
+    "bootstrap 95% CIs": "CONFIDENCE, the evaluation harness's interval (alignment/evaluation/metrics.py)",
+    "percentile-bootstrap 95% confidence interval": "CONFIDENCE of alignment/evaluation/metrics.py",
     "at most 1 MiB": "MAX_ARGUMENT_FILE_BYTES, the argument file's size limit (alignment/config/argument_file.py)",
     "up to 2 s": "how long the sandbox's parent waits for the namespace to empty (alignment/envs/sandbox.py)",
     "1 GiB as 64 files of 16 MiB": "the input of a containment test",

@@ -2,7 +2,7 @@
 alignment-eval's directories, and the gain with its paired 95% CI; a result file (CPU, date, commit) and a plot.
 
     python examples/reasoning_demo/report.py --run outputs/smollm2-grpo-chain-sum-s42 [--run ...] \
-        [--task chain_sum] [--transfer basic_arithmetic] [--results-dir benchmarks/results]
+        [--task chain_sum] [--transfer basic_arithmetic] [--plot PNG] [--note TEXT] [--record | --results-dir DIR]
 
 Each --run is a GRPO output directory holding metrics.jsonl and evals/step-N/{greedy,n8}/<task>/ written by
 examples/reasoning_demo.sh (step-0 is the starting model). Training minutes at step N are the summed generate,
@@ -96,16 +96,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--run", action="append", required=True)
     parser.add_argument("--task", default="chain_sum")
     parser.add_argument("--transfer", default="basic_arithmetic")
-    parser.add_argument("--results-dir", default=os.path.join("benchmarks", "results"))
     parser.add_argument("--plot", help="also write the plot here (the docs' copy: docs/images/grpo_reasoning.png)")
     parser.add_argument("--note", default="", help="what the result file should say about the run's conditions")
-    args = parser.parse_args(argv)
     from benchmarks import record
+
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
 
     seeds = [seed_curve(run, args.task, args.transfer) for run in args.run]
     when = record.stamp()
     figures = {"task": args.task, "transfer_task": args.transfer, "seeds": seeds, "notes": args.note}
-    path = record.save("grpo_reasoning", figures, results_dir=args.results_dir, when=when)
+    if args.no_save:
+        return figures
+    path = record.save("grpo_reasoning", figures, results_dir=record.results_dir(args), when=when)
     for target in (path[:-len(".json")] + ".png", args.plot):
         if target:
             plot(seeds, args.task, target)
