@@ -37,6 +37,12 @@ def headline() -> str:
         train = next(row for row in run.record["rows"] if row["workload"] == "train_step")
         rows.append(["SmolLM2-135M training tokens/s, ours / transformers",
                      f"[**{train['ratio']:.2f}x**]({perf}#smollm2-135m-against-transformers)", run])
+    for run in results_tables.kept_runs("grpo_reasoning")[:1]:
+        gains = " / ".join(f"{s['gain']['greedy']['mean']:+.2f} [{s['gain']['greedy']['low']:+.2f}, "
+                           f"{s['gain']['greedy']['high']:+.2f}]" for s in run.record["seeds"])
+        rows.append([f"GRPO on SmolLM2-135M, held-out chain-sum greedy pass@1 gain per seed (95% CI)",
+                     f"[**{gains}**](docs/recipes/grpo.md#verifiable-rewards-on-smollm2-held-out-pass1-over-training)",
+                     run])
     lines = ["| measure | figure | CPU, date, commit |", "| --- | ---: | --- |"]
     lines += [f"| {what} | {figure} | {run.cpu}, {run.date}, `{run.commit}` |" for what, figure, run in rows]
     return "\n".join(lines)
