@@ -76,4 +76,6 @@ def test_a_stage_started_as_a_script_imports_the_installed_agents_package():
     shown = subprocess.run([sys.executable, "-c", script, folder], cwd=REPO, capture_output=True, text=True,
                            timeout=120)
     assert shown.returncode == 0, shown.stderr[-500:]
-    assert not shown.stdout.strip().startswith(REPO), shown.stdout
+    found = os.path.realpath(shown.stdout.strip())
+    assert not found.startswith(os.path.realpath(os.path.join(REPO, "alignment")) + os.sep), found
+    assert "site-packages" in found.split(os.sep), found  # the installed distribution (CI's venv sits in REPO)
