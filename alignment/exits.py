@@ -1,7 +1,8 @@
 """How every program ends: scripts, `python -m`, console commands and the reward server share `run_program`.
 
     exit 0    done
-    exit 2    bad input: a missing or malformed file, a bad flag or key (ValueError, FileNotFoundError, ...)
+    exit 2    bad input: a missing or malformed file, a bad flag or key (ValueError, FileNotFoundError, ...), or
+              too little memory for what was asked (MemoryError: an address-space limit, `ulimit -v`, or a full RAM)
     exit 1    a failure: a full disk, a run that stopped itself, a bug (any other exception)
     exit 130  SIGINT (Ctrl-C);  exit 143  SIGTERM
 
@@ -70,8 +71,22 @@ def _help_requested() -> bool:
 
 
 def one_line(error: BaseException) -> str:
+    if isinstance(error, MemoryError):
+        return out_of_memory(error)
     text = " ".join(str(error).split())
     return text if text else type(error).__name__
+
+
+def out_of_memory(error: MemoryError) -> str:
+    """A MemoryError says nothing by itself (its text is usually empty): name the limit that was hit."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    limit = ("no address-space limit is set: the machine's memory ran out" if soft == resource.RLIM_INFINITY
+             else f"the address-space limit is {soft >> 20} MiB (ulimit -v {soft >> 10})")
+    detail = " ".join(str(error).split())
+    return (f"out of memory{f' ({detail})' if detail else ''}: {limit}; raise the limit or lower the batch sizes, "
+            "max_length or the number of rollout samples")
 
 
 def run_program(main: Callable[[], object], uses_paddle: bool = True) -> int:
@@ -90,7 +105,7 @@ def run_program(main: Callable[[], object], uses_paddle: bool = True) -> int:
     except BaseException as err:  # noqa: BLE001 - the one place every program's errors end
         if debug:
             traceback.print_exc()
-        code = BAD_INPUT if isinstance(err, BAD_INPUT_ERRORS) else FAILURE
+        code = BAD_INPUT if isinstance(err, BAD_INPUT_ERRORS + (MemoryError,)) else FAILURE
         hint = "" if debug or code == BAD_INPUT else " (rerun with --debug for the traceback)"
         print(f"error: {one_line(err)}{hint}", file=sys.stderr)
         return code

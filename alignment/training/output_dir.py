@@ -3,6 +3,7 @@
 start over another run's checkpoints, metrics or arguments unless `overwrite_output_dir` says to remove them."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -55,13 +56,15 @@ def release_output_dir(path: str) -> None:
         lock.close()
 
 
-def release_unused_output_dirs() -> None:
-    """For a run that fails before writing anything: remove the output_dirs it created (holding only the lock),
-    so bad input leaves no trace."""
-    for real in list(_created):
-        if os.listdir(real) == [LOCK_FILE]:
-            _held.pop(real).close()
+def release_output_dirs_after_failure() -> None:
+    """For a run that fails: its lock files are removed (the process is ending; nothing is left that says a run is
+    there), and the output_dirs it created and left empty with them, so bad input leaves no trace."""
+    for real in list(_held):
+        _held.pop(real).close()
+        with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(real, LOCK_FILE))
+    for real in list(_created):
+        with contextlib.suppress(OSError):  # not empty: the run wrote something (kept)
             os.rmdir(real)
         _created.remove(real)
 

@@ -14,7 +14,7 @@ import traceback
 from typing import Dict, Optional
 
 from alignment import launcher
-from alignment.exits import Interrupted, debug_on, signal_of
+from alignment.exits import Interrupted, debug_on, out_of_memory, signal_of
 from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
 from alignment.config.training import TrainingArguments
 from alignment.data import MixedRawDataset, import_user_modules
@@ -30,6 +30,8 @@ def user_errors():
         yield
     except (OSError, ValueError) as err:  # DataFormatError and ArgumentError are ValueErrors
         fail(_described(err))
+    except MemoryError as err:
+        fail(out_of_memory(err))
 
 
 @contextlib.contextmanager
@@ -45,6 +47,8 @@ def training_stops(trainer=None):
         yield
     except TrainingStopped as err:
         fail(err, code=1)
+    except MemoryError as err:  # too little memory for what the arguments ask: the user's to change, like bad input
+        fail(f"{out_of_memory(err)}; {interrupted_at(trainer)}")
     except (OSError, SafetensorError) as err:  # a full disk, an unwritable directory: what was saved is intact
         fail(f"{_described(err)}; checkpoints completed before this are intact (resume_from_checkpoint: auto)",
              code=1)
@@ -77,13 +81,14 @@ def _described(err: Exception) -> str:
 
 
 def fail(error, code: int = 2, prefix: str = "error: ") -> None:
-    """Exit non-zero with a one-line message (the traceback too under --debug / ALIGNMENT_DEBUG=1)."""
-    from alignment.training.output_dir import release_unused_output_dirs
+    """Exit non-zero with a one-line message (the traceback too under --debug / ALIGNMENT_DEBUG=1); output_dirs
+    this run made and left empty are removed, and its lock files with them."""
+    from alignment.training.output_dir import release_output_dirs_after_failure
 
     if debug_on() and sys.exc_info()[0] is not None:
         traceback.print_exc()
     print(f"{prefix}{' '.join(str(error).split())}", file=sys.stderr)
-    release_unused_output_dirs()
+    release_output_dirs_after_failure()
     raise SystemExit(code)
 
 
