@@ -76,3 +76,37 @@ def test_summarize_gives_every_metric_an_interval():
     got = summarize(per_item, seed=0)
     assert got["mean@1"] == {"mean": 0.5, "low": 0.5, "high": 0.5}
     assert got["pass@1"]["mean"] == 0.5 and got["pass@1"]["low"] == 0.0 and got["pass@1"]["high"] == 1.0
+
+
+def test_seeds_and_items_with_one_seed_is_the_item_bootstrap_bit_for_bit():
+    from alignment.evaluation.metrics import seeds_and_items_ci
+
+    scores = [0.1, 0.9, 0.4, 0.4, 0.0, 1.0, 0.75]
+    assert seeds_and_items_ci([scores], seed=3) == bootstrap_ci(scores, seed=3)
+
+
+def test_seeds_and_items_interval_holds_the_seed_spread():
+    """Runs constant over items: only the seeds vary. Three seeds at 0.5, 0.7, 0.6: a resample of all three at 0.5
+    has probability 1/27 = 3.7% > 2.5%, so the interval's ends are exactly the extreme seeds."""
+    from alignment.evaluation.metrics import seeds_and_items_ci
+
+    mean, low, high = seeds_and_items_ci([[0.5] * 5, [0.7] * 5, [0.6] * 5])
+    assert mean == pytest.approx(0.6) and low == pytest.approx(0.5) and high == pytest.approx(0.7)
+
+
+def test_seeds_and_items_difference_pairs_items_across_arms():
+    """Item difficulty varies a lot, but every item of arm b is arm a's + 0.1: pairing by item cancels it."""
+    from alignment.evaluation.metrics import seeds_and_items_difference_ci
+
+    a = [[0.0, 0.9, 0.2, 0.5, 0.8], [0.0, 0.9, 0.2, 0.5, 0.8]]
+    b = [[v + 0.1 for v in a[0]]] * 3
+    assert seeds_and_items_difference_ci(a, b) == pytest.approx((0.1, 0.1, 0.1))
+    unpaired = seeds_and_items_difference_ci(a, [[0.9, 0.0, 0.6, 0.3, 0.3]])  # the same mean + 0.1, other items
+    assert unpaired[1] < 0.0 < unpaired[2]
+
+
+def test_seeds_and_items_refuses_runs_on_different_items():
+    from alignment.evaluation.metrics import seeds_and_items_difference_ci
+
+    with pytest.raises(ValueError, match="same items"):
+        seeds_and_items_difference_ci([[0.1, 0.2]], [[0.1, 0.2, 0.3]])

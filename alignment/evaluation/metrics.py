@@ -5,7 +5,9 @@ with n samples of which c are correct, 1 - C(n-c, k) / C(n, k), computed as a pr
 overflow. mean@n is the mean reward of all n samples; maj@k is 1 when the most frequent answer among the first
 k samples (ties to the answer seen first; samples with no answer do not vote) is a correct one. Confidence
 intervals are percentile bootstraps over items (Efron & Tibshirani 1993), seeded, so the same values give the same
-interval bits; a paired bootstrap over the same items gives the interval of a difference.
+interval bits; a paired bootstrap over the same items gives the interval of a difference. Runs repeated over
+training seeds take a two-level bootstrap (seeds, then the items all runs share), so the interval holds both the
+seed-to-seed spread and the item sample (Davison & Hinkley 1997, section 3.8).
 """
 from __future__ import annotations
 
@@ -71,6 +73,35 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], seed: int = 0, reps
     if a.shape != b.shape:
         raise ValueError(f"paired_bootstrap: {a.size} and {b.size} items; the runs must cover the same items")
     return bootstrap_ci(b - a, seed, reps, confidence)
+
+
+def seeds_and_items_ci(scores, seed: int = 0, reps: int = BOOTSTRAP_REPS, confidence: float = CONFIDENCE) -> tuple:
+    """(mean, low, high) of an arm trained at several seeds: scores [seeds, items] (each run on the same items).
+    Each draw resamples the seeds and, shared by them, the items."""
+    return seeds_and_items_difference_ci(None, scores, seed, reps, confidence)
+
+
+def seeds_and_items_difference_ci(a, b, seed: int = 0, reps: int = BOOTSTRAP_REPS,
+                                  confidence: float = CONFIDENCE) -> tuple:
+    """(mean of b - mean of a, low, high) for two arms of independent runs: a [seeds_a, items], b [seeds_b, items]
+    on the same items. Each draw resamples each arm's seeds on its own and the items once for both (paired by
+    item). a=None: the interval of b's mean alone."""
+    b = np.asarray(b, dtype="float64")  # [seeds_b, items]
+    a = np.zeros((1, b.shape[-1])) if a is None else np.asarray(a, dtype="float64")  # [seeds_a, items]
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or b.size == 0 or a.size == 0:
+        raise ValueError(f"seeds x items scores with the same items: shapes {a.shape} and {b.shape}")
+    rng = np.random.default_rng(seed)
+    items = rng.integers(0, b.shape[1], size=(reps, b.shape[1]))  # [reps, items]
+    seeds_a = rng.integers(0, a.shape[0], size=(reps, a.shape[0]))  # [reps, seeds_a]
+    seeds_b = rng.integers(0, b.shape[0], size=(reps, b.shape[0]))  # [reps, seeds_b]
+    item_means_a = a[:, items].mean(axis=2)  # [seeds_a, reps]: each run's mean over the drawn items
+    item_means_b = b[:, items].mean(axis=2)  # [seeds_b, reps]
+    reps_index = np.arange(reps)
+    diffs = (item_means_b[seeds_b, reps_index[:, None]].mean(axis=1)
+             - item_means_a[seeds_a, reps_index[:, None]].mean(axis=1))  # [reps]
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(diffs, [tail, 100 - tail])
+    return float(b.mean() - a.mean()), float(low), float(high)
 
 
 def summarize(per_item: List[Dict[str, float]], seed: int = 0) -> Dict[str, Dict[str, float]]:

@@ -63,7 +63,12 @@ def seed_curve(run: str, task: str, transfer: str) -> dict:
                                           os.path.join(evals, last, "greedy", transfer))["difference"]["pass@1"]
     with open(os.path.join(run, "args.json"), encoding="utf-8") as f:
         args = json.load(f)
-    return {"run": os.path.basename(os.path.normpath(run)), "seed": args["seed"], "points": points, "gain": gain}
+    sampled_at = None
+    if os.path.isdir(os.path.join(evals, last, "n8", task)):
+        with open(os.path.join(evals, last, "n8", task, "run.json"), encoding="utf-8") as f:
+            sampled_at = json.load(f)["temperature"]
+    return {"run": os.path.basename(os.path.normpath(run)), "seed": args["seed"], "points": points, "gain": gain,
+            "train_temperature": args.get("temperature"), "eval_sample_temperature": sampled_at}
 
 
 def plot(seeds: list, task: str, path: str) -> None:
