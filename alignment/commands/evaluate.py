@@ -3,12 +3,13 @@
     alignment-eval --model outputs/smollm2-grpo/model --task basic_arithmetic --n 8 --output-dir eval/grpo
     alignment-eval --endpoint http://127.0.0.1:8000/v1 --task basic_arithmetic --output-dir eval/served
     alignment-eval --model DIR --dataset prompt-only:1.0:my.jsonl --reward-funcs accuracy --output-dir eval/mine
+    alignment-eval --model DIR --dataset prompt-only:1.0:my.jsonl --reward-funcs "" --agent my_agent.py:play
     alignment-eval --compare eval/sft/basic_arithmetic eval/grpo/basic_arithmetic
 
 The policy is a checkpoint (a stage's output directory, its model/ or an export's hf/), decoded by the decode
 engine in batches, or an OpenAI-compatible chat endpoint. A task is a registered evaluation task (--list-tasks; your
 own with --task-module FILE) or a dataset spec scored by registered reward functions, played in an environment
-when one is given. Each task writes OUTPUT_DIR/TASK/: items.jsonl (every sample: completion, rewards, seed),
+or by an agent program (an OpenAI-client function, its return value the reward) when one is given. Each task writes OUTPUT_DIR/TASK/: items.jsonl (every sample: completion, rewards, seed),
 run.json (the settings) and summary.json / summary.md (CPU, date, commit, command). A rerun of the same command goes
 on where an interrupted run stopped and finishes with the same results. --compare A B prints B - A per metric with
 a paired bootstrap 95% CI over the items both evaluated.
@@ -41,6 +42,10 @@ def parser() -> ToolParser:
                    help="with --dataset: a sample with reward >= this is correct")
     p.add_argument("--environment", help="with --dataset: a registered environment to play the rows in")
     p.add_argument("--max-turns", type=positive_int, default=1, help="with --environment")
+    p.add_argument("--agent", help="with --dataset: an agent program (FILE.py:FUNCTION or module:function) playing "
+                                   "each row through the gateway, as key `agent` trains it")
+    p.add_argument("--max-length", type=non_negative_int, default=0,
+                   help="with --agent: tokens per episode, the decode engine's width (0: 512)")
     p.add_argument("--n", type=positive_int, default=1, help="samples per item (k up to n)")
     p.add_argument("--temperature", type=non_negative_number, default=None,
                    help="0 = greedy; default: greedy for --n 1, else 1.0")
@@ -64,7 +69,8 @@ def tasks_from(args) -> list:
         funcs = [f.strip() for f in args.reward_funcs.split(",") if f.strip()]
         return [SpecTask(args.dataset, funcs, success_threshold=args.success_threshold,
                          environment=args.environment, max_turns=args.max_turns,
-                         max_new_tokens=args.max_new_tokens or EvalTask.max_new_tokens)]
+                         max_new_tokens=args.max_new_tokens or EvalTask.max_new_tokens, agent=args.agent,
+                         max_length=args.max_length)]
     if not args.task:
         raise InputError("give --task NAME (see --list-tasks) or --dataset SPEC")
     return [make_task(name) for name in args.task]

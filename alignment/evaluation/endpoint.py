@@ -8,6 +8,7 @@ import concurrent.futures as cf
 from typing import Any, Dict, List, Sequence
 
 from alignment.evaluation.policies import EndpointError
+from alignment.inputs import InputError
 
 
 def chat_messages(turns) -> List[Dict[str, str]]:
@@ -22,14 +23,12 @@ class EndpointPolicy:
 
         self.base = base_url.rstrip("/")
         self.url = self.base + "/chat/completions"
-        self.model = model
+        self.model, self.api_key = model, api_key
         self.client = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {api_key}"})
 
     def check(self) -> None:
         """Refuse an endpoint that does not answer before any work (InputError: exit 2)."""
         import httpx
-
-        from alignment.inputs import InputError
 
         try:
             self.client.get(self.base + "/models")
@@ -89,6 +88,25 @@ class EndpointPolicy:
                     break
                 messages += [{"role": "assistant", "content": text}, *result.observation]
             return text, tokens, reward
+        return self.concurrently(one, rows, seeds, len(rows))
+
+    def agent_episodes(self, task, rows: Sequence[Dict[str, Any]], seeds, config, capacity: int) -> List[tuple]:
+        """Each row played by the task's agent program against the endpoint itself: ("", 0, the agent's return
+        value or 0, its error or None). The endpoint's replies are not seen here, so nothing else can judge them, and the agent's requests
+        carry no per-sample seed: run-to-run equality is the server's to give."""
+        from alignment.data import import_function
+        from alignment.envs.multiturn import environment_row
+        from alignment.gateway.episodes import AgentEpisode, play_one
+
+        if task.reward_funcs:
+            raise InputError(f"task {task.NAME!r}: an agent against --endpoint is scored by its return value alone "
+                             f"(the replies pass outside the harness); give no reward functions (--reward-funcs '')")
+        agent = import_function(task.agent, "the task's agent")
+
+        def one(row, seed):
+            episode = AgentEpisode(environment_row({"row": row}), "")
+            play_one(agent, episode, self.base, self.api_key)
+            return "", 0, episode.reward or 0.0, episode.error
         return self.concurrently(one, rows, seeds, len(rows))
 
     @staticmethod

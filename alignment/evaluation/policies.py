@@ -134,3 +134,45 @@ class LocalPolicy:
                                           [environment_row({"row": r}) for r in rows], config, task.max_turns,
                                           budget, 1.0, capacity, row_seeds=seeds if config.do_sample else None)
         return [(final_answer(t), len(t.input_ids) - t.prompt_len, t.reward) for t in trajectories]
+
+    def agent_episodes(self, task, rows: Sequence[Dict[str, Any]], seeds: Sequence[List[int]], config,
+                       capacity: int) -> List[Tuple[str, int, float, Optional[str]]]:
+        """(final assistant text, tokens after the first prompt, the agent's reward, its error or None) of one episode per row:
+        the task's agent program plays the row against the gateway over this model (gateway/episodes.py, as
+        training plays it), each session sampling from its row's seed. A failed episode's agent reward is 0."""
+        import dataclasses
+        import secrets
+
+        from alignment.data import import_function
+        from alignment.envs.formats import tool_call_format
+        from alignment.envs.multiturn import environment_row, final_answer
+        from alignment.gateway.app import GatewayServer, create_app
+        from alignment.gateway.backend import Gateway
+        from alignment.gateway.episodes import CurrentGateway, play_episodes
+
+        agent = import_function(task.agent, "the task's agent")
+        fmt = tool_call_format(task.environment_args.get("format", "hermes"))
+
+        def sampler(request):  # the evaluation's sampling; an agent may only shorten a turn
+            cap = min(config.max_new_tokens, request.max_tokens or config.max_new_tokens)
+            return dataclasses.replace(config, max_new_tokens=cap), 1.0
+
+        self.model.eval()
+        current, key = CurrentGateway(), secrets.token_urlsafe(24)
+        current.gateway = Gateway(self.model, self.tokenizer, len(rows), capacity, fmt, sampler)
+        server = GatewayServer(create_app(current, key))
+        try:
+            budget = task.max_episode_tokens or task.max_new_tokens * task.max_turns
+            rngs = [np.random.default_rng(seed) if config.do_sample else None for seed in seeds]
+            episodes = play_episodes(current.gateway, server.base_url, key, agent,
+                                     [environment_row({"row": r}) for r in rows],
+                                     [f"e{i}" for i in range(len(rows))], rngs, budget, task.agent_timeout)
+        finally:
+            server.stop()
+        out = []
+        for episode in episodes:
+            sample = current.gateway.sessions[episode.session_id].sample
+            text, tokens = ("", 0) if sample is None else (final_answer(sample),
+                                                           len(sample.input_ids) - sample.prompt_len)
+            out.append((text, tokens, episode.reward or 0.0, episode.error))
+        return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from alignment.fileio import write_json_atomic, write_text_atomic
@@ -47,6 +48,9 @@ class EvalSettings:
     @property
     def items_per_batch(self) -> int:
         return max(1, self.batch_size // self.n)
+
+
+AGENT_LENGTH = 512  # tokens per agent episode (prompts, tool results and replies) unless the task sets max_length
 
 
 def run_settings(policy, task: EvalTask, settings: EvalSettings) -> Dict[str, Any]:
@@ -100,7 +104,13 @@ def sample_batch(policy, task: EvalTask, settings: EvalSettings, rows, indices, 
     pairs = [(i, j) for i in indices for j in range(settings.n)]
     seeds = [sample_seed(settings.seed, i, j) for i, j in pairs]
     sample_rows = [rows[i] for i, _ in pairs]
-    if task.environment is None:
+    errors = [None] * len(pairs)
+    if task.agent is not None:
+        outputs = policy.agent_episodes(task, sample_rows, seeds, config, capacity)
+        completions, tokens, env_rewards = [o[0] for o in outputs], [o[1] for o in outputs], [o[2] for o in outputs]
+        errors = [o[3] for o in outputs]
+        report_agent_errors(task, errors)
+    elif task.environment is None:
         outputs = policy.complete(sample_rows, seeds, config, capacity, slots)
         completions, tokens, env_rewards = [t for t, _ in outputs], [n for _, n in outputs], None
     else:
@@ -109,11 +119,20 @@ def sample_batch(policy, task: EvalTask, settings: EvalSettings, rows, indices, 
     scored = score_samples(task, [rows[i]["input"] for i, _ in pairs], completions,
                            [rows[i].get("answer") for i, _ in pairs], env_rewards)
     samples = []
-    for (i, j), seed, text, n_tokens, score in zip(pairs, seeds, completions, tokens, scored):
+    for (i, j), seed, text, n_tokens, score, error in zip(pairs, seeds, completions, tokens, scored, errors):
         correct = None if task.success_threshold is None else bool(score["reward"] >= task.success_threshold)
         samples.append({"seed": seed, "completion": text, "tokens": n_tokens, **score, "correct": correct,
-                        "answer": task.answer(text) if task.votes else None})
+                        "answer": task.answer(text) if task.votes else None,
+                        **({"agent_error": error} if task.agent is not None else {})})
     return samples
+
+
+def report_agent_errors(task: EvalTask, errors: List[Optional[str]]) -> None:
+    """A batch's failed agent episodes (scored 0 for the agent, kept in items.jsonl as agent_error), in one line."""
+    failed = [e for e in errors if e is not None]
+    if failed:
+        print(f"agent {task.agent!r}: {len(failed)} of {len(errors)} episodes of the batch failed; the first: "
+              f"{failed[0]}", file=sys.stderr, flush=True)
 
 
 def item_record(index: int, row: Dict[str, Any], samples: List[Dict], task: EvalTask, n: int) -> Dict[str, Any]:
@@ -158,7 +177,10 @@ def evaluate(policy, task: EvalTask, settings: EvalSettings, out_dir: Optional[s
 
 
 def policy_capacity(policy, task: EvalTask, settings: EvalSettings, rows) -> int:
-    """The decode engine's width for every batch of the run (the same for a resumed run and inline)."""
+    """The decode engine's width for every batch of the run (the same for a resumed run and inline). An agent
+    writes its own prompts: its width is the task's max_length (default AGENT_LENGTH)."""
+    if task.agent is not None:
+        return task.max_length or AGENT_LENGTH
     if task.environment is not None and task.max_length:
         return task.max_length
     budget = task.max_episode_tokens or (settings.max_new_tokens or task.max_new_tokens) * task.max_turns

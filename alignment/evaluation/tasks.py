@@ -37,6 +37,9 @@ class EvalTask(Registered, registry=EVAL_TASKS):
     max_episode_tokens: ClassVar[int] = 0  # tokens after the prompt per episode (0: max_new_tokens * max_turns)
     max_length: ClassVar[int] = 0  # episodes: prompt and all per row, the decode engine's width (0: measured)
     votes: ClassVar[bool] = True  # answers can be compared: maj@k (answer() extracts them)
+    agent: ClassVar[Optional[str]] = None  # "file.py:function" or "module:function": an agent program plays each
+    # row through the gateway (as key `agent` trains it); its return value is the sample's environment reward
+    agent_timeout: ClassVar[float] = 120.0  # seconds per episode
 
     def rows(self) -> List[Dict[str, Any]]:
         """The held-out rows: {"input": prompt or turns, "answer": label, ...other columns an environment reads}."""
@@ -62,7 +65,8 @@ class EvalTask(Registered, registry=EVAL_TASKS):
                 "reward_funcs": list(self.reward_funcs), "reward_weights": list(self.weights()),
                 "success_threshold": self.success_threshold, "environment": self.environment,
                 "environment_args": dict(self.environment_args), "max_turns": self.max_turns,
-                "max_new_tokens": self.max_new_tokens, "max_episode_tokens": self.max_episode_tokens}
+                "max_new_tokens": self.max_new_tokens, "max_episode_tokens": self.max_episode_tokens,
+                "agent": self.agent}
 
 
 def make_task(name: str) -> EvalTask:
@@ -147,7 +151,7 @@ class SpecTask(EvalTask):
     def __init__(self, spec: str, reward_funcs: Sequence[str], reward_weights: Optional[Sequence[float]] = None,
                  success_threshold: Optional[float] = 1.0, environment: Optional[str] = None,
                  environment_args: Optional[Dict[str, Any]] = None, max_turns: int = 1, max_new_tokens: int = 64,
-                 max_episode_tokens: int = 0):
+                 max_episode_tokens: int = 0, agent: Optional[str] = None, max_length: int = 0):
         self.NAME = f"dataset:{spec}"
         self.spec = spec
         self.reward_funcs, self.reward_weights = tuple(reward_funcs), \
@@ -155,6 +159,7 @@ class SpecTask(EvalTask):
         self.success_threshold, self.environment = success_threshold, environment
         self.environment_args, self.max_turns = dict(environment_args or {}), max_turns
         self.max_new_tokens, self.max_episode_tokens = max_new_tokens, max_episode_tokens
+        self.agent, self.max_length = agent, max_length
         from alignment.evaluation.rows import dataset_rows
 
         self._rows = dataset_rows(spec)

@@ -16,11 +16,7 @@ counted in `agent/prefix_breaks` and kept in the ledger's `calls`. An agent that
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import numbers
 import secrets
-import threading
-import time
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -28,9 +24,9 @@ import paddle
 
 from alignment.data import import_function
 from alignment.envs import EnvironmentFailure
-from alignment.envs.event_loop import run_awaitable
 from alignment.envs.formats import tool_call_format
 from alignment.envs.multiturn import Trajectory
+from alignment.gateway.episodes import AgentEpisode, CurrentGateway, play_episodes
 from alignment.ppo.episodes import environment_row, episode_metrics, episode_record, episode_rollout
 from alignment.ppo.samplers import Draw, Episodes, SingleTurn
 
@@ -44,25 +40,6 @@ def load_agent(spec: str):
     return import_function(spec, "key 'agent'")
 
 
-class _Current:
-    """The gateway the server forwards to: one server per run, one gateway (engine) per rollout."""
-    gateway = None
-
-    def __getattr__(self, name):
-        return getattr(self.gateway, name)
-
-
-@dataclasses.dataclass
-class _Episode:
-    row: dict
-    session_id: str
-    thread: Optional[threading.Thread] = None
-    reward: Optional[float] = None
-    error: Optional[str] = None
-    started: float = 0.0
-    done: bool = False
-
-
 class Agents(Episodes):
     """The sampler strategy of an `agent` run (samplers.py's interface)."""
 
@@ -71,7 +48,7 @@ class Agents(Episodes):
         self.spec, self.agent = env_args.agent, load_agent(env_args.agent)
         self.fmt = tool_call_format(env_args.environment_args.get("format", "hermes"))
         self.key = secrets.token_urlsafe(24)
-        self.current, self.server = _Current(), None
+        self.current, self.server = CurrentGateway(), None
         self.reported = False  # the first agent error is printed once per run
         self.rollouts = 0
 
@@ -96,46 +73,14 @@ class Agents(Episodes):
             self.server = GatewayServer(create_app(self.current, self.key))
         self.rollouts += 1
         budget = self.env_args.max_trajectory_tokens or self.max_length
-        episodes = []
-        for i, row in enumerate(rows):
-            session_id = f"r{self.rollouts}-{i}"
-            rng = None if seeds is None else np.random.default_rng(list(seeds[i]))
-            gateway.open_session(session_id, rng, budget)
-            episodes.append(_Episode(row, session_id))
+        rngs = [None] * len(rows) if seeds is None else [np.random.default_rng(list(s)) for s in seeds]
         actor.eval()
-        for episode in episodes:
-            url = f"{self.server.base_url}/sessions/{episode.session_id}/v1"
-            episode.started = time.monotonic()
-            episode.thread = threading.Thread(target=self._play, args=(episode, url), daemon=True,
-                                              name=f"agent-{episode.session_id}")
-            episode.thread.start()
-        gateway.pump(lambda: self._all_over(episodes, gateway))
-        for episode in episodes:
-            gateway.close_session(gateway.sessions[episode.session_id], "the episode is over")
+        episodes = play_episodes(gateway, self.server.base_url, self.key, self.agent, rows,
+                                 [f"r{self.rollouts}-{i}" for i in range(len(rows))], rngs, budget,
+                                 self.env_args.agent_timeout)
         return self._rollout(episodes, gateway, draw, rows, tokenizer)
 
-    def _play(self, episode: _Episode, url: str) -> None:
-        try:
-            result = self.agent(url, self.key, dict(episode.row))
-            if inspect.isawaitable(result):
-                result = run_awaitable(result)
-            if result is not None and (isinstance(result, bool) or not isinstance(result, numbers.Real)
-                                       or not np.isfinite(float(result))):
-                raise TypeError(f"returned {result!r}; it must return a finite number or None")
-            episode.reward = 0.0 if result is None else float(result)
-        except Exception as err:  # noqa: BLE001 - the user's program: its episode fails, the run counts it
-            episode.error = " ".join(f"{type(err).__name__}: {err}".split())[:500]
-        episode.done = True
-
-    def _all_over(self, episodes: List[_Episode], gateway) -> bool:
-        now = time.monotonic()
-        for episode in episodes:
-            if not episode.done and now - episode.started > self.env_args.agent_timeout:
-                episode.error, episode.done = f"timed out after {self.env_args.agent_timeout:g} s", True
-                gateway.close_session(gateway.sessions[episode.session_id], "the agent timed out")
-        return all(episode.done for episode in episodes)
-
-    def _rollout(self, episodes: List[_Episode], gateway, draw: Draw, rows, tokenizer):
+    def _rollout(self, episodes: List[AgentEpisode], gateway, draw: Draw, rows, tokenizer):
         failed = [e for e in episodes if e.error is not None or not gateway.sessions[e.session_id].samples]
         for e in failed:
             e.error = e.error or "made no call"
