@@ -52,6 +52,10 @@ class SandboxUnavailable(SandboxError):
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
+    """The limits of one run of the `python` tool's code (`python_tool(SandboxLimits(...))`, or an environment's
+    `python_sandbox` argument): wall and CPU time, memory, file and disk bytes, processes, kept output, and how
+    strictly it is contained (`containment`, see the module docstring)."""
+
     wall_seconds: float = 5.0
     cpu_seconds: int = 5  # of each process
     memory_bytes: int = 1 << 30  # address space of each process

@@ -12,6 +12,9 @@ from alignment.ppo.algorithms import _f32
 
 
 class KLEstimator(Registered, registry=KL_ESTIMATORS):
+    """A per-token estimate of KL(p || q): `estimate(log_probs, ref_log_probs)`, both [B, T] -> [B, T]. Subclass
+    with a `NAME` to register it; `loss_only` true: only `kl_loss_estimator` may name it."""
+
     loss_only = False  # only a kl_loss_estimator: its value or gradient is meant for the loss term
 
     @staticmethod
