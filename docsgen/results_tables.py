@@ -196,8 +196,7 @@ def _grpo_reasoning(r: dict) -> List[List[str]]:
         sampled = [f"{_ci(first[k])} -> {_ci(last[k])}" if k in first and k in last else "-"
                    for k in ("sampled_pass@1", "sampled_pass@8")]
         transfer = _ci(gain["transfer_greedy"], "+") if "transfer_greedy" in gain else "-"
-        rows.append([str(seed["seed"]), str(seed.get("train_temperature", "-")), str(last["step"]),
-                     f"{last['train_minutes']:.1f}",
+        rows.append([str(seed["seed"]), str(last["step"]), f"{last['train_minutes']:.1f}",
                      f"{_ci(first['greedy'])} -> **{_ci(last['greedy'])}**", f"**{_ci(gain['greedy'], '+')}**",
                      *sampled, transfer])
     return rows
@@ -270,9 +269,8 @@ TABLES: Dict[str, Table] = {
                       "full / before", "full / audit-hook", "calls/s from 4 threads / one after the other",
                       "kernel"], _sandbox),
     "grpo_reasoning": Table(["grpo_reasoning"], "bash examples/reasoning_demo.sh",
-                            ["seed", "temperature (training and samples)", "steps", "training min",
-                             "greedy pass@1, start -> end (95% CI)", "gain (paired 95% CI)", "sampled pass@1 (n=8)",
-                             "sampled pass@8 (n=8)",
+                            ["seed", "steps", "training min", "greedy pass@1, start -> end (95% CI)",
+                             "gain (paired 95% CI)", "sampled pass@1 (n=8)", "sampled pass@8 (n=8)",
                              "transfer: basic_arithmetic greedy gain"], _grpo_reasoning),
     "eval_harness": Table(["eval_harness"], "python benchmarks/bench_eval.py --model checkpoints/smollm2-135m-instruct",
                           ["model", "items x samples", "harness samples/s", "generate samples/s",

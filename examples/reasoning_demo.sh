@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The verifiable-reward demo on 2 CPU cores, offline: GRPO teaches SmolLM2-135M-Instruct three-term sums.
-# GRPO (config/smollm2/grpo_chain_sum_argument.json: accuracy reward, 4 prompts x 8 samples at temperature 0.7 a
-# step, no KL) trains on reasoning-gym chain sums of two or three one-digit terms; alignment-eval measures the
-# starting model and the checkpoints on the held-out chain_sum task (200 three-term sums at another seed): greedy
-# pass@1 on every item, pass@1 and pass@8 from 8 samples at the training temperature on the first 100, and the
-# related basic_arithmetic task (two-digit terms, transfer) at the start and the end.
-# examples/reasoning_demo/report.py writes the curves and the gains with their paired 95% CIs to
-# benchmarks/results/grpo_reasoning_<time>.json and .png.
+# GRPO (config/smollm2/grpo_chain_sum_argument.json: accuracy reward, 4 prompts x 8 samples a step, no KL) trains
+# on reasoning-gym chain sums of two or three one-digit terms; alignment-eval measures the starting model and the
+# checkpoints on the held-out chain_sum task (200 three-term sums at another seed): greedy pass@1 on every item,
+# pass@1 and pass@8 from 8 samples on the first 100, and the related basic_arithmetic task (two-digit terms,
+# transfer) at the start and the end. examples/reasoning_demo/report.py writes the curves and the gains with
+# their paired 95% CIs to benchmarks/results/grpo_reasoning_<time>.json and .png.
 #   bash examples/reasoning_demo.sh [SEED ...]     (default: seeds 42 and 43)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +18,7 @@ evaluate() {  # evaluate <model> <evals dir> <full: 1 at the start and end>
     python tools/evaluate.py --model "$1" --task chain_sum --output-dir "$2/greedy"
     if [ "$3" = 1 ]; then
         python tools/evaluate.py --model "$1" --task basic_arithmetic --output-dir "$2/greedy"
-        python tools/evaluate.py --model "$1" --task chain_sum --n 8 --temperature 0.7 --limit 100 --output-dir "$2/n8"
+        python tools/evaluate.py --model "$1" --task chain_sum --n 8 --limit 100 --output-dir "$2/n8"
     fi
 }
 runs=()
