@@ -51,7 +51,7 @@ def test_a_failed_run_removes_its_lock_from_an_output_dir_that_existed(tmp_path,
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("the user's")
-    stop = _run_sft_expecting_exit(out, tiny_model_dir, "--train_datasets", "alpaca:1.0:" + str(tmp_path / "missing.jsonl"))
+    stop = _run_sft_expecting_exit(out, tiny_model_dir, "--train_datasets", f"alpaca:1.0:{tmp_path}/missing.jsonl")
     err = capsys.readouterr().err
     assert stop == 2 and err.count("\n") == 1 and "missing" in err, err
     assert sorted(os.listdir(out)) == ["notes.txt"]
@@ -59,7 +59,7 @@ def test_a_failed_run_removes_its_lock_from_an_output_dir_that_existed(tmp_path,
 
 def test_a_failed_run_removes_the_output_dir_it_made(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "new" / "out"
-    stop = _run_sft_expecting_exit(out, tiny_model_dir, "--train_datasets", "alpaca:1.0:" + str(tmp_path / "missing.jsonl"))
+    stop = _run_sft_expecting_exit(out, tiny_model_dir, "--train_datasets", f"alpaca:1.0:{tmp_path}/missing.jsonl")
     assert stop == 2 and not out.exists()
 
 

@@ -92,8 +92,8 @@ class EndpointPolicy:
 
     def agent_episodes(self, task, rows: Sequence[Dict[str, Any]], seeds, config, capacity: int) -> List[tuple]:
         """Each row played by the task's agent program against the endpoint itself: ("", 0, the agent's return
-        value or 0, its error or None). The endpoint's replies are not seen here, so nothing else can judge them, and the agent's requests
-        carry no per-sample seed: run-to-run equality is the server's to give."""
+        value or 0, its error or None). The endpoint's replies are not seen here, so nothing else can judge them,
+        and the agent's requests carry no per-sample seed: run-to-run equality is the server's to give."""
         from alignment.data import import_function
         from alignment.envs.multiturn import environment_row
         from alignment.gateway.episodes import AgentEpisode, play_one

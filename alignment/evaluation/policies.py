@@ -137,9 +137,10 @@ class LocalPolicy:
 
     def agent_episodes(self, task, rows: Sequence[Dict[str, Any]], seeds: Sequence[List[int]], config,
                        capacity: int) -> List[Tuple[str, int, float, Optional[str]]]:
-        """(final assistant text, tokens after the first prompt, the agent's reward, its error or None) of one episode per row:
-        the task's agent program plays the row against the gateway over this model (gateway/episodes.py, as
-        training plays it), each session sampling from its row's seed. A failed episode's agent reward is 0."""
+        """(final assistant text, tokens after the first prompt, the agent's reward, its error or None) of one
+        episode per row: the task's agent program plays the row against the gateway over this model
+        (gateway/episodes.py, as training plays it), each session sampling from its row's seed. A failed episode's
+        agent reward is 0."""
         import dataclasses
         import secrets
 
