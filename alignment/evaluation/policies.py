@@ -141,7 +141,6 @@ class LocalPolicy:
         episode per row: the task's agent program plays the row against the gateway over this model
         (gateway/episodes.py, as training plays it), each session sampling from its row's seed. A failed episode's
         agent reward is 0."""
-        import dataclasses
         import secrets
 
         from alignment.data import import_function
@@ -149,18 +148,14 @@ class LocalPolicy:
         from alignment.envs.multiturn import environment_row, final_answer
         from alignment.gateway.app import GatewayServer, create_app
         from alignment.gateway.backend import Gateway
-        from alignment.gateway.episodes import CurrentGateway, play_episodes
+        from alignment.gateway.episodes import CurrentGateway, capped_sampler, play_episodes
 
         agent = import_function(task.agent, "the task's agent")
         fmt = tool_call_format(task.environment_args.get("format", "hermes"))
 
-        def sampler(request):  # the evaluation's sampling; an agent may only shorten a turn
-            cap = min(config.max_new_tokens, request.max_tokens or config.max_new_tokens)
-            return dataclasses.replace(config, max_new_tokens=cap), 1.0
-
         self.model.eval()
         current, key = CurrentGateway(), secrets.token_urlsafe(24)
-        current.gateway = Gateway(self.model, self.tokenizer, len(rows), capacity, fmt, sampler)
+        current.gateway = Gateway(self.model, self.tokenizer, len(rows), capacity, fmt, capped_sampler(config, 1.0))
         server = GatewayServer(create_app(current, key))
         try:
             budget = task.max_episode_tokens or task.max_new_tokens * task.max_turns

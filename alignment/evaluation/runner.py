@@ -106,9 +106,8 @@ def sample_batch(policy, task: EvalTask, settings: EvalSettings, rows, indices, 
     sample_rows = [rows[i] for i, _ in pairs]
     errors = [None] * len(pairs)
     if task.agent is not None:
-        outputs = policy.agent_episodes(task, sample_rows, seeds, config, capacity)
-        completions, tokens, env_rewards = [o[0] for o in outputs], [o[1] for o in outputs], [o[2] for o in outputs]
-        errors = [o[3] for o in outputs]
+        completions, tokens, env_rewards, errors = map(list, zip(*policy.agent_episodes(task, sample_rows, seeds,
+                                                                                       config, capacity)))
         report_agent_errors(task, errors)
     elif task.environment is None:
         outputs = policy.complete(sample_rows, seeds, config, capacity, slots)

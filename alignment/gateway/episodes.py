@@ -38,6 +38,16 @@ class AgentEpisode:
     done: bool = False
 
 
+def capped_sampler(config, temperature: float) -> Callable:
+    """The gateway's sampler for a run that imposes its sampling (`config`, a GenerationConfig): an agent's call may
+    only shorten a turn (its max_tokens), never change how tokens are drawn."""
+    def sampler(request):
+        cap = min(config.max_new_tokens, request.max_tokens or config.max_new_tokens)
+        return (config if cap == config.max_new_tokens else dataclasses.replace(config, max_new_tokens=cap),
+                temperature)
+    return sampler
+
+
 def play_episodes(gateway, base_url: str, key: str, agent: Callable, rows: List[dict], session_ids: List[str],
                   rngs: List[Optional[np.random.Generator]], budget: int, timeout: float) -> List[AgentEpisode]:
     """Open a session per row (its sampler's rng, `budget` tokens after the first prompt), run the agent on each

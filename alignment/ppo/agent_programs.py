@@ -15,7 +15,6 @@ counted in `agent/prefix_breaks` and kept in the ledger's `calls`. An agent that
 """
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from typing import Dict, List, Optional
 
@@ -26,7 +25,7 @@ from alignment.data import import_function
 from alignment.envs import EnvironmentFailure
 from alignment.envs.formats import tool_call_format
 from alignment.envs.multiturn import Trajectory
-from alignment.gateway.episodes import AgentEpisode, CurrentGateway, play_episodes
+from alignment.gateway.episodes import AgentEpisode, CurrentGateway, capped_sampler, play_episodes
 from alignment.ppo.episodes import environment_row, episode_metrics, episode_record, episode_rollout
 from alignment.ppo.samplers import Draw, Episodes, SingleTurn
 
@@ -62,12 +61,7 @@ class Agents(Episodes):
         seeds = None if draw.greedy else [[draw.seed, p * draw.n + s] for p in (
             range(len(draw.items)) if draw.positions is None else draw.positions) for s in range(draw.n)]
 
-        def sampler(request):  # the run's sampling; an agent may only shorten a turn
-            cap = min(config.max_new_tokens, request.max_tokens or config.max_new_tokens)
-            return (config if cap == config.max_new_tokens else dataclasses.replace(config, max_new_tokens=cap),
-                    temperature)
-
-        gateway = Gateway(actor, tokenizer, len(rows), self.max_length, self.fmt, sampler)
+        gateway = Gateway(actor, tokenizer, len(rows), self.max_length, self.fmt, capped_sampler(config, temperature))
         self.current.gateway = gateway
         if self.server is None:
             self.server = GatewayServer(create_app(self.current, self.key))
