@@ -199,6 +199,10 @@ def _grpo_reasoning(r: dict) -> List[List[str]]:
         rows.append([str(seed["seed"]), str(last["step"]), f"{last['train_minutes']:.1f}",
                      f"{_ci(first['greedy'])} -> **{_ci(last['greedy'])}**", f"**{_ci(gain['greedy'], '+')}**",
                      *sampled, transfer])
+    before = r.get("before_sft")
+    if before:  # the instruct model, before the SFT on worked solutions that GRPO starts from
+        sampled = [_ci(before[k]) if k in before else "-" for k in ("sampled_pass@1", "sampled_pass@8")]
+        rows.append(["instruct model, before SFT", "-", "-", _ci(before["greedy"]), "-", *sampled, "-"])
     return rows
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from alignment.config.registry import EVAL_TASKS, Registered
@@ -83,17 +84,39 @@ def reasoning_rows(task: str, size: int, seed: int, options: Mapping[str, Any]) 
             for entry in dataset]
 
 
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def training_questions(paths: Sequence[str]) -> set:
+    """The prompts of JSONL training files (prompt-only rows' `prompt`, alpaca rows' `instruction`); a relative
+    path is the checkout's, wherever the command runs."""
+    seen = set()
+    for path in paths:
+        with open(os.path.join(CHECKOUT, path), encoding="utf-8") as lines:
+            rows = [json.loads(line) for line in lines if line.strip()]
+        seen.update(row.get("prompt") or row.get("instruction") for row in rows)
+    return seen
+
+
 class ReasoningGymTask(EvalTask):
-    """A reasoning-gym task at a fixed seed and difficulty; the seed differs from every shipped training file's."""
+    """A reasoning-gym task at a fixed seed and difficulty; the seed differs from every shipped training file's.
+    Questions that occur in `exclude_files` (the files a demo trains on) are skipped: the rows are the first `size`
+    of the others, drawn from consecutive seeds."""
     dataset: ClassVar[str]
     options: ClassVar[Dict[str, Any]] = {}
     size: ClassVar[int] = 200
     seed: ClassVar[int] = 20261204
+    exclude_files: ClassVar[Tuple[str, ...]] = ()
     max_new_tokens = 48
 
     def rows(self) -> List[Dict[str, Any]]:
         if not hasattr(self, "_rows"):
-            self._rows = reasoning_rows(self.dataset, self.size, self.seed, self.options)
+            seen, rows, seed = training_questions(self.exclude_files), [], self.seed
+            while len(rows) < self.size:  # reasoning-gym draws item i of a seed from seed + i
+                rows += [row for row in reasoning_rows(self.dataset, self.size, seed, self.options)
+                         if row["input"] not in seen]
+                seed += self.size
+            self._rows = rows[:self.size]
         return self._rows
 
 
@@ -110,6 +133,7 @@ class BasicArithmetic(ReasoningGymTask):
 class ChainSum(ReasoningGymTask):
     NAME = "chain_sum"
     dataset, options = "chain_sum", dict(min_terms=3, max_terms=3, min_digits=1, max_digits=1)
+    exclude_files = ("data/chain_sum/chain_sum_train.jsonl", "data/chain_sum/chain_sum_worked.jsonl")
 
 
 class LegCounting(ReasoningGymTask):

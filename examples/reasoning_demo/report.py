@@ -2,11 +2,13 @@
 alignment-eval's directories, and the gain with its paired 95% CI; a result file (CPU, date, commit) and a plot.
 
     python examples/reasoning_demo/report.py --run outputs/smollm2-grpo-chain-sum-s42 [--run ...] \
-        [--task chain_sum] [--transfer basic_arithmetic] [--plot PNG] [--note TEXT] [--record | --results-dir DIR]
+        [--before DIR] [--task chain_sum] [--transfer basic_arithmetic] [--plot PNG] [--note TEXT] \
+        [--record | --results-dir DIR]
 
 Each --run is a GRPO output directory holding metrics.jsonl and evals/step-N/{greedy,n8}/<task>/ written by
-examples/reasoning_demo.sh (step-0 is the starting model). Training minutes at step N are the summed generate,
-score and train times of steps 1..N (evaluations and checkpoint saves excluded).
+examples/reasoning_demo.sh (step-0 is the model GRPO starts from); --before is the same layout's evaluation of
+the model before the worked-solutions SFT (the instruct model), recorded for reference. Training minutes at step N
+are the summed generate, score and train times of steps 1..N (evaluations and checkpoint saves excluded).
 """
 from __future__ import annotations
 
@@ -37,20 +39,24 @@ def summary(path: str) -> dict:
         return json.load(f)["summary"]
 
 
+def point(where: str, task: str, transfer: str) -> dict:
+    """One model's figures from <where>/{greedy,n8}/<task>: greedy pass@1, sampled pass@1 and pass@8, transfer."""
+    figures = {"greedy": summary(os.path.join(where, "greedy", task))["pass@1"]}
+    if os.path.isdir(os.path.join(where, "n8", task)):
+        sampled = summary(os.path.join(where, "n8", task))
+        figures.update({"sampled_pass@1": sampled["pass@1"], "sampled_pass@8": sampled["pass@8"]})
+    if os.path.isdir(os.path.join(where, "greedy", transfer)):
+        figures["transfer_greedy"] = summary(os.path.join(where, "greedy", transfer))["pass@1"]
+    return figures
+
+
 def seed_curve(run: str, task: str, transfer: str) -> dict:
     evals, minutes = os.path.join(run, "evals"), training_minutes(run)
     steps = sorted(int(m.group(1)) for m in (re.fullmatch(r"step-(\d+)", d) for d in os.listdir(evals)) if m)
     points = []
     for step in steps:
-        where = os.path.join(evals, f"step-{step}")
-        point = {"step": step, "train_minutes": minutes.get(step),
-                 "greedy": summary(os.path.join(where, "greedy", task))["pass@1"]}
-        if os.path.isdir(os.path.join(where, "n8", task)):
-            sampled = summary(os.path.join(where, "n8", task))
-            point.update({"sampled_pass@1": sampled["pass@1"], "sampled_pass@8": sampled["pass@8"]})
-        if os.path.isdir(os.path.join(where, "greedy", transfer)):
-            point["transfer_greedy"] = summary(os.path.join(where, "greedy", transfer))["pass@1"]
-        points.append(point)
+        figures = point(os.path.join(evals, f"step-{step}"), task, transfer)
+        points.append({"step": step, "train_minutes": minutes.get(step), **figures})
     first, last = f"step-{steps[0]}", f"step-{steps[-1]}"
     gain = {"greedy": compare(os.path.join(evals, first, "greedy", task),
                               os.path.join(evals, last, "greedy", task))["difference"]["pass@1"]}
@@ -99,6 +105,7 @@ def plot(seeds: list, task: str, path: str) -> None:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", action="append", required=True)
+    parser.add_argument("--before", help="the evaluations of the model before SFT (evals/{greedy,n8}/<task>)")
     parser.add_argument("--task", default="chain_sum")
     parser.add_argument("--transfer", default="basic_arithmetic")
     parser.add_argument("--plot", help="also write the plot here (the docs' copy: docs/images/grpo_reasoning.png)")
@@ -111,6 +118,8 @@ def main(argv=None) -> dict:
     seeds = [seed_curve(run, args.task, args.transfer) for run in args.run]
     when = record.stamp()
     figures = {"task": args.task, "transfer_task": args.transfer, "seeds": seeds, "notes": args.note}
+    if args.before:
+        figures["before_sft"] = point(args.before, args.task, args.transfer)
     if args.no_save:
         return figures
     path = record.save("grpo_reasoning", figures, results_dir=record.results_dir(args), when=when)
