@@ -4,7 +4,8 @@
 #    (data/chain_sum/chain_sum_worked.jsonl: "6 - 2 = 4\n4 + 5 = 9\n<answer>9</answer>") teaches the format;
 #    the instruct model alone answers with a guess.
 # 2. GRPO (config/smollm2/grpo_chain_sum_argument.json: accuracy reward only, 4 prompts x 8 samples a step at
-#    temperature 1.0, no KL, 80 steps) on chain sums of two or three one-digit terms (data/chain_sum/).
+#    temperature 1.0, no KL, learning rate 2e-6, 80 steps) on chain sums of two or three one-digit terms
+#    (data/chain_sum/).
 # 3. alignment-eval measures the instruct model, the SFT model (GRPO's start) and the checkpoints on the held-out
 #    chain_sum task (200 three-term sums at another seed, none of them in a training file): greedy pass@1 on every
 #    item, pass@1 and pass@8 from 8 samples on the first 100, and the related basic_arithmetic task (two terms of
