@@ -112,6 +112,18 @@ def test_the_gateway_starts_and_answers_under_an_address_space_limit(tmp_path, t
         _stop(proc)
 
 
+def test_the_python_sandbox_runs_under_a_lower_address_space_limit_than_its_own():
+    """memory_bytes above the caller's limit: the sandbox keeps the caller's (a limit cannot be raised)."""
+    done = _limited("""
+        from alignment.envs import SandboxLimits, run_python
+        result = run_python("import resource; print(resource.getrlimit(resource.RLIMIT_AS))",
+                            SandboxLimits(memory_bytes=8 << 30, containment="best-effort"))
+        print(result.returncode, result.stdout.strip(), result.stderr[-400:])
+    """)
+    limit = LIMIT_KB << 10
+    assert done.stdout.strip() == f"0 ({limit}, {limit})", done.stdout + done.stderr[-800:]
+
+
 def test_a_failed_run_removes_its_lock_from_an_output_dir_that_existed(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "out"
     out.mkdir()

@@ -236,6 +236,9 @@ def contain(setup: Setup, settings: dict, work: str, namespaced: bool) -> None:
     limits = [(resource.RLIMIT_AS, memory, memory), (resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU, then SIGKILL
               (resource.RLIMIT_FSIZE, file_bytes, file_bytes), (resource.RLIMIT_CORE, 0, 0)]
     for limit, soft, hard in limits + [(resource.RLIMIT_NPROC, nproc, nproc)] * (nproc is not None):
+        ceiling = resource.getrlimit(limit)[1]  # the caller's own (`ulimit -v`): it may not be raised, only kept
+        if ceiling != resource.RLIM_INFINITY:
+            soft, hard = min(soft, ceiling), min(hard, ceiling)
         resource.setrlimit(limit, (soft, hard))
     if settings["mode"] != "audit-hook":
         if namespaced:
