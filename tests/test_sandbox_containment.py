@@ -63,6 +63,18 @@ def kernel_lacks() -> str:
     return "" if probe.returncode == 0 else f"unprivileged user namespaces ({probe.stderr.strip().splitlines()[-1]})"
 
 
+def python_in_tmp() -> list:
+    """The names in /tmp of this Python's installation (a virtual environment under /tmp): the sandbox's own /tmp
+    keeps them, read-only, so that the code can import what the interpreter has."""
+    dirs = (sys.prefix, sys.base_prefix, os.path.dirname(os.__file__), *site.getsitepackages())
+    return [os.path.relpath(d, "/tmp").split(os.sep)[0] for d in map(os.path.abspath, dirs) if d.startswith("/tmp/")]
+
+
+def own_tmp(*names: str) -> list:
+    """What the code lists in its /tmp: its work directory, its /dev/shm, `names` and the Python installation's."""
+    return sorted({".shm", "work", *names, *python_in_tmp()})
+
+
 LACKS = kernel_lacks()
 pytestmark = pytest.mark.skipif(bool(LACKS), reason=f"this kernel cannot contain the sandbox: it lacks {LACKS}")
 
@@ -288,7 +300,7 @@ def test_it_cannot_signal_ptrace_or_inspect_the_trainer_or_other_processes(full,
 
 def test_it_sees_only_its_own_processes_and_tmp(full, weak):
     assert full.out["processes"] == [1, 2]  # its PID 1 (the namespace's reaper) and the code
-    assert full.out["tmp_listing"] == [".shm", "work"]
+    assert full.out["tmp_listing"] == own_tmp()
     assert full.trainer in weak.out["processes"] and len(weak.out["processes"]) > 10
     assert any(name.startswith("alignment-sandbox-") for name in weak.out["tmp_listing"])
 
@@ -415,7 +427,7 @@ def test_calls_from_several_threads_are_isolated_from_each_other():
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda i: run_python(code.format(i=i)), range(8)))
     for i, result in enumerate(results):
-        assert result.stdout == f"['.shm', 'mine-{i}', 'work'] {i}\n", result.stderr
+        assert result.stdout == f"{own_tmp(f'mine-{i}')} {i}\n", result.stderr
         assert set(REQUIRED_LAYERS) <= set(result.layers)
     assert sandbox_processes() == []
 

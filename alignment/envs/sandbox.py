@@ -33,6 +33,7 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from alignment.envs.sandbox_kernel import REQUIRED_LAYERS
 from alignment.envs.tools import Tool, tool_schema
+from alignment.inputs import read_at_most
 
 CONTAINMENTS = ("full", "best-effort", "audit-hook")
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
@@ -196,7 +197,7 @@ def _kill_group(pid: int) -> None:
 
 def _head(path: str, chars: int) -> str:
     with open(path, "rb") as f:
-        data = f.read(chars * 4 + 1)  # a character is at most 4 bytes of UTF-8
+        data = read_at_most(f, chars * 4 + 1)  # a character is at most 4 bytes of UTF-8
     text = data.decode("utf-8", errors="replace")
     more = len(text) > chars or os.path.getsize(path) > len(data)
     return f"{text[:chars]}... [output cut at {chars} characters]" if more else text

@@ -3,7 +3,7 @@
 With the namespaces (every containment but "audit-hook") it is three processes:
   R, this one, in the caller's PID namespace: enters new user, mount, PID, IPC, network, UTS and cgroup
     namespaces (hostname "sandbox"), makes the host's mounts read-only and mounts a tmpfs of `disk_bytes` on /tmp
-    (the work directory and /dev/shm), forks C and passes on how G ended. On SIGTERM (the caller's wall-time
+    (the work directory and /dev/shm; a Python installation under /tmp kept there read-only), forks C and passes on how G ended. On SIGTERM (the caller's wall-time
     limit) it kills C and waits for the namespace to empty. It dies with the caller (PR_SET_PDEATHSIG), C with it.
   C, PID 1 of the new PID namespace: mounts its /proc, sets the limits, drops every capability, applies Landlock
     and seccomp, reports the layers on the status pipe, forks G and reaps until G ends; when C exits the kernel
@@ -91,15 +91,41 @@ def expose(paths) -> None:
         kernel.read_only_tree(top)
 
 
+def python_dirs_under_tmp() -> list:
+    """The Python installation's directories the sandbox's /tmp would hide (a virtual environment under /tmp),
+    outermost only."""
+    dirs = {os.path.abspath(d) for d in python_dirs()}
+    inside = [d for d in dirs if d.startswith(TMP + os.sep)]
+    return sorted(d for d in inside if not any(d.startswith(other + os.sep) for other in inside))
+
+
+def mount_tmp(options: str) -> None:
+    """The tmpfs on /tmp, with copies of the Python installation's mounts under /tmp attached read-only where they
+    were, so a virtual environment there stays importable and unwritable (copies taken before the tmpfs hides it)."""
+    kept = []
+    try:
+        for path in python_dirs_under_tmp():
+            kept.append((path, kernel.detached_copy(path)))
+        kernel.mount("tmpfs", TMP, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, options)
+        for path in (WORK, SHM):
+            os.mkdir(path, 0o700)
+        for path, fd in kept:
+            os.makedirs(path, 0o755)
+            kernel.attach_copy(fd, path)
+            kernel.read_only_tree(path)
+    finally:
+        for _, fd in kept:
+            os.close(fd)
+
+
 def prepare_mounts(setup: Setup, disk_bytes: int) -> bool:
-    """Host mounts read-only; a private tmpfs /tmp capped at `disk_bytes` holding the work directory, also
-    mounted on /dev/shm. Returns whether /dev/shm is the sandbox's."""
+    """Host mounts read-only; a private tmpfs /tmp capped at `disk_bytes` holding the work directory (and, read-only,
+    the Python installation's directories under /tmp), also mounted on /dev/shm. Returns whether /dev/shm is the
+    sandbox's."""
     setup.attempt("read-only", kernel.read_only_tree, "/")
     options = f"size={disk_bytes},nr_inodes={max(1024, disk_bytes // 4096)},mode=0700"
-    if not setup.attempt("tmpfs", kernel.mount, "tmpfs", TMP, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV, options):
+    if not setup.attempt("tmpfs", mount_tmp, options):
         return False
-    for path in (WORK, SHM):
-        os.mkdir(path, 0o700)
     try:
         kernel.mount(SHM, "/dev/shm", None, kernel.MS_BIND)
     except OSError:
@@ -210,6 +236,9 @@ def contain(setup: Setup, settings: dict, work: str, namespaced: bool) -> None:
     limits = [(resource.RLIMIT_AS, memory, memory), (resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU, then SIGKILL
               (resource.RLIMIT_FSIZE, file_bytes, file_bytes), (resource.RLIMIT_CORE, 0, 0)]
     for limit, soft, hard in limits + [(resource.RLIMIT_NPROC, nproc, nproc)] * (nproc is not None):
+        ceiling = resource.getrlimit(limit)[1]  # the caller's own (`ulimit -v`): it may not be raised, only kept
+        if ceiling != resource.RLIM_INFINITY:
+            soft, hard = min(soft, ceiling), min(hard, ceiling)
         resource.setrlimit(limit, (soft, hard))
     if settings["mode"] != "audit-hook":
         if namespaced:

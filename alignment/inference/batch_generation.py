@@ -12,7 +12,7 @@ import paddle
 
 from alignment.data.tokenized import collate_prompts
 from alignment.fileio import write_text_atomic
-from alignment.inputs import InputError, parse_json, read_text
+from alignment.inputs import InputError, parse_json, read_at_most, read_text
 from alignment.models.generation import generate
 
 
@@ -80,7 +80,7 @@ def read_prompts(prompts: List[str], prompts_file: str = None, stdin=None) -> Li
     if prompts_file:
         records += prompt_records(read_text(prompts_file, "prompts file", MAX_PROMPTS_BYTES), prompts_file)
     elif not records:
-        records += prompt_records((stdin or sys.stdin).read(MAX_PROMPTS_BYTES), "stdin")
+        records += prompt_records(read_at_most(stdin or sys.stdin, MAX_PROMPTS_BYTES), "stdin")
     if not records:
         raise ValueError("no prompts: give --prompt, --prompts FILE or lines on stdin")
     return records

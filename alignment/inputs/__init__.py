@@ -12,12 +12,12 @@ one ValueError (InputError, exit 2) naming the file, the line and the key, befor
   infinity are not sizes, an integer fits int64 - nothing is coerced.
 """
 from alignment.inputs.files import (MAX_INPUT_BYTES, InputError, decode_text, has_lone_surrogate, json_lines,
-                                    json_type_name, json_values, other_format, parse_json, read_bytes, read_json,
-                                    read_json_object, read_text, where)
+                                    json_type_name, json_values, other_format, parse_json, read_at_most, read_bytes,
+                                    read_json, read_json_object, read_text, where)
 from alignment.inputs.keys import (FINITE, FLAG, INT64_MAX, INT64_MIN, NUMBER, POSITIVE_INT, POSITIVE_NUMBER, TEXT,
                                    Kind, check_keys, either, integer, key_problems, list_of, number, short)
 
 __all__ = ["FINITE", "FLAG", "INT64_MAX", "INT64_MIN", "MAX_INPUT_BYTES", "NUMBER", "POSITIVE_INT", "POSITIVE_NUMBER",
            "TEXT", "InputError", "Kind", "check_keys", "decode_text", "either", "has_lone_surrogate", "integer",
            "json_lines", "json_type_name", "json_values", "key_problems", "list_of", "number", "other_format",
-           "parse_json", "read_bytes", "read_json", "read_json_object", "read_text", "short", "where"]
+           "parse_json", "read_at_most", "read_bytes", "read_json", "read_json_object", "read_text", "short", "where"]

@@ -72,9 +72,10 @@ def read_bytes(path, what: str = "file", limit: int = MAX_INPUT_BYTES) -> bytes:
     return data
 
 
-def read_at_most(f, count: int, chunk: int = 1 << 20) -> bytes:
-    """Up to `count` bytes of `f`, read a chunk at a time: `f.read(count)` allocates `count` bytes before reading
-    one, which under an address-space limit (`ulimit -v`) is a MemoryError for a large limit and a small file."""
+def read_at_most(f, count: int, chunk: int = 1 << 20):
+    """Up to `count` bytes (characters, from a text file) of `f`, read a chunk at a time: `f.read(count)` allocates
+    `count` bytes before reading one, which under an address-space limit (`ulimit -v`) is a MemoryError for a large
+    limit and a small file."""
     parts, got = [], 0
     while got < count:
         part = f.read(min(chunk, count - got))
@@ -82,7 +83,7 @@ def read_at_most(f, count: int, chunk: int = 1 << 20) -> bytes:
             break
         parts.append(part)
         got += len(part)
-    return b"".join(parts)
+    return parts[0][:0].join(parts) if parts else f.read(0)
 
 
 def _gunzip(data: bytes, path: str, limit: int) -> bytes:
