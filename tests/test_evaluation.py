@@ -154,3 +154,19 @@ def test_unknown_eval_task_stops_a_training_run_before_any_model_loads(tiny_mode
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "key 'eval_tasks'" in err[0] and "no_such_task" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_task_row_without_input_stops_in_one_line_naming_the_task_and_row(policy, tmp_path, capsys):
+    from alignment.evaluation import EvalTask
+    from alignment.exits import run_program
+
+    class Unasked(EvalTask):  # no NAME in its body: not registered
+        def rows(self):
+            return [{"input": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?", "answer": "4"}]
+
+    Unasked.NAME = "unasked"  # set after the class body: read by the messages, never registered
+    out = tmp_path / "out"
+    code = run_program(lambda: evaluate(policy, Unasked(), EvalSettings(n=1), str(out)), uses_paddle=False)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "task 'unasked' row 1: no 'input'" in err[0] and "question" in err[0], err
+    assert not out.exists()

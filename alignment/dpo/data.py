@@ -11,6 +11,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from alignment.data.raw import samples_with
 from alignment.data.tokenized import (IGNORE_INDEX, TokenizedDataset, answer_messages, attention_mask_for,
                                       pad_sequences, tokenize_conversation)
 
@@ -38,22 +39,28 @@ def collate_pairs(items, pad_token_id: int) -> Dict[str, np.ndarray]:
     return batch
 
 
+def unpaired_fields(sample) -> tuple:
+    """The fields a KTO sample needs: a row of feedback's, else a preference pair's (a row with neither is told
+    it lacks `desirable`)."""
+    pair = "other_answer" in sample and "desirable" not in sample
+    return ("input", "answer", "other_answer") if pair else ("input", "answer", "desirable")
+
+
 class UnpairedDataset(TokenizedDataset):
     """KTO items: prompt_ids, completion_ids, desirable. Rows with `desirable` are used as they are; preference
     pairs are unpaired into a desirable (better) and an undesirable (worse) row, as TRL's unpair does."""
 
     def __init__(self, raw, tokenizer, max_length: int, seed: int = 0):
         self.items, self.stats = [], {"truncated": 0, "dropped_prompt_too_long": 0, "unpaired_pairs": 0}
-        for sample in raw:
+        advice = ("KTO data needs rows with 'input', 'answer' and 'desirable' (e.g. the 'kto' dataset) or "
+                  "preference pairs ('input', 'answer', 'other_answer')")
+        for sample in samples_with(raw, unpaired_fields, advice):
             if "desirable" in sample:
                 rows = [(sample["answer"], bool(sample["desirable"]))]
-            elif "other_answer" in sample:
+            else:
                 better = sample.get("better", True)
                 rows = [(sample["answer"], better), (sample["other_answer"], not better)]
                 self.stats["unpaired_pairs"] += 1
-            else:
-                raise ValueError("KTO data needs rows with 'answer' and 'desirable' (e.g. the 'kto' dataset) or "
-                                 "preference pairs; a sample had neither 'desirable' nor 'other_answer'")
             for answer, desirable in rows:
                 ids, labels = tokenize_conversation(tokenizer, answer_messages(tokenizer, sample, answer))
                 start = answer_start(labels)

@@ -148,6 +148,12 @@ def evaluate(policy, task: EvalTask, settings: EvalSettings, out_dir: Optional[s
     rows = task.rows()[: settings.limit or None]
     if not rows:
         raise InputError(f"task {task.NAME!r} has no items")
+    for index, row in enumerate(rows):
+        prompt = row.get("input") if isinstance(row, dict) else None
+        if not (isinstance(prompt, str) or isinstance(prompt, list) and prompt and all(isinstance(turn, str)
+                                                                                        for turn in prompt)):
+            raise InputError(f"task {task.NAME!r} row {index}: no 'input' (a prompt, or a list of turns ending with "
+                             f"the user's); the row holds {sorted(row) if isinstance(row, dict) else row!r}")
     expected = run_settings(policy, task, settings)
     done: List[Dict[str, Any]] = []
     if out_dir is not None:
