@@ -206,6 +206,30 @@ def _grpo_reasoning(r: dict) -> List[List[str]]:
     return rows
 
 
+def _distill_chain_sum(r: dict) -> List[List[str]]:
+    reach = f"minutes_to_{int(r['share'] * 100)}pct_of_teacher_gain"
+    rows = [["student (the start of every arm)", "-", _ci(r["student"]), "-", "-", "-"],
+            ["teacher", "-", _ci(r["teacher"]), f"**{_ci(r['teacher_gain'], '+')}**", "1.00", "-"]]
+    for name, result in r["arms"].items():
+        last = result["curve"][-1]
+        share = last["share_of_teacher_gain"]
+        rows.append([name, f"{last['minutes']:.1f}", "-", f"**{_ci(last['gain'], '+')}**",
+                     "-" if share is None else f"{share:.2f}",
+                     "not reached" if result[reach] is None else f"{result[reach]:.1f}"])
+    return rows
+
+
+def _main_demo_seeds(r: dict) -> List[List[str]]:
+    rows = [["SFT (the start of both arms)", "-", _ci(r["start"]["gold"]), "-"]]
+    for arm in r["arms"]:
+        runs = ", ".join(f"{run['seed']}: {run['gold']['mean']:.3f}" for run in arm["runs"])
+        rows.append([arm["arm"], runs, f"**{_ci(arm['over_seeds'])}**", "-"])
+    for d in r["differences"]:
+        rows.append([d["arms"], "-", "-", f"**{_ci(d, '+')}**" + (" (the arms' intervals overlap)"
+                                                                   if d["intervals_overlap"] else "")])
+    return rows
+
+
 def _eval_harness(r: dict) -> List[List[str]]:
     return [[r["model"], f"{r['items']} x {r['n']}", f"{r['harness_samples_per_s']:.2f}",
              f"{r['generate_samples_per_s']:.2f}", f"**{_x(r['harness_over_generate'])}**"]]
@@ -276,6 +300,14 @@ TABLES: Dict[str, Table] = {
                             ["seed", "steps", "training min", "greedy pass@1, start -> end (95% CI)",
                              "gain (paired 95% CI)", "sampled pass@1 (n=8)", "sampled pass@8 (n=8)",
                              "transfer: basic_arithmetic greedy gain"], _grpo_reasoning),
+    "distill_chain_sum": Table(["distill_chain_sum"], "bash examples/distill_chain_sum.sh",
+                               ["model or arm", "training min", "held-out greedy pass@1 (95% CI)",
+                                "gain over the student (paired 95% CI)", "share of the teacher's gain",
+                                "min to 80% of the teacher's gain"], _distill_chain_sum),
+    "main_demo_seeds": Table(["main_demo_seeds"], "bash examples/main_demo_seeds.sh",
+                             ["policy or arm", "per seed (greedy gold reward)",
+                              "over seeds and prompts (95% CI)", "difference (paired by prompt, 95% CI)"],
+                             _main_demo_seeds),
     "eval_harness": Table(["eval_harness"], "python benchmarks/bench_eval.py --model checkpoints/smollm2-135m-instruct",
                           ["model", "items x samples", "harness samples/s", "generate samples/s",
                            "harness / generate"], _eval_harness),
