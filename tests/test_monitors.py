@@ -38,12 +38,16 @@ def test_entropy_collapse_fires_once_when_entropy_falls_below_a_quarter_of_its_b
     assert fired(rows) == {"entropy_collapse": [6]}  # once: it keeps firing, one event
     assert fired([{"entropy": 0.1}] * 3 + [{"entropy": 0.01}]) == {"entropy_collapse": [4]}
     assert fired(rows, monitor_entropy_collapse=0.0) == {}
+    early_drop = [{"entropy": e} for e in (4.0, 0.9, 0.9, 0.9)]  # baseline 4.0 (one step) or 1.93 (three)
+    assert fired(early_drop, monitor_baseline_steps=1) == {"entropy_collapse": [2]}
+    assert fired(early_drop) == {}
 
 
 def test_kl_spike_against_the_previous_steps_mean():
     rows = [{"kl": k} for k in (0.1, 0.1, 0.1, 0.1, 0.45, 1.0)]  # step 6: 1.0 > 5 x mean(0.1 x 4, 0.45) = 0.85
     assert fired(rows) == {"kl_spike": [6]}
     assert fired([{"kl": k} for k in (0.0, 0.01, 0.04)]) == {}  # below monitor_kl_floor: no ratio means anything
+    assert fired([{"kl": k} for k in (0.0, 0.01, 0.04)], monitor_kl_floor=0.0) == {"kl_spike": [2]}
 
 
 def test_kl_acceleration_is_the_second_difference():
@@ -55,12 +59,16 @@ def test_kl_acceleration_is_the_second_difference():
 def test_length_drift_both_ways():
     assert fired([{"response_length": n} for n in (10, 10, 10, 14, 15, 16)]) == {"length_drift": [6]}
     assert fired([{"response_length": n} for n in (10, 12, 8, 6, 4)]) == {"length_drift": [5]}
+    assert fired([{"response_length": n} for n in (10, 10, 10, 14, 15, 16)], monitor_length_drift=0.7) == {}
 
 
 def test_clip_fraction_and_zero_variance_groups_above_their_limits():
     assert fired([{"clip_frac": c} for c in (0.1, 0.3, 0.31, 0.05, 0.4)]) == {"clip_fraction": [3, 5]}
+    assert fired([{"clip_frac": c} for c in (0.1, 0.3, 0.31, 0.05, 0.4)], monitor_clip_fraction=0.35) == {
+        "clip_fraction": [5]}
     rows = [{"reward/zero_variance_groups": z} for z in (0.5, 0.9, 1.0)]
     assert fired(rows) == {"zero_variance_groups": [3]}
+    assert fired(rows, monitor_zero_variance_groups=0.4) == {"zero_variance_groups": [1]}
     assert fired([{"curriculum/zero_variance_groups": 0.95}]) == {"zero_variance_groups": [1]}
 
 
@@ -77,6 +85,7 @@ def test_reward_hacking_against_the_gold_judge():
     rising_gold = [{"reward/mean": r, "gold_reward/mean": 0.5 + r} for r in rewards]
     assert fired(rising_gold) == {}
     assert fired(flat_gold, monitor_reward_hacking=0.25) == {}
+    assert fired(flat_gold, monitor_window=4) == {"reward_hacking": [6]}  # halves [0, 0] and [0.2, 0.2] at step 6
 
 
 def test_reward_hacking_against_the_held_out_evaluation():

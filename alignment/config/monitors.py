@@ -21,8 +21,9 @@ class MonitorArguments:
     monitor_baseline_steps: int = field(3, ge=1, help="Steps whose mean is the baseline of the relative monitors "
                                                       "(entropy collapse, length drift); they cannot fire before "
                                                       "it is complete.")
-    monitor_window: int = field(8, ge=2, help="Steps the trend monitors (reward hacking) compare: the mean of the "
-                                              "window's second half against its first half.")
+    monitor_window: int = field(8, ge=2, help="Steps the trend monitors look back: reward hacking compares the mean "
+                                              "of the window's second half with its first half; KL spike averages "
+                                              "the previous this many steps.")
     monitor_entropy_collapse: float = field(0.25, ge=0, le=1, help="Entropy collapse: fires when the step's "
                                                                    "entropy is below this fraction of its baseline; "
                                                                    "0 = off.")
