@@ -182,3 +182,19 @@ def test_the_report_command_needs_a_run(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
     assert report.main([str(tmp_path)]) == str(tmp_path / "report.md")
     assert "None: no monitor fired." in (tmp_path / "report.md").read_text()
+
+
+def test_a_resumed_history_fires_as_the_straight_run():
+    rows = [{"entropy": e, "reward/zero_variance_groups": 1.0} for e in (2.0, 2.0, 2.0, 1.5, 1.0, 0.4, 0.3, 0.2)]
+    straight = RunMonitors(DEFAULTS, "unused", writes=False)
+    for step, row in enumerate(rows, 1):
+        straight.observe(step, dict(row))
+    first = RunMonitors(DEFAULTS, "unused", writes=False)
+    for step, row in enumerate(rows[:4], 1):
+        first.observe(step, dict(row))
+    resumed = RunMonitors(DEFAULTS, "unused", writes=False)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))  # as trainer_state.json holds it
+    for step, row in enumerate(rows[4:], 5):
+        resumed.observe(step, dict(row))
+    assert first.events + resumed.events == straight.events
+    assert [(e["monitor"], e["step"]) for e in straight.events] == [("zero_variance_groups", 1), ("entropy_collapse", 6)]

@@ -149,6 +149,9 @@ class RunMonitors:
     def observe(self, step: int, metrics: Dict[str, float]) -> List[dict]:
         """The events of this step (monitors that start firing); adds `monitor/<name>` (the value) to `metrics`."""
         self.history.steps.append({"step": step, **metrics})
+        head, tail = self.args.monitor_baseline_steps, self.args.monitor_window + 3  # all the checks read
+        if len(self.history.steps) > 2 * (head + tail):
+            self.history.steps = self.history.steps[:head] + self.history.steps[-tail:]
         events = []
         for name in sorted(MONITORS.classes):
             value = MONITORS.classes[name](metrics, self.history, self.args)
@@ -159,6 +162,13 @@ class RunMonitors:
             metrics[f"monitor/{event['monitor']}"] = event["value"]
         self.record(events)
         return events
+
+    def state_dict(self) -> dict:
+        return {"steps": self.history.steps, "evaluations": self.history.evaluations[-64:], "firing": self.firing}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.steps, self.history.evaluations = list(state["steps"]), list(state["evaluations"])
+        self.firing = dict(state["firing"])
 
     def record(self, events: List[dict]) -> None:
         self.events.extend(events)
@@ -202,13 +212,24 @@ class MonitoredRun:
     """A trainer mixin (before Trainer in the bases): the run monitors after every step, monitor_action on their
     events, and report.md at the end of the run (alignment/commands/report.py)."""
 
+    monitor_state = None  # a resumed checkpoint's
+
     def start_monitors(self, monitor_args) -> None:
-        """After resume_if_asked: a resumed run keeps the events of the steps it keeps."""
+        """After resume_if_asked: a resumed run keeps the events of the steps it keeps and the monitors' history."""
         from alignment.config.monitors import MonitorArguments
         from alignment.parallel.distributed import is_main_process
 
         self.monitors = RunMonitors(monitor_args or MonitorArguments(), self.args.output_dir, is_main_process())
         self.monitors.start_fresh(self.global_step)
+        if self.monitor_state is not None:
+            self.monitors.load_state_dict(self.monitor_state)
+
+    def trainer_state(self) -> dict:
+        return {**super().trainer_state(), "monitors": self.monitors.state_dict()}
+
+    def load_trainer_state(self, state: dict) -> None:
+        super().load_trainer_state(state)
+        self.monitor_state = state.get("monitors")
 
     def after_step(self, metrics: Dict[str, float]) -> None:
         """monitor_action on this step's events (the same on every rank: the metrics are averaged over ranks): warn
