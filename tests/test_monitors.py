@@ -197,4 +197,5 @@ def test_a_resumed_history_fires_as_the_straight_run():
     for step, row in enumerate(rows[4:], 5):
         resumed.observe(step, dict(row))
     assert first.events + resumed.events == straight.events
-    assert [(e["monitor"], e["step"]) for e in straight.events] == [("zero_variance_groups", 1), ("entropy_collapse", 6)]
+    assert [(e["monitor"], e["step"]) for e in straight.events] == [("zero_variance_groups", 1),
+                                                                   ("entropy_collapse", 6)]
