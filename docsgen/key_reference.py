@@ -67,6 +67,7 @@ ALLOWED: Dict[str, Callable[[], List[str]]] = {
     "EnvironmentArguments.environment": _registry("ENVIRONMENTS"),
     "EnvironmentArguments.episode_schedule": _choices(CHOICES, "EPISODE_SCHEDULES"),
     "EvaluationArguments.eval_tasks": _registry("EVAL_TASKS"),
+    "MonitorArguments.monitor_action": _choices("alignment.config.monitors", "MONITOR_ACTIONS"),
     "DPOArguments.loss_type": _registry("PREFERENCE_LOSSES"),
     "KTOArguments.loss_type": _registry("PREFERENCE_LOSSES", lambda loss: not loss.paired),
     "RewardArguments.loss_type": _choices(CHOICES, "REWARD_LOSS_TYPES"),

@@ -38,11 +38,17 @@ def with_environment_reward(end_rewards, parts: Dict[str, float], rollout, weigh
     return end_rewards + paddle.to_tensor((weight * rewards).astype("float32")), parts
 
 
-def reward_statistics(end_rewards, parts: Dict[str, float], normalizer=None) -> Tuple[paddle.Tensor, Dict]:
+def reward_statistics(end_rewards, parts: Dict[str, float], normalizer=None,
+                      group_size: int = 1) -> Tuple[paddle.Tensor, Dict]:
     """(end rewards [N], normalised by `normalizer`'s running statistics of whole batches when one is given, and
-    reward/mean, reward/std of the global batch with each reward part's mean)."""
+    reward/mean, reward/std of the global batch with each reward part's mean; with groups (group_size >= 2, a
+    prompt's rows contiguous) reward/zero_variance_groups, the fraction of groups whose rewards are all equal)."""
     every = paddle.to_tensor(gather_lists(end_rewards.numpy().tolist()), dtype="float32")  # the global batch's
     metrics = {"reward/mean": float(every.mean()), "reward/std": float(every.std(unbiased=False)), **parts}
+    if group_size >= 2 and every.shape[0] % group_size == 0:
+        groups = every.reshape([-1, group_size])
+        metrics["reward/zero_variance_groups"] = float((groups.max(axis=1) == groups.min(axis=1)).astype(
+            "float32").mean())
     if normalizer is not None:  # statistics of the whole batch, identical on every rank
         normalizer.update(every)
         end_rewards = normalizer.normalize(end_rewards)

@@ -12,6 +12,7 @@ from alignment.config.data import LoRAArguments
 from alignment.config.distill import DistillArguments
 from alignment.config.environment import EnvironmentArguments
 from alignment.config.evaluation import EvaluationArguments
+from alignment.config.monitors import MonitorArguments
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
 from alignment.config.training import TrainingArguments
 from alignment.parallel.layout import Layout
@@ -115,10 +116,10 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
 def train(argv, ppo_class=PPOArguments) -> dict:
     """Parse the arguments (PPO's under `ppo_class`: PPOArguments, or the distillation entry point's
     DistillPPOArguments, which also require a teacher), train, save, summarise."""
-    model_args, data_args, ppo_args, distill_args, env_args, async_args, lora_args, eval_args, train_args, run = \
-        setup.parse_arguments(argv, PPOModelArguments, PPODataArguments, ppo_class, DistillArguments,
-                              EnvironmentArguments, AsyncArguments, LoRAArguments, EvaluationArguments,
-                              TrainingArguments)
+    model_args, data_args, ppo_args, distill_args, env_args, async_args, lora_args, eval_args, monitor_args, \
+        train_args, run = setup.parse_arguments(argv, PPOModelArguments, PPODataArguments, ppo_class,
+                                                DistillArguments, EnvironmentArguments, AsyncArguments, LoRAArguments,
+                                                EvaluationArguments, MonitorArguments, TrainingArguments)
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
@@ -189,7 +190,7 @@ def train(argv, ppo_class=PPOArguments) -> dict:
                                                                    run.layout, len(prompts))) \
             if mailbox is not None else None
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward, teacher), data,
-                             tokenizer, run.effective, env_args, async_args, source)
+                             tokenizer, run.effective, env_args, async_args, source, monitor_args)
     try:
         with setup.training_stops(trainer):
             results = trainer.train()

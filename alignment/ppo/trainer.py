@@ -39,6 +39,7 @@ from alignment.ppo.samplers import Draw, rollout_generation_config
 from alignment.ppo.sources import rollout_source
 from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
 from alignment.training.batches import planned_steps
+from alignment.training.monitors import MonitoredRun
 from alignment.training.timing import PhaseTimer
 from alignment.training.trainer import Trainer
 from alignment.wrappers.offload import Offloader
@@ -46,13 +47,13 @@ from alignment.wrappers.pipeline import PipelineModel
 from alignment.wrappers.reshard import WholeCopy
 
 
-class PPOTrainer(Trainer):
+class PPOTrainer(MonitoredRun, Trainer):
     progress_name = "ppo"
     generation_speed: Dict[str, str] = {}  # the last rollout's tokens/s, shown on the progress bar
     evaluate_at_start = True  # the starting policy's held-out reward
 
     def __init__(self, ppo_args, train_args, data_args, models: PolicyModels, data: PromptData, tokenizer,
-                 effective_args=None, env_args=None, async_args=None, source=None):
+                 effective_args=None, env_args=None, async_args=None, source=None, monitor_args=None):
         super().__init__(train_args, tokenizer, effective_args)
         self.ppo, self.max_length, self.data = ppo_args, data_args.max_length, data
         self.actor, self.reference, self.reward, self.teacher = models.actor, models.reference, models.reward, \
@@ -109,6 +110,7 @@ class PPOTrainer(Trainer):
             self.teacher.sources())}) if async_args is not None and async_args.ledger else None  # rank 0 writes
         self.resume_if_asked()
         self.rollouts.start(self.global_step)
+        self.start_monitors(monitor_args)  # training/monitors.py: after each step, report.md at the end
 
     def start_data_streams(self) -> None:
         world, args = data_world_size(), self.args
@@ -187,7 +189,7 @@ class PPOTrainer(Trainer):
         rollout.old_values = self.critic.old_values(rollout, version=self.global_step)
         end_rewards, parts = rewards if rewards is not None else self.end_rewards(rollout)
         rollout.end_rewards, metrics = scoring.reward_statistics(
-            end_rewards, parts, self.reward_stats if self.ppo.normalize_reward else None)
+            end_rewards, parts, self.reward_stats if self.ppo.normalize_reward else None, self.ppo.num_return_sequences)
         metrics.update({**scoring.gold_reward(self.ppo.gold_judge, rollout), **diff})
         ended = scoring.ended_responses(rollout, self.gen_config.eos_ids)
         metrics.update(scoring.length_metrics(rollout.response_mask.sum(axis=1), ended))
@@ -269,7 +271,7 @@ class PPOTrainer(Trainer):
 
     def evaluate(self) -> Dict[str, float]:
         with self.offload.phase("evaluate", [self.actor, self.reward.model]):
-            return evaluate_policy(self)
+            return self.monitors.evaluated(self.global_step, evaluate_policy(self))
 
     def trainer_state(self) -> dict:
         return {**super().trainer_state(), "drawn": {**self.drawn, "ptx": self.ptx.drawn},

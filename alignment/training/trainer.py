@@ -7,6 +7,7 @@ checkpoint cadence, resuming and progress live here once; a stage fills in the h
     save(output_dir)                  the final models
     start_data_streams()              (re)open the data iterators, skipping what a resumed run already drew
     trainer_state() / load_trainer_state(state)   counters a resumed run needs besides models and optimizers
+    after_step(metrics)               look at one step's metrics (RL: the run monitors) before they are logged
     log_row(window) -> metrics        one logged row from the steps since the last one (default: their mean)
 
 What is trained is registered with `add_trained(name, model, ...)`: each gets an AdamW optimizer and schedule, split
@@ -100,6 +101,9 @@ class Trainer:
     def save(self, output_dir: str) -> None:
         raise NotImplementedError
 
+    def after_step(self, metrics: Dict[str, float]) -> None:
+        """After each step (global_step counts it), before its metrics are logged: may add to `metrics`."""
+
     def start_data_streams(self) -> None:
         """Open the data iterators (a resumed run skips the batches its checkpoint says were drawn)."""
 
@@ -152,6 +156,7 @@ class Trainer:
             if speed is not None:
                 speed.record(time.perf_counter() - started, self.benchmark_counts())
             self.global_step += 1
+            self.after_step(self.window[-1])
             progress.update(1)
             last = self.global_step == self.total_steps
             if self.due(log_every) or last:
