@@ -1,4 +1,4 @@
-"""The run monitors (alignment/training/monitors.py) and the run report (alignment/commands/report.py): each monitor
+"""The run monitors (alignment/training/monitors.py) and the run report (alignment/training/run_report.py): each monitor
 fires at the step its threshold is crossed and not before, a healthy run fires none, monitor_action stop ends a
 run in one line with exit 1, and a run that collapses on purpose (a huge learning rate on a reward for repeating
 one character) writes report.md listing its events."""

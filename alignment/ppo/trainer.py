@@ -39,7 +39,7 @@ from alignment.ppo.samplers import Draw, rollout_generation_config
 from alignment.ppo.sources import rollout_source
 from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
 from alignment.training.batches import planned_steps
-from alignment.training.monitors import MonitoredRun
+from alignment.training.monitored_run import MonitoredRun
 from alignment.training.timing import PhaseTimer
 from alignment.training.trainer import Trainer
 from alignment.wrappers.offload import Offloader
