@@ -184,6 +184,18 @@ def test_the_report_command_needs_a_run(tmp_path, capsys):
     assert "None: no monitor fired." in (tmp_path / "report.md").read_text()
 
 
+def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkeypatch):
+    from alignment.training import run_report
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "entropy": 2.0}) + "\n")
+    monkeypatch.setattr(run_report, "plotting_available", lambda: False)  # the `plots` extra not installed
+    run_report.write_report(str(tmp_path))
+    assert "reward/mean" in (tmp_path / "report.md").read_text() and not list(tmp_path.glob("*.png"))
+    monkeypatch.undo()
+    run_report.write_report(str(tmp_path))
+    assert (tmp_path / "report_rewards.png").exists()
+
+
 def test_a_resumed_history_fires_as_the_straight_run():
     rows = [{"entropy": e, "reward/zero_variance_groups": 1.0} for e in (2.0, 2.0, 2.0, 1.5, 1.0, 0.4, 0.3, 0.2)]
     straight = RunMonitors(DEFAULTS, "unused", writes=False)

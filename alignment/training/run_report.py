@@ -88,6 +88,13 @@ def report_text(run: str, groups: Dict[str, List[str]], series: Dict[str, list],
     return "\n".join(lines) + "\n"
 
 
+def plotting_available() -> bool:
+    """matplotlib is the `plots` extra: without it report.md is written without its PNGs."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def write_report(run: str) -> str:
     """Write <run>/report.md and its PNGs from <run>/metrics.jsonl and <run>/monitor_events.jsonl; -> its path."""
     metrics = os.path.join(run, "metrics.jsonl")
@@ -96,7 +103,7 @@ def write_report(run: str) -> str:
     series = read_series(metrics)
     events = read_events(os.path.join(run, EVENTS_FILE))
     groups, plots = grouped(series), []
-    plotted = {name for name, plot, _ in FAMILIES if plot}
+    plotted = {name for name, plot, _ in FAMILIES if plot} if plotting_available() else set()
     for family, keys in groups.items():
         if family in plotted:
             name = f"report_{family}.png"
