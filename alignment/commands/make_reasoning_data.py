@@ -67,6 +67,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--output-dir", default=os.path.join("data", "reasoning"))
     args = parser.parse_args(argv)
+    for key in ("train", "eval", "worked"):
+        if getattr(args, key) < 0:
+            raise InputError(f"--{key}: a number of rows is 0 or more, not {getattr(args, key)}")
     if args.worked and args.task != "chain_sum":
         raise InputError(f"--worked: worked solutions exist for --task chain_sum only, not {args.task}")
     seed = args.seed
@@ -76,7 +79,7 @@ def main(argv=None) -> None:
             path = os.path.join(args.output_dir, f"{args.task}_{split}.jsonl")
             write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
             print(f"{path}: {len(rows)} rows")
-        seed += max(size, 0)
+        seed += size
 
 
 if __name__ == "__main__":
