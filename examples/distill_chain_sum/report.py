@@ -38,7 +38,8 @@ def _reasoning_report():
     return module
 
 
-summary, training_minutes = (getattr(_reasoning_report(), name) for name in ("summary", "training_minutes"))
+_REASONING = _reasoning_report()
+summary, training_minutes = _REASONING.summary, _REASONING.training_minutes
 
 
 def run_points(run: str) -> list:
