@@ -14,7 +14,8 @@ import time
 from typing import IO, Dict, List
 
 LOCK_FILE = ".run.lock"
-_RUN_FILES = re.compile(r"^(checkpoint-\d+|latest|metrics\.jsonl|args\.json|visualdl|\.checkpoint-\d+\.tmp-.*)$")
+_RUN_FILES = re.compile(r"^(checkpoint-\d+|latest|metrics\.jsonl|args\.json|\.checkpoint-\d+\.tmp-.*"
+                        r"|visualdl|tensorboard|wandb|swanlog|mlflow\.db|mlartifacts|trackers\.json)$")  # trackers
 _held: Dict[str, IO] = {}  # real path -> the open lock file of this process
 _created: List[str] = []  # output_dirs this process made (removed again if the run fails before using them)
 
