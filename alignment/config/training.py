@@ -73,7 +73,8 @@ class TrainingArguments:
     run_name: Optional[str] = field(None, help="The run's name in the trackers; null = output_dir's last folder.")
     logging_dir: Optional[str] = field(None, help="Where the trackers' local files go (visualdl/, tensorboard/, "
                                                   "wandb/, swanlog/, mlflow.db; trackio keeps its own store, "
-                                                  "TRACKIO_DIR); null = output_dir.")
+                                                  "TRACKIO_DIR); a relative path is taken under output_dir "
+                                                  "(PaddleNLP: under the working directory); null = output_dir.")
     project: Optional[str] = field(None, help="The project (MLflow: experiment) the run is filed under in wandb, "
                                               "swanlab, mlflow and trackio; null = the tracker's own environment "
                                               "variable (WANDB_PROJECT, ...) or 'alignment'. PaddleNLP / HF "

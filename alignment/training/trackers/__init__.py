@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 from alignment.config.registry import TRACKERS
 from alignment.fileio import write_json_atomic
 from alignment.training.trackers import files, services  # noqa: F401 (the built-in trackers register)
-from alignment.training.trackers.base import TrackedRun, Tracker, check_trackers, chosen
+from alignment.training.trackers.base import TrackedRun, Tracker, check_trackers, chosen, logging_dir_of
 
 __all__ = ["TrackerFanOut", "Tracker", "TrackedRun", "check_trackers", "chosen", "dashboards", "STATE_FILE"]
 
@@ -65,6 +65,6 @@ class TrackerFanOut:
 
 def dashboards(args) -> List[str]:
     """'dashboard: COMMAND' lines, one for each tracker asked for that has a command showing what it wrote."""
-    logging_dir = args.logging_dir or args.output_dir
+    logging_dir = logging_dir_of(args)
     commands = (TRACKERS.lookup(name).dashboard(args, logging_dir) for name in chosen(args.report_to))
     return [f"dashboard: {command}" for command in commands if command]

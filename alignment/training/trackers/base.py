@@ -35,7 +35,7 @@ class TrackedRun:
 
     @property
     def logging_dir(self) -> str:
-        return self.args.logging_dir or self.args.output_dir
+        return logging_dir_of(self.args)
 
     def project(self, environment_variable: Optional[str] = None) -> str:
         """The project key, else the tracker's own environment variable, else 'alignment'."""
@@ -83,6 +83,13 @@ class Tracker(Registered, registry=TRACKERS):
 
     def close(self) -> None:
         """Flush and end the tracker's run."""
+
+
+def logging_dir_of(args) -> str:
+    """Where the trackers' local files go: logging_dir, a relative one under output_dir (so that a run's files stay
+    together, and PaddleNLP's sample `logging_dir: vdl_log` does not gather every run in one folder); null:
+    output_dir."""
+    return os.path.join(args.output_dir, args.logging_dir) if args.logging_dir else args.output_dir
 
 
 def import_problem(module: str) -> Optional[str]:

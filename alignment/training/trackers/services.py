@@ -122,7 +122,7 @@ class SwanLab(Tracker):
         mode = os.environ.get("SWANLAB_MODE") or "local"
         resume = {"id": run.state["id"], "resume": "allow"} if mode == "cloud" and run.resume_step is not None \
             and run.state.get("id") else {}
-        self.swanlab = swanlab.init(project=run.project("SWANLAB_PROJECT"), experiment_name=run.name,
+        self.swanlab = swanlab.init(project=run.project(), experiment_name=run.name,
                                     config=run.config, logdir=run.local_dir("swanlog"), mode=mode, **resume)
         run.state["id"] = getattr(self.swanlab, "id", None) or resume.get("id")
 
