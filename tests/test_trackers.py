@@ -254,3 +254,51 @@ def test_visualdl_gets_the_same_rows_and_each_dashboard_is_named(tracked):
     assert "dashboard: visualdl --logdir" in tracked["fresh"]["stdout"]
     if "tensorboard" in INSTALLED:
         assert "dashboard: tensorboard --logdir" in tracked["fresh"]["stdout"]
+
+
+def test_the_fan_out_sends_finite_numbers_and_histograms(tmp_path):
+    pytest.importorskip("tensorboardX")
+    pytest.importorskip("tensorboard", reason="the tensorboard package reads the event files")
+    from alignment.training.trackers import TrackerFanOut
+
+    trackers = TrackerFanOut(parse({"report_to": "tensorboard", "output_dir": str(tmp_path)}), {"seed": 1})
+    trackers.open(None)
+    trackers.log(2, {"step": 2, "loss": 0.5, "note": "text", "bad": float("nan"), "flag": True, "lengths": [1, 2]})
+    trackers.log_histogram("eval/chosen_scores", [0.25, 0.5, 2.0], 2)
+    trackers.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0})
+    events.Reload()
+    assert events.Tags()["scalars"] == ["train/loss"] and [(e.step, e.value) for e in events.Scalars("train/loss")] \
+        == [(2, 0.5)]
+    histogram = events.Histograms("eval/chosen_scores")
+    assert [h.step for h in histogram] == [2] and histogram[0].histogram_value.num == 3
+    assert histogram[0].histogram_value.sum == pytest.approx(2.75)
+
+
+def test_the_docs_example_continues_the_same_tensorboard_and_mlflow_runs(tmp_path, tiny_model_dir):
+    """docs/trackers.md's example: 4 tiny SFT steps, then the same run continued from checkpoint-2."""
+    from docsgen.runnable import block_on
+
+    for module in ("tensorboardX", "tensorboard", "mlflow", "sqlalchemy", "alembic"):
+        pytest.importorskip(module)
+    block = block_on('trackers.md', "tests/test_trackers.py")
+    work = tmp_path / "work"
+    shutil.copytree(tiny_model_dir, work / "checkpoints" / "tiny")
+    for name in ("alignment", "config", "data", "tools"):
+        os.symlink(os.path.join(REPO, name), work / name)
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.script], cwd=work, capture_output=True, text=True,
+                          timeout=900, env={**env, "PYTHONPATH": str(work)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = str(work / "outputs" / "sft-tracked")
+    metrics = {key: [(s, v) for s, v in values if math.isfinite(v)]
+               for key, values in read_series(os.path.join(out, "metrics.jsonl")).items()}
+    assert [s for s, _ in metrics["loss"]] == [1, 2, 3, 4] and [s for s, _ in metrics["eval/loss"]] == [4]
+    board = read_tensorboard(out, env)
+    same_series({key: board[visualdl_tag(key)] for key in metrics}, metrics)
+    runs = read_mlflow(out, env)
+    assert [run[0] for run in runs] == [json.load(open(os.path.join(out, "trackers.json")))["mlflow"]["run_id"]]
+    same_series(runs[0][2], metrics, untimed(metrics))
+    assert "dashboard: mlflow ui --backend-store-uri sqlite:///" in done.stdout

@@ -77,8 +77,8 @@ class TrainingArguments:
                                                   "(PaddleNLP: under the working directory); null = output_dir.")
     project: Optional[str] = field(None, help="The project (MLflow: experiment) the run is filed under in wandb, "
                                               "swanlab, mlflow and trackio; null = the tracker's own environment "
-                                              "variable (WANDB_PROJECT, ...) or 'alignment'. PaddleNLP / HF "
-                                              "configs' wandb_project sets it.")
+                                              "variable (WANDB_PROJECT, MLFLOW_EXPERIMENT_NAME) or 'alignment'; "
+                                              "a config's wandb_project sets it too.")
     wandb_mode: Optional[str] = field(None, help="wandb's mode: 'offline' (files under logging_dir/wandb; "
                                                  "`wandb sync` uploads them), 'online' or 'disabled'; null = "
                                                  "WANDB_MODE, else 'offline'.")

@@ -48,7 +48,9 @@ class TrackedRun:
 
 
 class Tracker(Registered, registry=TRACKERS):
-    """A place metrics go besides metrics.jsonl; see the module docstring."""
+    """A place metrics go besides metrics.jsonl: `log(step, scalars)` gets every row's finite numbers at the row's
+    step, `close()` ends its run; MODULES are what must import and EXTRA the pip extra that installs them (a missing
+    one stops the run before any work). How each built-in resumes: docs/trackers.md."""
 
     EXTRA: ClassVar[Optional[str]] = None    # the optional extra of pyproject.toml that installs its package
     MODULES: ClassVar[Tuple[str, ...]] = ()  # the modules it imports
