@@ -42,8 +42,9 @@ class TrackerFanOut:
         for cls in self.classes:
             entry = state.setdefault(cls.NAME, {})
             self.trackers.append(cls(TrackedRun(self.args, self.config, resume_step, entry)))
-        if self.trackers:
-            write_json_atomic(path, state)
+        kept = {name: entry for name, entry in state.items() if entry}
+        if kept:  # only trackers with a run id of their own keep one (VisualDL and TensorBoard: none)
+            write_json_atomic(path, kept)
 
     def log(self, step: int, row: Dict[str, object]) -> None:
         """The row's finite numbers (not its step, texts or lists), under metrics.jsonl's keys."""

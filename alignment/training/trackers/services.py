@@ -106,10 +106,16 @@ class MLflow(Tracker):
 
 
 class SwanLab(Tracker):
-    """SwanLab in local mode (logging_dir/swanlog; `swanlab watch DIR/swanlog`), or SWANLAB_MODE (cloud,
-    offline, disabled). SwanLab resumes a run by id in cloud mode: there the stored id continues it; a local-mode
-    resume is a second local experiment of the same name."""
-    NAME, EXTRA, MODULES = "swanlab", "swanlab", ("swanlab",)
+    """SwanLab in local mode (logging_dir/swanlog; `swanlab watch DIR/swanlog`; its dashboard package swanboard,
+    swanlab[dashboard], must be there), or SWANLAB_MODE (cloud, offline, disabled). SwanLab resumes a run by id in
+    cloud mode: there the stored id continues it; a local-mode resume is a second local experiment of the same
+    name."""
+    NAME, EXTRA = "swanlab", "swanlab"
+
+    @classmethod
+    def modules(cls, args) -> Tuple[str, ...]:
+        local = (os.environ.get("SWANLAB_MODE") or "local") == "local"
+        return ("swanlab", "swanboard") if local else ("swanlab",)  # local mode keeps its dashboard's files
 
     @classmethod
     def dashboard(cls, args, logging_dir: str) -> str:
