@@ -302,3 +302,16 @@ def test_the_docs_example_continues_the_same_tensorboard_and_mlflow_runs(tmp_pat
     assert [run[0] for run in runs] == [json.load(open(os.path.join(out, "trackers.json")))["mlflow"]["run_id"]]
     same_series(runs[0][2], metrics, untimed(metrics))
     assert "dashboard: mlflow ui --backend-store-uri sqlite:///" in done.stdout
+
+
+def test_a_damaged_trackers_json_starts_new_tracker_runs_with_a_line_saying_so(tmp_path, capsys):
+    pytest.importorskip("tensorboardX")
+    from alignment.training.trackers import TrackerFanOut
+
+    (tmp_path / "trackers.json").write_text('{"mlflow": {"run_id": "abc"')  # cut short by a full disk
+    trackers = TrackerFanOut(parse({"report_to": "tensorboard", "output_dir": str(tmp_path)}))
+    trackers.open(resume_step=3)
+    trackers.close()
+    assert "trackers.json is not the trackers' JSON object of run ids: the trackers start new runs" in \
+        capsys.readouterr().out
+    assert os.listdir(tmp_path / "tensorboard")

@@ -37,8 +37,14 @@ class TrackerFanOut:
         path = os.path.join(self.args.output_dir, STATE_FILE)
         state = {}
         if resume_step is not None and os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                state = json.load(f)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                try:
+                    state = json.load(f)
+                except ValueError:
+                    state = None
+            if not isinstance(state, dict) or not all(isinstance(entry, dict) for entry in state.values()):
+                print(f"{path} is not the trackers' JSON object of run ids: the trackers start new runs")
+                state = {}
         for cls in self.classes:
             entry = state.setdefault(cls.NAME, {})
             self.trackers.append(cls(TrackedRun(self.args, self.config, resume_step, entry)))
