@@ -140,12 +140,13 @@ def read_mlflow(out, env):
 
 def read_trackio(out, env):
     """{run name: {metric: [(step, value)]}} of the project (read in a process that sees the test's TRACKIO_DIR)."""
-    code = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; "
-            "print(json.dumps({r: S.get_logs('alignment', r) for r in S.get_runs('alignment')}))")
+    code = ("import json; from trackio.sqlite_storage import SQLiteStorage as S; print(json.dumps({r: "
+            "[S.get_logs('alignment', r), S.get_run_config('alignment', r)] for r in S.get_runs('alignment')}))")
     logs = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                      check=True).stdout.strip().splitlines()[-1])
-    return {run: {key: [(row["step"], row[key]) for row in rows if key in row]
-                  for key in {k for row in rows for k in row} - {"step", "timestamp"}} for run, rows in logs.items()}
+    return {run: ({key: [(row["step"], row[key]) for row in rows if key in row]
+                   for key in {k for row in rows for k in row} - {"step", "timestamp"}}, config)
+            for run, (rows, config) in logs.items()}
 
 
 def read_visualdl(out, env):
@@ -240,10 +241,11 @@ def test_trackio_continues_the_run_of_the_same_name(tracked):
     need("trackio")
     fresh, resumed = tracked["fresh"]["trackio"], tracked["resumed"]["trackio"]
     assert list(fresh) == list(resumed) == ["run"]
-    same_series(fresh["run"], tracked["fresh"]["metrics"])
+    same_series(fresh["run"][0], tracked["fresh"]["metrics"])
     metrics = tracked["resumed"]["metrics"]
-    same_series(resumed["run"], metrics, untimed(metrics))
-    assert [s for s, _ in resumed["run"]["loss"]] == [1, 2, 3, 4, 5, 6]
+    same_series(resumed["run"][0], metrics, untimed(metrics))
+    assert [s for s, _ in resumed["run"][0]["loss"]] == [1, 2, 3, 4, 5, 6]
+    assert fresh["run"][1]["learning_rate"] == 0.003 and fresh["run"][1]["report_to"][0] == "visualdl"
 
 
 def test_visualdl_gets_the_same_rows_and_each_dashboard_is_named(tracked):
@@ -275,6 +277,7 @@ def test_the_fan_out_sends_finite_numbers_and_histograms(tmp_path):
     histogram = events.Histograms("eval/chosen_scores")
     assert [h.step for h in histogram] == [2] and histogram[0].histogram_value.num == 3
     assert histogram[0].histogram_value.sum == pytest.approx(2.75)
+    assert "arguments/text_summary" in events.Tags()["tensors"]  # the run's arguments, as a text entry
 
 
 def test_the_docs_example_continues_the_same_tensorboard_and_mlflow_runs(tmp_path, tiny_model_dir):
