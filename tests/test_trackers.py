@@ -19,7 +19,7 @@ from alignment.config.parser import ArgumentError, ArgumentParser
 from alignment.config.training import TrainingArguments
 from alignment.training.logger import read_series
 from alignment.training.trackers.files import visualdl_tag
-from tests.helpers import REPO, read_metrics
+from tests.helpers import REPO
 
 SFT = os.path.join(REPO, "alignment", "sft", "run_sft.py")
 PACKAGES = {"visualdl": "visualdl", "tensorboard": "tensorboardX", "mlflow": "mlflow", "wandb": "wandb",

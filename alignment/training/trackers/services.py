@@ -9,7 +9,7 @@ import secrets
 import time
 from typing import Dict, Optional, Tuple
 
-from alignment.training.trackers.base import Tracker, TrackedRun
+from alignment.training.trackers.base import DEFAULT_PROJECT, Tracker, TrackedRun
 
 
 class WandB(Tracker):
@@ -146,7 +146,7 @@ class Trackio(Tracker):
 
     @classmethod
     def dashboard(cls, args, logging_dir: str) -> str:
-        return f"trackio show --project {args.project or 'alignment'}"
+        return f"trackio show --project {args.project or DEFAULT_PROJECT}"
 
     def __init__(self, run: TrackedRun):
         super().__init__(run)
