@@ -22,9 +22,10 @@ from alignment.training.trackers.files import visualdl_tag
 from tests.helpers import REPO
 
 SFT = os.path.join(REPO, "alignment", "sft", "run_sft.py")
-PACKAGES = {"visualdl": "visualdl", "tensorboard": "tensorboardX", "mlflow": "mlflow", "wandb": "wandb",
-            "trackio": "trackio", "swanlab": "swanlab"}
-INSTALLED = [name for name, module in PACKAGES.items() if importlib.util.find_spec(module) is not None]
+PACKAGES = {"visualdl": ("visualdl",), "tensorboard": ("tensorboardX",), "mlflow": ("mlflow", "sqlalchemy"),
+            "wandb": ("wandb",), "trackio": ("trackio",), "swanlab": ("swanlab", "swanboard")}
+INSTALLED = [name for name, modules in PACKAGES.items()
+             if all(importlib.util.find_spec(module) is not None for module in modules)]
 TIMED = ("time/", "memory/", "tokens_per_sec")  # measured, not computed: a resumed run's differ from the first's
 
 
@@ -160,7 +161,26 @@ def read_visualdl(out, env):
     return series
 
 
-READERS = {"visualdl": read_visualdl, "tensorboard": read_tensorboard, "mlflow": read_mlflow, "wandb": read_wandb,
+def read_swanlab(out, env):
+    """[(experiment name, {metric: [(step, value)]})] from SwanLab's local dashboard store (swanlog/runs.swanlab:
+    which metric is in which folder of an experiment's run directory) and the metric files there."""
+    import sqlite3
+
+    store = sqlite3.connect(os.path.join(out, "swanlog", "runs.swanlab"))
+    runs = []
+    for experiment, run_dir, name in store.execute("select id, run_id, name from experiment order by id").fetchall():
+        series = {}
+        for tag, folder in store.execute("select name, folder from tag where experiment_id = ? and system = 0",
+                                         (experiment,)).fetchall():
+            for path in sorted(glob.glob(os.path.join(out, "swanlog", run_dir, "logs", folder, "*.log"))):
+                series.setdefault(tag, []).extend((row["index"], row["data"]) for row in map(json.loads, open(path)))
+        runs.append((name, series))
+    store.close()
+    return runs
+
+
+READERS = {"swanlab": read_swanlab, "visualdl": read_visualdl, "tensorboard": read_tensorboard, "mlflow": read_mlflow,
+           "wandb": read_wandb,
            "trackio": read_trackio}
 
 
@@ -171,7 +191,8 @@ def tracked(tmp_path_factory, tiny_model_dir):
     names = [name for name in INSTALLED if name in READERS]
     root = tmp_path_factory.mktemp("trackers")
     out = root / "run"
-    env = {key: value for key, value in os.environ.items() if key not in ("WANDB_MODE", "MLFLOW_TRACKING_URI")}
+    chosen_modes = ("WANDB_MODE", "MLFLOW_TRACKING_URI", "SWANLAB_MODE")  # the defaults are what is tested
+    env = {key: value for key, value in os.environ.items() if key not in chosen_modes}
     env.update(TRACKIO_DIR=str(root / "trackio"), WANDB_CONFIG_DIR=str(root / "wandb-config"),
                WANDB_CACHE_DIR=str(root / "wandb-cache"), WANDB_DATA_DIR=str(root / "wandb-data"))
     readings = {}
@@ -200,7 +221,7 @@ def untimed(series):
 
 def need(name):
     if name not in INSTALLED:
-        pytest.skip(f"{PACKAGES[name]} is not installed (pip install 'paddle-alignment[{name}]')")
+        pytest.skip(f"{' / '.join(PACKAGES[name])} not installed (pip install 'paddle-alignment[{name}]')")
 
 
 def test_tensorboard_holds_every_row_once_with_the_resumed_values(tracked):
@@ -246,6 +267,15 @@ def test_trackio_continues_the_run_of_the_same_name(tracked):
     same_series(resumed["run"][0], metrics, untimed(metrics))
     assert [s for s, _ in resumed["run"][0]["loss"]] == [1, 2, 3, 4, 5, 6]
     assert fresh["run"][1]["learning_rate"] == 0.003 and fresh["run"][1]["report_to"][0] == "visualdl"
+
+
+def test_swanlab_local_mode_gets_the_rows_and_a_resume_is_a_second_experiment(tracked):
+    need("swanlab")
+    fresh, resumed = tracked["fresh"]["swanlab"], tracked["resumed"]["swanlab"]
+    assert [name for name, _ in fresh] == ["run"] and len(resumed) == 2
+    same_series(fresh[0][1], tracked["fresh"]["metrics"])
+    metrics = tracked["resumed"]["metrics"]
+    same_series(resumed[1][1], {key: [(s, v) for s, v in values if s > 3] for key, values in metrics.items()})
 
 
 def test_visualdl_gets_the_same_rows_and_each_dashboard_is_named(tracked):
