@@ -108,8 +108,8 @@ class MLflow(Tracker):
 class SwanLab(Tracker):
     """SwanLab in local mode (logging_dir/swanlog; `swanlab watch DIR/swanlog`; its dashboard package swanboard,
     swanlab[dashboard], must be there), or SWANLAB_MODE (cloud, offline, disabled). SwanLab resumes a run by id in
-    cloud mode: there the stored id continues it; a local-mode resume is a second local experiment of the same
-    name."""
+    cloud mode: there the stored id continues it; a local-mode resume is a second local experiment (named
+    '<run_name>-2' by SwanLab)."""
     NAME, EXTRA = "swanlab", "swanlab"
 
     @classmethod
