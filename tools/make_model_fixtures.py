@@ -29,11 +29,11 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transf
 
 import numpy as np
 import torch
-import transformers
 from safetensors.numpy import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from make_hf_reference import reinit_  # tools/: N(0, 0.2) weights, so the logits are far from uniform
+# tools/make_hf_reference.py: N(0, 0.2) weights (logits far from uniform), file modes, --help and versions
+from make_hf_reference import begin, readable, reinit_
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_ROOT = os.path.join(REPO_ROOT, "tests", "fixtures", "models")
@@ -101,17 +101,13 @@ def make_one(name: str) -> dict:
               "greedy_tokens": out.sequences.numpy(), "greedy_margin": (top2[:, 0] - top2[:, 1]).numpy()}
     assert arrays["greedy_tokens"].shape == (1, prompt_len + NEW_TOKENS)
     save_file(arrays, os.path.join(out_dir, "reference.safetensors"))
-    for file in os.listdir(out_dir):  # save_pretrained writes model.safetensors as 0600
-        os.chmod(os.path.join(out_dir, file), 0o644)
+    readable(out_dir)
     return arrays
 
 
 def main() -> int:
-    if len(sys.argv) > 1:  # no options: --help (or anything) prints what it does
-        print(__doc__)
+    if not begin(__doc__):  # any argument (--help) prints what it does
         return 0
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, numpy {np.__version__}")
-    torch.set_num_threads(1)
     for name in FIXTURES:
         arrays = make_one(name)
         digest = hashlib.sha256(open(os.path.join(OUT_ROOT, name, "model.safetensors"), "rb").read()).hexdigest()
