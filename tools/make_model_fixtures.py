@@ -66,7 +66,9 @@ FIXTURES = {
 
 def fresh(out_dir):
     """The saved checkpoint loaded anew: dynamic RoPE keeps state between calls, so each measurement starts clean."""
-    return AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    return model
 
 
 def greedy(model, prompt):
@@ -93,7 +95,8 @@ def make_one(name: str) -> dict:
         prompt = input_ids[0:1, :prompt_len]
         out = greedy(fresh(out_dir), prompt)
         if kwargs["rope_parameters"]["rope_type"] != "default":  # plain RoPE must give other greedy tokens
-            plain = model_cls(config_cls(**dict(kwargs, rope_parameters=rope("default")))).eval()
+            plain = model_cls(config_cls(**dict(kwargs, rope_parameters=rope("default"))))
+            plain.eval()
             plain.load_state_dict(model.state_dict())
             assert not torch.equal(greedy(plain, prompt).sequences, out.sequences), f"{name}: greedy tells nothing"
     top2 = torch.stack([step[0].topk(2).values for step in out.logits])  # [8, 2]
