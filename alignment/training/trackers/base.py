@@ -116,8 +116,10 @@ def chosen(names: List[str]) -> List[str]:
 def check_trackers(args) -> None:
     """ValueError (one line) for a name no tracker is registered under, or a tracker whose package does not
     import, naming the extra that installs it: before any work is done."""
-    for name in chosen(args.report_to):
+    names = chosen(args.report_to)
+    for name in names:  # every name first: an unknown one is named even beside a tracker that is not installed
         TRACKERS.check("report_to", name)
+    for name in names:
         cls = TRACKERS[name]
         missing = cls.missing_module(args)
         if missing:
