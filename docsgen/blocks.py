@@ -48,6 +48,16 @@ def headline() -> str:
             link = "docs/recipes/grpo.md#verifiable-rewards-on-smollm2-held-out-pass1-over-training"
             rows.append([f"GRPO on SmolLM2-135M, held-out chain-sum {name} gain, seeds {which} (95% CI)",
                          f"[**{gains}**]({link})", run])
+    for run in results_tables.kept_runs("main_demo_seeds")[:1]:
+        arms = run.record["arms"]
+        figure = " / ".join(f"{a['arm']} {a['over_seeds']['mean']:.2f} [{a['over_seeds']['low']:.2f}, "
+                            f"{a['over_seeds']['high']:.2f}]" for a in arms)
+        if any(d["intervals_overlap"] for d in run.record["differences"]):
+            figure += ": the intervals overlap"
+        seeds = ", ".join(str(r["seed"]) for r in arms[0]["runs"])
+        link = "docs/getting-started/index.md#the-smollm2-demo-the-main-job"
+        rows.append([f"Main demo, held-out gold reward over seeds {seeds} and prompts (95% CI)",
+                     f"[**{figure}**]({link})", run])
     lines = ["| measure | figure | CPU, date, commit |", "| --- | ---: | --- |"]
     lines += [f"| {what} | {figure} | {run.cpu}, {run.date}, `{run.commit}` |" for what, figure, run in rows]
     return "\n".join(lines)

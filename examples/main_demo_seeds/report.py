@@ -17,7 +17,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
 
 from alignment.evaluation.metrics import bootstrap_ci, seeds_and_items_ci, seeds_and_items_difference_ci  # noqa
 from alignment.evaluation.report import load_run  # noqa: E402
@@ -41,7 +42,8 @@ def run_scores(eval_dir: str) -> tuple:
             with open(path, encoding="utf-8") as f:
                 seed = json.load(f).get("seed")
             break
-    return scores, seed, policy
+    inside = os.path.abspath(policy).startswith(REPO + os.sep)  # the checkout's own paths, not this machine's
+    return scores, seed, os.path.relpath(policy, REPO) if inside else policy
 
 
 def arm(name: str, eval_dirs: list) -> dict:
