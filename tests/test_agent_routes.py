@@ -1,5 +1,5 @@
 """The guess-number game written against every route of the gateway (chat completions streamed, OpenAI Responses and
-Anthropic Messages, each streamed and not; examples/openai_agent, examples/anthropic_agent) trains to the bits of the
+Anthropic Messages, each streamed and not; examples/openai_agent/guess_number_agent.py) trains to the bits of the
 same game written as an `Environment`: the same metrics, the same ledger tokens, the same final weights."""
 import json
 import os
@@ -12,11 +12,8 @@ from alignment.ppo import run_ppo
 from tests.helpers import REPO, read_metrics, run_args
 from tests.test_agents import NOT_COMPARED
 
-AGENTS = {"chat-streamed": "openai_agent/guess_number_agent.py:play_streamed",
-          "responses": "openai_agent/guess_number_responses_agent.py:play",
-          "responses-streamed": "openai_agent/guess_number_responses_agent.py:play_streamed",
-          "messages": "anthropic_agent/guess_number_agent.py:play",
-          "messages-streamed": "anthropic_agent/guess_number_agent.py:play_streamed"}
+AGENTS = {"chat-streamed": "play_streamed", "responses": "play_responses", "responses-streamed":
+          "play_responses_streamed", "messages": "play_messages", "messages-streamed": "play_messages_streamed"}
 STEPS = "2"
 
 
@@ -43,7 +40,7 @@ def test_an_agent_on_every_route_trains_to_the_bits_of_the_environment(route, en
     args = game_args(tmp_path, tiny_model_dir)
     i = args.index("--environment")
     run_ppo.main(args[:i] + ["--environment", ""] + args[i + 2:] +
-                 ["--agent", os.path.join(REPO, "examples", AGENTS[route])])
+                 ["--agent", f"{os.path.join(REPO, 'examples', 'openai_agent', 'guess_number_agent.py')}:{AGENTS[route]}"])
     env_rows, agent_rows = read_metrics(environment_run), read_metrics(tmp_path)
     assert len(env_rows) == len(agent_rows) == int(STEPS)
     for env_row, agent_row in zip(env_rows, agent_rows):

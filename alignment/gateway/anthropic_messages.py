@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 from typing import Iterator, List
 
-from alignment.gateway import streaming
 from alignment.gateway.outcome import Outcome, check_finishes
-from alignment.gateway.protocol import ChatRequest, GatewayError, Limits, flag, number, parse_chat_request
+from alignment.gateway.protocol import ChatRequest, GatewayError, Limits, entries, flag, number
 from alignment.gateway.route import Route
 
 FINISH = check_finishes({"eos": "end_turn", "stop": "stop_sequence", "length": "max_tokens",
@@ -92,17 +91,10 @@ def _tool(tool, i: int) -> dict:
 
 def chat_body(body, limits: Limits) -> dict:
     """The chat-completions body of a Messages request; a GatewayError naming the Messages parameter."""
-    if not isinstance(body, dict):
-        raise _invalid("the body must be a JSON object", None)
+    messages = entries(body, "messages", limits)
     max_tokens = number(body, "max_tokens", 1, 1 << 20, True)
     if max_tokens is None:
         raise _invalid("'max_tokens' is required", "max_tokens")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("'messages' must be a non-empty list", "messages")
-    if len(messages) > limits.max_messages:
-        raise GatewayError(413, f"'messages' has {len(messages)} entries; the limit is {limits.max_messages}",
-                           "messages")
     chat = [{"role": "system", "content": _text(body["system"], "system")}] if body.get("system") else []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -171,14 +163,9 @@ class AnthropicMessages(Route):
     PATH = "messages"
     NAME = "anthropic messages"
 
-    def parse(self, body, limits: Limits) -> ChatRequest:
-        return parse_chat_request(chat_body(body, limits), limits)
-
-    def response(self, outcome: Outcome, request: ChatRequest) -> dict:
-        return message_object(outcome, request)
-
-    def events(self, outcome: Outcome, request: ChatRequest) -> Iterator[str]:
-        return streaming.typed_events(stream_events(outcome, request))
+    translate = staticmethod(chat_body)
+    response = staticmethod(message_object)
+    stream_events = staticmethod(stream_events)
 
     def error(self, err: GatewayError) -> dict:
         message = " ".join(str(err).split())[:1000]

@@ -7,7 +7,7 @@ from typing import Iterator
 
 from alignment.gateway import render, streaming
 from alignment.gateway.outcome import Choice, Outcome, check_finishes
-from alignment.gateway.protocol import ChatRequest, Limits, parse_chat_request
+from alignment.gateway.protocol import ChatRequest
 from alignment.gateway.route import Route
 
 # a turn the episode's token budget cut answers as one capped by max_tokens; the session then refuses further calls
@@ -27,9 +27,6 @@ def usage(outcome: Outcome) -> dict:
 class ChatCompletions(Route):
     PATH = "chat/completions"
     NAME = "chat completions"
-
-    def parse(self, body, limits: Limits) -> ChatRequest:
-        return parse_chat_request(body, limits)
 
     def response(self, outcome: Outcome, request: ChatRequest) -> dict:
         choices = []

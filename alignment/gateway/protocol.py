@@ -120,16 +120,21 @@ def _tool_calls(value: Any, where: str) -> tuple:
     return tuple(calls)
 
 
-def parse_chat_request(body: Any, limits: Limits = Limits()) -> ChatRequest:
-    """The body of POST /v1/chat/completions, checked; a GatewayError (400, naming the parameter) otherwise."""
+def entries(body: Any, key: str, limits: Limits) -> list:
+    """body[key], checked to be a non-empty list of at most limits.max_messages entries (413 above)."""
     if not isinstance(body, dict):
         raise _invalid("the body must be a JSON object", None)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("'messages' must be a non-empty list", "messages")
-    if len(messages) > limits.max_messages:
-        raise GatewayError(413, f"'messages' has {len(messages)} entries; the limit is {limits.max_messages}",
-                           "messages")
+    listed = body.get(key)
+    if not isinstance(listed, list) or not listed:
+        raise _invalid(f"'{key}' must be a non-empty list", key)
+    if len(listed) > limits.max_messages:
+        raise GatewayError(413, f"'{key}' has {len(listed)} entries; the limit is {limits.max_messages}", key)
+    return listed
+
+
+def parse_chat_request(body: Any, limits: Limits = Limits()) -> ChatRequest:
+    """The body of POST /v1/chat/completions, checked; a GatewayError (400, naming the parameter) otherwise."""
+    messages = entries(body, "messages", limits)
     parsed = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Iterator, List
 
-from alignment.gateway import render, streaming
+from alignment.gateway import render
 from alignment.gateway.outcome import Outcome, check_finishes
-from alignment.gateway.protocol import ChatRequest, GatewayError, Limits, flag, number, parse_chat_request
+from alignment.gateway.protocol import ChatRequest, GatewayError, Limits, flag, number
 from alignment.gateway.route import Route
 
 # ending -> None (status "completed") or the reason of an "incomplete" response; a turn with calls is completed
@@ -145,8 +145,13 @@ def response_object(outcome: Outcome, request: ChatRequest, done: bool = True) -
 
 
 def stream_events(outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
-    """The Responses stream: created, in progress, each output item added / its text or arguments / done, then
-    completed (or incomplete) with the whole response."""
+    """The Responses stream, numbered (`sequence_number`): created, in progress, each output item added / its text
+    or arguments / done, then completed (or incomplete) with the whole response."""
+    for number_, data in enumerate(unnumbered_events(outcome, request)):
+        yield {**data, "sequence_number": number_}
+
+
+def unnumbered_events(outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
     start = response_object(outcome, request, done=False)
     yield {"type": "response.created", "response": start}
     yield {"type": "response.in_progress", "response": start}
@@ -177,14 +182,6 @@ def stream_events(outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
 class Responses(Route):
     PATH = "responses"
     NAME = "responses"
-
-    def parse(self, body, limits: Limits) -> ChatRequest:
-        return parse_chat_request(chat_body(body, limits), limits)
-
-    def response(self, outcome: Outcome, request: ChatRequest) -> dict:
-        return response_object(outcome, request)
-
-    def events(self, outcome: Outcome, request: ChatRequest) -> Iterator[str]:
-        for number_, data in enumerate(stream_events(outcome, request)):
-            yield streaming.event({**data, "sequence_number": number_}, data["type"])
-
+    translate = staticmethod(chat_body)
+    response = staticmethod(response_object)
+    stream_events = staticmethod(stream_events)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Dict, Iterator
 
+from alignment.gateway import streaming
 from alignment.gateway.outcome import Outcome
-from alignment.gateway.protocol import ChatRequest, GatewayError, Limits
+from alignment.gateway.protocol import ChatRequest, GatewayError, Limits, parse_chat_request
 
 ROUTES: Dict[str, "Route"] = {}
 
@@ -24,15 +25,23 @@ class Route:
                 raise ValueError(f"gateway route {cls.PATH!r} is already served by {type(ROUTES[cls.PATH]).__name__}")
             ROUTES[cls.PATH] = cls()
 
+    def translate(self, body, limits: Limits):
+        """The chat-completions body of the same request (checked as far as the protocol's own parameters go)."""
+        return body
+
     def parse(self, body, limits: Limits) -> ChatRequest:
-        raise NotImplementedError
+        return parse_chat_request(self.translate(body, limits), limits)
 
     def response(self, outcome: Outcome, request: ChatRequest) -> dict:
         raise NotImplementedError
 
+    def stream_events(self, outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
+        """The events of a streamed answer, each named by its "type"."""
+        raise NotImplementedError
+
     def events(self, outcome: Outcome, request: ChatRequest) -> Iterator[str]:
         """The server-sent events of a streamed answer (streaming.py)."""
-        raise NotImplementedError
+        return streaming.typed_events(self.stream_events(outcome, request))
 
     def error(self, err: GatewayError) -> dict:
         """The body of an error answer: OpenAI's error object unless the protocol has its own."""
