@@ -102,7 +102,7 @@ def test_requests_are_checked_naming_the_parameter():
     for body, param in [({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
                         ({**good, "n": 99}, "n"), ({**good, "top_p": float("nan")}, "top_p"),
                         ({**good, "max_tokens": 2.5, "max_completion_tokens": None}, "max_tokens"),
-                        ({**good, "stream": True}, "stream"), ({**good, "tools": [{"type": "web"}]}, "tools")]:
+                        ({**good, "stream": "yes"}, "stream"), ({**good, "tools": [{"type": "web"}]}, "tools")]:
         with pytest.raises(GatewayError) as caught:
             parse_chat_request(body)
         assert caught.value.status == 400 and caught.value.param == param

@@ -1,4 +1,5 @@
-"""Serve a trained model to any OpenAI client (POST /v1/chat/completions, GET /v1/models).
+"""Serve a trained model to any OpenAI or Anthropic client (POST /v1/chat/completions, /v1/responses,
+/v1/messages; GET /v1/models).
 
 The command line of alignment/commands/serve.py (`python tools/serve.py --help`)."""
 import os

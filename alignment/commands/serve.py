@@ -1,8 +1,10 @@
-"""Serve a trained model to any OpenAI client: `POST /v1/chat/completions` (messages, tools, n, seed, stop,
-logprobs, temperature, top_p, max_tokens) and `GET /v1/models`.
+"""Serve a trained model to any OpenAI or Anthropic client: `POST /v1/chat/completions` (messages, tools, n, seed,
+stop, logprobs, temperature, top_p, max_tokens, stream), `POST /v1/responses` (OpenAI Responses), `POST /v1/messages`
+(Anthropic Messages) and `GET /v1/models`.
 
     alignment-serve --model outputs/tiny-grpo/policy [--port 8000] [--api-key KEY]
     # then: openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="KEY")
+    #   or: anthropic.Anthropic(base_url="http://127.0.0.1:8000", api_key="KEY")
 
 The model is an HF-layout checkpoint (a stage's output) or an export (its hf/ checkpoint). Listens on 127.0.0.1
 unless --host says otherwise; give an API key (--api-key or ALIGNMENT_GATEWAY_KEY) when it listens beyond

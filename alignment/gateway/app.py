@@ -1,9 +1,11 @@
-"""The gateway over HTTP (FastAPI + uvicorn): OpenAI's chat completions and model list, for a whole server
-(`/v1/...`) and for one training episode's session (`/sessions/<id>/v1/...`, the base URL its agent gets).
+"""The gateway over HTTP (FastAPI + uvicorn): every registered route (route.py: OpenAI chat completions and
+Responses, Anthropic Messages; each streamed or not) and the model list, for a whole server (`/v1/...`) and for one
+training episode's session (`/sessions/<id>/v1/...`, the base URL its agent gets).
 
-Every request needs `Authorization: Bearer <key>` when the gateway has a key (a training run always makes one);
-bodies above the size limit get 413; every error, malformed requests included, is OpenAI's error object. The
-server listens on 127.0.0.1 unless told otherwise, on a port bound before it starts (0: any free one)."""
+Every request needs the key when the gateway has one (a training run always makes one), as `Authorization: Bearer
+<key>` or as Anthropic's `x-api-key: <key>`; bodies above the size limit get 413; every error, malformed requests
+included, takes the route's error shape (OpenAI's error object but on the Anthropic route). The server listens on
+127.0.0.1 unless told otherwise, on a port bound before it starts (0: any free one)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,11 +17,13 @@ from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from alignment.gateway import anthropic_messages, chat_completions, responses  # noqa: F401 (the routes register)
 from alignment.gateway.completions import parse_completion_request
-from alignment.gateway.protocol import GatewayError, Limits, parse_chat_request
+from alignment.gateway.protocol import GatewayError, Limits
+from alignment.gateway.route import ROUTES, Route
 from alignment.rewards.server_requests import HTTPProblem, read_json
 
 
@@ -27,10 +31,11 @@ def create_app(gateway, key: Optional[str], limits: Limits = Limits()) -> FastAP
     app = FastAPI(title="alignment gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     def check_key(request: Request) -> None:
-        if key and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
-                                           f"Bearer {key}".encode()):
-            raise GatewayError(401, "missing or wrong API key (header 'Authorization: Bearer <key>')",
-                               code="invalid_api_key")
+        if key and not (hmac.compare_digest(request.headers.get("authorization", "").encode(),
+                                            f"Bearer {key}".encode()) or
+                        hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())):
+            raise GatewayError(401, "missing or wrong API key (header 'Authorization: Bearer <key>' or "
+                                    "'x-api-key: <key>')", code="invalid_api_key")
 
     async def body_of(request: Request):
         check_key(request)
@@ -39,22 +44,34 @@ def create_app(gateway, key: Optional[str], limits: Limits = Limits()) -> FastAP
         except HTTPProblem as err:
             raise GatewayError(err.status, str(err)) from None
 
-    async def complete(request: Request, session: Optional[str]):
-        parsed = parse_chat_request(await body_of(request), limits)
-        return await asyncio.wrap_future(gateway.submit(session, parsed))
+    async def answer(route: Route, request: Request, session: Optional[str]):
+        try:
+            parsed = route.parse(await body_of(request), limits)
+            outcome = await asyncio.wrap_future(gateway.submit(session, parsed))
+        except GatewayError as err:
+            return JSONResponse(route.error(err), err.status)
+        if parsed.stream:
+            return StreamingResponse(route.events(outcome, parsed), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return JSONResponse(route.response(outcome, parsed))
+
+    def serve(route: Route) -> None:
+        async def whole_server(request: Request):
+            return await answer(route, request, None)
+
+        async def one_session(session: str, request: Request):
+            return await answer(route, request, session)
+
+        app.post(f"/v1/{route.PATH}")(whole_server)
+        app.post(f"/sessions/{{session}}/v1/{route.PATH}")(one_session)
 
     def models(request: Request) -> dict:
         check_key(request)
         return {"object": "list", "data": [{"id": gateway.model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "alignment"}]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await complete(request, None)
-
-    @app.post("/sessions/{session}/v1/chat/completions")
-    async def session_chat(session: str, request: Request):
-        return await complete(request, session)
+    for route in ROUTES.values():
+        serve(route)
 
     @app.post("/v1/completions")
     async def completion(request: Request):

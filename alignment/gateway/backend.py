@@ -23,6 +23,7 @@ from alignment.envs.chat import continuation_ids, prompt_text
 from alignment.envs.formats import ToolCallFormat
 from alignment.envs.multiturn import Trajectory
 from alignment.gateway import completions, render
+from alignment.gateway.outcome import Choice, Outcome
 from alignment.gateway.protocol import ChatRequest, GatewayError
 from alignment.models.engine import DecodeEngine, Sequence
 from alignment.models.sampling import GenerationConfig
@@ -59,7 +60,7 @@ class Call:
     request: ChatRequest
     future: cf.Future
     seqs: list = dataclasses.field(default_factory=list)  # its sequences (n choices when serving)
-    choices: dict = dataclasses.field(default_factory=dict)  # id(sequence) -> (sequence, reply Message)
+    choices: dict = dataclasses.field(default_factory=dict)  # id(sequence) -> (reply Message, its text)
     completion: bool = False  # a legacy completions call (completions.py), not a chat
 
 
@@ -81,8 +82,8 @@ class Gateway:
     # ------------------------------------------------------------------ any thread
 
     def submit(self, session_id: Optional[str], request: ChatRequest) -> cf.Future:
-        """Queue a call (a new ephemeral session when session_id is None); the future gets the response dict or
-        a GatewayError."""
+        """Queue a call (a new ephemeral session when session_id is None); the future gets its `Outcome` (each
+        route writes it in its protocol) or a GatewayError."""
         future: cf.Future = cf.Future()
         self.inbox.put(Call(Session("") if session_id is None else session_id, request, future))
         return future
@@ -247,10 +248,10 @@ class Gateway:
         message = render.reply(text, self.fmt, session.stops)
         if not session.ephemeral:
             self._record_turn(session, seq, text, close, message)
-        call.choices[id(seq)] = (seq, message)
+        call.choices[id(seq)] = (message, text)
         if any(id(s) in self.running for s in call.seqs):
             return  # other choices of the call still sampling
-        call.future.set_result(self._response(call))
+        call.future.set_result(self._outcome(call))
         if session.ephemeral:
             for s in call.seqs:
                 self.engine.release(s)
@@ -279,25 +280,19 @@ class Gateway:
         if session.waiting:
             self.backlog.append(session.waiting.pop(0))
 
-    def _response(self, call: Call) -> dict:
+    def _outcome(self, call: Call) -> Outcome:
         choices = []
-        for index, seq in enumerate(call.seqs):
-            _, message = call.choices[id(seq)]
-            finish = "tool_calls" if message.tool_calls else ("length" if seq.ending in ("length", "budget")
-                                                               else "stop")
-            choice = {"index": index, "message": render.message_json(message), "finish_reason": finish}
+        for seq in call.seqs:
+            message, text = call.choices[id(seq)]
+            logprobs = None
             if call.request.logprobs:
                 tops = seq.turn_top or [[]] * len(seq.turn)
-                choice["logprobs"] = {"content": [
-                    {**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in top]}
-                    for t, lp, top in zip(seq.turn, seq.turn_log_probs, tops)]}
-            choices.append(choice)
+                logprobs = tuple({**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in top]}
+                                 for t, lp, top in zip(seq.turn, seq.turn_log_probs, tops))
+            choices.append(Choice(message, seq.ending, text, tuple(seq.turn), logprobs))
         prompt = sum(seq.fed - len(seq.turn) + 1 for seq in call.seqs[:1])  # what it fed before the turn
-        completion = sum(len(seq.turn) for seq in call.seqs)
-        return {"id": f"chatcmpl-{call.session.id}-{len(call.session.calls)}", "object": "chat.completion",
-                "created": int(time.time()), "model": self.model_name, "choices": choices,
-                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                          "total_tokens": prompt + completion}}
+        return Outcome(f"{call.session.id}-{len(call.session.calls)}", self.model_name, int(time.time()),
+                       tuple(choices), prompt, sum(len(seq.turn) for seq in call.seqs))
 
     def _token(self, token: int, log_prob: float) -> dict:
         text = self.tokenizer.decode([token], skip_special_tokens=False)

@@ -1,5 +1,9 @@
 """The OpenAI chat-completions protocol, as much of it as the gateway serves: a request body checked into a
-`ChatRequest`, and errors shaped as OpenAI's (`{"error": {"message", "type", "param", "code"}}`). Pure Python."""
+`ChatRequest`, and errors shaped as OpenAI's (`{"error": {"message", "type", "param", "code"}}`). Pure Python.
+
+`ChatRequest` is the one form of a conversation the backend samples: the Responses and Anthropic Messages routes
+(responses.py, anthropic_messages.py) write their requests as a chat-completions body and check it here, so the same
+conversation renders to the same prompt tokens whichever protocol carries it."""
 from __future__ import annotations
 
 import dataclasses
@@ -61,6 +65,8 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int = 0  # the k most likely tokens at each sampled position (with logprobs)
     model: str = ""
+    stream: bool = False  # answered as server-sent events (streaming.py)
+    stream_usage: bool = False  # chat's stream_options.include_usage: a last chunk with the usage
 
 
 def _invalid(message: str, param: str) -> GatewayError:
@@ -114,16 +120,21 @@ def _tool_calls(value: Any, where: str) -> tuple:
     return tuple(calls)
 
 
-def parse_chat_request(body: Any, limits: Limits = Limits()) -> ChatRequest:
-    """The body of POST /v1/chat/completions, checked; a GatewayError (400, naming the parameter) otherwise."""
+def entries(body: Any, key: str, limits: Limits) -> list:
+    """body[key], checked to be a non-empty list of at most limits.max_messages entries (413 above)."""
     if not isinstance(body, dict):
         raise _invalid("the body must be a JSON object", None)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("'messages' must be a non-empty list", "messages")
-    if len(messages) > limits.max_messages:
-        raise GatewayError(413, f"'messages' has {len(messages)} entries; the limit is {limits.max_messages}",
-                           "messages")
+    listed = body.get(key)
+    if not isinstance(listed, list) or not listed:
+        raise _invalid(f"'{key}' must be a non-empty list", key)
+    if len(listed) > limits.max_messages:
+        raise GatewayError(413, f"'{key}' has {len(listed)} entries; the limit is {limits.max_messages}", key)
+    return listed
+
+
+def parse_chat_request(body: Any, limits: Limits = Limits()) -> ChatRequest:
+    """The body of POST /v1/chat/completions, checked; a GatewayError (400, naming the parameter) otherwise."""
+    messages = entries(body, "messages", limits)
     parsed = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -147,12 +158,22 @@ def parse_chat_request(body: Any, limits: Limits = Limits()) -> ChatRequest:
     max_tokens = number(body, "max_completion_tokens", 1, 1 << 20, True)
     max_tokens = max_tokens if max_tokens is not None else number(body, "max_tokens", 1, 1 << 20, True)
     n = number(body, "n", 1, limits.max_n, True) or 1
-    if body.get("stream"):
-        raise _invalid("'stream' is not served; set it to false", "stream")
+    stream, options = flag(body, "stream"), body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise _invalid("'stream_options' must be {'include_usage': true or false}", "stream_options")
     seed = number(body, "seed", -(1 << 63), (1 << 63) - 1, True)
     top = number(body, "top_logprobs", 0, 20, True) or 0
     if top and not body.get("logprobs"):
         raise _invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return ChatRequest(tuple(parsed), tuple({"type": "function", "function": t["function"]} for t in tools),
                        max_tokens, number(body, "temperature", 0.0, 2.0), number(body, "top_p", 0.0, 1.0), n,
-                       tuple(stop), seed, bool(body.get("logprobs")), top, str(body.get("model", "")))
+                       tuple(stop), seed, bool(body.get("logprobs")), top, str(body.get("model", "")), stream,
+                       stream and options.get("include_usage", False))
+
+
+def flag(body: dict, key: str) -> bool:
+    """body[key] checked to be true, false or absent (false)."""
+    value = body.get(key, False)
+    if value is not None and not isinstance(value, bool):
+        raise _invalid(f"'{key}' must be true or false, got {value!r}", key)
+    return bool(value)
