@@ -154,3 +154,41 @@ def test_a_normal_run_records_each_versions_digest_in_the_ledger(tmp_path, tiny_
     first, second = {r["weights_digest"] for r in rows[:4]}, {r["weights_digest"] for r in rows[4:]}
     assert first == {weights_digest(LlamaForCausalLM.from_pretrained(tiny_model_dir))}  # version 0: the start
     assert len(second) == 1 and second != first  # version 1: the weights moved
+
+
+@pytest.mark.parallel
+def test_a_launch_whose_rollout_rank_skips_a_sync_stops_in_one_line_naming_it(tmp_path, tiny_model_dir,
+                                                                              tiny_reward_dir, monkeypatch):
+    from alignment.ppo.asynchronous import SKIP_VARIABLE
+    from alignment.ppo.ledger import read_ledger
+    from tests.test_async_runs import launch, ppo_args
+
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    flags = ("--rollout_ranks", "1", "--max_staleness", "1", "--max_steps", "4")
+    good = tmp_path / "good"
+    launch(tmp_path / "logs-good", ppo_args(good, tiny_model_dir, tiny_reward_dir, "grpo", *flags))
+    rows = read_ledger(str(good))
+    assert {r["sampled_by"] for r in rows} == {"rollout rank 1"}
+    by_version = {}
+    for r in rows:
+        by_version.setdefault(r["version"], set()).add(r["weights_digest"])
+    assert sorted(by_version) == [0, 1, 2] and all(len(d) == 1 for d in by_version.values())
+    assert len(set.union(*by_version.values())) == 3  # each version its own weights
+    assert by_version[0] == {weights_digest(LlamaForCausalLM.from_pretrained(tiny_model_dir))}
+
+    monkeypatch.setenv(SKIP_VARIABLE, "2")  # the rollout rank receives version 2 and keeps version 1's weights
+    bad = tmp_path / "bad"
+    done = launch(tmp_path / "logs-bad", ppo_args(bad, tiny_model_dir, tiny_reward_dir, "grpo", *flags), check=False)
+    assert done.returncode != 0
+    log = (tmp_path / "logs-bad" / "workerlog.0").read_text()
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: rollout rank 1: sample 3:0:") and \
+        "(policy version 2, trained at step 3)" in errors[0] and "skipped a weight sync" in errors[0], log[-3000:]
+    assert "Traceback" not in log
+    assert [r["step"] for r in read_metrics_or_empty(bad)] == [1, 2, 3]  # steps 1-3 trained, the 4th refused
+
+
+def read_metrics_or_empty(out):
+    from tests.helpers import read_metrics
+
+    return read_metrics(out) if (out / "metrics.jsonl").exists() else []
