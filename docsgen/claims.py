@@ -32,6 +32,8 @@ FOREIGN_FLAGS = {
                "--security-opt", "--user", "--runtime"},
     "systemd-run": {"--user", "--scope"},
     "visualdl": {"--logdir"},
+    "tensorboard": {"--logdir"},
+    "mlflow ui": {"--backend-store-uri"},  # docs/trackers.md
 }
 # text the checks let through, each with why (a test fails when an entry no longer matches): a figure that is a
 # setting, a limit or an input, not a measurement; a machine path that is a path inside the sandbox or container

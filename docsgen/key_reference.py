@@ -24,7 +24,7 @@ STAGES = {"alignment-sft": "alignment.sft.run_sft", "alignment-rm": "alignment.r
 # the modules that register the built-in entries of the registries (alignment/config/registry.py's table)
 BUILTINS = ("alignment.ppo.registrations", "alignment.dpo.losses", "alignment.data", "alignment.envs",
             "alignment.envs.adapters", "alignment.rewards.judges", "alignment.rewards.rules",
-            "alignment.rewards.judge_parsers", "alignment.evaluation.tasks")
+            "alignment.rewards.judge_parsers", "alignment.evaluation.tasks", "alignment.training.trackers")
 # classes users build or subclass that are no registry's base class
 OTHER_CLASSES = ("alignment.envs.tools.Tool", "alignment.envs.sandbox.SandboxLimits")
 
@@ -46,7 +46,8 @@ CHOICES = "alignment.config.choices"
 ALLOWED: Dict[str, Callable[[], List[str]]] = {
     "TrainingArguments.lr_scheduler_type": _choices(CHOICES, "LR_SCHEDULERS"),
     "TrainingArguments.sharding": _choices(CHOICES, "SHARDING_STAGES"),
-    "TrainingArguments.report_to": _choices("alignment.config.training", "REPORT_TO"),
+    "TrainingArguments.report_to": _registry("TRACKERS"),
+    "TrainingArguments.wandb_mode": _choices("alignment.config.training", "WANDB_MODES"),
     "TrainingArguments.fp16_opt_level": lambda: ["O1", "O2"],  # TrainingArguments.validate
     "DataArguments.train_datasets": _registry("DATASETS"),
     "DataArguments.eval_datasets": _registry("DATASETS"),

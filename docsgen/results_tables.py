@@ -195,14 +195,16 @@ def _grpo_reasoning(r: dict) -> List[List[str]]:
         first, last, gain = seed["points"][0], seed["points"][-1], seed["gain"]
         sampled = [f"{_ci(first[k])} -> {_ci(last[k])}" if k in first and k in last else "-"
                    for k in ("sampled_pass@1", "sampled_pass@8")]
+        sampled_gain = _ci(gain["sampled_pass@1"], "+") if "sampled_pass@1" in gain else "-"
         transfer = _ci(gain["transfer_greedy"], "+") if "transfer_greedy" in gain else "-"
         rows.append([str(seed["seed"]), str(last["step"]), f"{last['train_minutes']:.1f}",
                      f"{_ci(first['greedy'])} -> **{_ci(last['greedy'])}**", f"**{_ci(gain['greedy'], '+')}**",
-                     *sampled, transfer])
+                     sampled[0], f"**{sampled_gain}**", sampled[1], transfer])
     before = r.get("before_sft")
     if before:  # the instruct model, before the SFT on worked solutions that GRPO starts from
         sampled = [_ci(before[k]) if k in before else "-" for k in ("sampled_pass@1", "sampled_pass@8")]
-        rows.append(["instruct model, before SFT", "-", "-", _ci(before["greedy"]), "-", *sampled, "-"])
+        rows.append(["instruct model, before SFT", "-", "-", _ci(before["greedy"]), "-", sampled[0], "-", sampled[1],
+                     "-"])
     return rows
 
 
@@ -298,7 +300,8 @@ TABLES: Dict[str, Table] = {
                       "kernel"], _sandbox),
     "grpo_reasoning": Table(["grpo_reasoning"], "bash examples/reasoning_demo.sh",
                             ["seed", "steps", "training min", "greedy pass@1, start -> end (95% CI)",
-                             "gain (paired 95% CI)", "sampled pass@1 (n=8)", "sampled pass@8 (n=8)",
+                             "gain (paired 95% CI)", "sampled pass@1 (n=8)", "sampled pass@1 gain (paired 95% CI)",
+                             "sampled pass@8 (n=8)",
                              "transfer: basic_arithmetic greedy gain"], _grpo_reasoning),
     "distill_chain_sum": Table(["distill_chain_sum"], "bash examples/distill_chain_sum.sh",
                                ["model or arm", "training min", "held-out greedy pass@1 (95% CI)",

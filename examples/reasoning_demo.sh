@@ -8,20 +8,21 @@
 #    (data/chain_sum/).
 # 3. alignment-eval measures the instruct model, the SFT model (GRPO's start) and the checkpoints on the held-out
 #    chain_sum task (200 three-term sums at another seed, none of them in a training file): greedy pass@1 on every
-#    item, pass@1 and pass@8 from 8 samples on the first 100, and the related basic_arithmetic task (two terms of
-#    up to two digits: transfer) at the start and the end. examples/reasoning_demo/report.py writes the curves and
-#    the gains with their paired 95% CIs to benchmarks/results/grpo_reasoning_<time>.json and .png.
+#    item and pass@1 and pass@8 from 8 samples on the first 100 at every checkpoint, and the related
+#    basic_arithmetic task (two terms of up to two digits: transfer) at the start and the end.
+#    examples/reasoning_demo/report.py writes the curves and the gains with their paired 95% CIs to
+#    benchmarks/results/grpo_reasoning_<time>.json and .png.
 #   bash examples/reasoning_demo.sh [SEED ...]     (default: seeds 42 and 43)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . examples/smollm2_checkpoint.sh
 steps=80  # max_steps and save_steps 20 of the GRPO config
 sft=outputs/smollm2-sft-chain-sum
-evaluate() {  # evaluate <model> <evals dir> <full: 1 at the start and end>
+evaluate() {  # evaluate <model> <evals dir> <transfer: 1 at the start and end>
     python tools/evaluate.py --model "$1" --task chain_sum --output-dir "$2/greedy"
+    python tools/evaluate.py --model "$1" --task chain_sum --n 8 --limit 100 --output-dir "$2/n8"
     if [ "$3" = 1 ]; then
         python tools/evaluate.py --model "$1" --task basic_arithmetic --output-dir "$2/greedy"
-        python tools/evaluate.py --model "$1" --task chain_sum --n 8 --limit 100 --output-dir "$2/n8"
     fi
 }
 python alignment/sft/run_sft.py config/smollm2/sft_chain_sum_argument.json --overwrite_output_dir true

@@ -27,11 +27,12 @@ def test_wall_time_reads_as_hours_minutes_seconds():
 
 
 def test_a_stage_ends_with_its_wall_time_and_where_to_look():
-    args = types.SimpleNamespace(output_dir="outputs/x", report_to="visualdl")
+    args = types.SimpleNamespace(output_dir="outputs/x", report_to=["visualdl", "tensorboard"], logging_dir=None)
     text = where_to_look(args)
     assert re.match(r"wall time: ([0-9.]+s|\d+m \d\ds|\d+h \d\dm \d\ds)\n", text)  # since the import: any length
     assert "python tools/plot_run.py outputs/x" in text and "visualdl --logdir outputs/x/visualdl" in text
-    assert "visualdl" not in where_to_look(types.SimpleNamespace(output_dir="o", report_to="none"))
+    assert "dashboard: tensorboard --logdir outputs/x/tensorboard" in text
+    assert "visualdl" not in where_to_look(types.SimpleNamespace(output_dir="o", report_to=[], logging_dir=None))
 
 
 def test_a_console_command_exits_0_although_main_returns_its_results(monkeypatch):
@@ -69,14 +70,22 @@ def _names(requirements):
             if line.strip() and not line.strip().startswith("#") and line.strip() not in PROJECT_LINES}
 
 
-def test_requirements_txt_installs_the_core_and_every_extra():
+def test_requirements_txt_installs_the_core_and_every_extra_but_the_trackers():
+    """The trackers' extras (report_to: wandb, mlflow, ...) are each installed when wanted: in neither."""
+    from alignment.config.registry import TRACKERS
+    from alignment.training import trackers  # noqa: F401 (the built-in trackers register)
+
     project = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))["project"]
-    extras = [req for name, reqs in project["optional-dependencies"].items() if name != "all" for req in reqs]
+    optional = {cls.EXTRA for cls in TRACKERS.classes.values() if cls.EXTRA}
+    assert optional and optional <= set(project["optional-dependencies"])
+    extras = [req for name, reqs in project["optional-dependencies"].items() if name not in {"all"} | optional
+              for req in reqs]
     declared = _names(project["dependencies"] + extras)
     assert _names(open(os.path.join(REPO, "requirements.txt"))) == declared
     assert "paddle-alignment" not in declared  # the `all` extra names the project; the project line installs it
     everything = project["optional-dependencies"]["all"][0]
-    assert set(everything.split("[")[1].rstrip("]").split(",")) == set(project["optional-dependencies"]) - {"all"}
+    assert set(everything.split("[")[1].rstrip("]").split(",")) == \
+        set(project["optional-dependencies"]) - {"all"} - optional
 
 
 def test_requirements_txt_installs_the_project_so_every_documented_command_exists():

@@ -89,7 +89,7 @@ def test_rotary_rows_are_step_rotary_of_the_positions_across_table_rebuilds():
     for width in (7, 9, 14, 15, 30):  # the first table (twice 7) is rebuilt once, for 15
         positions = paddle.to_tensor(np.random.default_rng(width).integers(0, width, 3))
         cos, sin = decoder.rotary_rows(positions, width)
-        ref_cos, ref_sin = step_rotary(positions.reshape([-1, 1]), attn.head_dim, model.config.rope_theta,
+        ref_cos, ref_sin = step_rotary(positions.reshape([-1, 1]), attn.head_dim, model.config.rope,
                                        attn.num_heads, attn.num_kv_heads)
         np.testing.assert_array_equal(cos.numpy(), ref_cos.numpy())
         np.testing.assert_array_equal(sin.numpy(), ref_sin.numpy())

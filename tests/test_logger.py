@@ -1,7 +1,8 @@
 """Metric logging: VisualDL tags fall into a few groups; a row cut short by a kill is dropped on resume."""
 import json
 
-from alignment.training.logger import MetricsLogger, visualdl_order, visualdl_tag
+from alignment.training.logger import MetricsLogger
+from alignment.training.trackers.files import visualdl_order, visualdl_tag
 
 PPO_KEYS = ["reward/mean", "reward/std", "kl", "actor_loss", "critic_loss", "entropy", "clip_frac", "approx_kl",
             "explained_variance", "response_length", "truncated", "gold_reward/mean", "time/generate",
@@ -17,7 +18,7 @@ def test_ppo_metrics_fall_into_four_visualdl_groups():
 def test_a_half_written_row_is_dropped_when_a_run_resumes(tmp_path):
     rows = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.9}, {"step": 3, "loss": 0.8}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "lo')
-    logger = MetricsLogger(str(tmp_path), use_visualdl=False)
+    logger = MetricsLogger(str(tmp_path))
     logger.resume_at(2)
     logger.log(3, {"loss": 0.7}, echo=None)
     logger.close()

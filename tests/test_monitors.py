@@ -44,10 +44,13 @@ def test_entropy_collapse_fires_once_when_entropy_falls_below_a_quarter_of_its_b
 
 
 def test_kl_spike_against_the_previous_steps_mean():
-    rows = [{"kl": k} for k in (0.1, 0.1, 0.1, 0.1, 0.45, 1.0)]  # step 6: 1.0 > 5 x mean(0.1 x 4, 0.45) = 0.85
-    assert fired(rows) == {"kl_spike": [6]}
-    assert fired([{"kl": k} for k in (0.0, 0.01, 0.04)]) == {}  # below monitor_kl_floor: no ratio means anything
-    assert fired([{"kl": k} for k in (0.0, 0.01, 0.04)], monitor_kl_floor=0.0) == {"kl_spike": [2]}
+    rows = [{"kl": k} for k in (0.1, 0.1, 0.1, 0.1, 0.45, 1.0)]  # step 6: 1.0 > 5 x mean(0.1 x 3, 0.45) = 0.9375
+    assert fired(rows, monitor_window=4) == {"kl_spike": [6]}
+    assert fired(rows) == {}  # the default window (8 steps) is not complete yet
+    # a run's first steps (as SmolLM2's GRPO logged them: 0.0 then 0.088): no spike before a full window
+    assert fired([{"kl": k} for k in (0.0, 0.088, 0.098)]) == {}
+    assert fired([{"kl": k} for k in (0.0, 0.01, 0.04)], monitor_window=2) == {}  # below monitor_kl_floor
+    assert fired([{"kl": k} for k in (0.0, 0.01, 0.04)], monitor_window=2, monitor_kl_floor=0.0) == {"kl_spike": [3]}
 
 
 def test_kl_acceleration_is_the_second_difference():

@@ -157,17 +157,29 @@ def make_one(name: str) -> dict:
     }
     for key, value in arrays.items():
         np.save(os.path.join(out_dir, key + ".npy"), value)
-    for fname in os.listdir(out_dir):  # save_pretrained writes model.safetensors as 0600
-        os.chmod(os.path.join(out_dir, fname), 0o644)
+    readable(out_dir)
     return arrays
 
 
-def main() -> int:
-    if len(sys.argv) > 1:  # no options: --help (or anything) prints what it does
-        print(__doc__)
-        return 0
+def readable(out_dir: str) -> None:
+    for fname in os.listdir(out_dir):  # save_pretrained writes model.safetensors as 0600
+        os.chmod(os.path.join(out_dir, fname), 0o644)
+
+
+def begin(doc: str) -> bool:
+    """False after printing `doc` when the script was given any argument (--help); else print the versions and
+    compute on one thread (determinism of float reductions across machines is not guaranteed, but it helps)."""
+    if len(sys.argv) > 1:
+        print(doc)
+        return False
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, numpy {np.__version__}")
-    torch.set_num_threads(1)  # determinism of float reductions across machines is not guaranteed, but helps
+    torch.set_num_threads(1)
+    return True
+
+
+def main() -> int:
+    if not begin(__doc__):
+        return 0
     for name in CONFIGS:
         arrays = make_one(name)
         with open(os.path.join(OUT_ROOT, name, "config.json")) as f:

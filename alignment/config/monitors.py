@@ -28,7 +28,8 @@ class MonitorArguments:
                                                                    "entropy is below this fraction of its baseline; "
                                                                    "0 = off.")
     monitor_kl_spike: float = field(5.0, ge=0, help="KL spike: fires when kl exceeds this many times the mean of the "
-                                                    "previous monitor_window steps (and monitor_kl_floor); 0 = off.")
+                                                    "previous monitor_window steps (and monitor_kl_floor); it cannot "
+                                                    "fire before that window is complete; 0 = off.")
     monitor_kl_floor: float = field(0.05, ge=0, help="KL spike and acceleration ignore a kl below this (nats): a "
                                                      "policy next to its reference has a near-0 KL whose ratios "
                                                      "mean nothing.")

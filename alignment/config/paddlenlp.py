@@ -16,6 +16,7 @@ Plain Python: no framework imports (alignment.config is the bottom layer).
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Dict, List, Tuple
 
 from alignment.config import paddleformers_table, paddlenlp_table
@@ -74,21 +75,19 @@ def _own_fusemt(ctx, key, value):
 
 
 def _own_report_to(ctx, key, value):
-    if asks_nothing(value) and value != []:
-        ctx.values[key] = "visualdl"  # PaddleNLP's null default: VisualDL
+    """PaddleNLP's and HF's spellings -> a list of tracker names: null -> PaddleNLP's default (VisualDL), 'none'
+    -> [], a comma- or space-separated string -> its names (the trackers' registry checks them at the start)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        ctx.values[key] = ["visualdl"]
         return
+    if isinstance(value, str) and value.strip().startswith("["):
+        try:
+            value = json.loads(value)  # a JSON list on the command line
+        except ValueError:
+            return  # the parser names the bad JSON
     names = value if isinstance(value, list) else str(value).replace(",", " ").split()
     names = [str(name).strip().lower() for name in names if str(name).strip()]
-    if names in ([], ["none"]):
-        ctx.values[key] = "none"
-    elif names == ["visualdl"]:
-        ctx.values[key] = "visualdl"
-    elif all(name in ("visualdl", "wandb", "tensorboard", "all") for name in names):
-        ctx.values[key] = "visualdl"
-        others = [name for name in names if name not in ("visualdl", "all")]
-        if others:
-            ctx.notice(key, f"this toolkit writes VisualDL logs and metrics.jsonl; {' and '.join(others)} "
-                            "reporting is not built, VisualDL is written instead")
+    ctx.values[key] = [] if names == ["none"] else names
 
 
 def _own_reward_server(ctx, key, value):

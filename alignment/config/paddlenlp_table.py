@@ -45,7 +45,8 @@ use_quick_lora                   LoRA (quick LoRA)
 
 MEMORY_ONLY = "a speed / memory switch of PaddleNLP's implementation; it does not change what is computed here"
 COMM = "a communication-tuning option of PaddleNLP's fleet set-up; it does not change what is computed here"
-NO_WANDB = "this toolkit logs to VisualDL and metrics.jsonl only (report_to); no Weights & Biases run is made"
+NO_WANDB_KEY = ("wandb reads the key from the environment here (WANDB_API_KEY, or `wandb login`), so that it stays "
+                "out of args.json and the trackers' copies of the arguments")
 RL_ALGORITHMS = {"ppo": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_plus_plus", "vapo": "vapo"}  # ours
 CHUNKS = ("the rows per inference pass of PaddleNLP's rollout engine; this toolkit chooses its own chunks (same "
           "values, different memory)")
@@ -238,12 +239,10 @@ TABLE: Dict[str, Rule] = {
     "logging_first_step": Rule(NOTICE, None, "rows are logged every logging_steps steps (logging_steps 1 logs the "
                                              "first)"),
     "log_on_each_node": Rule(NOTICE, None, "logs are written by rank 0 only here"),
-    "logging_dir": Rule(NOTICE, None, lambda value, values: f"VisualDL logs go to output_dir/visualdl here, not "
-                                                            f"{value!r}"),
     "output_signal_dir": Rule(NOTICE, None, "checkpoints are written synchronously here; there are no save signals"),
-    "run_name": Rule(NOTICE, None, "runs are named by their output_dir here (args.json, metrics.jsonl, visualdl/)"),
-    "wandb_api_key": Rule(NOTICE, None, NO_WANDB),
-    "wandb_http_proxy": Rule(NOTICE, None, NO_WANDB),
+    "wandb_api_key": Rule(NOTICE, None, NO_WANDB_KEY),
+    "wandb_http_proxy": Rule(NOTICE, None, "wandb reads its proxy from the environment here (HTTPS_PROXY)"),
+    "wandb_project": Rule(ALIAS, "project", "the trackers' project"),
     "metrics_output_path": Rule(NOTICE, None, "metrics go to output_dir/metrics.jsonl here"),
     "skip_memory_metrics": Rule(NOTICE, None, "this toolkit logs its own time/* and memory/* metrics",
                                 inert=lambda value, values: True),

@@ -20,6 +20,7 @@ estimator needs a critic) without the framework. The classes live with the paddl
     REWARD_FUNCTIONS      reward_funcs, gold_judge          alignment/rewards/judges.py, rules.py
     DATASETS              train_datasets, eval_datasets     alignment/data/raw.py, builtin.py, paddlenlp_files.py
     EVAL_TASKS            eval_tasks, alignment-eval --task  alignment/evaluation/tasks.py
+    TRACKERS              report_to                         alignment/training/trackers/
 
 A registry of functions (reward functions: `fn(prompts, completions, **labels)`) takes them by decorator, under
 the name they are written as::
@@ -135,3 +136,4 @@ JUDGE_PARSERS = Registry("judge parser")
 REWARD_FUNCTIONS = Registry("reward function")
 DATASETS = Registry("dataset", forbidden=":,")  # ':' separates a dataset's name from its path in specs
 EVAL_TASKS = Registry("evaluation task", forbidden=":,")  # ',' separates eval_tasks, ':' a file task's path
+TRACKERS = Registry("tracker", forbidden=", ")  # report_to lists them separated by commas or spaces

@@ -8,7 +8,7 @@ from alignment.config.choices import LR_SCHEDULERS
 from alignment.config.parser import field
 
 DatasetSpecs = Union[str, List[str], dict]
-REPORT_TO = ("visualdl", "none")
+WANDB_MODES = ("offline", "online", "disabled")
 
 
 def pipelined(instances) -> bool:
@@ -29,7 +29,7 @@ class TrainingArguments:
         "tensor_parallel_degree": "Processes (tensor / pipeline / sharding parallelism)",
     }
 
-    output_dir: str = field("outputs/run", help="Directory for args.json, metrics.jsonl, VisualDL logs and checkpoints.")
+    output_dir: str = field("outputs/run", help="Directory for args.json, metrics.jsonl, tracker logs and checkpoints.")
     seed: int = field(42, ge=0, lt=2**32,
                       help="Seed for Python, numpy and Paddle RNGs (data order, dropout, sampling).")
     max_steps: int = field(-1, help="Total optimizer steps; -1 = derive from num_train_epochs.")
@@ -65,9 +65,23 @@ class TrainingArguments:
     dataloader_drop_last: bool = field(False, help="Drop the last, shorter batch of each pass over the training "
                                                    "data (PPO: over the prompts) instead of training on it.")
     disable_tqdm: bool = field(False, help="Hide the progress bar (logs are still printed and written).")
-    report_to: str = field("visualdl", help=f"Where metrics go besides metrics.jsonl and the console: one of "
-                                            f"{REPORT_TO} ('visualdl': output_dir/visualdl; PaddleNLP's 'wandb', "
-                                            f"'tensorboard' and 'all' write VisualDL with a notice).")
+    report_to: List[str] = field(["visualdl"], help="Where metrics go besides metrics.jsonl and the console, a "
+                                                    "list of trackers (docs/trackers.md): visualdl, tensorboard, "
+                                                    "wandb, swanlab, mlflow, trackio; 'all' = every one whose "
+                                                    "package is installed, 'none' or [] = none. A comma string and "
+                                                    "PaddleNLP's / HF's spellings are read too.")
+    run_name: Optional[str] = field(None, help="The run's name in the trackers; null = output_dir's last folder.")
+    logging_dir: Optional[str] = field(None, help="Where the trackers' local files go (visualdl/, tensorboard/, "
+                                                  "wandb/, swanlog/, mlflow.db; trackio keeps its own store, "
+                                                  "TRACKIO_DIR); a relative path is taken under output_dir "
+                                                  "(PaddleNLP: under the working directory); null = output_dir.")
+    project: Optional[str] = field(None, help="The project (MLflow: experiment) the run is filed under in wandb, "
+                                              "swanlab, mlflow and trackio; null = the tracker's own environment "
+                                              "variable (WANDB_PROJECT, MLFLOW_EXPERIMENT_NAME) or 'alignment'; "
+                                              "a config's wandb_project sets it too.")
+    wandb_mode: Optional[str] = field(None, help="wandb's mode: 'offline' (files under logging_dir/wandb; "
+                                                 "`wandb sync` uploads them), 'online' or 'disabled'; null = "
+                                                 "WANDB_MODE, else 'offline'.")
     bf16: bool = field(False, help="Mixed precision in bfloat16 (paddle.amp; on Paddle's CPU build: float32 with a "
                                    "notice).")
     fp16: bool = field(False, help="Mixed precision in float16 with a dynamic loss scale (paddle.amp.GradScaler).")
@@ -126,7 +140,11 @@ class TrainingArguments:
                              "eval_steps > 0 (evaluation_strategy steps)")
         if self.bf16 and self.fp16:
             raise ValueError("keys 'bf16' and 'fp16' are both true; choose one")
-        if self.report_to not in REPORT_TO:
-            raise ValueError(f"key 'report_to' must be one of {REPORT_TO}, got {self.report_to!r}")
+        if any(not name or name != name.strip() for name in self.report_to):
+            raise ValueError(f"key 'report_to' holds an empty or padded name: {self.report_to!r}")
+        if len(self.report_to) > 1 and {"none", "all"} & set(self.report_to):
+            raise ValueError(f"key 'report_to': 'none' and 'all' stand alone, got {self.report_to!r}")
+        if self.wandb_mode is not None and self.wandb_mode not in WANDB_MODES:
+            raise ValueError(f"key 'wandb_mode' must be one of {WANDB_MODES} or null, got {self.wandb_mode!r}")
         if self.fp16_opt_level not in ("O1", "O2"):
             raise ValueError(f"key 'fp16_opt_level' must be O1 or O2, got {self.fp16_opt_level!r}")

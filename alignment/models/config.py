@@ -1,6 +1,7 @@
 """LlamaConfig: the model hyper-parameters, read from and written to a Hugging Face `config.json`.
 
-One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA) and Qwen2 (q/k/v bias), following
+One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA), Qwen2 (q/k/v bias) and Qwen3 dense (per-head
+q/k RMSNorm), with RoPE scaling (`rope_scaling`: linear, dynamic NTK, Llama 3.1, YaRN; see rope.py), following
 transformers' key names so checkpoints move both ways between this project, paddleformers and transformers.
 """
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any, Optional
 from alignment.config.model_keys import model_config_problems
 from alignment.inputs import read_json
 from alignment.models import paddlenlp_checkpoint
+from alignment.models.rope import RopeConfig, check_rope_scaling
 
 CONFIG_NAME = "config.json"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
 
 
@@ -31,6 +33,7 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None  # {"rope_type": "llama3" | "linear" | "dynamic" | "yarn", ...}; see rope.py
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v/o bias (LLaMA convention); Qwen2 always has q/k/v bias, see qkv_bias
     mlp_bias: bool = False
@@ -57,12 +60,21 @@ class LlamaConfig:
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
+        check_rope_scaling(self.rope_scaling)
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu' / SwiGLU)")
 
     @property
     def qkv_bias(self) -> bool:
         return self.model_type == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
+
+    @property
+    def rope(self) -> RopeConfig:
+        return RopeConfig(self.rope_theta, self.rope_scaling, self.max_position_embeddings)
 
     @property
     def eos_token_ids(self) -> list:
@@ -78,12 +90,16 @@ class LlamaConfig:
         if problems:
             raise ValueError("; ".join(problems))
         data = dict(data)
-        rope = data.pop("rope_parameters", None) or data.get("rope_scaling") or {}
-        if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in data:
-            data["rope_theta"] = rope["rope_theta"]
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if rope_type not in ("default", None):
-            raise ValueError(f"rope scaling type {rope_type!r} is not supported yet (only default RoPE)")
+        rope = data.pop("rope_parameters", None)  # transformers 5: theta and scaling in one object
+        if isinstance(rope, dict):
+            if "rope_theta" in rope and "rope_theta" not in data:
+                data["rope_theta"] = rope["rope_theta"]
+            scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+            if check_rope_scaling(scaling, "rope_parameters") != "default" and data.get("rope_scaling") is None:
+                data["rope_scaling"] = scaling
+        elif rope is not None:
+            raise ValueError(f"key 'rope_parameters' must be a JSON object, got {rope!r}")
+        check_rope_scaling(data.get("rope_scaling"))
         if data.pop("use_sliding_window", False):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
         names = {f.name for f in dataclasses.fields(cls)} - set(RUNTIME_FIELDS)
@@ -120,7 +136,8 @@ class LlamaConfig:
             f.write("\n")
 
 
-_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
 
 
 def check_tensor_split(tp: int, config, path: str) -> None:

@@ -24,8 +24,8 @@ scoring pass over many rows computes from the same hidden state, and differ from
 float rounding at batch 2-15 (SmolLM2, greedy, 64 tokens: the same tokens, log-probs up to 1.5e-5 apart at batch 8,
 the same bits at batch 32).
 
-Only plain single-process models qualify (`fusable`): LoRA adapters, tensor parallelism, biases or a non-float32
-model decode through the layers.
+Only plain single-process models qualify (`fusable`): LoRA adapters, tensor parallelism, biases, Qwen3's q/k norms
+or a non-float32 model decode through the layers. RoPE scaling is the model's (rope.py), row by row of the tables.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from typing import List, NamedTuple
 import paddle
 import paddle.nn.functional as F
 
-from alignment.models.llama import (LlamaForCausalLM, RMSNorm, attention_bias, rope_cos_sin,
-                                   rotate_half_matrix)
+from alignment.models.llama import LlamaForCausalLM, RMSNorm, attention_bias
+from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
 from alignment.parallel import tensor_parallel as tp
 
 
@@ -62,6 +62,8 @@ def fusable(model) -> bool:
         if any(type(lin) is not tp.Linear or lin.bias is not None for lin in linears):
             return False
         if type(layer.input_layernorm) is not RMSNorm or type(layer.post_attention_layernorm) is not RMSNorm:
+            return False
+        if attn.q_norm is not None:  # Qwen3's per-head q/k norms
             return False
     return model.config.tie_word_embeddings or type(model.lm_head) is tp.Linear and model.lm_head.bias is None
 
@@ -104,10 +106,10 @@ def rms_norm(x, weight, eps: float):
     return normed * weight
 
 
-def step_rotary(position_ids, head_dim: int, theta: float, heads: int, kv_heads: int):
+def step_rotary(position_ids, head_dim: int, rope: RopeConfig, heads: int, kv_heads: int):
     """position_ids [b, 1] -> cos, sin [b, heads + 2 kv_heads, d] for the fused q | k | v heads: q's carry
     attention's 1 / sqrt(d) as in `rotary_tables`, v's are 1 and 0 (v passes through unchanged)."""
-    cos, sin = rope_cos_sin(position_ids, head_dim, theta, paddle.float32)  # [b, 1, 1, d]
+    cos, sin = rope_cos_sin(position_ids, head_dim, rope, paddle.float32)  # [b, 1, 1, d]
     b, scale = position_ids.shape[0], 1.0 / math.sqrt(head_dim)
 
     def table(t, v_value):
@@ -126,7 +128,7 @@ class FusedDecoder:
         cfg, attn = model.config, model.model.layers[0].self_attn
         self.batch = slots
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.eps, self.theta = cfg.rms_norm_eps, cfg.rope_theta
+        self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32)
@@ -163,7 +165,7 @@ class FusedDecoder:
         the positions, with one gather a step instead of a dozen small ops (80 -> 8 us at [16, 4 + 2 x 4, 64])."""
         if self.rotary[0] is None or self.rotary[0].shape[0] < width:
             every = paddle.arange(2 * width, dtype="int64").reshape([-1, 1])  # [positions, 1]
-            self.rotary = step_rotary(every, self.head_dim, self.theta, self.heads, self.kv_heads)
+            self.rotary = step_rotary(every, self.head_dim, self.rope, self.heads, self.kv_heads)
         return paddle.gather(self.rotary[0], positions), paddle.gather(self.rotary[1], positions)
 
     def _layer(self, x, w: LayerWeights, k_cache, v_cache, index, cos, sin, bias):

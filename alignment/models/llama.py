@@ -1,4 +1,5 @@
-"""A LLaMA-family causal LM in plain Paddle: RMSNorm, RoPE, grouped-query attention, SwiGLU, KV cache.
+"""A LLaMA-family causal LM in plain Paddle: RMSNorm, RoPE (rope.py), grouped-query attention, SwiGLU, KV cache;
+Qwen2's q/k/v bias and Qwen3's per-head q/k RMSNorm.
 
 Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so checkpoint
 conversion is a transpose of the Linear weights (Paddle stores them [in, out], HF [out, in]); see checkpoint.py.
@@ -6,7 +7,6 @@ Shapes: b = batch, s = new (query) positions, t = all key positions (cache + new
 """
 from __future__ import annotations
 
-import math
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -17,6 +17,7 @@ from paddle.distributed.fleet.utils import recompute
 
 from alignment.models.checkpoint import PretrainedMixin
 from alignment.models.config import LlamaConfig
+from alignment.models.rope import Rotary, apply_rope, rotary_tables
 from alignment.parallel import tensor_parallel as tp
 from alignment.models.logprobs import entropy_from_logits, gather_log_probs, log_probs_and_entropy
 
@@ -44,59 +45,6 @@ class RMSNorm(nn.Layer):
         normed = normed if normed.dtype == x.dtype else normed.astype(x.dtype)
         # expanded first: a broadcasting multiply's forward and backward are several times slower on CPU (measured)
         return normed * paddle.expand(self.weight, normed.shape)
-
-
-def rope_cos_sin(position_ids, head_dim: int, theta: float, dtype):
-    """position_ids [b, s] -> cos, sin [b, s, 1, d] (HF's rotate-half layout: both halves share frequencies)."""
-    inv_freq = 1.0 / (theta ** (paddle.arange(0, head_dim, 2, dtype="float32") / head_dim))  # [d/2]
-    freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freq  # [b, s, d/2]
-    emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)  # [b, s, 1, d]
-    cos, sin = emb.cos(), emb.sin()
-    return (cos, sin) if dtype == paddle.float32 else (cos.astype(dtype), sin.astype(dtype))
-
-
-class Rotary(NamedTuple):
-    """RoPE tables built once per forward: cos, sin [b, s, heads, d] for q and for k, already expanded over the
-    heads (same-shape multiplies were ~7x faster than broadcasting ones on CPU, forward and backward; measured),
-    and `rotate` [d, d], HF's rotate-half as a signed permutation matrix, so rotate_half(x) = x @ rotate is one
-    exact matmul instead of a split, a negation and a concat. q's tables carry attention's 1 / sqrt(d), so the
-    scores need no scaling pass (exact when d is a power of 4). q and k are rotated separately: concatenating
-    them for one rotation and splitting after took 3.1 vs 2.1 ms forward + backward at [16, 46, 4 + 4, 64] and
-    9.7 vs 6.2 ms at SmolLM2's [8, 128, 9 + 3, 64] (the same values bit for bit; measured)."""
-    cos_q: paddle.Tensor
-    sin_q: paddle.Tensor
-    cos_k: paddle.Tensor
-    sin_k: paddle.Tensor
-    rotate: paddle.Tensor
-
-
-def rotary_tables(position_ids, head_dim: int, theta: float, dtype, q_heads: int, kv_heads: int) -> Rotary:
-    """position_ids [b, s] -> Rotary for q_heads and kv_heads heads; q's tables scaled by 1 / sqrt(head_dim)."""
-    cos, sin = rope_cos_sin(position_ids, head_dim, theta, paddle.float32)  # [b, s, 1, d]
-    b, s = position_ids.shape
-    scale = 1.0 / math.sqrt(head_dim)
-
-    def per_head(table, heads):  # [b, s, 1, d] float32 -> [b, s, heads, d] in dtype
-        table = paddle.expand(table, [b, s, heads, head_dim])
-        return table if dtype == paddle.float32 else table.astype(dtype)
-
-    # q's tables are scaled in float32, before any cast to a half-precision dtype (one rounding)
-    return Rotary(per_head(paddle.scale(cos, scale), q_heads), per_head(paddle.scale(sin, scale), q_heads),
-                  per_head(cos, kv_heads), per_head(sin, kv_heads), rotate_half_matrix(head_dim, dtype))
-
-
-def rotate_half_matrix(head_dim: int, dtype) -> paddle.Tensor:
-    """[d, d]: HF's rotate-half as a signed permutation, rotate_half(x) = x @ it (exact: one nonzero per column)."""
-    half = head_dim // 2
-    rotate = np.zeros([head_dim, head_dim], dtype="float32")
-    rotate[np.arange(half), np.arange(half) + half] = 1.0  # out[half + i] = x[i]
-    rotate[np.arange(half) + half, np.arange(half)] = -1.0  # out[i] = -x[half + i]
-    return paddle.to_tensor(rotate).astype(dtype)
-
-
-def apply_rope(x, cos, sin, rotate):
-    """x [b, s, heads, d]; cos, sin: the Rotary tables of these heads."""
-    return x * cos + paddle.matmul(x, rotate) * sin
 
 
 def attention_bias(attention_mask, query_len: int, dtype, heads: int = 1):
@@ -133,6 +81,9 @@ class Attention(nn.Layer):
         self.k_proj = tp.column_linear(hidden, config.num_key_value_heads * d, qkv_bias, degree)
         self.v_proj = tp.column_linear(hidden, config.num_key_value_heads * d, qkv_bias, degree)
         self.o_proj = tp.row_linear(config.num_attention_heads * d, hidden, config.attention_bias, degree)
+        # Qwen3: an RMSNorm over each head's d features of q and of k, before RoPE (weights [d], shared by the heads)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x, rope: Rotary, bias, past: Optional[Tuple] = None, cache_column=None):
         """cache_column [1] or [b] int64: `past` is a preallocated [b, kv_heads, L, d] cache and this single
@@ -142,6 +93,8 @@ class Attention(nn.Layer):
         q = self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim])
         k = self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # [b, s, heads, d], normalised over d
         q = apply_rope(q, rope.cos_q, rope.sin_q, rope.rotate).transpose([0, 2, 1, 3])  # [b, h, s, d]
         k = apply_rope(k, rope.cos_k, rope.sin_k, rope.rotate)
         # the cache is kept head-major, so a decode step transposes its one new position, not the whole cache
@@ -232,7 +185,7 @@ class LlamaModel(nn.Layer):
             position_ids = positions_from_mask(attention_mask)[:, past_len:]
         x = self.embed_tokens(input_ids)
         attn = self.layers[0].self_attn
-        rope = rotary_tables(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype,
+        rope = rotary_tables(position_ids, self.config.head_dim, self.config.rope, x.dtype,
                              attn.num_heads, attn.num_kv_heads)
         bias = attention_bias(attention_mask, s, x.dtype, attn.num_heads)
         presents = []

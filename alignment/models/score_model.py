@@ -19,7 +19,8 @@ from alignment.models.normalizer import NORMALIZER_TYPES, load_normalizer, make_
 
 SCORE_TYPES = ("reward", "cost", "critic")
 _SEQUENCE_CLASSIFICATION = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification",
-                            "mistral": "MistralForSequenceClassification"}
+                            "mistral": "MistralForSequenceClassification",
+                            "qwen3": "Qwen3ForSequenceClassification"}
 
 
 @dataclasses.dataclass

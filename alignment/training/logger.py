@@ -1,8 +1,8 @@
-"""Run logs, the same for every stage: `metrics.jsonl` (one JSON object per logged step), VisualDL, console."""
+"""Run logs, the same for every stage: `metrics.jsonl` (one JSON object per logged step), the trackers `report_to`
+asks for (alignment/training/trackers/: VisualDL, TensorBoard, wandb, ...), the console."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from typing import Dict, List, Tuple
@@ -22,12 +22,12 @@ class MetricsLogger:
     """Nothing is written until the first `log` call, so a run that fails before its first step leaves no files;
     `first_files` ({name: JSON data}, e.g. the effective arguments) are written then, before the first row."""
 
-    def __init__(self, output_dir: str, enabled: bool = True, use_visualdl: bool = True, first_files=None):
-        """`enabled` is False on non-zero ranks: only rank 0 writes."""
-        self.enabled, self.output_dir, self.use_visualdl = enabled, output_dir, use_visualdl
+    def __init__(self, output_dir: str, enabled: bool = True, trackers=None, first_files=None):
+        """`enabled` is False on non-zero ranks: only rank 0 writes; `trackers`: a TrackerFanOut (None: none)."""
+        self.enabled, self.output_dir, self.trackers = enabled, output_dir, trackers
         self.first_files = first_files or {}
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        self._file = self._writer = None
+        self._file = None
         self._row_files = set()
         self.resume_step = None
 
@@ -58,10 +58,8 @@ class MetricsLogger:
         else:
             self._keep_rows_until(self.path, self.resume_step)
             self._file = open(self.path, "a", encoding="utf-8")
-        if self.use_visualdl:
-            from visualdl import LogWriter
-
-            self._writer = LogWriter(logdir=os.path.join(self.output_dir, "visualdl"))
+        if self.trackers is not None:
+            self.trackers.open(self.resume_step)
 
     def log(self, step: int, metrics: Dict[str, float], echo=print) -> None:
         if not self.enabled:
@@ -71,11 +69,8 @@ class MetricsLogger:
         row = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        if self._writer is not None:
-            for key in visualdl_order(row):
-                value = row[key]
-                if key != "step" and isinstance(value, float) and math.isfinite(value):
-                    self._writer.add_scalar(tag=visualdl_tag(key), value=value, step=step)
+        if self.trackers is not None:
+            self.trackers.log(step, row)
         if echo is not None:
             echo(f"step {step}: " + ", ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
 
@@ -94,40 +89,14 @@ class MetricsLogger:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
     def log_histogram(self, tag: str, values, step: int) -> None:
-        if self._writer is not None:
-            self._writer.add_histogram(tag=tag, values=values, step=step, buckets=20)
+        if self.trackers is not None and self._file is not None:
+            self.trackers.log_histogram(tag, values, step)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._writer is not None:
-            self._writer.close()
-
-
-VISUALDL_GROUPS = ("eval", "time", "memory")  # a metric "group/name" of these keeps its group
-
-
-FIRST_CHARTS = ("reward", "gold_reward", "kl")  # what a user looks at first: shown first in their group
-
-
-def visualdl_order(keys) -> list:
-    """The keys in the order to write them: VisualDL lists a group's charts in the order their tags first appear
-    (and the groups alphabetically: eval, memory, time, train), so rewards and KL come first in each group."""
-    def first(key: str) -> bool:
-        name = key.split("/", 1)[1] if key.startswith(tuple(g + "/" for g in VISUALDL_GROUPS)) else key
-        return name.split("/")[0] in FIRST_CHARTS
-
-    keys = list(keys)
-    return [k for k in keys if first(k)] + [k for k in keys if not first(k)]
-
-
-def visualdl_tag(key: str) -> str:
-    """VisualDL groups scalars by the text before the first '/': every training metric goes to one open 'train'
-    group ('reward/mean' -> 'train/reward_mean'), evaluation, timing and memory keep theirs."""
-    group, _, rest = key.partition("/")
-    if rest and group in VISUALDL_GROUPS:
-        return key
-    return "train/" + key.replace("/", "_")
+        if self.trackers is not None:
+            self.trackers.close()
 
 
 def read_series(path: str) -> Dict[str, List[Tuple[int, float]]]:

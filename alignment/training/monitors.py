@@ -73,7 +73,8 @@ def entropy_collapse(metrics, history, args) -> Optional[float]:
 @register("kl_spike")
 def kl_spike(metrics, history, args) -> Optional[float]:
     previous = history.values("kl")[-args.monitor_window - 1:-1]
-    if not args.monitor_kl_spike or "kl" not in metrics or not previous:
+    # a full window only: a run's first KLs are near 0 (policy == reference), so any growth would look like a spike
+    if not args.monitor_kl_spike or "kl" not in metrics or len(previous) < args.monitor_window:
         return None
     kl, before = metrics["kl"], mean(previous)
     return kl if kl > args.monitor_kl_floor and kl > args.monitor_kl_spike * max(before, 0.0) else None

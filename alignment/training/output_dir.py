@@ -14,7 +14,8 @@ import time
 from typing import IO, Dict, List
 
 LOCK_FILE = ".run.lock"
-_RUN_FILES = re.compile(r"^(checkpoint-\d+|latest|metrics\.jsonl|args\.json|visualdl|\.checkpoint-\d+\.tmp-.*)$")
+_RUN_FILES = re.compile(r"^(checkpoint-\d+|latest|metrics\.jsonl|args\.json|\.checkpoint-\d+\.tmp-.*"
+                        r"|visualdl|tensorboard|wandb|swanlog|mlflow\.db|mlartifacts|trackers\.json)$")  # trackers
 _held: Dict[str, IO] = {}  # real path -> the open lock file of this process
 _created: List[str] = []  # output_dirs this process made (removed again if the run fails before using them)
 
@@ -36,7 +37,7 @@ def claim_output_dir(args) -> None:
     real = os.path.realpath(path)
     if real not in _held:
         _held[real] = _lock(real)
-    previous = previous_run_files(real)
+    previous = previous_run_files(real, _logging_folder(args))
     if not previous or args.resume_from_checkpoint is not None:
         return
     if not args.overwrite_output_dir:
@@ -69,8 +70,17 @@ def release_output_dirs_after_failure() -> None:
         _created.remove(real)
 
 
-def previous_run_files(path: str) -> List[str]:
-    return sorted(name for name in os.listdir(path) if _RUN_FILES.match(name))
+def previous_run_files(path: str, also=()) -> List[str]:
+    return sorted(name for name in os.listdir(path) if _RUN_FILES.match(name) or name in also)
+
+
+def _logging_folder(args) -> tuple:
+    """The folder under output_dir that a relative logging_dir puts the trackers' files in (a run's files)."""
+    logging_dir = getattr(args, "logging_dir", None)
+    if not logging_dir or os.path.isabs(logging_dir):
+        return ()
+    first = os.path.normpath(logging_dir).split(os.sep)[0]
+    return () if first in (".", "..") else (first,)
 
 
 def _lock(path: str) -> IO:

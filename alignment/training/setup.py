@@ -19,6 +19,7 @@ from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
 from alignment.config.training import TrainingArguments
 from alignment.data import MixedRawDataset, import_user_modules
 from alignment.parallel.layout import Layout, plan
+from alignment.training.trackers import check_trackers, dashboards
 
 _STARTED = time.monotonic()  # imported first thing by every entry point: the stage's wall time starts here
 
@@ -152,8 +153,9 @@ def parse_arguments(argv, *dataclass_types):
         if rollout and rollout >= launcher.world_size():
             raise ValueError(f"key 'rollout_ranks' {rollout} leaves no training rank among the "
                              f"{launcher.world_size()} processes started by paddle.distributed.launch")
-        layout = plan(next(i for i in instances if isinstance(i, TrainingArguments)),
-                      launcher.world_size() - rollout)
+        train_args = next(i for i in instances if isinstance(i, TrainingArguments))
+        check_trackers(train_args)  # an unknown tracker or a missing package: before any work
+        layout = plan(train_args, launcher.world_size() - rollout)
         if rollout and layout.hybrid:
             raise ValueError("key 'rollout_ranks': the training ranks of an asynchronous run are plain data "
                              "parallel for now; set tensor_parallel_degree, pipeline_parallel_degree to 1 and "
@@ -311,8 +313,7 @@ def where_to_look(train_args) -> str:
     out = train_args.output_dir
     lines = [f"wall time: {wall_time(time.monotonic() - _STARTED)}",
              f"curves: python tools/plot_run.py {out}  (metrics: {os.path.join(out, 'metrics.jsonl')})"]
-    if train_args.report_to == "visualdl":
-        lines.append(f"dashboard: visualdl --logdir {os.path.join(out, 'visualdl')}")
+    lines += dashboards(train_args)
     return "\n".join(lines)
 
 

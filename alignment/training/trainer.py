@@ -38,6 +38,7 @@ from alignment.training.logger import MetricsLogger, hide_progress
 from alignment.training.optim import build_optimizer
 from alignment.training.precision import Precision
 from alignment.training.sharding import Replicated, shard
+from alignment.training.trackers import TrackerFanOut
 
 
 @dataclasses.dataclass
@@ -57,7 +58,7 @@ class Trainer:
         init_distributed()
         self.args, self.tokenizer = args, tokenizer
         self.logger = MetricsLogger(args.output_dir, enabled=is_main_process(),
-                                    use_visualdl=args.report_to != "none",
+                                    trackers=TrackerFanOut(args, effective_args),
                                     first_files={"args.json": effective_args} if effective_args else None)
         self.guard = NonFiniteGuard(args.max_nonfinite_steps, args.output_dir)
         self.precision = Precision(args)

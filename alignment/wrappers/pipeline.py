@@ -26,8 +26,8 @@ from paddle.distributed.fleet.utils import recompute
 from alignment.fileio import atomic_directory
 from alignment.models import checkpoint as ckpt
 from alignment.models.config import check_tensor_split
-from alignment.models.llama import (DecoderLayer, RMSNorm, attention_bias, init_weights, positions_from_mask,
-                                    rotary_tables)
+from alignment.models.llama import DecoderLayer, RMSNorm, attention_bias, init_weights, positions_from_mask
+from alignment.models.rope import rotary_tables
 from alignment.models.normalizer import load_normalizer, make_normalizer
 from alignment.models.tokenizer import copy_tokenizer_files
 from alignment.parallel import tensor_parallel as tp
@@ -55,7 +55,7 @@ class DecoderStage(DecoderLayer):
     def forward(self, args):
         x, attention_mask = args
         attn = self.self_attn
-        rope = rotary_tables(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope_theta,
+        rope = rotary_tables(positions_from_mask(attention_mask), self.config.head_dim, self.config.rope,
                              x.dtype, attn.num_heads, attn.num_kv_heads)
         bias = attention_bias(attention_mask, x.shape[1], x.dtype, attn.num_heads)
         if self.config.recompute and self.training:  # as LlamaModel: keep only the layer's input for backward

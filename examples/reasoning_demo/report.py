@@ -87,7 +87,7 @@ def plot(seeds: list, task: str, path: str) -> None:
     for seed in seeds:
         pts = [p for p in seed["points"] if p["train_minutes"] is not None]
         x = [p["train_minutes"] for p in pts]
-        for key, style in (("greedy", "-o"), ("sampled_pass@8", "--s")):
+        for key, style in (("greedy", "-o"), ("sampled_pass@1", ":^"), ("sampled_pass@8", "--s")):
             shown = [(t, p[key]) for t, p in zip(x, pts) if key in p]
             if shown:
                 ax.errorbar([t for t, _ in shown], [v["mean"] for _, v in shown],
@@ -127,9 +127,12 @@ def main(argv=None) -> dict:
         if target:
             plot(seeds, args.task, target)
     for seed in seeds:
-        g = seed["gain"]["greedy"]
-        print(f"seed {seed['seed']}: greedy pass@1 {seed['points'][0]['greedy']['mean']:.3f} -> "
-              f"{seed['points'][-1]['greedy']['mean']:.3f}, gain {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]")
+        for key in ("greedy", "sampled_pass@1"):
+            if key in seed["gain"]:
+                g = seed["gain"][key]
+                start, end = seed["points"][0][key]["mean"], seed["points"][-1][key]["mean"]
+                print(f"seed {seed['seed']}: {key} {start:.3f} -> {end:.3f}, "
+                      f"gain {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}]")
     return figures
 
 
