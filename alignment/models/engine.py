@@ -14,6 +14,13 @@ gateway (gateway/) and the asynchronous rollout ranks all add `Sequence`s to an 
 A sequence whose turn ended pauses in its slot, cache kept, until the caller `resume`s it with more ids or
 `release`s it; the others go on meanwhile (continuous batching over the carried KV cache). Shapes are fixed
 (slot_cache.py), so a sequence's tokens and log-probs are the same bits whatever the others do or when it runs.
+
+Caches and weight syncs: an engine's KV cache (SlotCache), the fused decoder's copy of the weights and the prompts
+shared in a prefill are built from the weights of one policy version, and the engine is keyed by it: the version
+the model was marked with (weights_digest.set_policy_version: a rollout rank's loads, the trainer's steps) when the
+engine was built. A step after the model moved to another version raises StaleWeights, unless `before_decode`
+moved it (partial rollouts keep the earlier tokens' keys and values on purpose, each token tagged with its version).
+Nothing else outlives a call: `generate` and each rollout's gateway build a new engine, so a sync leaves nothing stale.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from alignment.models.fused_decode import FusedDecoder, fusable
 from alignment.models.logprobs import top_log_probs
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
 from alignment.models.slot_cache import SlotCache
+from alignment.models.weights_digest import StaleWeights, policy_version
 
 PREFILL, SAMPLE, DECODE, PAUSED = "prefill", "sample", "decode", "paused"
 
@@ -129,6 +137,7 @@ class DecodeEngine:
         self.seen = None  # [slots, vocab] bool: tokens fed, for a repetition penalty
         self.running: List[Optional[Sequence]] = [None] * slots
         self.rounds = 0  # sampling rounds done
+        self.version = policy_version(model)  # the key of the cache and the weight copy
 
     # ------------------------------------------------------------------ the caller's side
 
@@ -172,6 +181,9 @@ class DecodeEngine:
     @paddle.no_grad()
     def step(self) -> List[Sequence]:
         """Prefill, sample, decode once; -> the sequences whose turn ended (now paused), in slot order."""
+        if policy_version(self.model) != self.version:
+            raise StaleWeights(f"decode engine: its KV cache and weights are policy version {self.version}'s, the "
+                               f"model is version {policy_version(self.model)} now; build a new engine after a sync")
         self._prefill()
         sampling = [s for s in self.running if s is not None and s.state == SAMPLE]
         if not sampling:
@@ -284,6 +296,7 @@ class DecodeEngine:
     def _decode(self, feeding: List[Sequence]) -> None:
         if self.before_decode is not None and self.before_decode(self.rounds):
             self.stepper.load_weights(self.model)
+            self.version = policy_version(self.model)  # the earlier tokens' cache kept on purpose (tagged)
         mask = np.zeros([self.slots], bool)
         tokens = np.zeros([self.slots], "int64")
         for seq in feeding:

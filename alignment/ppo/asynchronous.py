@@ -191,6 +191,15 @@ def hold_mid_transfer(version: int) -> None:
         time.sleep(600)
 
 
+SKIP_VARIABLE = "ALIGNMENT_SKIP_WEIGHT_SYNC"
+
+
+def skips_sync(version: int) -> bool:
+    """With ALIGNMENT_SKIP_WEIGHT_SYNC=VERSION (tests/test_weights_digest.py), a rollout rank receives that version
+    and never loads it: a sampler that silently keeps older weights, which the training ranks' check must catch."""
+    return os.environ.get(SKIP_VARIABLE, "") == str(version)
+
+
 class RolloutSource:
     """The training ranks' side: weights out at the start of each step, the step's rollout in."""
 
@@ -303,4 +312,5 @@ class WeightReceiver(threading.Thread):
             header, flat = self.versions.pop(version)
             for old in [v for v in self.versions if v < version]:
                 del self.versions[old]
-        wire.unpack_weights(model, header, flat)
+        if not skips_sync(version):
+            wire.unpack_weights(model, header, flat)

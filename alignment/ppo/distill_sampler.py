@@ -10,7 +10,9 @@ import numpy as np
 import paddle
 
 from alignment.data.tokenized import pad_sequences
+from alignment.models.weights_digest import weights_digest
 from alignment.ppo.rollout import Rollout
+from alignment.ppo.weight_check import OFF_POLICY, stamp
 
 
 def on_policy(seed: int, lmbda: float) -> bool:
@@ -55,6 +57,7 @@ class MixedSampler:
         self.inner, self.args, self.teacher_model = inner, distill_args, teacher_model
         self.max_length, self.max_new_tokens = max_length, max_new_tokens
         self.last_on_policy = True
+        self.teacher_digest = None  # the frozen teacher's weights digest, taken once
 
     def __call__(self, actor, tokenizer, base, draw):
         self.last_on_policy = draw.greedy or on_policy(draw.seed, self.args.lmbda)
@@ -62,11 +65,16 @@ class MixedSampler:
             return self.inner(actor, tokenizer, base, draw)
         if self.args.seq_kd:
             draw.log_prob_temperature = None  # the teacher's sampling log-probs are not the student's
-            return self.inner(self.teacher_model, tokenizer, base, draw)
+            rollout = self.inner(self.teacher_model, tokenizer, base, draw)
+            self.teacher_digest = self.teacher_digest or weights_digest(self.teacher_model)
+            stamp(rollout, f"{OFF_POLICY}teacher:{self.teacher_digest}", "the teacher (seq_kd)")
+            return rollout
         eos = base.eos_token_id[0] if isinstance(base.eos_token_id, (list, tuple)) else base.eos_token_id
         budget = self.max_length - max(len(item["input_ids"]) for item in draw.items)
-        return dataset_rollout(draw.items, draw.n, tokenizer, self.inner.collate, eos,
-                               min(budget, self.max_new_tokens or budget))
+        rollout = dataset_rollout(draw.items, draw.n, tokenizer, self.inner.collate, eos,
+                                  min(budget, self.max_new_tokens or budget))
+        stamp(rollout, f"{OFF_POLICY}dataset", "the dataset's answers (lmbda)")
+        return rollout
 
     def metrics(self, rollout) -> dict:
         return {**self.inner.metrics(rollout), "distill/on_policy": float(self.last_on_policy)}

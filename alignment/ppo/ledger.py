@@ -3,7 +3,8 @@ every sample drawn and not trained: {"step", "sample", "dropped": why}).
 
 Each row: the step that trained it, its `sample` id ("batch:row:prompt": its place in the prompt stream and the
 prompt's index in the dataset), the prompt, the policy version that sampled it (the step's own for a synchronous
-run; with partial rollouts also `token_versions`, one per policy token), the response token ids and the behaviour
+run; with partial rollouts also `token_versions`, one per policy token), the digest of the weights that sampled it
+and which sampler that was ("weights_digest", "sampled_by": weight_check.py), the response token ids and the behaviour
 log-probs of its policy tokens (when recorded), each reward part
 and the end reward, and the sampling parameters; with model judges their prompts and answers ("judges"); with a
 teacher its log-prob of each policy token ("teacher_log_probs", teacher.py). `sources.json` says where rewards come from (reward functions,
@@ -45,6 +46,8 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
         row = {"step": step, "sample": rollout.sample_ids[i] if rollout.sample_ids else None,
                "prompt": rollout.prompts[i],
                "version": rollout.versions[i] if rollout.versions else step - 1,
+               **({"weights_digest": rollout.weight_digests[i], "sampled_by": rollout.sampled_by[i]}
+                  if rollout.weight_digests else {}),
                "response_ids": ids[i][attention[i]].tolist(),
                "policy_token": mask[i][attention[i]].astype(int).tolist(),
                "reward": float(end[i]), "reward_parts": parts, "sampling": sampling, **(
@@ -149,7 +152,7 @@ def read_ledger(output_dir: str) -> List[dict]:
 
 
 ROW_KEYS = {"step": integer(0), "version": integer(), "sample": TEXT, "dropped": TEXT,
-            "reward": NUMBER}  # NaN too: a row records what the run computed
+            "weights_digest": TEXT, "sampled_by": TEXT, "reward": NUMBER}  # NaN too: a row records what the run computed
 
 
 def reward_sources(ppo, reward) -> dict:

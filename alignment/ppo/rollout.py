@@ -49,6 +49,8 @@ class Rollout:
     token_versions: Optional[paddle.Tensor] = None  # [N, R] int64 partial rollouts: the version that drew each token
     reward_rows: Optional[List[dict]] = None  # each row's reward parts (the rollout ledger)
     prompt_groups: Optional[paddle.Tensor] = None  # [N] int64 micro-batches sharing prompts: see micro_batch
+    weight_digests: Optional[List[str]] = None  # the digest of the weights that sampled each row (weight_check.py)
+    sampled_by: Optional[List[str]] = None  # which sampler drew each row ("local engine of rank 0", "rollout rank 2")
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -14,6 +14,7 @@ from typing import Callable
 import paddle
 
 from alignment.launcher import rank
+from alignment.models.weights_digest import weights_digest
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo import wire
 from alignment.ppo.asynchronous import Schedule, WeightReceiver, sample_ids
@@ -46,16 +47,20 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
                             drop_last=plan.drop_last)
     skip_batches(batches, first)
     current, posted = None, 0
+    digests = {}  # version -> the digest of the weights loaded as it (taken once per sync)
+
+    def load(version: int) -> None:
+        nonlocal current
+        receiver.apply(version, actor)
+        digests[version], current = weights_digest(actor), version
 
     def move_on(step: int, tokens: int) -> bool:
         """Partial rollouts: before the forward that draws new token `tokens`, the version the schedule names;
         -> whether the weights changed."""
-        nonlocal current
         version = schedule.token_version(step, tokens)
         if version == current:
             return False
-        receiver.apply(version, actor)
-        current = version
+        load(version)
         return True
     actor.eval()
     timeline = open(os.path.join(plan.output_dir, f"rollout_rank{rank()}.jsonl"), "a", encoding="utf-8")
@@ -64,8 +69,7 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
         version = schedule.version_for(step)
         times = {"batch": batch_index, "version": version, "wait_start": time.time()}
         if version != current:
-            receiver.apply(version, actor)
-            current = version
+            load(version)
         times["sample_start"] = time.time()
         batch = next(batches)
         positions = list(range(len(batch)))[sender::senders]
@@ -77,6 +81,8 @@ def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, ge
                                                               plan.temperature, between_tokens))
         rollout.behaviour_log_probs, rollout.old_log_probs = rollout.old_log_probs, None
         rollout.versions = [version] * len(rollout)
+        rollout.weight_digests = [digests[version]] * len(rollout)  # partial rollouts: the starting version's
+        rollout.sampled_by = [f"rollout rank {rank()}"] * len(rollout)
         if schedule.segment:  # [N, R]: every row's token t was drawn by the same version
             tags = [schedule.token_version(step, t) for t in range(rollout.response_mask.shape[1])]
             rollout.token_versions = paddle.to_tensor([tags] * len(rollout), dtype="int64")

@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import paddle
 
+from alignment.models.weights_digest import set_policy_version
 from alignment.ppo.rollout import Rollout
 
 DTYPES = ("float32", "int64", "int32", "bool")
@@ -90,6 +91,7 @@ def unpack_weights(model, header: paddle.Tensor, flat: paddle.Tensor) -> int:
             size = int(np.prod(p.shape))
             p.set_value(paddle.to_tensor(values[start: start + size].reshape(p.shape)).astype(p.dtype))
             start += size
+    set_policy_version(model, version)  # caches built from the older weights are stale now (engine.py)
     return version
 
 

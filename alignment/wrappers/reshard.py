@@ -12,6 +12,7 @@ import dataclasses
 
 import paddle
 
+from alignment.models.weights_digest import set_policy_version
 from alignment.parallel import sharded
 from alignment.parallel import tensor_parallel as tp
 
@@ -41,4 +42,5 @@ class WholeCopy:
                     value = sharded.whole_value(param)
                     own[name].set_value(tp.gather_along(value, param.split_axis) if tp.is_split(param) else value)
             self.version = version
+            set_policy_version(self.model, version)
         return self.model
