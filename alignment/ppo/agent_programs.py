@@ -24,9 +24,8 @@ import paddle
 from alignment.data import import_function
 from alignment.envs import EnvironmentFailure
 from alignment.envs.formats import tool_call_format
-from alignment.envs.multiturn import Trajectory
 from alignment.gateway.episodes import AgentEpisode, CurrentGateway, capped_sampler, play_episodes
-from alignment.ppo.episodes import environment_row, episode_metrics, episode_record, episode_rollout
+from alignment.ppo.episodes import environment_row, episode_metrics, episode_record, episode_rollout, prompt_only
 from alignment.ppo.samplers import Draw, Episodes, SingleTurn
 
 
@@ -90,7 +89,7 @@ class Agents(Episodes):
         items = [item for item in draw.items for _ in range(draw.n)]
         for episode, item in zip(episodes, items):
             session = gateway.sessions[episode.session_id]
-            trajectory = session.sample if session.samples else _no_turns(item)
+            trajectory = session.sample if session.samples else prompt_only(item)
             if episode.error is None and trajectory.turn_rewards:
                 trajectory.turn_rewards[-1] = episode.reward
             trajectories.append(trajectory)
@@ -112,12 +111,6 @@ class Agents(Episodes):
         out["agent/prefix_breaks"] = float(np.mean([e["prefix_breaks"] for e in episodes]))
         out["agent/calls"] = float(np.mean([len(e["calls"]) for e in episodes]))
         return out
-
-
-def _no_turns(item) -> Trajectory:
-    """An episode whose agent never called: the prompt alone (nothing to train, reward 0)."""
-    ids = list(item["input_ids"])
-    return Trajectory(ids, [0] * len(ids), [0.0] * len(ids), len(ids), [], [], [], {})
 
 
 def make_sampler(ppo, max_length: int, collate_prompts, env_args=None):

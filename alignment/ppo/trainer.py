@@ -29,6 +29,7 @@ from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.critic import make_critic
 from alignment.ppo.curriculum import prompt_stream
 from alignment.ppo.evaluation import evaluate_policy
+from alignment.ppo.fault_policy import GroupFaults
 from alignment.ppo.inputs import PolicyModels, PromptData  # noqa: F401  (the trainer's inputs)
 from alignment.ppo.kl import kl_estimate
 from alignment.ppo.ledger import Ledger, ledger_rows, reward_sources
@@ -101,6 +102,7 @@ class PPOTrainer(MonitoredRun, Trainer):
         self.sampler = self.teacher.sampler(make_sampler(ppo_args, data_args.max_length, data.collate_prompts,
                                                          env_args), data_args.max_length)  # multi-turn? GKD's mix?
         self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
+        self.faults = GroupFaults(env_args, pipelined)  # fault_policy.py: failed episodes' groups dropped
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
         self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
@@ -122,8 +124,10 @@ class PPOTrainer(MonitoredRun, Trainer):
     def training_step(self) -> Dict[str, float]:
         timer = PhaseTimer()
         timer.times.update(self.rollouts.before_step(self.global_step, self.actor))
+        self.faults.start_step()
         with timer.phase("generate"):  # one prompt batch, or dynamic sampling's kept groups
             rollout, rewards, metrics = self.step_rollouts(self)
+        metrics.update(self.faults.metrics())
         times = timer.times
         if rollout is None:  # dynamic sampling kept no group within max_gen_batches: no update this step
             return mean_over_ranks({**metrics, **times, "skipped_steps": float(self.guard.skipped)})
@@ -152,11 +156,12 @@ class PPOTrainer(MonitoredRun, Trainer):
     def draw_rollout(self, attempt: int):
         """Responses to the next prompt batch of the stream. Sampling noise is seeded per (step, attempt) and drawn
         per row of the global batch: the same rollout whether one process or several (any data / tensor-parallel
-        split) generate it, and after a resume (which skips every batch drawn)."""
+        split) generate it, and after a resume (which skips every batch drawn). Groups with a failed episode are
+        dropped (fault_policy.py)."""
         self.drawn["prompts"] += 1
         self.sampling_seed = ds.generation_seed(self.args.seed, self.global_step, attempt)
         paddle.seed(self.sampling_seed)
-        return self.rollouts.rollout(self, attempt)
+        return self.faults.kept(self, self.rollouts.rollout(self, attempt))
 
     def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
         """Responses (or multi-turn episodes) to the prompt items, num_return_sequences each when sampling, one
