@@ -50,7 +50,9 @@ def test_seeds_groups_and_the_limit():
     faults = StepFaults()
     faults.add(4, 2, 5, "environment 'e': reset raised OSError: down")
     faults.check(3, 2, 0.5, left=4)  # 2 of 4 is not above 0.5
-    assert faults.metrics() == {"rollout/failed_groups": 2.0, "rollout/episode_retries": 5.0}
+    faults.add(0, 0, 0, None, episodes=8, failed_episodes=2)
+    assert faults.metrics() == {"rollout/failed_groups": 2.0, "rollout/episode_retries": 5.0,
+                                "rollout/failed_episodes": 0.25}
     with pytest.raises(RolloutFaultLimit, match=r"^step 3: 2 of 4 prompt groups failed after 2 retries \(key "
                                                 r"'episode_retries'\), a fraction of 0\.5 > key "
                                                 r"'max_failed_group_fraction' 0\.4; the first: environment 'e'"):
@@ -168,6 +170,7 @@ def test_a_run_drops_the_failed_group_counts_it_and_the_ledger_names_it(tmp_path
     assert len(rows) == 2  # the step with the failed group trained on the other one
     assert sorted(r["rollout/failed_groups"] for r in rows) == [0.0, 1.0]
     assert sorted(r["rollout/episode_retries"] for r in rows) == [0.0, 4.0]  # 2 rows x 2 retries
+    assert sorted(r["rollout/failed_episodes"] for r in rows) == [0.0, 0.5]
     ledger = read_ledger(str(out))
     dropped = [r for r in ledger if "dropped" in r]
     assert len(dropped) == 2 and all(r["dropped"] == "episode failed" for r in dropped)

@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import paddle
 
-from alignment.envs.base import Environment, make_environment
+from alignment.envs.base import Environment, EnvironmentFailure, make_environment
 from alignment.envs.multiturn import (Trajectory, environment_row, final_answer,  # noqa: F401 (agents.py's)
                                      multi_turn_rollout, pad_trajectories)
 from alignment.ppo.fault_policy import attempt_seed, play_with_retries
@@ -42,12 +42,13 @@ def build_environments(env_args, count: int) -> List[Environment]:
 @paddle.no_grad()
 def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args, max_length: int,
                     num_return_sequences: int = 1, row_seeds: Optional[List[List[int]]] = None,
-                    log_prob_temperature: Optional[float] = None) -> Rollout:
+                    log_prob_temperature: Optional[float] = None, keep_failed: bool = False) -> Rollout:
     """One episode per (item, return sequence), rows of one item contiguous, as a Rollout. config: the
     GenerationConfig of one turn; row_seeds: each row's own sampling seed (see multi_turn_rollout);
     log_prob_temperature: set old_log_probs from the sampling pass (None leaves them unset). An episode whose
     environment fails is played again with a fresh one up to episode_retries times (fault_policy.py); one that
-    still fails is the prompt alone, its record's "error" set (the trainer drops its group)."""
+    still fails is, with keep_failed, the prompt alone with its record's "error" set (the trainer drops its
+    group), else its EnvironmentFailure raised."""
     rows = [environment_row(item) for item in items for _ in range(num_return_sequences)]
     row_items = [item for item in items for _ in range(num_return_sequences)]
     budget = env_args.max_trajectory_tokens or max_length
@@ -63,6 +64,9 @@ def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args
                                   isolate_failures=True)
 
     trajectories, retries = play_with_retries(play, len(rows), env_args.episode_retries)
+    failed = next((t.error for t in trajectories if t.error is not None), None)
+    if failed is not None and not keep_failed:
+        raise EnvironmentFailure(f"{failed} (after {env_args.episode_retries} retries, key 'episode_retries')")
     trajectories = [t if t.error is None else prompt_only(item, t.error) for t, item in zip(trajectories, row_items)]
     rollout = episode_rollout(trajectories, row_items, config.pad_token_id, log_prob_temperature is not None,
                               env_args.env_reward_weight if env_args.per_turn_rewards else None)

@@ -67,15 +67,23 @@ class StepFaults:
     failed_groups: int = 0
     retries: int = 0
     first_error: Optional[str] = None
+    episodes: int = 0
+    failed_episodes: int = 0
 
-    def add(self, groups: int, failed_groups: int, retries: int, first_error: Optional[str]) -> None:
+    def add(self, groups: int, failed_groups: int, retries: int, first_error: Optional[str], episodes: int = 0,
+            failed_episodes: int = 0) -> None:
         self.groups += groups
         self.failed_groups += failed_groups
         self.retries += retries
         self.first_error = self.first_error or first_error
+        self.episodes += episodes
+        self.failed_episodes += failed_episodes
 
     def metrics(self) -> dict:
-        return {"rollout/failed_groups": float(self.failed_groups), "rollout/episode_retries": float(self.retries)}
+        """rollout/failed_groups (groups dropped) and rollout/episode_retries (episodes played again): counts over
+        the step; rollout/failed_episodes: the fraction of its episodes still failing after their retries."""
+        return {"rollout/failed_groups": float(self.failed_groups), "rollout/episode_retries": float(self.retries),
+                "rollout/failed_episodes": self.failed_episodes / max(self.episodes, 1)}
 
     def check(self, step: int, retries: int, max_fraction: float, left: int, layout_drops: str = "") -> None:
         """RolloutFaultLimit when the failed fraction of the step's groups exceeds max_fraction, when no group is
@@ -126,23 +134,24 @@ def retries_of(rollout) -> int:
 
 
 class GroupFaults:
-    """The trainer's side: each drawn rollout's failed groups dropped, counted, checked and written to the ledger.
-    env_args None or single-turn: nothing to do (and no metrics)."""
+    """How a step draws its rollout (dynamic_sampling.step_rollouts' strategy, wrapped): the step's failed groups
+    counted, its metrics given the rollout/* counts; the trainer passes each drawn rollout through
+    without_failed_groups. env_args None or single-turn: nothing dropped, no metrics."""
 
-    def __init__(self, env_args, pipelined: bool):
+    def __init__(self, step_rollouts, env_args, pipelined: bool):
+        self.step_rollouts = step_rollouts
         self.enabled = env_args is not None and env_args.multi_turn
         self.retries = env_args.episode_retries if self.enabled else 0
         self.max_fraction = env_args.max_failed_group_fraction if self.enabled else 1.0
         self.pipelined = pipelined
         self.step = StepFaults()
 
-    def start_step(self) -> None:
+    def __call__(self, trainer):
         self.step = StepFaults()
+        rollout, rewards, metrics = self.step_rollouts(trainer)
+        return rollout, rewards, {**metrics, **(self.step.metrics() if self.enabled else {})}
 
-    def metrics(self) -> dict:
-        return self.step.metrics() if self.enabled else {}
-
-    def kept(self, trainer, rollout):
+    def without_failed_groups(self, trainer, rollout):
         """The drawn rollout without its failed groups (the step's counts and the ledger updated)."""
         from alignment.parallel.distributed import data_world_size, gather_lists
 
@@ -152,9 +161,11 @@ class GroupFaults:
         kept, dropped, errors = drop_failed_groups(rollout, group)
         first = next((error for error in errors if error is not None), None)
         counts = gather_lists([(len(rollout) // group, len(dropped) // group, retries_of(rollout), first,
-                                len(rollout) - len(dropped))])  # every data rank's
+                                len(rollout) - len(dropped), len(rollout),
+                                sum(error is not None for error in errors))])  # every data rank's
         self.step.add(sum(c[0] for c in counts), sum(c[1] for c in counts), sum(c[2] for c in counts),
-                      next((c[3] for c in counts if c[3] is not None), None))
+                      next((c[3] for c in counts if c[3] is not None), None), sum(c[5] for c in counts),
+                      sum(c[6] for c in counts))
         if trainer.ledger is not None and any(c[1] for c in counts):  # every rank joins the gather
             trainer.ledger.write(gather_lists(fault_ledger_rows(trainer.global_step + 1, rollout, dropped, errors)))
         world = data_world_size()

@@ -24,12 +24,11 @@ from alignment.parallel.distributed import (barrier, data_world_size, gather_lis
 from alignment.ppo import algorithms as rl
 from alignment.ppo.agent_programs import make_sampler
 from alignment.ppo import registrations  # noqa: F401  the estimators, losses and KL estimators the arguments name
-from alignment.ppo import dapo, scoring
+from alignment.ppo import dapo, fault_policy, scoring
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.critic import make_critic
 from alignment.ppo.curriculum import prompt_stream
 from alignment.ppo.evaluation import evaluate_policy
-from alignment.ppo.fault_policy import GroupFaults
 from alignment.ppo.inputs import PolicyModels, PromptData  # noqa: F401  (the trainer's inputs)
 from alignment.ppo.kl import kl_estimate
 from alignment.ppo.ledger import Ledger, ledger_rows, reward_sources
@@ -86,7 +85,7 @@ class PPOTrainer(MonitoredRun, Trainer):
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
             split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
         ds.check_layout(ppo_args, data_world_size(), pipelined)
-        self.step_rollouts = ds.step_rollouts(ppo_args)
+        self.step_rollouts = fault_policy.GroupFaults(ds.step_rollouts(ppo_args), env_args, pipelined)
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
             self.micro_batches = PipelineMicroBatches(self.actor, models.critic, ppo_args, train_args,
@@ -102,7 +101,6 @@ class PPOTrainer(MonitoredRun, Trainer):
         self.sampler = self.teacher.sampler(make_sampler(ppo_args, data_args.max_length, data.collate_prompts,
                                                          env_args), data_args.max_length)  # multi-turn? GKD's mix?
         self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
-        self.faults = GroupFaults(env_args, pipelined)  # fault_policy.py: failed episodes' groups dropped
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
         self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
@@ -124,10 +122,8 @@ class PPOTrainer(MonitoredRun, Trainer):
     def training_step(self) -> Dict[str, float]:
         timer = PhaseTimer()
         timer.times.update(self.rollouts.before_step(self.global_step, self.actor))
-        self.faults.start_step()
         with timer.phase("generate"):  # one prompt batch, or dynamic sampling's kept groups
             rollout, rewards, metrics = self.step_rollouts(self)
-        metrics.update(self.faults.metrics())
         times = timer.times
         if rollout is None:  # dynamic sampling kept no group within max_gen_batches: no update this step
             return mean_over_ranks({**metrics, **times, "skipped_steps": float(self.guard.skipped)})
@@ -156,12 +152,11 @@ class PPOTrainer(MonitoredRun, Trainer):
     def draw_rollout(self, attempt: int):
         """Responses to the next prompt batch of the stream. Sampling noise is seeded per (step, attempt) and drawn
         per row of the global batch: the same rollout whether one process or several (any data / tensor-parallel
-        split) generate it, and after a resume (which skips every batch drawn). Groups with a failed episode are
-        dropped (fault_policy.py)."""
+        split) generate it, and after a resume (which skips every batch drawn)."""
         self.drawn["prompts"] += 1
         self.sampling_seed = ds.generation_seed(self.args.seed, self.global_step, attempt)
         paddle.seed(self.sampling_seed)
-        return self.faults.kept(self, self.rollouts.rollout(self, attempt))
+        return self.step_rollouts.without_failed_groups(self, self.rollouts.rollout(self, attempt))
 
     def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
         """Responses (or multi-turn episodes) to the prompt items, num_return_sequences each when sampling, one
