@@ -3,11 +3,16 @@ environment and a seed of its own, a group whose episode still fails is dropped 
 as if it had never been drawn), the step goes on and counts it, the ledger names it, and too many failed groups
 stop the run in one line."""
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
 import paddle
 import pytest
+from safetensors.numpy import load_file
 
 from alignment.commands.replay_ledger import ledger_checks
 from alignment.config.environment import EnvironmentArguments
@@ -20,7 +25,7 @@ from alignment.ppo.fault_policy import (RolloutFaultLimit, StepFaults, attempt_s
                                         failed_group_indices, intact_rows, play_with_retries)
 from alignment.ppo.ledger import read_ledger
 from alignment.ppo.samplers import Draw, Episodes
-from tests.helpers import read_metrics, run_args
+from tests.helpers import REPO, read_metrics, run_args
 
 
 class Outcome:
@@ -190,3 +195,62 @@ def test_a_run_drops_the_failed_group_counts_it_and_the_ledger_names_it(tmp_path
     assert last == (f"error: step {failed_step}: 1 of 2 prompt groups failed after 2 retries (key 'episode_retries'),"
                     f" a fraction of 0.5 > key 'max_failed_group_fraction' 0.25; the first: environment "
                     f"'test-fails-on-seven': reset raised ConnectionError: game server down")
+
+
+FLAKY_KILLED = """import os, signal
+from alignment.envs import Environment, StepResult
+
+
+class FlakyKilled(Environment):
+    ''''7' fails every try (its group is dropped); a turn whose text has a length divisible by 3 crashes the tool
+    (its retry samples with its own seed, and mostly works); the first reset after checkpoint-2 is written kills
+    the run (once: the marker).'''
+    NAME = "test-flaky-killed"
+
+    def reset(self, row):
+        marker = os.environ["KILL_MARKER"]
+        if os.path.exists(marker) and os.path.exists(os.path.join(os.environ["KILL_OUT"], "checkpoint-2")):
+            os.remove(marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if row["answer"] == "7":
+            raise ConnectionError("game server down")
+        return [{"role": "user", "content": "Say a number."}]
+
+    def step(self, text):
+        if len(text) % 3 == 0:
+            raise RuntimeError("tool crashed")
+        return StepResult([], float(len(text) % 5), True)
+"""
+
+
+def test_a_run_with_retries_and_dropped_groups_resumes_to_the_same_bits(tmp_path, tiny_model_dir):
+    fails_on_seven(tmp_path)  # the prompts file
+    (tmp_path / "flaky_killed.py").write_text(FLAKY_KILLED)
+    marker = tmp_path / "kill-once"
+    script = os.path.join(REPO, "alignment", "ppo", "run_ppo.py")
+
+    def run(out, *extra):  # every run in a subprocess of its own: the same thread settings for all of them
+        args = run_args(out, tiny_model_dir, "grpo", "--save_steps", "2", "--rollout_ledger", "true",
+                        "--environment", "test-flaky-killed", "--user_env_modules", str(tmp_path / "flaky_killed.py"),
+                        "--train_datasets", f"prompt-only:1.0:{tmp_path / 'prompts.jsonl'}",
+                        "--per_device_prompt_batch_size", "4", "--per_device_train_batch_size", "8", *extra)
+        env = {**os.environ, "KILL_MARKER": str(marker), "KILL_OUT": str(out)}
+        return subprocess.run([sys.executable, script, *args], cwd=REPO, env=env, capture_output=True, text=True)
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = run(straight)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = read_metrics(straight)
+    assert len(rows) == 4 and all(r["rollout/failed_groups"] >= 1 for r in rows)  # '7' is in every step
+    assert all(r["rollout/episode_retries"] > 4 for r in rows[2:])  # beyond '7's 2 x 2: after the checkpoint too
+    marker.write_text("")
+    stopped = run(killed)  # SIGKILLs itself in step 3's first reset
+    assert stopped.returncode == -signal.SIGKILL and not marker.exists()
+    assert run(killed, "--resume_from_checkpoint", "auto").returncode == 0
+    without_times = [[{k: v for k, v in row.items() if not k.startswith("time/")} for row in read_metrics(out)]
+                     for out in (straight, killed)]
+    assert without_times[0] == without_times[1]
+    assert read_ledger(str(straight)) == read_ledger(str(killed))
+    a, b = (load_file(os.path.join(out, "policy", "model.safetensors")) for out in (straight, killed))
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
