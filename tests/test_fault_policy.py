@@ -254,3 +254,39 @@ def test_a_run_with_retries_and_dropped_groups_resumes_to_the_same_bits(tmp_path
     a, b = (load_file(os.path.join(out, "policy", "model.safetensors")) for out in (straight, killed))
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+FAILING_JUDGE = '''def score(prompts, completions, answer=None, **_):
+    if "7" in (answer or []):
+        raise ValueError("cannot judge a 7")
+    return [float(len(c) % 4) for c in completions]
+'''
+
+
+def test_a_group_the_reward_service_fails_on_is_dropped_and_the_others_scored(tmp_path, tiny_model_dir, capsys):
+    from tests.test_reward_server import Server
+
+    (tmp_path / "judge.py").write_text(FAILING_JUDGE)
+    server = Server(tmp_path, "--judge", f"{tmp_path}/judge.py:score", "--max-wait-ms", "0").wait()
+    try:
+        args = fails_on_seven(tmp_path)
+        i = args.index("--environment")
+        del args[i + 2: i + 4]  # no seven_env.py: an environment of this module that fails nothing here
+        args[i + 1] = "test-flaky-episodes"
+        Flaky.broken = False
+        out = tmp_path / "out"
+        run_ppo.main(run_args(out, tiny_model_dir, "grpo") + args + [
+            "--use_rm_server", "true", "--reward_server", server.url, "--reward_server_retries", "0"])
+    finally:
+        server.stop()
+    rows = [r for r in read_metrics(out) if "actor_loss" in r]
+    assert len(rows) == 2 and sorted(r["rollout/failed_groups"] for r in rows) == [0.0, 1.0]
+    assert all(r["rollout/episode_retries"] == 0 for r in rows)  # the episodes themselves never failed
+    dropped = [r for r in read_ledger(str(out)) if "dropped" in r]
+    assert len(dropped) == 2 and all(r["dropped"] == "reward failed" and "cannot judge a 7" in r["error"]
+                                     and server.url in r["error"] for r in dropped)
+    trained = [r for r in read_ledger(str(out)) if "dropped" not in r]
+    assert len(trained) == 6 and all(r["prompt"] != "Add up to 7." for r in trained)
+    for r in trained:  # the other groups scored by the service, together, after the drop
+        assert r["reward_parts"]["model"] in (0.0, 1.0, 2.0, 3.0)
+        assert abs(r["reward"] - r["reward_parts"]["model"] - r["reward_parts"]["environment"]) < 1e-5

@@ -104,10 +104,14 @@ class StepFaults:
             raise RolloutFaultLimit(f"{said}: {layout_drops}{first}")
 
 
-def drop_failed_groups(rollout, group_size: int) -> Tuple[object, List[int], List[Optional[str]]]:
-    """The rollout without the groups holding a failed episode (rollout.episodes[i]["error"] not None); -> (the
-    kept rollout, or None when nothing is kept; the dropped rows; every row's error)."""
-    errors = [episode.get("error") for episode in rollout.episodes] if rollout.episodes else [None] * len(rollout)
+def drop_failed_groups(rollout, group_size: int, errors: Optional[Sequence[Optional[str]]] = None
+                       ) -> Tuple[object, List[int], List[Optional[str]]]:
+    """The rollout without the groups holding a failed row (errors[i] not None; default: the failed episodes',
+    rollout.episodes[i]["error"]); -> (the kept rollout, or None when nothing is kept; the dropped rows; every
+    row's error)."""
+    if errors is None:
+        errors = [episode.get("error") for episode in rollout.episodes] if rollout.episodes else [None] * len(rollout)
+    errors = list(errors)
     failed = failed_group_indices(errors, group_size)
     if not failed:
         return rollout, [], errors
@@ -116,15 +120,15 @@ def drop_failed_groups(rollout, group_size: int) -> Tuple[object, List[int], Lis
     return (rollout.take(kept) if kept else None), dropped, errors
 
 
-def fault_ledger_rows(step: int, rollout, dropped: Sequence[int], errors: Sequence[Optional[str]]) -> List[dict]:
-    """Ledger rows of the dropped rows: {"step", "sample", "dropped": "episode failed" (its own error) or "group
+def fault_ledger_rows(step: int, rollout, dropped: Sequence[int], errors: Sequence[Optional[str]],
+                      why: str = "episode failed") -> List[dict]:
+    """Ledger rows of the dropped rows: {"step", "sample", "dropped": why (a row with its own error) or "group
     failed" (a sibling's), "error"}."""
     rows = []
     for i in dropped:
         failed = errors[i] is not None
         rows.append({"step": step, "sample": rollout.sample_ids[i] if rollout.sample_ids else None,
-                     "dropped": "episode failed" if failed else "group failed",
-                     **({"error": errors[i]} if failed else {})})
+                     "dropped": why if failed else "group failed", **({"error": errors[i]} if failed else {})})
     return rows
 
 
@@ -136,7 +140,8 @@ def retries_of(rollout) -> int:
 class GroupFaults:
     """How a step draws its rollout (dynamic_sampling.step_rollouts' strategy, wrapped): the step's failed groups
     counted, its metrics given the rollout/* counts; the trainer passes each drawn rollout through
-    without_failed_groups. env_args None or single-turn: nothing dropped, no metrics."""
+    without_failed_groups and its rewards through rewarded. env_args None or single-turn: nothing dropped, no
+    metrics."""
 
     def __init__(self, step_rollouts, env_args, pipelined: bool):
         self.step_rollouts = step_rollouts
@@ -144,30 +149,68 @@ class GroupFaults:
         self.retries = env_args.episode_retries if self.enabled else 0
         self.max_fraction = env_args.max_failed_group_fraction if self.enabled else 1.0
         self.pipelined = pipelined
-        self.step = StepFaults()
+        self.step, self.drawing = StepFaults(), False
 
     def __call__(self, trainer):
-        self.step = StepFaults()
-        rollout, rewards, metrics = self.step_rollouts(trainer)
+        """The step's (rollout, (end rewards, parts) or None, metrics); a multi-turn step's rewards are computed
+        here when the strategy left them to scoring, so a group the reward service fails on is dropped before
+        anything is computed on it."""
+        self.step, self.drawing = StepFaults(), True
+        try:
+            rollout, rewards, metrics = self.step_rollouts(trainer)
+            if self.enabled and rollout is not None and rewards is None:
+                with trainer.offload.phase("reward", [trainer.reward.model]), trainer.precision.autocast():
+                    rewards = trainer.end_rewards(rollout)
+        finally:
+            self.drawing = False
         return rollout, rewards, {**metrics, **(self.step.metrics() if self.enabled else {})}
 
     def without_failed_groups(self, trainer, rollout):
-        """The drawn rollout without its failed groups (the step's counts and the ledger updated)."""
-        from alignment.parallel.distributed import data_world_size, gather_lists
-
+        """The drawn rollout without the groups of its failed episodes (the step's counts and the ledger updated)."""
         if not self.enabled:
             return rollout
+        errors = [episode.get("error") for episode in rollout.episodes] if rollout.episodes else [None] * len(rollout)
+        return self._dropped(trainer, rollout, errors, retries_of(rollout), len(rollout), "episode failed")
+
+    def rewarded(self, trainer, rollout):
+        """trainer.reward(rollout): (end rewards [N], parts). While a multi-turn step draws, a reward service (the
+        reward server, a served judge) that fails on the rollout past its own retries is asked again group by
+        group; the groups it still fails on are dropped from the rollout in place and the rest scored together."""
+        from alignment.rewards.remote import RewardServerError
+
+        if not (self.enabled and self.drawing):
+            return trainer.reward(rollout)
+        try:
+            return trainer.reward(rollout)
+        except RewardServerError:
+            pass
+        group, errors = trainer.ppo.num_return_sequences, []
+        for start in range(0, len(rollout), group):
+            try:
+                trainer.reward(rollout.take(list(range(start, start + group))))
+                errors += [None] * group
+            except RewardServerError as err:
+                errors += [" ".join(str(err).split())] * group
+        kept = self._dropped(trainer, rollout, errors, 0, 0, "reward failed")
+        rollout.__dict__.update(kept.__dict__)  # in place: the strategy holding the rollout trains the kept rows
+        return trainer.reward(rollout)
+
+    def _dropped(self, trainer, rollout, errors, retries: int, rows: int, why: str):
+        """The rollout without the groups holding an error; the step's counts (rows: rows drawn, 0 when already
+        counted), the ledger and the limits updated and checked."""
+        from alignment.parallel.distributed import data_world_size, gather_lists
+
         group = trainer.ppo.num_return_sequences
-        kept, dropped, errors = drop_failed_groups(rollout, group)
+        kept, dropped, errors = drop_failed_groups(rollout, group, errors)
         first = next((error for error in errors if error is not None), None)
-        counts = gather_lists([(len(rollout) // group, len(dropped) // group, retries_of(rollout), first,
-                                len(rollout) - len(dropped), len(rollout),
-                                sum(error is not None for error in errors))])  # every data rank's
+        counts = gather_lists([(rows // group, len(dropped) // group, retries, first, len(rollout) - len(dropped),
+                                rows, sum(error is not None for error in errors))])  # every data rank's
         self.step.add(sum(c[0] for c in counts), sum(c[1] for c in counts), sum(c[2] for c in counts),
                       next((c[3] for c in counts if c[3] is not None), None), sum(c[5] for c in counts),
                       sum(c[6] for c in counts))
         if trainer.ledger is not None and any(c[1] for c in counts):  # every rank joins the gather
-            trainer.ledger.write(gather_lists(fault_ledger_rows(trainer.global_step + 1, rollout, dropped, errors)))
+            trainer.ledger.write(gather_lists(fault_ledger_rows(trainer.global_step + 1, rollout, dropped, errors,
+                                                                why)))
         world = data_world_size()
         layout = (f"with {world} data-parallel ranks every rank must train as many rows, so a step cannot drop a "
                   f"group" if world > 1 else "with pipeline_parallel_degree > 1 a step's row count is fixed, so it "

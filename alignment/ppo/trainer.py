@@ -175,9 +175,9 @@ class PPOTrainer(MonitoredRun, Trainer):
 
     @paddle.no_grad()
     def end_rewards(self, rollout):
-        """End rewards [N] of the rollout (reward model / server / functions, the environment's, DAPO's overlong
-        penalty) and the mean of each part (for logging)."""
-        rewards = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
+        """End rewards [N] (reward model / server / functions, environment, overlong penalty) and each part's mean."""
+        rewards = scoring.with_environment_reward(*self.step_rollouts.rewarded(self, rollout), rollout,
+                                                  self.env_reward_weight)  # a failing service: fault_policy.py
         rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout, self.reward.row_notes)
         return scoring.with_overlong_penalty(*rewards, rollout, self.ppo)
 
