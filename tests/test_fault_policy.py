@@ -263,7 +263,8 @@ FAILING_JUDGE = '''def score(prompts, completions, answer=None, **_):
 '''
 
 
-def test_a_group_the_reward_service_fails_on_is_dropped_and_the_others_scored(tmp_path, tiny_model_dir, capsys):
+def judged_by_a_failing_service(tmp_path, tiny_model_dir, *extra):
+    """A 2-step GRPO run of 4 prompts (2 a step) whose rewards come from a judge server that fails on '7'."""
     from tests.test_reward_server import Server
 
     (tmp_path / "judge.py").write_text(FAILING_JUDGE)
@@ -274,19 +275,33 @@ def test_a_group_the_reward_service_fails_on_is_dropped_and_the_others_scored(tm
         del args[i + 2: i + 4]  # no seven_env.py: an environment of this module that fails nothing here
         args[i + 1] = "test-flaky-episodes"
         Flaky.broken = False
-        out = tmp_path / "out"
-        run_ppo.main(run_args(out, tiny_model_dir, "grpo") + args + [
-            "--use_rm_server", "true", "--reward_server", server.url, "--reward_server_retries", "0"])
+        run_ppo.main(run_args(tmp_path / "out", tiny_model_dir, "grpo") + args + [
+            "--use_rm_server", "true", "--reward_server", server.url, "--reward_server_retries", "0", *extra])
     finally:
         server.stop()
+    return tmp_path / "out", server.url
+
+
+def test_a_group_the_reward_service_fails_on_is_dropped_and_the_others_scored(tmp_path, tiny_model_dir):
+    out, url = judged_by_a_failing_service(tmp_path, tiny_model_dir)
     rows = [r for r in read_metrics(out) if "actor_loss" in r]
     assert len(rows) == 2 and sorted(r["rollout/failed_groups"] for r in rows) == [0.0, 1.0]
     assert all(r["rollout/episode_retries"] == 0 for r in rows)  # the episodes themselves never failed
     dropped = [r for r in read_ledger(str(out)) if "dropped" in r]
     assert len(dropped) == 2 and all(r["dropped"] == "reward failed" and "cannot judge a 7" in r["error"]
-                                     and server.url in r["error"] for r in dropped)
+                                     and url in r["error"] for r in dropped)
     trained = [r for r in read_ledger(str(out)) if "dropped" not in r]
     assert len(trained) == 6 and all(r["prompt"] != "Add up to 7." for r in trained)
     for r in trained:  # the other groups scored by the service, together, after the drop
         assert r["reward_parts"]["model"] in (0.0, 1.0, 2.0, 3.0)
         assert abs(r["reward"] - r["reward_parts"]["model"] - r["reward_parts"]["environment"]) < 1e-5
+
+
+def test_dynamic_sampling_draws_again_for_a_group_the_reward_service_failed_on(tmp_path, tiny_model_dir):
+    out, _ = judged_by_a_failing_service(tmp_path, tiny_model_dir, "--dynamic_sampling", "true", "--max_gen_batches",
+                                         "3")
+    rows = read_metrics(out)
+    assert [(r["rollout/failed_groups"], r["dynamic_sampling/filled"]) for r in rows] == [(1.0, 1.0), (1.0, 1.0)]
+    ledger = read_ledger(str(out))
+    assert Counter(r.get("dropped") for r in ledger) == {None: 8, "reward failed": 4, "over target": 4}
+    assert ledger_checks(ledger) == {"twice": [], "lost_batches": [], "short_batches": []}
