@@ -1,6 +1,7 @@
 """Agent programs trained through the gateway (key `agent`, alignment/ppo/agent_programs.py), with the real `openai`
 package: the same episodes written as an Environment and as an OpenAI-client agent train to the same bits;
-agents that raise, time out or edit their history; the one-line stop when too many episodes fail."""
+agents that raise (retried, then their group dropped), time out or edit their history; the one-line stop when
+too many episodes fail."""
 import json
 import os
 import subprocess
@@ -39,7 +40,7 @@ def test_an_agent_program_trains_to_the_bits_of_the_same_episodes_as_an_environm
     for env_row, agent_row in zip(env_rows, agent_rows):
         shared = {k: v for k, v in env_row.items() if not k.startswith(NOT_COMPARED)}
         assert shared == {k: agent_row[k] for k in shared}, (env_row, agent_row)
-        assert agent_row["agent/errors"] == 0 and agent_row["agent/prefix_breaks"] == 0
+        assert agent_row["rollout/failed_episodes"] == 0 and agent_row["agent/prefix_breaks"] == 0
         assert agent_row["agent/calls"] == agent_row["env/turns"] > 1  # several calls made one trajectory
     assert any(r["actor_loss"] != 0 for r in env_rows)  # it trained on something
     env_weights, agent_weights = (load_file(os.path.join(out, "policy", "model.safetensors"))
@@ -98,12 +99,14 @@ def test_failed_episodes_count_and_an_edited_history_starts_a_new_sample(tmp_pat
     run_ppo.main(with_agent(agent_args(tmp_path / "flaky", tiny_model_dir, "--max_steps", "1"),
                             f"{agents_file}:flaky"))
     row = read_metrics(tmp_path / "flaky")[0]
-    assert 0 < row["agent/errors"] < 1 and row["agent/calls"] == 1
+    # the odd answer's group fails in every try: dropped whole; the even one's trains (one call per episode)
+    assert row["rollout/failed_episodes"] == 0.5 and row["rollout/failed_groups"] == 1 and row["agent/calls"] == 1
+    assert row["rollout/episode_retries"] == 4  # its 2 episodes, each played again twice in a fresh session
     assert capsys.readouterr().out.count("the game server is down") == 1  # named once, then counted
     run_ppo.main(with_agent(agent_args(tmp_path / "edits", tiny_model_dir, "--max_steps", "1"),
                             f"{agents_file}:edits_its_history"))
     row = read_metrics(tmp_path / "edits")[0]
-    assert row["agent/prefix_breaks"] == 1 and row["agent/calls"] == 3 and row["agent/errors"] == 0
+    assert row["agent/prefix_breaks"] == 1 and row["agent/calls"] == 3 and row["rollout/failed_episodes"] == 0
     assert row["env/turns"] == 1  # the trajectory trained is the last sample: one call
 
 

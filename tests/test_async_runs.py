@@ -254,7 +254,7 @@ def test_multi_turn_episodes_with_lora_run_asynchronously(tmp_path, tiny_model_d
     ledger = read_ledger(str(out))
     assert len(ledger) == 16 and all(0 in r["policy_token"] for r in ledger)  # observations in, not trained
     if player == "agent":  # every call the agents made on the rollout rank, recorded
-        assert all(r["agent/errors"] == 0 for r in rows)
+        assert all(r["rollout/failed_episodes"] == 0 for r in rows)
         assert all(sum(len(c["sampled"]) for c in r["calls"]) == sum(r["policy_token"]) for r in ledger)
     assert replay_ledger.main([str(out)]) == 0
 

@@ -287,7 +287,8 @@ def test_verifiers_episodes_cut_by_max_turns_or_left_by_a_raising_step_end_clean
          "--reward_funcs", "", "--gold_judge", "", "--max_turns", str(max_turns), "--max_new_tokens", "6",
          "--max_length", "512", "--max_trajectory_tokens", "48", "--num_return_sequences", "2",
          "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "4", "--max_steps", "2",
-         "--eval_datasets", "", "--save_steps", "0", "--train_datasets", f"prompt-only:1.0:{data}"],
+         "--eval_datasets", "", "--save_steps", "0", "--train_datasets", f"prompt-only:1.0:{data}",
+         "--max_failed_group_fraction", "0"],  # "breaks": its group, retried and dropped, stops the run
         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
     assert run.returncode == exit_code, run.stderr[-2000:]
     assert "Task was destroyed" not in run.stderr and "never retrieved" not in run.stderr, run.stderr[-3000:]

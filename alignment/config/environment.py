@@ -51,10 +51,22 @@ class EnvironmentArguments:
                                             "environment's by env_reward_weight), or None for 0. "
                                             "environment_args may name the tool-call format: {\"format\": ...}.")
     agent_timeout: float = field(300.0, gt=0, help="Seconds an agent may take for one episode; one that takes longer "
-                                                   "fails that episode (reward 0, counted in agent/errors).")
+                                                   "fails that episode (retried, then its group dropped: "
+                                                   "episode_retries).")
     max_agent_error_fraction: float = field(0.5, ge=0, le=1, help="The fraction of a step's episodes whose agent may "
-                                                                  "raise or time out; above it the run stops, naming "
-                                                                  "the agent and its first error.")
+                                                                  "raise or time out after its retries; above it "
+                                                                  "the run stops, naming the agent and its first "
+                                                                  "error.")
+    episode_retries: int = field(2, ge=0, help="Times an episode whose environment (or a tool it runs, or an agent "
+                                               "program) raises, breaks the environment API or times out is played "
+                                               "again, each time with a fresh environment (session) and its own "
+                                               "seed; one still failing drops its whole group (every answer to "
+                                               "that prompt) from the step, counted in rollout/failed_groups "
+                                               "(docs/trust.md).")
+    max_failed_group_fraction: float = field(0.5, ge=0, le=1, help="The fraction of a step's prompt groups that may "
+                                                                   "be dropped for failed episodes; above it the "
+                                                                   "run stops, naming the step and the first "
+                                                                   "error.")
     per_turn_rewards: bool = field(False, help="Place each turn's environment reward on that turn's last token "
                                                "instead of adding the episode's sum at its end: for the estimators "
                                                "that read per-token rewards (their token_level_rewards, "

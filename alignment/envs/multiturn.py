@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import paddle
 
-from alignment.envs.base import Environment, Message, StepResult, checked_reset, checked_step, checked_stop_strings
+from alignment.envs.base import (Environment, EnvironmentFailure, Message, StepResult, checked_reset, checked_step,
+                                 checked_stop_strings)
 from alignment.envs.chat import continuation_ids, prompt_text
 from alignment.models.engine import DecodeEngine, Sequence as EngineSequence
 from alignment.models.sampling import GenerationConfig
@@ -40,6 +41,7 @@ class Trajectory:
     metrics: Dict[str, float]  # StepResult metrics summed over turns: tool_calls, tool_errors, tool_time, ...
     num_turns: int = 0  # assistant turns given to the environment (a turn cut by the budget is not)
     truncated: bool = False  # ended by max_turns or the token budget rather than by the environment
+    error: Optional[str] = None  # isolate_failures: the EnvironmentFailure that ended the episode
 
     @property
     def reward(self) -> float:
@@ -121,7 +123,7 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
                        config: GenerationConfig, max_turns: int, max_total_tokens: int,
                        log_prob_temperature: float = 1.0, max_length: Optional[int] = None,
                        row_seeds: Optional[Sequence[Sequence[int]]] = None, workers: int = 16,
-                       schedule: str = "continuous") -> List[Trajectory]:
+                       schedule: str = "continuous", isolate_failures: bool = False) -> List[Trajectory]:
     """Run one episode per (environment, row) with `model` (LlamaForCausalLM) and return their Trajectories.
 
     config: the sampler (do_sample, temperature, top-k/p, repetition penalty, eos_token_id, pad_token_id);
@@ -135,7 +137,9 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
     row_seeds: one seed (a list of ints) per row when sampling: each row then draws its own random numbers, one
     per token it samples, so its episode does not depend on which other rows share its batch (one process or
     several give the same trajectories); None: paddle's generator for the whole batch. workers: environment
-    steps (and resets) run at once; schedule: a SCHEDULES name.
+    steps (and resets) run at once; schedule: a SCHEDULES name. isolate_failures: an EnvironmentFailure of one
+    row's reset or step ends that row's episode alone (its Trajectory's `error`; one failed in reset holds no
+    tokens) and the other rows go on; else it is raised.
     """
     if len(envs) != len(rows) or not rows:
         raise ValueError(f"multi_turn_rollout: {len(envs)} environments for {len(rows)} rows (one each, >= 1)")
@@ -147,12 +151,16 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
     waiting = SCHEDULES[schedule]()
     pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="alignment-env")
     try:
-        firsts = list(pool.map(checked_reset, envs, rows))  # the environments' resets overlap too
-        batch = [_start(env, messages, tokenizer, config, max_total_tokens, max_length, log_prob_temperature)
-                 for env, messages in zip(envs, firsts)]
+        resets = [pool.submit(checked_reset, env, row) for env, row in zip(envs, rows)]  # the resets overlap too
+        every = [_started(env, future, tokenizer, config, max_total_tokens, max_length, log_prob_temperature,
+                          isolate_failures) for env, future in zip(envs, resets)]
         if row_seeds is not None and config.do_sample:
-            for row, seed in zip(batch, row_seeds):
-                row.seq.rng = np.random.default_rng(list(seed))
+            for row, seed in zip(every, row_seeds):
+                if not isinstance(row, Trajectory):
+                    row.seq.rng = np.random.default_rng(list(seed))
+        batch = [row for row in every if not isinstance(row, Trajectory)]
+        if not batch:  # every reset failed
+            return every
         capacity = max_length or max(len(r.trajectory.input_ids) + r.budget for r in batch)
         engine = DecodeEngine(model, len(batch), capacity)
         by_seq = {}
@@ -170,14 +178,31 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
                     futures[pool.submit(checked_step, row.env, text)] = row
             for future in waiting.ready(list(futures), engine.busy()) if futures else []:
                 row = futures.pop(future)
-                observation = _apply_step(row, future.result(), tokenizer, max_turns)
+                try:
+                    observation = _apply_step(row, future.result(), tokenizer, max_turns)
+                except EnvironmentFailure as err:
+                    if not isolate_failures:
+                        raise
+                    row.trajectory.error, observation = str(err), None
                 if observation is None:
                     engine.release(row.seq)
                 else:
                     engine.resume(row.seq, observation)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    return [row.trajectory for row in batch]
+    return [row if isinstance(row, Trajectory) else row.trajectory for row in every]
+
+
+def _started(env: Environment, reset: cf.Future, tokenizer, config: GenerationConfig, max_total_tokens: int,
+             max_length: Optional[int], log_prob_temperature: float, isolate_failures: bool):
+    """The row's _Row once its reset has answered; with isolate_failures, a reset (or stop_strings) that failed
+    is an empty Trajectory holding the error."""
+    try:
+        return _start(env, reset.result(), tokenizer, config, max_total_tokens, max_length, log_prob_temperature)
+    except EnvironmentFailure as err:
+        if not isolate_failures:
+            raise
+        return Trajectory([], [], [], 0, [], [], [], {}, error=str(err))
 
 
 def _start(env: Environment, messages: List[Message], tokenizer, config: GenerationConfig, max_total_tokens: int,

@@ -10,13 +10,15 @@ Each episode gets a session of its own (its base URL names it) and the row's sam
 tokens depend on the row alone, as an Environment's do. The session's calls become the episode's trajectory
 (gateway/backend.py): when the agent edits its history, the new sample replaces the old one, and the old one is
 counted in `agent/prefix_breaks` and kept in the ledger's `calls`. An agent that raises or outlives
-`agent_timeout` fails its episode (reward 0, `agent/errors`, its first error printed once); above
-`max_agent_error_fraction` of a step's episodes the run stops with one line naming the agent.
+`agent_timeout` fails its episode: it is played again in a fresh session with a seed of its own up to
+`episode_retries` times, and one still failing drops its group (fault_policy.py; counted in
+`rollout/failed_episodes`, its first error printed once); above `max_agent_error_fraction` of a step's episodes
+failing the run stops with one line naming the agent.
 """
 from __future__ import annotations
 
 import secrets
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import paddle
@@ -24,9 +26,9 @@ import paddle
 from alignment.data import import_function
 from alignment.envs import EnvironmentFailure
 from alignment.envs.formats import tool_call_format
-from alignment.envs.multiturn import Trajectory
 from alignment.gateway.episodes import AgentEpisode, CurrentGateway, capped_sampler, play_episodes
-from alignment.ppo.episodes import environment_row, episode_metrics, episode_record, episode_rollout
+from alignment.ppo.fault_policy import attempt_seed, play_with_retries
+from alignment.ppo.episodes import environment_row, episode_metrics, episode_record, episode_rollout, prompt_only
 from alignment.ppo.samplers import Draw, Episodes, SingleTurn
 
 
@@ -60,27 +62,36 @@ class Agents(Episodes):
         rows = [environment_row(item) for item in draw.items for _ in range(draw.n)]
         seeds = None if draw.greedy else [[draw.seed, p * draw.n + s] for p in (
             range(len(draw.items)) if draw.positions is None else draw.positions) for s in range(draw.n)]
-
-        gateway = Gateway(actor, tokenizer, len(rows), self.max_length, self.fmt, capped_sampler(config, temperature))
-        self.current.gateway = gateway
         if self.server is None:
             self.server = GatewayServer(create_app(self.current, self.key))
         self.rollouts += 1
         budget = self.env_args.max_trajectory_tokens or self.max_length
-        rngs = [None] * len(rows) if seeds is None else [np.random.default_rng(list(s)) for s in seeds]
+        sessions = {}
         actor.eval()
-        episodes = play_episodes(gateway, self.server.base_url, self.key, self.agent, rows,
-                                 [f"r{self.rollouts}-{i}" for i in range(len(rows))], rngs, budget,
-                                 self.env_args.agent_timeout)
-        return self._rollout(episodes, gateway, draw, rows, tokenizer)
 
-    def _rollout(self, episodes: List[AgentEpisode], gateway, draw: Draw, rows, tokenizer):
-        failed = [e for e in episodes if e.error is not None or not gateway.sessions[e.session_id].samples]
-        for e in failed:
-            e.error = e.error or "made no call"
+        def play(indices: List[int], attempt: int) -> List[AgentEpisode]:  # fresh sessions every attempt
+            gateway = Gateway(actor, tokenizer, len(indices), self.max_length, self.fmt,
+                              capped_sampler(config, temperature))
+            self.current.gateway = gateway
+            rngs = [None if seeds is None else np.random.default_rng(attempt_seed(seeds[i], attempt))
+                    for i in indices]
+            names = [f"r{self.rollouts}-{i}" + (f"-retry{attempt}" if attempt else "") for i in indices]
+            episodes = play_episodes(gateway, self.server.base_url, self.key, self.agent, [rows[i] for i in indices],
+                                     names, rngs, budget, self.env_args.agent_timeout)
+            for episode in episodes:
+                sessions[episode.session_id] = gateway.sessions[episode.session_id]
+                if episode.error is None and not sessions[episode.session_id].samples:
+                    episode.error = "made no call"
+            return episodes
+
+        episodes, retries = play_with_retries(play, len(rows), self.env_args.episode_retries)
+        return self._rollout(episodes, retries, sessions, draw, tokenizer)
+
+    def _rollout(self, episodes: List[AgentEpisode], retries: List[int], sessions: dict, draw: Draw, tokenizer):
+        failed = [e for e in episodes if e.error is not None]
         if failed and not self.reported:
             print(f"agent {self.spec!r}: episode {failed[0].session_id} failed: {failed[0].error} (later failures "
-                  f"are counted in agent/errors)", flush=True)
+                  f"are counted in rollout/failed_episodes)", flush=True)
             self.reported = True
         if len(failed) > self.env_args.max_agent_error_fraction * len(episodes):
             raise AgentFailure(f"agent {self.spec!r}: {len(failed)} of {len(episodes)} episodes failed (key "
@@ -89,35 +100,29 @@ class Agents(Episodes):
         trajectories, records = [], []
         items = [item for item in draw.items for _ in range(draw.n)]
         for episode, item in zip(episodes, items):
-            session = gateway.sessions[episode.session_id]
-            trajectory = session.sample if session.samples else _no_turns(item)
+            session = sessions[episode.session_id]
+            trajectory = session.sample if session.samples else prompt_only(item)
             if episode.error is None and trajectory.turn_rewards:
                 trajectory.turn_rewards[-1] = episode.reward
+            trajectory.error = episode.error  # the trainer drops its group (fault_policy.py)
             trajectories.append(trajectory)
             records.append({"calls": session.calls, "prefix_breaks": session.prefix_breaks,
                             "agent_error": episode.error})
         rollout = episode_rollout(trajectories, items, tokenizer.pad_token_id, draw.log_prob_temperature is not None,
                                   self.env_args.env_reward_weight if self.env_args.per_turn_rewards else None)
-        for episode, extra in zip(rollout.episodes, records):
-            episode.update(extra)
+        for episode, extra, count in zip(rollout.episodes, records, retries):
+            episode.update(extra, retries=count)
         return rollout
 
     @staticmethod
     def metrics(rollout) -> Dict[str, float]:
-        """Episodes' env/* means, and agent/errors (the fraction of episodes that failed), agent/prefix_breaks and
-        agent/calls (means per episode)."""
+        """Episodes' env/* means, agent/prefix_breaks and agent/calls (means per episode); the failed episodes are
+        counted by the trainer (rollout/failed_episodes, before their groups are dropped)."""
         episodes = rollout.episodes
         out = Episodes.metrics(rollout)
-        out["agent/errors"] = float(np.mean([e["agent_error"] is not None for e in episodes]))
         out["agent/prefix_breaks"] = float(np.mean([e["prefix_breaks"] for e in episodes]))
         out["agent/calls"] = float(np.mean([len(e["calls"]) for e in episodes]))
         return out
-
-
-def _no_turns(item) -> Trajectory:
-    """An episode whose agent never called: the prompt alone (nothing to train, reward 0)."""
-    ids = list(item["input_ids"])
-    return Trajectory(ids, [0] * len(ids), [0.0] * len(ids), len(ids), [], [], [], {})
 
 
 def make_sampler(ppo, max_length: int, collate_prompts, env_args=None):

@@ -18,9 +18,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import paddle
 
-from alignment.envs.base import Environment, make_environment
+from alignment.envs.base import Environment, EnvironmentFailure, make_environment
 from alignment.envs.multiturn import (Trajectory, environment_row, final_answer,  # noqa: F401 (agents.py's)
                                      multi_turn_rollout, pad_trajectories)
+from alignment.ppo.fault_policy import attempt_seed, play_with_retries
 from alignment.ppo.rollout import Rollout
 
 
@@ -41,21 +42,44 @@ def build_environments(env_args, count: int) -> List[Environment]:
 @paddle.no_grad()
 def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args, max_length: int,
                     num_return_sequences: int = 1, row_seeds: Optional[List[List[int]]] = None,
-                    log_prob_temperature: Optional[float] = None) -> Rollout:
+                    log_prob_temperature: Optional[float] = None, keep_failed: bool = False) -> Rollout:
     """One episode per (item, return sequence), rows of one item contiguous, as a Rollout. config: the
     GenerationConfig of one turn; row_seeds: each row's own sampling seed (see multi_turn_rollout);
-    log_prob_temperature: set old_log_probs from the sampling pass (None leaves them unset)."""
+    log_prob_temperature: set old_log_probs from the sampling pass (None leaves them unset). An episode whose
+    environment fails is played again with a fresh one up to episode_retries times (fault_policy.py); one that
+    still fails is, with keep_failed, the prompt alone with its record's "error" set (the trainer drops its
+    group), else its EnvironmentFailure raised."""
     rows = [environment_row(item) for item in items for _ in range(num_return_sequences)]
+    row_items = [item for item in items for _ in range(num_return_sequences)]
     budget = env_args.max_trajectory_tokens or max_length
     # a tensor-parallel actor decodes on every rank of its group, which must take the same steps together
     schedule = "lockstep" if actor.config.tensor_parallel_degree > 1 else env_args.episode_schedule
     actor.eval()
-    trajectories = multi_turn_rollout(actor, tokenizer, build_environments(env_args, len(rows)), rows, config,
-                                      env_args.max_turns, budget, log_prob_temperature or 1.0, max_length,
-                                      row_seeds, env_args.env_workers, schedule)
-    return episode_rollout(trajectories, [item for item in items for _ in range(num_return_sequences)],
-                           config.pad_token_id, log_prob_temperature is not None,
-                           env_args.env_reward_weight if env_args.per_turn_rewards else None)
+
+    def play(indices: List[int], attempt: int) -> List[Trajectory]:  # fresh environments every attempt
+        seeds = None if row_seeds is None else [attempt_seed(row_seeds[i], attempt) for i in indices]
+        return multi_turn_rollout(actor, tokenizer, build_environments(env_args, len(indices)),
+                                  [rows[i] for i in indices], config, env_args.max_turns, budget,
+                                  log_prob_temperature or 1.0, max_length, seeds, env_args.env_workers, schedule,
+                                  isolate_failures=True)
+
+    trajectories, retries = play_with_retries(play, len(rows), env_args.episode_retries)
+    failed = next((t.error for t in trajectories if t.error is not None), None)
+    if failed is not None and not keep_failed:
+        raise EnvironmentFailure(f"{failed} (after {env_args.episode_retries} retries, key 'episode_retries')")
+    trajectories = [t if t.error is None else prompt_only(item, t.error) for t, item in zip(trajectories, row_items)]
+    rollout = episode_rollout(trajectories, row_items, config.pad_token_id, log_prob_temperature is not None,
+                              env_args.env_reward_weight if env_args.per_turn_rewards else None)
+    for record, count in zip(rollout.episodes, retries):
+        record["retries"] = count
+    return rollout
+
+
+def prompt_only(item: Mapping, error: Optional[str] = None) -> Trajectory:
+    """An episode of the prompt alone (nothing to train, reward 0): an agent's that never called, or a failed one
+    (`error`)."""
+    ids = list(item["input_ids"])
+    return Trajectory(ids, [0] * len(ids), [0.0] * len(ids), len(ids), [], [], [], {}, error=error)
 
 
 def episode_rollout(trajectories: Sequence[Trajectory], items: Sequence[Mapping], pad_id: int,
@@ -85,12 +109,12 @@ def episode_rollout(trajectories: Sequence[Trajectory], items: Sequence[Mapping]
 
 def episode_record(trajectory: Trajectory) -> Dict:
     """What logs and generation files keep of an episode; `metrics`: the environment's own numbers (StepResult's
-    fourth field), summed over the episode's turns."""
+    fourth field), summed over the episode's turns; `error`: why it failed (None: it did not)."""
     return {"turns": trajectory.num_turns, "env_reward": trajectory.reward, "truncated": trajectory.truncated,
             "tool_calls": trajectory.tool_calls, "tool_errors": trajectory.tool_errors,
             "tool_time": trajectory.tool_time, "messages": trajectory.messages,
             "trajectory_tokens": len(trajectory.input_ids) - trajectory.prompt_len,
-            "metrics": dict(trajectory.metrics)}
+            "metrics": dict(trajectory.metrics), "error": trajectory.error}
 
 
 def environment_rewards(rollout) -> np.ndarray:

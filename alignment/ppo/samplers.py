@@ -61,7 +61,8 @@ class Episodes(SingleTurn):
     """A multi-turn episode per row with the environment `env_args` names; max_new_tokens (or max_length) caps
     each turn, max_trajectory_tokens and max_length the episode. Each row samples with its own seed (the draw's
     seed and the row's place in the global batch), so any split of the batch over processes gives the same
-    episodes."""
+    episodes. An episode still failing after its retries is kept with its error (the trainer drops its group;
+    an evaluation scores its empty answer)."""
 
     def __init__(self, ppo, max_length: int, collate_prompts: Callable, env_args):
         super().__init__(ppo, max_length, collate_prompts)
@@ -78,7 +79,7 @@ class Episodes(SingleTurn):
             positions = range(len(draw.items)) if draw.positions is None else draw.positions
             seeds = [[draw.seed, p * draw.n + s] for p in positions for s in range(draw.n)]
         return sample_episodes(actor, tokenizer, draw.items, self.config(base, draw), self.env_args,
-                               self.max_length, draw.n, seeds, draw.log_prob_temperature)
+                               self.max_length, draw.n, seeds, draw.log_prob_temperature, keep_failed=True)
 
     @staticmethod
     def metrics(rollout) -> dict:

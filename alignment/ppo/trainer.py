@@ -24,7 +24,7 @@ from alignment.parallel.distributed import (barrier, data_world_size, gather_lis
 from alignment.ppo import algorithms as rl
 from alignment.ppo.agent_programs import make_sampler
 from alignment.ppo import registrations  # noqa: F401  the estimators, losses and KL estimators the arguments name
-from alignment.ppo import dapo, scoring
+from alignment.ppo import dapo, fault_policy, scoring
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.critic import make_critic
 from alignment.ppo.curriculum import prompt_stream
@@ -85,7 +85,7 @@ class PPOTrainer(MonitoredRun, Trainer):
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
             split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
         ds.check_layout(ppo_args, data_world_size(), pipelined)
-        self.step_rollouts = ds.step_rollouts(ppo_args)
+        self.step_rollouts = fault_policy.GroupFaults(ds.step_rollouts(ppo_args), env_args, pipelined)
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
             self.micro_batches = PipelineMicroBatches(self.actor, models.critic, ppo_args, train_args,
@@ -156,7 +156,7 @@ class PPOTrainer(MonitoredRun, Trainer):
         self.drawn["prompts"] += 1
         self.sampling_seed = ds.generation_seed(self.args.seed, self.global_step, attempt)
         paddle.seed(self.sampling_seed)
-        return self.rollouts.rollout(self, attempt)
+        return self.step_rollouts.without_failed_groups(self, self.rollouts.rollout(self, attempt))
 
     def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
         """Responses (or multi-turn episodes) to the prompt items, num_return_sequences each when sampling, one
@@ -175,9 +175,9 @@ class PPOTrainer(MonitoredRun, Trainer):
 
     @paddle.no_grad()
     def end_rewards(self, rollout):
-        """End rewards [N] of the rollout (reward model / server / functions, the environment's, DAPO's overlong
-        penalty) and the mean of each part (for logging)."""
-        rewards = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
+        """End rewards [N] (reward model / server / functions, environment, overlong penalty) and each part's mean."""
+        rewards = scoring.with_environment_reward(*self.step_rollouts.rewarded(self, rollout), rollout,
+                                                  self.env_reward_weight)  # a failing service: fault_policy.py
         rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout, self.reward.row_notes)
         return scoring.with_overlong_penalty(*rewards, rollout, self.ppo)
 
