@@ -46,7 +46,7 @@ def test_an_agent_on_every_route_trains_to_the_bits_of_the_environment(route, en
     for env_row, agent_row in zip(env_rows, agent_rows):
         shared = {k: v for k, v in env_row.items() if not k.startswith(NOT_COMPARED)}
         assert shared == {k: agent_row[k] for k in shared}, (route, env_row, agent_row)
-        assert agent_row["agent/errors"] == 0 and agent_row["agent/prefix_breaks"] == 0
+        assert agent_row["rollout/failed_episodes"] == 0 and agent_row["agent/prefix_breaks"] == 0
         assert agent_row["agent/calls"] == agent_row["env/turns"] > 1  # several calls made one trajectory
     assert any(r["actor_loss"] != 0 for r in env_rows)  # it trained on something
     tokens = ledger_tokens(tmp_path)
