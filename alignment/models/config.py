@@ -1,15 +1,17 @@
 """LlamaConfig: the model hyper-parameters, read from and written to a Hugging Face `config.json`.
 
-One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA), Qwen2 (q/k/v bias) and Qwen3 dense (per-head
-q/k RMSNorm), with RoPE scaling (`rope_scaling`: linear, dynamic NTK, Llama 3.1, YaRN; see rope.py), following
-transformers' key names so checkpoints move both ways between this project, paddleformers and transformers.
+One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA), Qwen2 (q/k/v bias), Qwen3 dense (per-head
+q/k RMSNorm) and ERNIE 4.5 dense (interleaved RoPE, one `use_bias` key for every projection), with RoPE scaling
+(`rope_scaling`: linear, dynamic NTK, Llama 3.1, YaRN; see rope.py), following transformers' key names so
+checkpoints move both ways between this project, paddleformers and transformers. What sets the families apart is
+one row each in FAMILIES.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Tuple
 
 from alignment.config.model_keys import model_config_problems
 from alignment.inputs import read_json
@@ -17,7 +19,29 @@ from alignment.models import paddlenlp_checkpoint
 from alignment.models.rope import RopeConfig, check_rope_scaling
 
 CONFIG_NAME = "config.json"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
+
+
+class Family(NamedTuple):
+    """What a model_type changes in the LLaMA architecture and in its config.json."""
+    architecture: str  # transformers' causal-LM class, written to `architectures`
+    sequence_classification: Optional[str] = None  # transformers' score-head class (None: transformers has none)
+    qkv_bias: bool = False  # q/k/v biases whatever attention_bias says (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    interleaved_rope: bool = False  # RoPE rotates pairs (2i, 2i + 1), not halves (i, i + d/2) (ERNIE 4.5)
+    bias_key: Optional[str] = None  # one config key for the q/k/v/o and MLP biases (ERNIE's `use_bias`)
+    fixed: Tuple[Tuple[str, Any], ...] = ()  # (key, the only value we support) when the key is present
+
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", "LlamaForSequenceClassification"),
+    "qwen2": Family("Qwen2ForCausalLM", "Qwen2ForSequenceClassification", qkv_bias=True),
+    "mistral": Family("MistralForCausalLM", "MistralForSequenceClassification"),
+    "qwen3": Family("Qwen3ForCausalLM", "Qwen3ForSequenceClassification", qk_norm=True),
+    # PaddleFormers' keys: positions divided by compression_ratio, LayerNorm instead of RMSNorm when not use_rmsnorm
+    "ernie4_5": Family("Ernie4_5ForCausalLM", interleaved_rope=True, bias_key="use_bias",
+                       fixed=(("compression_ratio", 1.0), ("use_rmsnorm", True))),
+}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
 
 
@@ -61,20 +85,28 @@ class LlamaConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         check_rope_scaling(self.rope_scaling)
+        if self.family.bias_key and self.attention_bias != self.mlp_bias:
+            raise ValueError(f"model_type {self.model_type!r} has one {self.family.bias_key!r} for the attention and "
+                             f"the MLP: attention_bias ({self.attention_bias}) and mlp_bias ({self.mlp_bias}) differ")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu' / SwiGLU)")
 
     @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
+
+    @property
     def qkv_bias(self) -> bool:
-        return self.model_type == "qwen2"
+        return self.family.qkv_bias
 
     @property
     def qk_norm(self) -> bool:
-        return self.model_type == "qwen3"
+        return self.family.qk_norm
 
     @property
     def rope(self) -> RopeConfig:
-        return RopeConfig(self.rope_theta, self.rope_scaling, self.max_position_embeddings)
+        return RopeConfig(self.rope_theta, self.rope_scaling, self.max_position_embeddings,
+                          self.family.interleaved_rope)
 
     @property
     def eos_token_ids(self) -> list:
@@ -102,6 +134,7 @@ class LlamaConfig:
         check_rope_scaling(data.get("rope_scaling"))
         if data.pop("use_sliding_window", False):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+        data = _family_keys(data)
         names = {f.name for f in dataclasses.fields(cls)} - set(RUNTIME_FIELDS)
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names}
@@ -112,8 +145,11 @@ class LlamaConfig:
         for field in dataclasses.fields(self):
             if field.name not in RUNTIME_FIELDS:
                 out[field.name] = getattr(self, field.name)
-        out["architectures"] = self.architectures or [_ARCHITECTURE[self.model_type]]
+        out["architectures"] = self.architectures or [self.family.architecture]
         out.setdefault("torch_dtype", "float32")
+        if self.family.bias_key:  # one key for both, as the family's own config class reads it
+            out[self.family.bias_key] = out.pop("attention_bias")
+            del out["mlp_bias"]
         return out
 
     @classmethod
@@ -136,8 +172,22 @@ class LlamaConfig:
             f.write("\n")
 
 
-_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+def _family_keys(data: dict) -> dict:
+    """The family's own keys -> ours: a bias key sets attention_bias and mlp_bias; a fixed key with another value
+    is refused, naming it."""
+    family = FAMILIES.get(data.get("model_type", "llama"))
+    if family is None:
+        return data  # refused in __post_init__, naming the supported types
+    for key, value in family.fixed:
+        if key in data and data[key] != value:
+            raise ValueError(f"key {key!r} {data[key]!r} is not supported for model_type {data['model_type']!r} "
+                             f"(only {value!r})")
+    if family.bias_key and family.bias_key in data:
+        bias = data.pop(family.bias_key)
+        if not isinstance(bias, bool):
+            raise ValueError(f"key {family.bias_key!r} must be true or false, got {bias!r}")
+        data["attention_bias"] = data["mlp_bias"] = bias
+    return data
 
 
 def check_tensor_split(tp: int, config, path: str) -> None:
