@@ -180,8 +180,8 @@ def _family_keys(data: dict) -> dict:
         return data  # refused in __post_init__, naming the supported types
     for key, value in family.fixed:
         if key in data and data[key] != value:
-            raise ValueError(f"key {key!r} {data[key]!r} is not supported for model_type {data['model_type']!r} "
-                             f"(only {value!r})")
+            raise ValueError(f"key {key!r} {json.dumps(data[key])} is not supported for model_type "
+                             f"{data['model_type']!r} (only {json.dumps(value)})")
     if family.bias_key and family.bias_key in data:
         bias = data.pop(family.bias_key)
         if not isinstance(bias, bool):
