@@ -104,14 +104,22 @@ def test_an_untied_paddleformers_head_is_read_in_paddles_layout(tmp_path):
                                   load_file(os.path.join(FIXTURE, "model.safetensors"))["model.embed_tokens.weight"].T)
 
 
-def test_paddleformers_1x_keys_with_transformers_names_load_the_same(tmp_path):
-    """PaddleFormers 1.x saves ERNIE 4.5 in transformers' tensor names, with its own config keys."""
-    shutil.copytree(FIXTURE, tmp_path / "pf1")
-    config = fixture_config()
-    config.update(paddleformers_version="1.2.0", tensor_model_parallel_size=1, apply_rope_fusion=False,
-                  rope_theta=500000.0)
-    json.dump(config, open(tmp_path / "pf1" / "config.json", "w"))
-    np.testing.assert_array_equal(logits_of(tmp_path / "pf1"), logits_of(FIXTURE))
+def test_what_paddleformers_1_2_writes_loads_the_same(tmp_path):
+    """PaddleFormers 1.2.0's save_pretrained of the fixture (run once in a venv with it): transformers' tensor names,
+    the same weights as one shard + index, and a config.json whose top-level rope_theta is its class default 10000
+    beside rope_parameters' 500000 (which transformers and PaddleFormers use)."""
+    os.makedirs(tmp_path / "pf")
+    shard = "model-00001-of-00001.safetensors"
+    shutil.copy(os.path.join(FIXTURE, "model.safetensors"), tmp_path / "pf" / shard)
+    names = load_file(os.path.join(FIXTURE, "model.safetensors"))
+    json.dump({"metadata": {"total_size": sum(t.nbytes for t in names.values())},
+               "weight_map": {name: shard for name in names}}, open(tmp_path / "pf" / "model.safetensors.index.json", "w"))
+    config = {key: value for key, value in fixture_config().items() if key not in ("dtype", "transformers_version")}
+    config.update(fuse_rms_norm=False, initializer_range=0.0721651751193053, paddleformers_version="1.2.0",
+                  rope_theta=10000, torch_dtype="float32")
+    json.dump(config, open(tmp_path / "pf" / "config.json", "w"))
+    assert LlamaConfig.from_pretrained(str(tmp_path / "pf")).rope_theta == 500000.0
+    np.testing.assert_array_equal(logits_of(tmp_path / "pf"), logits_of(FIXTURE))
 
 
 def test_use_bias_gives_every_projection_a_bias_and_is_saved_as_one_key(tmp_path):

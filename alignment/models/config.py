@@ -124,8 +124,8 @@ class LlamaConfig:
         data = dict(data)
         rope = data.pop("rope_parameters", None)  # transformers 5: theta and scaling in one object
         if isinstance(rope, dict):
-            if "rope_theta" in rope and "rope_theta" not in data:
-                data["rope_theta"] = rope["rope_theta"]
+            if "rope_theta" in rope:  # over a top-level rope_theta, as transformers 5 and PaddleFormers read them
+                data["rope_theta"] = rope["rope_theta"]  # (PaddleFormers 1.2 writes a stale top-level default)
             scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
             if check_rope_scaling(scaling, "rope_parameters") != "default" and data.get("rope_scaling") is None:
                 data["rope_scaling"] = scaling
