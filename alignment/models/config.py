@@ -4,15 +4,16 @@ One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA), Qwen2 (q/
 q/k RMSNorm) and ERNIE 4.5 dense (interleaved RoPE, one `use_bias` key for every projection), with RoPE scaling
 (`rope_scaling`: linear, dynamic NTK, Llama 3.1, YaRN; see rope.py), following transformers' key names so
 checkpoints move both ways between this project, paddleformers and transformers. What sets the families apart is
-one row each in FAMILIES.
+one row each in FAMILIES (alignment/config/model_families.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Optional
 
+from alignment.config.model_families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_keys
 from alignment.config.model_keys import model_config_problems
 from alignment.inputs import read_json
 from alignment.models import paddlenlp_checkpoint
@@ -21,27 +22,6 @@ from alignment.models.rope import RopeConfig, check_rope_scaling
 CONFIG_NAME = "config.json"
 
 
-class Family(NamedTuple):
-    """What a model_type changes in the LLaMA architecture and in its config.json."""
-    architecture: str  # transformers' causal-LM class, written to `architectures`
-    sequence_classification: Optional[str] = None  # transformers' score-head class (None: transformers has none)
-    qkv_bias: bool = False  # q/k/v biases whatever attention_bias says (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
-    interleaved_rope: bool = False  # RoPE rotates pairs (2i, 2i + 1), not halves (i, i + d/2) (ERNIE 4.5)
-    bias_key: Optional[str] = None  # one config key for the q/k/v/o and MLP biases (ERNIE's `use_bias`)
-    fixed: Tuple[Tuple[str, Any], ...] = ()  # (key, the only value we support) when the key is present
-
-
-FAMILIES = {
-    "llama": Family("LlamaForCausalLM", "LlamaForSequenceClassification"),
-    "qwen2": Family("Qwen2ForCausalLM", "Qwen2ForSequenceClassification", qkv_bias=True),
-    "mistral": Family("MistralForCausalLM", "MistralForSequenceClassification"),
-    "qwen3": Family("Qwen3ForCausalLM", "Qwen3ForSequenceClassification", qk_norm=True),
-    # PaddleFormers' keys: positions divided by compression_ratio, LayerNorm instead of RMSNorm when not use_rmsnorm
-    "ernie4_5": Family("Ernie4_5ForCausalLM", interleaved_rope=True, bias_key="use_bias",
-                       fixed=(("compression_ratio", 1.0), ("use_rmsnorm", True))),
-}
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
 
 
@@ -134,7 +114,7 @@ class LlamaConfig:
         check_rope_scaling(data.get("rope_scaling"))
         if data.pop("use_sliding_window", False):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
-        data = _family_keys(data)
+        data = family_keys(data)
         names = {f.name for f in dataclasses.fields(cls)} - set(RUNTIME_FIELDS)
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names}
@@ -170,24 +150,6 @@ class LlamaConfig:
         with open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, indent=2, sort_keys=True)
             f.write("\n")
-
-
-def _family_keys(data: dict) -> dict:
-    """The family's own keys -> ours: a bias key sets attention_bias and mlp_bias; a fixed key with another value
-    is refused, naming it."""
-    family = FAMILIES.get(data.get("model_type", "llama"))
-    if family is None:
-        return data  # refused in __post_init__, naming the supported types
-    for key, value in family.fixed:
-        if key in data and data[key] != value:
-            raise ValueError(f"key {key!r} {json.dumps(data[key])} is not supported for model_type "
-                             f"{data['model_type']!r} (only {json.dumps(value)})")
-    if family.bias_key and family.bias_key in data:
-        bias = data.pop(family.bias_key)
-        if not isinstance(bias, bool):
-            raise ValueError(f"key {family.bias_key!r} must be true or false, got {bias!r}")
-        data["attention_bias"] = data["mlp_bias"] = bias
-    return data
 
 
 def check_tensor_split(tp: int, config, path: str) -> None:
