@@ -2,7 +2,7 @@
 Ernie4_5ForCausalLM; logits and greedy tokens are checked with the other families in tests/test_model_families.py):
 the interleaved RoPE is what makes the logits match, PaddleFormers' names and config keys load to the same model,
 `use_bias` gives every projection a bias and is written back as one key, and a PaddleFormers key we do not support is
-one line naming it."""
+one line naming it. Greedy tokens through the compiled decode step are transformers'."""
 import json
 import os
 import shutil
@@ -15,7 +15,9 @@ from safetensors.numpy import load_file, save_file
 from alignment.commands import generate as generate_command
 from alignment.models import LlamaConfig, LlamaForCausalLM
 from alignment.models.rope import rotate_half_matrix
+from alignment.models.static_decode import StaticDecoder
 from tests.bad_input_harness import case, run_case
+from tests.test_model_families import greedy
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "models", "ernie4_5")
 
@@ -49,6 +51,13 @@ def test_the_same_weights_with_llamas_rope_layout_give_other_logits(tmp_path):
     json.dump(config, open(tmp_path / "as_llama" / "config.json", "w"))
     gap = np.abs(logits_of(tmp_path / "as_llama") - reference()["logits"]).max()
     assert gap > 0.1, gap  # the families' tolerance is 1e-5 of the largest |logit| (~5.5)
+
+
+def test_the_compiled_decode_step_gives_transformers_greedy_tokens():
+    """The interleaved tables inside the compiled step (static_decode.py); fused and layer steps: the families test."""
+    model = LlamaForCausalLM.from_pretrained(FIXTURE)
+    np.testing.assert_array_equal(greedy(model, reference(), static=StaticDecoder(model)),
+                                  reference()["greedy_tokens"])
 
 
 def paddleformers_checkpoint(path, tie: bool = True) -> None:
