@@ -1,6 +1,7 @@
 """Model families and RoPE scalings against HF transformers (tests/fixtures/models, made by
 tools/make_model_fixtures.py): Llama 3.1 (`llama3`), linear, dynamic NTK and YaRN RoPE scaling on a tied LLaMA
-(Llama 3.2's layout), and Qwen3 dense (per-head q/k RMSNorm, head_dim != hidden / heads, tied). Logits equal
+(Llama 3.2's layout), Qwen3 dense (per-head q/k RMSNorm, head_dim != hidden / heads, tied) and ERNIE 4.5 dense
+(interleaved RoPE, head_dim != hidden / heads, tied; its own checks in tests/test_ernie4_5.py). Logits equal
 transformers' within 1e-5 relative, greedy tokens through the decode engine (KV cache) are transformers' own,
 save -> load keeps the HF tensor names and the logits, and a rope type we lack is one line naming those we have."""
 import json
@@ -21,7 +22,7 @@ from alignment.models.static_decode import StaticDecoder
 from tests.bad_input_harness import case, run_case
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
-NAMES = ["llama3", "linear", "dynamic", "yarn", "qwen3"]
+NAMES = ["llama3", "linear", "dynamic", "yarn", "qwen3", "ernie4_5"]
 NEW_TOKENS = 8
 
 
@@ -82,6 +83,7 @@ def test_save_then_load_keeps_the_hf_tensor_names_config_and_logits(name, tmp_pa
     assert (saved["rope_scaling"] or {"rope_type": "default"}) == rope
     assert saved["tie_word_embeddings"] is True and saved["head_dim"] == hf["head_dim"]
     assert saved["architectures"] == hf["architectures"] and saved["model_type"] == hf["model_type"]
+    assert saved.get("use_bias") == hf.get("use_bias")  # ERNIE's one bias key, as transformers reads it
     again, _ = load(name, str(tmp_path / "saved"))
     ids = reference["input_ids"]
     np.testing.assert_array_equal(logits_of(again, ids), logits_of(model, ids))

@@ -31,7 +31,8 @@ def write_config(tmp_path, config, name="model"):
 
 
 @pytest.mark.parametrize("overrides", [{}, {"tie_word_embeddings": True}, {"attention_bias": True, "mlp_bias": True},
-                                       {"model_type": "qwen2"}], ids=["untied", "tied", "biases", "qwen2"])
+                                       {"model_type": "qwen2"}, {"model_type": "ernie4_5", "use_bias": True}],
+                         ids=["untied", "tied", "biases", "qwen2", "ernie4_5-use_bias"])
 def test_parameter_count_matches_the_repo_model(tmp_path, overrides):
     from alignment.models import LlamaConfig, LlamaForCausalLM
 

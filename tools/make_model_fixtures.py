@@ -30,7 +30,8 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transf
 import numpy as np
 import torch
 from safetensors.numpy import save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (AutoModelForCausalLM, Ernie4_5Config, Ernie4_5ForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 # tools/make_hf_reference.py: N(0, 0.2) weights (logits far from uniform), file modes, --help and versions
 from make_hf_reference import begin, readable, reinit_
@@ -61,6 +62,10 @@ FIXTURES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(COMMON, head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256,
                                                   attention_bias=False, use_sliding_window=False,
                                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}), 12, 10),
+    # ERNIE-4.5-0.3B's layout: head_dim 2 x hidden / heads, no biases, eps 1e-5, theta 500000, interleaved RoPE
+    "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, dict(COMMON, head_dim=32, rms_norm_eps=1e-5, use_bias=False,
+                                                           max_position_embeddings=256, rope_parameters={
+                                                               "rope_type": "default", "rope_theta": 500000.0}), 12, 10),
 }
 
 

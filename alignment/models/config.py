@@ -1,8 +1,10 @@
 """LlamaConfig: the model hyper-parameters, read from and written to a Hugging Face `config.json`.
 
-One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA), Qwen2 (q/k/v bias) and Qwen3 dense (per-head
-q/k RMSNorm), with RoPE scaling (`rope_scaling`: linear, dynamic NTK, Llama 3.1, YaRN; see rope.py), following
-transformers' key names so checkpoints move both ways between this project, paddleformers and transformers.
+One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA), Qwen2 (q/k/v bias), Qwen3 dense (per-head
+q/k RMSNorm) and ERNIE 4.5 dense (interleaved RoPE, one `use_bias` key for every projection), with RoPE scaling
+(`rope_scaling`: linear, dynamic NTK, Llama 3.1, YaRN; see rope.py), following transformers' key names so
+checkpoints move both ways between this project, paddleformers and transformers. What sets the families apart is
+one row each in FAMILIES (alignment/config/model_families.py).
 """
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ import json
 import os
 from typing import Any, Optional
 
+from alignment.config.model_families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_keys
 from alignment.config.model_keys import model_config_problems
 from alignment.inputs import read_json
 from alignment.models import paddlenlp_checkpoint
 from alignment.models.rope import RopeConfig, check_rope_scaling
 
 CONFIG_NAME = "config.json"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
 
 
@@ -61,20 +63,28 @@ class LlamaConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         check_rope_scaling(self.rope_scaling)
+        if self.family.bias_key and self.attention_bias != self.mlp_bias:
+            raise ValueError(f"model_type {self.model_type!r} has one {self.family.bias_key!r} for the attention and "
+                             f"the MLP: attention_bias ({self.attention_bias}) and mlp_bias ({self.mlp_bias}) differ")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu' / SwiGLU)")
 
     @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
+
+    @property
     def qkv_bias(self) -> bool:
-        return self.model_type == "qwen2"
+        return self.family.qkv_bias
 
     @property
     def qk_norm(self) -> bool:
-        return self.model_type == "qwen3"
+        return self.family.qk_norm
 
     @property
     def rope(self) -> RopeConfig:
-        return RopeConfig(self.rope_theta, self.rope_scaling, self.max_position_embeddings)
+        return RopeConfig(self.rope_theta, self.rope_scaling, self.max_position_embeddings,
+                          self.family.interleaved_rope)
 
     @property
     def eos_token_ids(self) -> list:
@@ -92,8 +102,8 @@ class LlamaConfig:
         data = dict(data)
         rope = data.pop("rope_parameters", None)  # transformers 5: theta and scaling in one object
         if isinstance(rope, dict):
-            if "rope_theta" in rope and "rope_theta" not in data:
-                data["rope_theta"] = rope["rope_theta"]
+            if "rope_theta" in rope:  # over a top-level rope_theta, as transformers 5 and PaddleFormers read them
+                data["rope_theta"] = rope["rope_theta"]  # (PaddleFormers 1.2 writes a stale top-level default)
             scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
             if check_rope_scaling(scaling, "rope_parameters") != "default" and data.get("rope_scaling") is None:
                 data["rope_scaling"] = scaling
@@ -102,6 +112,7 @@ class LlamaConfig:
         check_rope_scaling(data.get("rope_scaling"))
         if data.pop("use_sliding_window", False):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+        data = family_keys(data)
         names = {f.name for f in dataclasses.fields(cls)} - set(RUNTIME_FIELDS)
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names}
@@ -112,8 +123,11 @@ class LlamaConfig:
         for field in dataclasses.fields(self):
             if field.name not in RUNTIME_FIELDS:
                 out[field.name] = getattr(self, field.name)
-        out["architectures"] = self.architectures or [_ARCHITECTURE[self.model_type]]
+        out["architectures"] = self.architectures or [self.family.architecture]
         out.setdefault("torch_dtype", "float32")
+        if self.family.bias_key:  # one key for both, as the family's own config class reads it
+            out[self.family.bias_key] = out.pop("attention_bias")
+            del out["mlp_bias"]
         return out
 
     @classmethod
@@ -134,10 +148,6 @@ class LlamaConfig:
         with open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, indent=2, sort_keys=True)
             f.write("\n")
-
-
-_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
 
 
 def check_tensor_split(tp: int, config, path: str) -> None:

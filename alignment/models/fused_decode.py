@@ -25,7 +25,8 @@ float rounding at batch 2-15 (SmolLM2, greedy, 64 tokens: the same tokens, log-p
 the same bits at batch 32).
 
 Only plain single-process models qualify (`fusable`): LoRA adapters, tensor parallelism, biases, Qwen3's q/k norms
-or a non-float32 model decode through the layers. RoPE scaling is the model's (rope.py), row by row of the tables.
+or a non-float32 model decode through the layers. RoPE scaling and layout are the model's (rope.py), row by row of
+the tables.
 """
 from __future__ import annotations
 
@@ -131,7 +132,7 @@ class FusedDecoder:
         self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
         self.load_weights(model)
-        self.rotate = rotate_half_matrix(self.head_dim, paddle.float32)
+        self.rotate = rotate_half_matrix(self.head_dim, paddle.float32, self.rope.interleaved)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]
 
     def load_weights(self, model) -> None:

@@ -1,5 +1,6 @@
 """A LLaMA-family causal LM in plain Paddle: RMSNorm, RoPE (rope.py), grouped-query attention, SwiGLU, KV cache;
-Qwen2's q/k/v bias and Qwen3's per-head q/k RMSNorm.
+Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, ERNIE 4.5's interleaved RoPE and `use_bias` (the family's row
+in config.py's FAMILIES).
 
 Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so checkpoint
 conversion is a transpose of the Linear weights (Paddle stores them [in, out], HF [out, in]); see checkpoint.py.

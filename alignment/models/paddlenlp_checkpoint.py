@@ -8,16 +8,25 @@ arrays, read by pdparams.py's restricted unpickler, never `paddle.load`: a craft
 `lm_head.weight` [hidden, vocab]; `fuse_attention_qkv` / `fuse_attention_ffn` store `qkv_proj` (per kv head: its
 query group, its key, its value) and `gate_up_fused_proj` (gate half, then up half).
 
+PaddleFormers' ERNIE 4.5 (`model_type: ernie4_5`; the ERNIE-4.5-*-Paddle checkpoints, ERNIEKit) has its own
+names (LAYOUTS): prefix `ernie.`, `qkv_proj` as [all query heads | all key heads | all value heads] and
+`up_gate_proj` as [gate | up], both [in, out]; a tied `lm_head.weight` is the [vocab, hidden] embedding, an untied one
+[hidden, vocab] (Baidu's ERNIE repository, tools/paddle2torch, converts them so); its config.json adds kernel switches
+(`fuse_rope`, `use_flash_attention`, ...), dropped here, and `compression_ratio` / `use_rmsnorm`, which config.py
+checks. PaddleFormers
+1.x writes ERNIE 4.5 in transformers' names instead, read as an HF checkpoint.
+
 `load_state_dict` returns {HF name: (tensor in HF's [out, in] layout, file)}, what checkpoint.load_hf_state_dict
 returns for an HF checkpoint; `hf_config_dict` turns PaddleNLP's config.json keys into ours. Tested on checkpoints
-PaddleNLP itself wrote (tests/fixtures/paddlenlp_checkpoints/, tools/make_paddlenlp_fixture.py).
+PaddleNLP itself wrote (tests/fixtures/paddlenlp_checkpoints/, tools/make_paddlenlp_fixture.py) and, for ERNIE 4.5,
+on transformers' fixture renamed to PaddleFormers' layout (tests/test_ernie4_5.py).
 """
 from __future__ import annotations
 
 import contextlib
 import glob
 import os
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, NamedTuple
 
 import paddle
 from safetensors import SafetensorError, safe_open
@@ -30,7 +39,7 @@ PDPARAMS_NAME = "model_state.pdparams"
 PDPARAMS_INDEX_NAME = "model_state.pdparams.index.json"
 SAFE_NAME = "model.safetensors"
 SAFE_INDEX_NAME = "model.safetensors.index.json"
-BASE_PREFIXES = ("llama.", "qwen2.")  # PaddleNLP's base_model_prefix of the supported model types
+BASE_PREFIXES = ("llama.", "qwen2.", "ernie.")  # PaddleNLP's / PaddleFormers' base_model_prefix of our model types
 BARE_PREFIXES = ("embed_tokens.", "layers.", "norm.")  # a base model (LlamaModel) saved on its own
 # PaddleNLP training / kernel switches: nothing to do with the weights, never written to our config.json
 RUNTIME_KEYS = (
@@ -41,7 +50,22 @@ RUNTIME_KEYS = (
     "rope_scaling_factor", "rope_scaling_type", "sep_parallel_degree", "seq_length", "sequence_parallel",
     "tensor_parallel_output", "tensor_parallel_rank", "use_fused_rms_norm", "use_fused_rope",
     "use_flash_attention", "use_long_sequence_strategies", "use_recompute", "virtual_pp_degree",
+    # PaddleFormers' ERNIE 4.5: those Baidu's paddle2torch drops but compression_ratio and use_rmsnorm (config.py
+    # checks them)
+    "add_tail_layers", "fuse_gate_detach_matmul", "fuse_linear", "fuse_ln", "fuse_rms_norm", "fuse_swiglu",
+    "max_sequence_length", "model_name", "use_fast_ln",
 )
+
+
+class Layout(NamedTuple):
+    """How a model type's fused projections are stored: names and the order of their parts."""
+    qkv: str  # the fused q/k/v projection's name
+    grouped_qkv: bool  # per kv head (its query group, its key, its value), else [all q | all k | all v]
+    gate_up: str  # the fused gate/up projection's name ([gate | up])
+
+
+PADDLENLP = Layout("qkv_proj", True, "gate_up_fused_proj")
+LAYOUTS = {"ernie4_5": Layout("qkv_proj", False, "up_gate_proj")}  # model_type -> its layout; others PADDLENLP
 FileReader = Callable[[str], Dict[str, paddle.Tensor]]
 
 
@@ -127,9 +151,10 @@ def hf_name(name: str) -> str:
     return "model." + name if name.startswith(BARE_PREFIXES) else name
 
 
-def _split_qkv(tensor: paddle.Tensor, config: dict, file: str, name: str) -> List[paddle.Tensor]:
+def _split_qkv(tensor: paddle.Tensor, config: dict, file: str, name: str, grouped: bool) -> List[paddle.Tensor]:
     """A fused qkv_proj weight [hidden, kv * (groups + 2) * d] (or bias [kv * (groups + 2) * d]) -> q, k, v in the
-    same orientation: per kv head PaddleNLP stores its `groups` query heads, then its key, then its value."""
+    same orientation. grouped (PaddleNLP): per kv head its `groups` query heads, then its key, then its value; else
+    all query heads, then all keys, then all values."""
     heads, kv = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
     d = config.get("head_dim") or config["hidden_size"] // heads
     groups = heads // kv
@@ -137,6 +162,8 @@ def _split_qkv(tensor: paddle.Tensor, config: dict, file: str, name: str) -> Lis
     if tensor.shape[-1] != kv * (groups + 2) * d:
         raise ValueError(f"{file}: tensor {name} has shape {list(tensor.shape)}, the config expects last dimension "
                          f"{kv * (groups + 2) * d} ({heads} heads, {kv} key/value heads, head_dim {d})")
+    if not grouped:
+        return paddle.split(tensor, [heads * d, kv * d, kv * d], axis=-1)
     parts = tensor.reshape(lead + [kv, groups + 2, d])
     q, k, v = paddle.split(parts, [groups, 1, 1], axis=-2)
     return [p.reshape(lead + [-1]) for p in (q, k, v)]
@@ -144,17 +171,17 @@ def _split_qkv(tensor: paddle.Tensor, config: dict, file: str, name: str) -> Lis
 
 def _hf_tensors(name: str, tensor: paddle.Tensor, config: dict, file: str) -> Dict[str, paddle.Tensor]:
     """One PaddleNLP tensor -> {HF name: tensor in HF orientation} (fused projections give several)."""
-    target = hf_name(name)
-    if ".self_attn.qkv_proj." in target:
-        q, k, v = _split_qkv(tensor, config, file, name)
-        return {target.replace("qkv_proj", proj): _hf_orientation(t) for proj, t in zip(("q_proj", "k_proj",
+    target, layout = hf_name(name), LAYOUTS.get(config.get("model_type"), PADDLENLP)
+    if f".self_attn.{layout.qkv}." in target:
+        q, k, v = _split_qkv(tensor, config, file, name, layout.grouped_qkv)
+        return {target.replace(layout.qkv, proj): _hf_orientation(t) for proj, t in zip(("q_proj", "k_proj",
                                                                                         "v_proj"), (q, k, v))}
-    if ".mlp.gate_up_fused_proj." in target:
+    if f".mlp.{layout.gate_up}." in target:
         if tensor.shape[-1] % 2:
             raise ValueError(f"{file}: tensor {name} has shape {list(tensor.shape)}, an odd fused gate/up width")
         gate, up = paddle.chunk(tensor, 2, axis=-1)
-        return {target.replace("gate_up_fused_proj", "gate_proj"): _hf_orientation(gate),
-                target.replace("gate_up_fused_proj", "up_proj"): _hf_orientation(up)}
+        return {target.replace(layout.gate_up, "gate_proj"): _hf_orientation(gate),
+                target.replace(layout.gate_up, "up_proj"): _hf_orientation(up)}
     if target.endswith("embed_tokens.weight"):
         return {target: tensor}
     return {target: _hf_orientation(tensor)}

@@ -1,5 +1,7 @@
 """Rotary position embeddings (RoPE): the inverse frequencies of each rope type, and the cos / sin tables that q
-and k are rotated with (HF's rotate-half layout: both halves of a head share the frequencies).
+and k are rotated with. Two layouts of a head's d features: HF's rotate-half (LLaMA, Qwen: feature i turns with
+feature i + d/2, both halves share the frequencies) and interleaved (ERNIE 4.5, GPT-J: feature 2i with 2i + 1, each
+frequency repeated for its pair), `RopeConfig.interleaved`.
 
 config.json's `rope_scaling` (transformers 5 writes it inside `rope_parameters`) names the type by `rope_type` or
 the legacy `type`. Each type is a pure function in ROPE_TYPES, computed as transformers' ROPE_INIT_FUNCTIONS are, in
@@ -24,6 +26,7 @@ class RopeConfig(NamedTuple):
     theta: float  # rope_theta
     scaling: Optional[dict] = None  # config.json's rope_scaling (None: plain RoPE)
     max_positions: int = 2048  # max_position_embeddings (dynamic NTK's original length, YaRN's default one)
+    interleaved: bool = False  # pairs (2i, 2i + 1) rotate, not halves (i, i + d/2)
 
 
 def _exponents(head_dim: int):
@@ -147,7 +150,10 @@ def rope_cos_sin(position_ids, head_dim: int, rope: RopeConfig, dtype):
     fn = ROPE_TYPES[rope_type(rope.scaling)]
     inv_freq, attention_factor = fn(rope.scaling, head_dim, rope.theta, rope.max_positions, position_ids)
     freqs = position_ids.astype("float32").unsqueeze(-1) * inv_freq.unsqueeze(1)  # [b, s, d/2]
-    emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)  # [b, s, 1, d]
+    if rope.interleaved:  # f0 f0 f1 f1 ...
+        emb = paddle.stack([freqs, freqs], axis=-1).flatten(start_axis=2).unsqueeze(2)  # [b, s, 1, d]
+    else:  # f0 f1 ... f0 f1 ...
+        emb = paddle.concat([freqs, freqs], axis=-1).unsqueeze(2)  # [b, s, 1, d]
     cos, sin = emb.cos(), emb.sin()
     if attention_factor != 1.0:
         cos, sin = paddle.scale(cos, attention_factor), paddle.scale(sin, attention_factor)
@@ -157,8 +163,8 @@ def rope_cos_sin(position_ids, head_dim: int, rope: RopeConfig, dtype):
 class Rotary(NamedTuple):
     """RoPE tables built once per forward: cos, sin [b, s, heads, d] for q and for k, already expanded over the
     heads (same-shape multiplies were ~7x faster than broadcasting ones on CPU, forward and backward; measured),
-    and `rotate` [d, d], HF's rotate-half as a signed permutation matrix, so rotate_half(x) = x @ rotate is one
-    exact matmul instead of a split, a negation and a concat. q's tables carry attention's 1 / sqrt(d), so the
+    and `rotate` [d, d], the layout's rotate-half as a signed permutation matrix, so rotate_half(x) = x @ rotate is
+    one exact matmul instead of a split, a negation and a concat. q's tables carry attention's 1 / sqrt(d), so the
     scores need no scaling pass (exact when d is a power of 4). q and k are rotated separately: concatenating
     them for one rotation and splitting after took 3.1 vs 2.1 ms forward + backward at [16, 46, 4 + 4, 64] and
     9.7 vs 6.2 ms at SmolLM2's [8, 128, 9 + 3, 64] (the same values bit for bit; measured)."""
@@ -181,15 +187,18 @@ def rotary_tables(position_ids, head_dim: int, rope: RopeConfig, dtype, q_heads:
 
     # q's tables are scaled in float32, before any cast to a half-precision dtype (one rounding)
     return Rotary(per_head(paddle.scale(cos, scale), q_heads), per_head(paddle.scale(sin, scale), q_heads),
-                  per_head(cos, kv_heads), per_head(sin, kv_heads), rotate_half_matrix(head_dim, dtype))
+                  per_head(cos, kv_heads), per_head(sin, kv_heads),
+                  rotate_half_matrix(head_dim, dtype, rope.interleaved))
 
 
-def rotate_half_matrix(head_dim: int, dtype) -> paddle.Tensor:
-    """[d, d]: HF's rotate-half as a signed permutation, rotate_half(x) = x @ it (exact: one nonzero per column)."""
-    half = head_dim // 2
+def rotate_half_matrix(head_dim: int, dtype, interleaved: bool = False) -> paddle.Tensor:
+    """[d, d]: rotate-half as a signed permutation, rotate_half(x) = x @ it (exact: one nonzero per column).
+    HF's layout: out[i] = -x[i + d/2], out[i + d/2] = x[i]; interleaved: out[2i] = -x[2i + 1], out[2i + 1] = x[2i]."""
+    half = np.arange(head_dim // 2)
+    first, second = (2 * half, 2 * half + 1) if interleaved else (half, half + head_dim // 2)
     rotate = np.zeros([head_dim, head_dim], dtype="float32")
-    rotate[np.arange(half), np.arange(half) + half] = 1.0  # out[half + i] = x[i]
-    rotate[np.arange(half) + half, np.arange(half)] = -1.0  # out[i] = -x[half + i]
+    rotate[first, second] = 1.0  # out[second] = x[first]
+    rotate[second, first] = -1.0  # out[first] = -x[second]
     return paddle.to_tensor(rotate).astype(dtype)
 
 

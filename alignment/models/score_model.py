@@ -1,7 +1,8 @@
 """Score models (reward, cost, critic): a LLaMA-family backbone with a linear score head.
 
 Saved as HF's `LlamaForSequenceClassification` layout (`model.*` + `score.weight`, `num_labels` in config.json), so
-transformers' `AutoModelForSequenceClassification` loads it; the score normalizer goes to `score_normalizer.json`.
+transformers' `AutoModelForSequenceClassification` loads it (ERNIE 4.5 has no such class in transformers: its score
+checkpoints carry no `architectures` and load here only); the score normalizer goes to `score_normalizer.json`.
 Starting from a causal-LM checkpoint initialises the head (and ignores `lm_head`); a score checkpoint restores it.
 """
 from __future__ import annotations
@@ -18,9 +19,6 @@ from alignment.models.llama import LlamaModel, init_weights
 from alignment.models.normalizer import NORMALIZER_TYPES, load_normalizer, make_normalizer
 
 SCORE_TYPES = ("reward", "cost", "critic")
-_SEQUENCE_CLASSIFICATION = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification",
-                            "mistral": "MistralForSequenceClassification",
-                            "qwen3": "Qwen3ForSequenceClassification"}
 
 
 @dataclasses.dataclass
@@ -49,7 +47,10 @@ class ScoreConfig(LlamaConfig):
 
     def to_dict(self) -> dict:
         out = super().to_dict()
-        out["architectures"] = [_SEQUENCE_CLASSIFICATION[self.model_type]]
+        if self.family.sequence_classification:
+            out["architectures"] = [self.family.sequence_classification]
+        else:  # transformers has no score-head class for the family (ERNIE 4.5): it loads here only
+            out.pop("architectures")
         return out
 
 

@@ -10,6 +10,7 @@ import collections
 import math
 import os
 
+from alignment.config.model_families import FAMILIES, family_keys
 from alignment.config.model_keys import model_config_problems
 from alignment.inputs import read_json
 from alignment.parallel.layout import Layout
@@ -43,10 +44,15 @@ def load_model(path: str) -> Model:
     problems = model_config_problems(cfg) if isinstance(cfg, dict) else ["a model config must be a JSON object"]
     if problems:
         raise PlanError(f"{file}: " + "; ".join(problems))
+    try:
+        cfg = family_keys(dict(cfg))  # ERNIE's use_bias -> attention_bias and mlp_bias
+    except ValueError as err:
+        raise PlanError(f"{file}: {err}") from None
+    family = FAMILIES.get(cfg.get("model_type", "llama"), FAMILIES["llama"])
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     return Model(h, cfg["intermediate_size"], cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads") or heads,
                  cfg.get("head_dim") or h // heads, cfg["vocab_size"], bool(cfg.get("tie_word_embeddings", False)),
-                 bool(cfg.get("attention_bias")) or cfg.get("model_type") == "qwen2", bool(cfg.get("attention_bias")),
+                 bool(cfg.get("attention_bias")) or family.qkv_bias, bool(cfg.get("attention_bias")),
                  bool(cfg.get("mlp_bias")))
 
 

@@ -1,4 +1,5 @@
-"""A PaddleNLP-written LLaMA / Qwen2 checkpoint rewritten in this project's Hugging Face layout.
+"""A PaddleNLP-written LLaMA / Qwen2 (or PaddleFormers-written ERNIE 4.5) checkpoint rewritten in this project's
+Hugging Face layout.
 
 The input is what PaddleNLP's `save_pretrained` wrote: config.json plus `model_state.pdparams`, its shards and
 `model_state.pdparams.index.json`, or `model.safetensors` (+ index) under PaddleNLP's tensor names and [in, out]
