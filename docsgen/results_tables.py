@@ -8,6 +8,7 @@ import os
 from typing import Callable, Dict, List, Optional
 
 from benchmarks import record
+from docsgen.demo_rows import curriculum_chain_sum, distill_chain_sum, grpo_reasoning, main_demo_seeds
 
 COMMIT_NOTE = ("A commit marked * is the one that added the file: the run predates recorded commits, and measured "
                "that commit's code or its parent's.")
@@ -185,53 +186,6 @@ def _sandbox(r: dict) -> List[List[str]]:
              r.get("kernel", "-")]]
 
 
-def _ci(v: dict, sign: str = "") -> str:
-    return f"{v['mean']:{sign}.3f} [{v['low']:{sign}.3f}, {v['high']:{sign}.3f}]"
-
-
-def _grpo_reasoning(r: dict) -> List[List[str]]:
-    rows = []
-    for seed in r["seeds"]:
-        first, last, gain = seed["points"][0], seed["points"][-1], seed["gain"]
-        sampled = [f"{_ci(first[k])} -> {_ci(last[k])}" if k in first and k in last else "-"
-                   for k in ("sampled_pass@1", "sampled_pass@8")]
-        sampled_gain = _ci(gain["sampled_pass@1"], "+") if "sampled_pass@1" in gain else "-"
-        transfer = _ci(gain["transfer_greedy"], "+") if "transfer_greedy" in gain else "-"
-        rows.append([str(seed["seed"]), str(last["step"]), f"{last['train_minutes']:.1f}",
-                     f"{_ci(first['greedy'])} -> **{_ci(last['greedy'])}**", f"**{_ci(gain['greedy'], '+')}**",
-                     sampled[0], f"**{sampled_gain}**", sampled[1], transfer])
-    before = r.get("before_sft")
-    if before:  # the instruct model, before the SFT on worked solutions that GRPO starts from
-        sampled = [_ci(before[k]) if k in before else "-" for k in ("sampled_pass@1", "sampled_pass@8")]
-        rows.append(["instruct model, before SFT", "-", "-", _ci(before["greedy"]), "-", sampled[0], "-", sampled[1],
-                     "-"])
-    return rows
-
-
-def _distill_chain_sum(r: dict) -> List[List[str]]:
-    reach = f"minutes_to_{int(r['share'] * 100)}pct_of_teacher_gain"
-    rows = [["student (the start of every arm)", "-", _ci(r["student"]), "-", "-", "-"],
-            ["teacher", "-", _ci(r["teacher"]), f"**{_ci(r['teacher_gain'], '+')}**", "1.00", "-"]]
-    for name, result in r["arms"].items():
-        last = result["curve"][-1]
-        share = last["share_of_teacher_gain"]
-        rows.append([name, f"{last['minutes']:.1f}", "-", f"**{_ci(last['gain'], '+')}**",
-                     "-" if share is None else f"{share:.2f}",
-                     "not reached" if result[reach] is None else f"{result[reach]:.1f}"])
-    return rows
-
-
-def _main_demo_seeds(r: dict) -> List[List[str]]:
-    rows = [["SFT (the start of both arms)", "-", _ci(r["start"]["gold"]), "-"]]
-    for arm in r["arms"]:
-        runs = ", ".join(f"{run['seed']}: {run['gold']['mean']:.3f}" for run in arm["runs"])
-        rows.append([arm["arm"], runs, f"**{_ci(arm['over_seeds'])}**", "-"])
-    for d in r["differences"]:
-        rows.append([d["arms"], "-", "-", f"**{_ci(d, '+')}**" + (" (the arms' intervals overlap)"
-                                                                   if d["intervals_overlap"] else "")])
-    return rows
-
-
 def _eval_harness(r: dict) -> List[List[str]]:
     return [[r["model"], f"{r['items']} x {r['n']}", f"{r['harness_samples_per_s']:.2f}",
              f"{r['generate_samples_per_s']:.2f}", f"**{_x(r['harness_over_generate'])}**"]]
@@ -302,15 +256,20 @@ TABLES: Dict[str, Table] = {
                             ["seed", "steps", "training min", "greedy pass@1, start -> end (95% CI)",
                              "gain (paired 95% CI)", "sampled pass@1 (n=8)", "sampled pass@1 gain (paired 95% CI)",
                              "sampled pass@8 (n=8)",
-                             "transfer: basic_arithmetic greedy gain"], _grpo_reasoning),
+                             "transfer: basic_arithmetic greedy gain"], grpo_reasoning),
     "distill_chain_sum": Table(["distill_chain_sum"], "bash examples/distill_chain_sum.sh",
                                ["model or arm", "training min", "held-out greedy pass@1 (95% CI)",
                                 "gain over the student (paired 95% CI)", "share of the teacher's gain",
-                                "min to 80% of the teacher's gain"], _distill_chain_sum),
+                                "min to 80% of the teacher's gain"], distill_chain_sum),
+    "curriculum_chain_sum": Table(["curriculum_chain_sum"], "bash examples/curriculum_chain_sum.sh",
+                                  ["arm", "steps", "training min", "held-out sampled pass@1, start -> end (95% CI)",
+                                   "gain (paired 95% CI)", "min to the plain arm's final gain",
+                                   "zero-variance groups, by quarter of the run", "set aside / readmissions at the end"],
+                                  curriculum_chain_sum),
     "main_demo_seeds": Table(["main_demo_seeds"], "bash examples/main_demo_seeds.sh",
                              ["policy or arm", "per seed (greedy gold reward)",
                               "over seeds and prompts (95% CI)", "difference (paired by prompt, 95% CI)"],
-                             _main_demo_seeds),
+                             main_demo_seeds),
     "eval_harness": Table(["eval_harness"], "python benchmarks/bench_eval.py --model checkpoints/smollm2-135m-instruct",
                           ["model", "items x samples", "harness samples/s", "generate samples/s",
                            "harness / generate"], _eval_harness),
