@@ -199,3 +199,34 @@ def test_a_wrong_key_is_refused(server):
     with pytest.raises(tinker.AuthenticationError):  # the server's 401, not a connection failure
         tinker.ServiceClient(base_url=client.holder._base_url, api_key="tml-wrong").create_lora_training_client(
             base_model="tiny", rank=RANK)
+
+
+def test_the_docs_example_runs_against_the_command(tiny_model_dir, tmp_path):
+    """docs/tinker.md's block: tools/tinker_serve.py serving, the SDK training three steps and sampling; its
+    checkpoint merges with tools/merge_lora.py as the page says."""
+    import glob
+    import shutil
+    import subprocess
+    import sys
+
+    from docsgen import runnable
+    from tests.helpers import REPO
+
+    block = runnable.block_on("tinker.md", "tests/test_tinker_service.py")
+    shutil.copytree(tiny_model_dir, tmp_path / "checkpoints" / "tiny")
+    for name in ("alignment", "tools"):
+        os.symlink(os.path.join(REPO, name), tmp_path / name)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}  # this python, with the SDK
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 3 and losses[2] < losses[0], done.stdout
+    assert "greedy tokens [" in done.stdout and "/weights/step-3" in done.stdout
+    saved = glob.glob(str(tmp_path / "tinker-checkpoints" / "*" / "weights" / "step-3"))
+    assert len(saved) == 1 and os.path.exists(os.path.join(saved[0], "optimizer.safetensors"))
+    merged = subprocess.run([sys.executable, "tools/merge_lora.py", "--adapter", saved[0], "--base",
+                             "checkpoints/tiny", "--output", "merged"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert merged.returncode == 0 and (tmp_path / "merged" / "config.json").exists(), merged.stderr[-2000:]
