@@ -1,10 +1,12 @@
 """The state and operations behind the Tinker API routes (http.py maps routes to these): sessions, training
 models (training.py), sampling sessions (sampling.py), checkpoints on disk, and the futures the SDK polls.
 
-Work runs when its request arrives, one request at a time (a lock): the SDK sends a training model's requests
-in order (seq_id) and waits for each to be accepted before the next, so running them on arrival keeps that order.
-The result waits in `results` until the SDK retrieves it (`/api/v1/retrieve_future`); a request that fails keeps
-{"error", "category": "user"} there instead, which the SDK raises as RequestFailedError.
+A request that the SDK answers with a future (create_model, forward_backward, optim_step, the saves and loads,
+asample) is queued and answered at once with its request id; one worker thread runs the queue in arrival order
+(the SDK sends a training model's requests in seq_id order, each after the previous one was accepted, so arrival
+order is that order). `/api/v1/retrieve_future` waits up to POLL_SECONDS for the result and otherwise answers
+"try_again", which the SDK polls again. A request that fails has {"error", "category": "user"} (the request's
+fault) or "server" as its result, which the SDK raises as RequestFailedError.
 
 Checkpoints: tinker://<model id>/weights/<name> (save_state) and tinker://<model id>/sampler_weights/<name>
 (save_weights_for_sampler) are the directories <checkpoint root>/<model id, ':' -> '_'>/weights/<name> and
@@ -13,6 +15,7 @@ Checkpoints: tinker://<model id>/weights/<name> (save_state) and tinker://<model
 from __future__ import annotations
 
 import os
+import queue
 import re
 import threading
 import uuid
@@ -27,36 +30,61 @@ NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
 RUN_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 KINDS = ("weights", "sampler_weights")
 KEPT_RESULTS = 1024  # finished results held for retrieval; the oldest are dropped past this
+POLL_SECONDS = 20.0  # a retrieve_future waits this long for its result (the SDK polls with a 45 s timeout)
 
 
 class TinkerService:
     def __init__(self, bases: Dict[str, BaseModel], checkpoint_root: str, lora_alpha: float = 32.0,
                  max_tokens: int = 64):
         self.bases, self.root, self.lora_alpha, self.max_tokens = bases, checkpoint_root, lora_alpha, max_tokens
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the models and samplers: held by the worker's jobs and the direct routes
         self.sessions: Dict[str, int] = {}  # session id -> sampling sessions made in it
         self.models: Dict[str, TrainingModel] = {}
         self.samplers: Dict[str, Tuple[BaseModel, object, Optional[str]]] = {}  # id -> (base, model, tinker path)
-        self.results: "OrderedDict[str, tuple]" = OrderedDict()  # request id -> ("json", dict) / ("proto", bytes)
+        self.results: "OrderedDict[str, Optional[tuple]]" = OrderedDict()  # request id -> result, None: pending
+        self.finished = threading.Condition()
+        self.jobs: "queue.Queue[Tuple[str, Callable[[], tuple]]]" = queue.Queue()
+        threading.Thread(target=self._work, daemon=True, name="tinker-worker").start()
 
     # ------------------------------------------------------------------ futures
 
     def run_future(self, work: Callable[[], tuple], model_id: Optional[str] = None, **extra) -> dict:
-        """Run `work` now (under the lock) and keep its result for retrieve_future -> the UntypedAPIFuture."""
+        """Queue `work` for the worker and return the UntypedAPIFuture the SDK polls."""
         request_id = uuid.uuid4().hex
-        with self.lock:
-            try:
-                result = work()
-            except UserError as err:
-                result = ("json", {"error": str(err), "category": "user"})
-            self.results[request_id] = result
-            while len(self.results) > KEPT_RESULTS:
-                self.results.popitem(last=False)
+        with self.finished:
+            self.results[request_id] = None
+            self.jobs.put((request_id, work))
         return {"request_id": request_id, "model_id": model_id, **extra}
 
-    def retrieve(self, request_id: str) -> Optional[tuple]:
-        with self.lock:
-            return self.results.get(request_id)
+    def _work(self) -> None:
+        """The jobs one at a time, in the order they came; a job's failure is its request's result."""
+        while True:
+            request_id, work = self.jobs.get()
+            with self.lock:
+                try:
+                    result = work()
+                except UserError as err:
+                    result = ("json", {"error": str(err), "category": "user"})
+                except Exception as err:  # noqa: BLE001 - reported to the client as a server-side failure
+                    result = ("json", {"error": f"{type(err).__name__}: {err}", "category": "server"})
+            with self.finished:
+                self.results[request_id] = result
+                done = [k for k, v in self.results.items() if v is not None]
+                for key in done[:max(0, len(done) - KEPT_RESULTS)]:
+                    del self.results[key]
+                self.finished.notify_all()
+
+    def retrieve(self, request_id: str, wait: float = POLL_SECONDS) -> Optional[tuple]:
+        """The request's result, waiting up to `wait` seconds for it; a "try_again" answer if it is still running;
+        None for an unknown id."""
+        with self.finished:
+            if request_id not in self.results:
+                return None
+            self.finished.wait_for(lambda: self.results.get(request_id) is not None, timeout=wait)
+            result = self.results.get(request_id)
+        if result is None:
+            return "json", {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+        return result
 
     # ------------------------------------------------------------------ sessions and models
 

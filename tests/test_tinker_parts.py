@@ -1,7 +1,9 @@
-"""The Tinker built-in losses (alignment/tinker/losses.py) against values worked by hand, and the protobuf codec
-(alignment/tinker/wire.py) on bytes laid out by hand; no SDK needed."""
+"""The parts of the Tinker-compatible service that need no SDK: the built-in losses (alignment/tinker/losses.py)
+against values worked by hand, the protobuf codec (wire.py) on bytes laid out by hand, and the futures the SDK
+polls (service.py)."""
 import math
 import struct
+import threading
 
 import numpy as np
 import paddle
@@ -9,6 +11,8 @@ import pytest
 
 from alignment.tinker import wire
 from alignment.tinker.losses import LOSSES, LossInputError
+from alignment.tinker.service import TinkerService
+from alignment.tinker.training import UserError
 
 LOGP = [math.log(0.5), math.log(0.25)]  # the model's log-probs of two target tokens
 
@@ -71,3 +75,22 @@ def test_outputs_encode_per_datum_arrays_with_byte_offsets():
     assert bytes(entry[1][0]) == b"logprobs" and record[3] == [2]
     assert np.frombuffer(batched[2][0], np.int64).tolist() == [0, 8, 12]  # datum i is bytes offsets[i]:[i+1]
     assert struct.unpack("<d", wire.fields(out[3][0])[2][0])[0] == 2.5
+
+
+def test_futures_answer_try_again_until_their_job_is_done_and_keep_its_error(tmp_path):
+    service = TinkerService({}, str(tmp_path))
+    release = threading.Event()
+    slow = service.run_future(lambda: release.wait(30) and ("json", {"metrics": {}}), "m")
+    quick = service.run_future(lambda: ("json", {"done": True}))  # queued behind the slow one
+    assert service.retrieve(slow["request_id"], wait=0.05)[1]["type"] == "try_again"
+    assert service.retrieve(quick["request_id"], wait=0.05)[1]["type"] == "try_again"  # jobs run in order
+    release.set()
+    assert service.retrieve(slow["request_id"]) == ("json", {"metrics": {}})
+    assert service.retrieve(quick["request_id"]) == ("json", {"done": True})
+
+    def refuse():
+        raise UserError("no such thing")
+
+    failed = service.run_future(refuse)
+    assert service.retrieve(failed["request_id"]) == ("json", {"error": "no such thing", "category": "user"})
+    assert service.retrieve("unknown") is None
