@@ -194,6 +194,18 @@ def test_samples_from_saved_weights_equal_the_projects_decoding(server, tiny_mod
     assert seeded[0].tokens != seeded[1].tokens  # two draws, not one repeated
 
 
+def test_closing_a_session_frees_its_models_but_keeps_its_checkpoints(server):
+    service, client = server
+    own = tinker.ServiceClient(base_url=client.holder._base_url, api_key=KEY)
+    trainer = own.create_lora_training_client(base_model="tiny", rank=RANK).result()
+    saved = trainer.save_state("kept").result().path
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    assert trainer.model_id in service.models and sampler._sampling_session_id in service.samplers
+    own.close("success").result()
+    assert trainer.model_id not in service.models and sampler._sampling_session_id not in service.samplers
+    assert os.path.isdir(service.resolve(saved))
+
+
 def test_a_wrong_key_is_refused(server):
     service, client = server
     with pytest.raises(tinker.AuthenticationError):  # the server's 401, not a connection failure

@@ -116,6 +116,7 @@ def make_handler(service: TinkerService, key: str):
                 if path == "/api/v1/retrieve_future":
                     return self.retrieve(json.loads(body or b"{}"))
                 if path.startswith("/api/v1/sessions/") and path.endswith("/finish"):
+                    service.finish_session(path.split("/")[4])
                     return self.send_json(200, {})
                 if path not in routes:
                     return self.send_json(404, {"error": f"no route POST {path}"})

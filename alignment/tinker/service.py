@@ -20,7 +20,7 @@ import re
 import threading
 import uuid
 from collections import OrderedDict
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 from alignment.tinker import wire
 from alignment.tinker.sampling import generation_config, sample, sampler_model
@@ -38,9 +38,10 @@ class TinkerService:
                  max_tokens: int = 64):
         self.bases, self.root, self.lora_alpha, self.max_tokens = bases, checkpoint_root, lora_alpha, max_tokens
         self.lock = threading.Lock()  # the models and samplers: held by the worker's jobs and the direct routes
-        self.sessions: Dict[str, int] = {}  # session id -> sampling sessions made in it
+        self.sessions: Set[str] = set()
         self.models: Dict[str, TrainingModel] = {}
-        self.samplers: Dict[str, Tuple[BaseModel, object, Optional[str]]] = {}  # id -> (base, model, tinker path)
+        self.samplers: Dict[str, Tuple[BaseModel, object, Optional[str], str]] = {}  # id -> (base, model,
+        # tinker path, session id)
         self.results: "OrderedDict[str, Optional[tuple]]" = OrderedDict()  # request id -> result, None: pending
         self.finished = threading.Condition()
         self.jobs: "queue.Queue[Tuple[str, Callable[[], tuple]]]" = queue.Queue()
@@ -91,8 +92,17 @@ class TinkerService:
     def create_session(self) -> str:
         session = uuid.uuid4().hex[:16]
         with self.lock:
-            self.sessions[session] = 0
+            self.sessions.add(session)
         return session
+
+    def finish_session(self, session: str) -> None:
+        """ServiceClient.close(): drop the session's training models and sampling sessions (checkpoints stay)."""
+        with self.lock:
+            self.sessions.discard(session)
+            for model_id in [m for m in self.models if m.startswith(f"{session}:")]:
+                del self.models[model_id]
+            for sampler_id in [k for k, v in self.samplers.items() if v[3] == session]:
+                del self.samplers[sampler_id]
 
     def base(self, name: Optional[str]) -> BaseModel:
         if name not in self.bases:
@@ -206,14 +216,14 @@ class TinkerService:
             path = self.save(request, "sampler_weights", name, False)
             out = {"type": "save_weights_for_sampler", "path": path}
             if request.get("path") is None:
-                out["sampling_session_id"] = self.open_sampler(path, None)
+                out["sampling_session_id"] = self.open_sampler(path, None, request["model_id"].split(":")[0])
             return "json", out
 
         return self.run_future(work, request["model_id"])
 
     # ------------------------------------------------------------------ sampling
 
-    def open_sampler(self, model_path: Optional[str], base_model: Optional[str]) -> str:
+    def open_sampler(self, model_path: Optional[str], base_model: Optional[str], session: str) -> str:
         """A sampling session on a checkpoint (model_path) or on a base model -> its id (call under the lock)."""
         if model_path is not None:
             folder = self.resolve(model_path)
@@ -223,18 +233,18 @@ class TinkerService:
             base = self.base(base_model)
             model = sampler_model(base)
         sampler_id = f"sampler-{uuid.uuid4().hex[:16]}"
-        self.samplers[sampler_id] = (base, model, model_path)
+        self.samplers[sampler_id] = (base, model, model_path, session)
         return sampler_id
 
     def create_sampling_session(self, request: dict) -> str:
         with self.lock:
-            return self.open_sampler(request.get("model_path"), request.get("base_model"))
+            return self.open_sampler(request.get("model_path"), request.get("base_model"), request["session_id"])
 
     def sampler_info(self, sampler_id: str) -> dict:
         with self.lock:
             if sampler_id not in self.samplers:
                 raise UserError(f"no sampling session {sampler_id!r}")
-            base, _, path = self.samplers[sampler_id]
+            base, _, path, _ = self.samplers[sampler_id]
         return {"sampler_id": sampler_id, "base_model": base.name, "model_path": path}
 
     def sample(self, request: dict) -> dict:
@@ -245,7 +255,7 @@ class TinkerService:
             if request.get("sampling_session_id") not in self.samplers:
                 raise UserError(f"no sampling session {request.get('sampling_session_id')!r}; create a sampling "
                                 "client first")
-            base, model, _ = self.samplers[request["sampling_session_id"]]
+            base, model = self.samplers[request["sampling_session_id"]][:2]
             if request.get("prompt_logprobs") or request.get("topk_prompt_logprobs") or request.get(
                     "topk_sample_logprobs") or request.get("prompt_alt_tokens_k"):
                 raise UserError("prompt log-probs and top-k log-probs are not supported by this server")
