@@ -224,7 +224,7 @@ def test_the_docs_example_runs_against_the_command(tiny_model_dir, tmp_path):
     from docsgen import runnable
     from tests.helpers import REPO
 
-    block = runnable.block_on("tinker.md", "tests/test_tinker_service.py")
+    block = runnable.block_on('tinker.md', "tests/test_tinker_service.py")
     shutil.copytree(tiny_model_dir, tmp_path / "checkpoints" / "tiny")
     for name in ("alignment", "tools"):
         os.symlink(os.path.join(REPO, name), tmp_path / name)
