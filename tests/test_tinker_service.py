@@ -206,6 +206,22 @@ def test_closing_a_session_frees_its_models_but_keeps_its_checkpoints(server):
     assert os.path.isdir(service.resolve(saved))
 
 
+def test_info_tokenizer_and_capabilities_name_the_served_base(server, tiny_model_dir):
+    service, client = server
+    trainer = client.create_lora_training_client(base_model="tiny", rank=RANK).result()
+    info = trainer.get_info()
+    assert (info.model_name, info.lora_rank, info.model_data.tokenizer_id) == ("tiny", RANK, tiny_model_dir)
+    capabilities = tinker.RestClient(base_url=client.holder._base_url, api_key=KEY).get_server_capabilities()
+    assert [(m.model_name, m.max_context_length) for m in capabilities.result().supported_models] == [("tiny", 512)]
+    try:
+        import transformers  # noqa: F401  get_tokenizer loads the tokenizer_id directory with AutoTokenizer
+    except ImportError:
+        return
+    from alignment.models import Tokenizer
+    assert trainer.get_tokenizer().encode("hello world") == Tokenizer.from_pretrained(tiny_model_dir).encode(
+        "hello world")
+
+
 def test_a_wrong_key_is_refused(server):
     service, client = server
     with pytest.raises(tinker.AuthenticationError):  # the server's 401, not a connection failure
