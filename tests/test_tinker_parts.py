@@ -94,3 +94,13 @@ def test_futures_answer_try_again_until_their_job_is_done_and_keep_its_error(tmp
     failed = service.run_future(refuse)
     assert service.retrieve(failed["request_id"]) == ("json", {"error": "no such thing", "category": "user"})
     assert service.retrieve("unknown") is None
+
+
+def test_checkpoint_paths_and_sessions_cannot_leave_the_checkpoint_folder(tmp_path):
+    service = TinkerService({}, str(tmp_path / "checkpoints"))
+    (tmp_path / "weights" / "x").mkdir(parents=True)  # what tinker://../weights/x would reach
+    for path in ("tinker://../weights/x", "tinker://a/weights/..", "tinker://a/other/x", "/etc/passwd"):
+        with pytest.raises(UserError, match="not a checkpoint path"):
+            service.resolve(path)
+    with pytest.raises(UserError, match="no session"):
+        service.create_model({"session_id": "../..", "model_seq_id": 0, "base_model": "tiny"})

@@ -27,7 +27,7 @@ from alignment.tinker.sampling import generation_config, sample, sampler_model
 from alignment.tinker.training import BaseModel, TrainingModel, UserError, checkpoint_shape, lora_model, lora_targets
 
 NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
-RUN_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+RUN_ID = re.compile(r"[A-Za-z0-9_:\-][A-Za-z0-9_.:\-]{0,199}")  # no leading dot: never "." or ".."
 KINDS = ("weights", "sampler_weights")
 KEPT_RESULTS = 1024  # finished results held for retrieval; the oldest are dropped past this
 POLL_SECONDS = 20.0  # a retrieve_future waits this long for its result (the SDK polls with a 45 s timeout)
@@ -109,13 +109,20 @@ class TinkerService:
             raise UserError(f"base_model {name!r} is not served here; served: {', '.join(sorted(self.bases))}")
         return self.bases[name]
 
+    def new_model_id(self, request: dict) -> str:
+        """The id of a session's next training model, as the SDK derives it: <session>:train:<model_seq_id>."""
+        if request.get("session_id") not in self.sessions:
+            raise UserError(f"no session {request.get('session_id')!r} on this server")
+        return f"{request['session_id']}:train:{int(request['model_seq_id'])}"
+
     def model(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
             raise UserError(f"no training model {model_id!r} on this server")
         return self.models[model_id]
 
     def create_model(self, request: dict) -> dict:
-        model_id = f"{request['session_id']}:train:{int(request['model_seq_id'])}"
+        with self.lock:
+            model_id = self.new_model_id(request)
 
         def work():
             base = self.base(request.get("base_model"))
@@ -193,7 +200,8 @@ class TinkerService:
     def load_weights(self, request: dict) -> dict:
         model_id = request.get("model_id")
         if model_id is None:  # a new training model from a checkpoint (create_training_client_from_state)
-            model_id = f"{request['session_id']}:train:{int(request['model_seq_id'])}"
+            with self.lock:
+                model_id = self.new_model_id(request)
 
         def work():
             folder = self.resolve(request["path"])
