@@ -65,6 +65,8 @@ def fields(buf: bytes) -> Dict[int, list]:
             value, pos = buf[pos:pos + size], pos + size
         elif kind in (1, 5):
             width = 8 if kind == 1 else 4
+            if pos + width > len(buf):
+                raise WireError("truncated fixed-width field")
             value, pos = buf[pos:pos + width], pos + width
         else:
             raise WireError(f"unsupported wire type {kind} (field {number})")
