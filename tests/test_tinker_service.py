@@ -29,7 +29,7 @@ PROMPT, ANSWER = [5, 17, 42, 9, 33], [101, 7, 250, 64]
 def server(tiny_model_dir, tmp_path_factory):
     os.environ["TINKER_TELEMETRY"] = "0"  # the SDK would post telemetry to the server (accepted and dropped)
     service = TinkerService({"tiny": BaseModel("tiny", tiny_model_dir, 512)},
-                            str(tmp_path_factory.mktemp("tinker")), ALPHA)
+                            str(tmp_path_factory.mktemp("tinker")), ALPHA, poll_seconds=0.02)  # the SDK meets try_again
     srv = TinkerServer(service, KEY)
     client = tinker.ServiceClient(base_url=srv.base_url, api_key=KEY)
     yield service, client
@@ -67,6 +67,7 @@ def sft_loss_sum(model, prompt, answer):
 
 def test_a_supervised_step_equals_the_sft_loss_and_one_adamw_step(server, tiny_model_dir):
     service, client = server
+    polls = service.try_agains
     trainer = client.create_lora_training_client(base_model="tiny", rank=RANK, seed=3).result()
     init = trainer.save_state("init").result().path
     batch = [(PROMPT, ANSWER), ([3, 8], [77, 12, 5])]
@@ -76,6 +77,7 @@ def test_a_supervised_step_equals_the_sft_loss_and_one_adamw_step(server, tiny_m
     result = backward.result()
     step.result()
     after = trainer.save_state("after").result().path
+    assert service.try_agains > polls  # the SDK polled again after "try_again" answers, and got its results
 
     ours = lora_model_from(tiny_model_dir, checkpoint(service, init))
     loss = sum(sft_loss_sum(ours, p, a) for p, a in batch)

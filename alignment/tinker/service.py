@@ -35,8 +35,10 @@ POLL_SECONDS = 20.0  # a retrieve_future waits this long for its result (the SDK
 
 class TinkerService:
     def __init__(self, bases: Dict[str, BaseModel], checkpoint_root: str, lora_alpha: float = 32.0,
-                 max_tokens: int = 64):
+                 max_tokens: int = 64, poll_seconds: float = POLL_SECONDS):
         self.bases, self.root, self.lora_alpha, self.max_tokens = bases, checkpoint_root, lora_alpha, max_tokens
+        self.poll_seconds = poll_seconds
+        self.try_agains = 0  # polls answered "try_again"
         self.lock = threading.Lock()  # the models and samplers: held by the worker's jobs and the direct routes
         self.sessions: Set[str] = set()
         self.models: Dict[str, TrainingModel] = {}
@@ -75,16 +77,18 @@ class TinkerService:
                     del self.results[key]
                 self.finished.notify_all()
 
-    def retrieve(self, request_id: str, wait: float = POLL_SECONDS) -> Optional[tuple]:
-        """The request's result, waiting up to `wait` seconds for it; a "try_again" answer if it is still running;
-        None for an unknown id."""
+    def retrieve(self, request_id: str, wait: Optional[float] = None) -> Optional[tuple]:
+        """The request's result, waiting up to `wait` seconds (default poll_seconds) for it; a "try_again" answer
+        if it is still running; None for an unknown id."""
         with self.finished:
             if request_id not in self.results:
                 return None
-            self.finished.wait_for(lambda: self.results.get(request_id) is not None, timeout=wait)
+            self.finished.wait_for(lambda: self.results.get(request_id) is not None,
+                                   timeout=self.poll_seconds if wait is None else wait)
             result = self.results.get(request_id)
-        if result is None:
-            return "json", {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+            if result is None:
+                self.try_agains += 1
+                return "json", {"type": "try_again", "request_id": request_id, "queue_state": "active"}
         return result
 
     # ------------------------------------------------------------------ sessions and models
