@@ -104,3 +104,29 @@ def test_checkpoint_paths_and_sessions_cannot_leave_the_checkpoint_folder(tmp_pa
             service.resolve(path)
     with pytest.raises(UserError, match="no session"):
         service.create_model({"session_id": "../..", "model_seq_id": 0, "base_model": "tiny"})
+
+
+def test_two_adam_steps_with_clipping_and_decay_equal_paddles_adamw(tiny_model_dir):
+    from alignment.tinker.training import MLP, BaseModel, TrainingModel, lora_model
+
+    base = BaseModel("tiny", tiny_model_dir, 512)
+    ours = TrainingModel("m", base, lora_model(base, 2, 4.0, MLP, seed=1), 2)
+    theirs = lora_model(base, 2, 4.0, MLP, seed=1)
+    trained = [p for p in theirs.parameters() if not p.stop_gradient]
+    assert [p.name for p in trained] and all(np.array_equal(a.numpy(), b.numpy())
+                                             for a, b in zip(ours.params.values(), trained))
+    adamw = paddle.optimizer.AdamW(learning_rate=0.05, beta1=0.7, beta2=0.9, epsilon=1e-3, weight_decay=0.2,
+                                   parameters=trained, grad_clip=paddle.nn.ClipGradByGlobalNorm(0.5))
+    rng = np.random.default_rng(0)
+    for _ in range(2):  # grads = the constants (global norm about 30: clipped to 0.5)
+        constants = [paddle.to_tensor(rng.normal(size=p.shape).astype("float32")) for p in trained]
+        sum((p * c).sum() for p, c in zip(ours.params.values(), constants)).backward()
+        sum((p * c).sum() for p, c in zip(trained, constants)).backward()
+        metrics = ours.optim_step({"learning_rate": 0.05, "beta1": 0.7, "beta2": 0.9, "eps": 1e-3,
+                                   "weight_decay": 0.2, "grad_clip_norm": 0.5})
+        adamw.step()
+        adamw.clear_grad()
+        assert metrics["grad_norm:mean"] > 10
+    for mine, want in zip(ours.params.values(), trained):
+        np.testing.assert_allclose(mine.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert ours.step == 2 and all(p.grad is None or not p.grad.numpy().any() for p in ours.params.values())
