@@ -46,7 +46,7 @@ def kto() -> int:
 
 TOOLS = ("predict", "export_model", "import_gguf", "convert_checkpoint", "merge_lora", "generate", "judge_policy",
          "show_generations", "plot_run", "plot_overoptimization", "plan_layout", "reward_server", "make_tiny",
-         "replay_ledger", "check_env", "serve", "evaluate")
+         "replay_ledger", "check_env", "serve", "evaluate", "tinker_serve")
 
 
 def predict() -> int:
@@ -115,3 +115,7 @@ def check_env() -> int:
 
 def serve() -> int:
     return _run("alignment.commands.serve")
+
+
+def tinker_serve() -> int:
+    return _run("alignment.commands.tinker_serve")

@@ -37,6 +37,8 @@ PROGRAMS = [
     ("check_env", "tools/check_env.py", ["tools", "--rows", MISSING + ".jsonl"]),
     ("serve", "tools/serve.py", ["--model", MISSING, "--port", "0"]),
     ("evaluate", "tools/evaluate.py", ["--model", MISSING, "--task", "basic_arithmetic"]),
+    ("tinker_serve", "tools/tinker_serve.py", ["--base-model", "tiny=" + MISSING, "--checkpoints", "{tmp}/ckpt",
+                                               "--api-key", "tml-test", "--port", "0"]),
 ]
 STAGE_CONFIGS = {"sft": "sft_argument.json", "rm": "rm_argument.json", "ppo": "ppo_argument.json",
                  "dpo": "dpo_argument.json"}
