@@ -57,12 +57,12 @@ def curriculum_chain_sum(r: dict) -> List[List[str]]:
     for name, result in r["arms"].items():
         first, last = result["curve"][0], result["curve"][-1]
         pool = result["pool_at_end"]
-        reached = result["minutes_to_plain_final_gain"]
-        rows.append([name, str(last["step"]), f"{last['minutes']:.1f}",
+        steps, minutes = result["steps_to_plain_final_gain"], result["minutes_to_plain_final_gain"]
+        rows.append([name, str(last["step"]), f"{last['minutes']:.1f} ({result['median_step_seconds']:.1f})",
                      f"{ci(first['pass@1'])} -> {ci(last['pass@1'])}",
-                     f"**{ci(last['gain'], '+')}**", "not reached" if reached is None else f"{reached:.1f}",
+                     f"**{ci(last['gain'], '+')}**", "not reached" if steps is None else f"{steps} ({minutes:.1f})",
                      " / ".join(f"{v:.2f}" for v in result["zero_variance_groups_by_quarter"]),
                      f"{pool['curriculum/set_aside']:.0f} / {pool['curriculum/readmissions']:.0f}" if pool else "-"])
     d = r["curriculum_minus_plain_at_end"]
-    rows.append(["curriculum - plain, at the end", "-", "-", "-", f"**{ci(d, '+')}**", "-", "-", "-"])
+    rows.append(["curriculum - plain, at the end (paired)", "-", "-", "-", f"**{ci(d, '+')}**", "-", "-", "-"])
     return rows

@@ -59,9 +59,16 @@ def arm(run: str, target: float = None) -> dict:
                             if k in last}}
 
 
-def minutes_to(curve: list, target: float):
-    """The minutes of the first evaluation whose gain reaches target (None if none does)."""
-    return next((p["minutes"] for p in curve if p["step"] > 0 and p["gain"]["mean"] >= target), None)
+def first_reaching(curve: list, target: float):
+    """The first evaluation (after the start) whose gain reaches target, or None."""
+    return next((p for p in curve if p["step"] > 0 and p["gain"]["mean"] >= target), None)
+
+
+def median_step_seconds(run: str) -> float:
+    with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+        times = sorted(sum(r.get(k, 0.0) for k in ("time/generate", "time/score", "time/train"))
+                       for r in map(json.loads, f) if "time/train" in r)
+    return times[len(times) // 2]
 
 
 def plot(arms: dict, path: str) -> None:
@@ -98,8 +105,11 @@ def main(argv=None) -> dict:
 
     arms = {"plain": arm(args.plain), "curriculum": arm(args.curriculum)}
     target = arms["plain"]["curve"][-1]["gain"]["mean"]
-    for result in arms.values():
-        result["minutes_to_plain_final_gain"] = minutes_to(result["curve"], target)
+    for (name, result), run in zip(arms.items(), (args.plain, args.curriculum)):
+        reached = first_reaching(result["curve"], target)
+        result["steps_to_plain_final_gain"] = reached and reached["step"]
+        result["minutes_to_plain_final_gain"] = reached and reached["minutes"]
+        result["median_step_seconds"] = median_step_seconds(run)
     final = compare(evals(args.plain)[-1][2], evals(args.curriculum)[-1][2])["difference"][METRIC]
     figures = {"task": TASK, "metric": f"sampled {METRIC} (8 samples, first 100 items)", "target_gain": target,
                "arms": arms, "curriculum_minus_plain_at_end": final, "notes": args.note}
@@ -112,8 +122,9 @@ def main(argv=None) -> dict:
     for name, result in arms.items():
         g = result["curve"][-1]["gain"]
         print(f"{name}: gain {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] after "
-              f"{result['curve'][-1]['minutes']:.1f} min; plain's final gain after "
-              f"{result['minutes_to_plain_final_gain']} min; zero-variance groups by quarter "
+              f"{result['curve'][-1]['minutes']:.1f} min ({result['median_step_seconds']:.1f} s a step); plain's "
+              f"final gain after step {result['steps_to_plain_final_gain']} ({result['minutes_to_plain_final_gain']} "
+              "min); zero-variance groups by quarter "
               + ", ".join(f"{v:.2f}" for v in result["zero_variance_groups_by_quarter"]))
     print(f"curriculum - plain at the end: {final['mean']:+.3f} [{final['low']:+.3f}, {final['high']:+.3f}]")
     return figures
