@@ -61,7 +61,7 @@ def check_replay(run_dir: str, step: int, output_dir: str, checkpoint: Optional[
     _check_supported(values, trained, args_path)
     if os.path.abspath(output_dir) == os.path.abspath(run_dir) or (
             os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir))):
-        raise ValueError(f"--output {output_dir}: must be a new or empty directory, not the run's")
+        raise ValueError(f"--output {output_dir}: give a new or empty directory (not the run's own)")
     before = _checkpoint_before(run_dir, step, checkpoint)
     values, instances = _replay_arguments(values, args_path, output_dir, before)
     return ReplayPlan(run_dir, step, trained, values, instances, before, output_dir)
@@ -163,7 +163,7 @@ def ledger_rollout(rows: List[dict], prompt_pad: int, response_pad: int):
     return Rollout(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(attention),
                    response_mask=paddle.to_tensor(response_mask), prompt_len=width_p,
                    prompts=[row["prompt"] for row in rows], completions=[""] * n, labels={},
-                   sample_ids=[row["sample"] for row in rows], versions=[row["version"] for row in rows])
+                   sample_ids=[row["sample"] for row in rows])  # versions: none, as a synchronous step's
 
 
 def replay_update(trainer, rows: List[dict]) -> Dict[str, float]:
