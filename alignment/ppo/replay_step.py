@@ -58,12 +58,12 @@ def check_replay(run_dir: str, step: int, output_dir: str, checkpoint: Optional[
         if "prompt_ids" not in row or not isinstance(row.get("response_ids"), list):
             raise ValueError(f"{ledger_file}: step {step}'s rows have no 'prompt_ids' (a ledger written before "
                              "replays were possible); only ledgers of runs of this version can be replayed")
-    _check_supported(values, trained, args_path)
     if os.path.abspath(output_dir) == os.path.abspath(run_dir) or (
             os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir))):
         raise ValueError(f"--output {output_dir}: give a new or empty directory (not the run's own)")
     before = _checkpoint_before(run_dir, step, checkpoint)
     values, instances = _replay_arguments(values, args_path, output_dir, before)
+    _check_supported(instances, trained, args_path, ledger_file)
     return ReplayPlan(run_dir, step, trained, values, instances, before, output_dir)
 
 
@@ -82,26 +82,33 @@ def _replay_arguments(values: dict, args_path: str, output_dir: str, checkpoint:
     return replayed, instances
 
 
-def _check_supported(values: dict, rows: List[dict], args_path: str) -> None:
+def _check_supported(instances: tuple, rows: List[dict], args_path: str, ledger_file: str) -> None:
     """Refuse, naming the key, the runs a one-process replay cannot redo exactly."""
-    refused = {"rollout_ranks": "asynchronous runs (rollout ranks sampled the batch)",
-               "tensor_parallel_degree": "tensor parallel runs", "pipeline_parallel_degree": "pipeline parallel runs",
-               "sharding": "sharded runs", "multi_turn": "multi-turn episodes (environment tokens are not in the ledger)",
-               "teacher_model_name_or_path": "runs with a teacher (its log-probs are not recomputed)",
-               "rollout_log_probs": "rollout_log_probs (the sampler's log-probs are not in the ledger)",
-               "dynamic_sampling": "dynamic sampling", "ptx_datasets": "a ptx term"}
-    for key, what in refused.items():
-        value = values.get(key)
-        if value not in (None, 0, 1, "", False, [], {}) or (key == "rollout_ranks" and value):
+    _, data, ppo, distill, env, asynchronous, lora, _, _, train = instances
+    refused = [("rollout_ranks", asynchronous.rollout_ranks, "asynchronous runs (rollout ranks sampled the batch)"),
+               ("tensor_parallel_degree", train.tensor_parallel_degree > 1, "tensor parallel runs"),
+               ("pipeline_parallel_degree", train.pipeline_parallel_degree > 1, "pipeline parallel runs"),
+               ("sharding", train.sharding, "sharded runs"),
+               ("environment", env.environment, "multi-turn episodes (their observations are not in the ledger)"),
+               ("agent", env.agent, "agent programs' episodes"),
+               ("teacher_model_name_or_path", distill.distills, "runs with a teacher"),
+               ("rollout_log_probs", ppo.rollout_log_probs, "the sampler's log-probs (they are not in the ledger)"),
+               ("dynamic_sampling", ppo.dynamic_sampling, "dynamic sampling"),
+               ("mask_truncated_responses", ppo.mask_truncated_responses, "masked truncated responses"),
+               ("ptx_datasets", data.ptx_datasets, "a ptx term"),
+               ("lora_dropout", (lora.lora or ppo.critic_lora) and lora.lora_dropout > 0,
+                "dropout (its random numbers come after the sampling the replay skips)")]
+    for key, is_set, what in refused:
+        if is_set:
+            value = next(getattr(i, key) for i in instances if hasattr(i, key))
             raise ValueError(f"{args_path}: key {key!r} is {value!r}; the replay does not cover {what}")
     others = sorted({row.get("sampled_by") for row in rows} - {ONE_PROCESS, None})
     if others:
-        raise ValueError(f"{args_path}: the step was sampled by {others[0]!r}; the replay covers one-process runs")
+        raise ValueError(f"{ledger_file}: the step was sampled by {others[0]!r}; the replay covers one-process runs")
     for row in rows:
         marks = set(row["policy_token"])
-        if len(row["policy_token"]) != len(row["response_ids"]) or (
-                marks - {1} and not (marks == {0} and values.get("mask_truncated_responses"))):
-            raise ValueError(f"{args_path}: sample {row.get('sample')} of the ledger is not one single-turn response "
+        if len(row["policy_token"]) != len(row["response_ids"]) or marks - {1}:
+            raise ValueError(f"{ledger_file}: sample {row.get('sample')} is not one single-turn response "
                              "(its policy_token marks differ from its response tokens)")
 
 
@@ -159,7 +166,7 @@ def ledger_rollout(rows: List[dict], prompt_pad: int, response_pad: int):
         ids[i, width_p - p: width_p] = row["prompt_ids"]
         ids[i, width_p: width_p + r] = row["response_ids"]
         attention[i, width_p - p: width_p + r] = 1
-        response_mask[i, :r] = 1  # every response token: mask_truncated_responses is applied again, as score() does
+        response_mask[i, :r] = 1  # a single-turn response: every token is the policy's
     return Rollout(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(attention),
                    response_mask=paddle.to_tensor(response_mask), prompt_len=width_p,
                    prompts=[row["prompt"] for row in rows], completions=[""] * n, labels={},
@@ -173,7 +180,7 @@ def replay_update(trainer, rows: List[dict]) -> Dict[str, float]:
     import paddle
 
     from alignment.parallel.distributed import mean_over_ranks
-    from alignment.ppo import dapo, scoring
+    from alignment.ppo import scoring
 
     trainer.start_data_streams()
     rollout = ledger_rollout(rows, trainer.tokenizer.pad_token_id, trainer.gen_config.pad_token_id)
@@ -186,9 +193,6 @@ def replay_update(trainer, rows: List[dict]) -> Dict[str, float]:
         rollout.end_rewards = paddle.to_tensor([row["reward"] for row in rows], dtype="float32")
         ended = scoring.ended_responses(rollout, trainer.gen_config.eos_ids)
         metrics.update(scoring.length_metrics(rollout.response_mask.sum(axis=1), ended))
-        if trainer.ppo.mask_truncated_responses:
-            rollout.response_mask = dapo.mask_truncated_responses(
-                rollout.response_mask, paddle.to_tensor([not e for e in ended]))
     if not trainer.critic.values_in_update:
         metrics.update(trainer.compute_advantages(rollout))
     with trainer.offload.phase("train", [trainer.actor, trainer.critic.model], trainer.offload.optimizers):
