@@ -3,11 +3,10 @@
     python tools/replay_ledger.py OUTPUT_DIR [--steps 10]
     python tools/replay_ledger.py OUTPUT_DIR --train --step K --output DIR [--checkpoint CHECKPOINT_DIR]
 
-The report prints one line per step (samples trained, the policy versions that sampled them, staleness, mean reward, samples
-dynamic sampling drew and dropped), then checks the ledger as a whole: every sample ("batch:row:prompt") trained
-(or dropped) exactly once, the prompt stream's batches
-contiguous from the first (none lost), each batch complete (the same number of rows). Exits 1 when a check fails,
-naming the samples.
+The report prints one line per step (samples trained, the policy versions that sampled them, staleness, mean
+reward, samples dynamic sampling drew and dropped), then checks the ledger as a whole: every sample
+("batch:row:prompt") trained (or dropped) exactly once, the prompt stream's batches contiguous from the first (none
+lost), each batch complete (the same number of rows). Exits 1 when a check fails, naming the samples.
 
 --train replays step K's update from the ledger alone (alignment/ppo/replay_step.py): the run's trainer is rebuilt
 from its args.json and the checkpoint of step K - 1 (OUTPUT_DIR/checkpoint-<K-1>, or --checkpoint; the run's start
@@ -15,8 +14,9 @@ for K = 1), fed the ledger's samples and end rewards of step K (nothing is sampl
 receives the trained models (policy/, and value/ with a critic) and replay.json (the step's metrics, each model's
 weights digest). Where the run kept the weights after step K (checkpoint-K, or its final models when K was its last
 step) and logged step K alone (logging_steps 1), both are compared: exits 1 when a tensor or a metric differs.
-Replays one-process synchronous runs (asynchronous, parallel, multi-turn, teacher, dynamic-sampling, ptx and
-rollout_log_probs runs are refused in one line); relative paths in args.json are read from the current directory.
+Replays one-process synchronous runs (asynchronous, parallel, multi-turn, teacher, dynamic-sampling, ptx,
+rollout_log_probs, mask_truncated_responses and LoRA-dropout runs are refused in one line, naming the key);
+relative paths in args.json are read from the current directory.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def replay_train(parser, args) -> int:
     if report["logged_metrics"] is None:
         print("metrics: the run logged no row of this step alone (logging_steps 1 keeps one per step)")
     else:
+        differing = report["differing_metrics"]
         print(f"metrics: {len(report['metrics'])} replayed, "
-              + (f"differing from the run's: {', '.join(report['differing_metrics'])}" if report["differing_metrics"] else
-                 "equal to the run's"))
+              + (f"differing from the run's: {', '.join(differing)}" if differing else "equal to the run's"))
     return 1 if differs else 0

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from alignment.inputs import json_lines, read_json, read_json_object
+from alignment.inputs import json_lines, read_json_object
 from alignment.ppo.ledger import file_for, read_ledger
 
 ONE_PROCESS = "local engine of rank 0"  # sampled_by of every row of a one-process synchronous run
@@ -55,9 +55,15 @@ def check_replay(run_dir: str, step: int, output_dir: str, checkpoint: Optional[
         held = f"steps {steps[0]}-{steps[-1]}" if steps else "no trained step"
         raise ValueError(f"{os.path.join(run_dir, 'ledger')}: no trained samples of step {step} (it holds {held})")
     for row in trained:
-        if "prompt_ids" not in row or not isinstance(row.get("response_ids"), list):
+        if "prompt_ids" not in row:
             raise ValueError(f"{ledger_file}: step {step}'s rows have no 'prompt_ids' (a ledger written before "
                              "replays were possible); only ledgers of runs of this version can be replayed")
+        for key in ("prompt_ids", "response_ids", "policy_token"):
+            if not isinstance(row.get(key), list) or not all(type(v) is int and v >= 0 for v in row[key]):
+                raise ValueError(f"{ledger_file}: sample {row.get('sample')} of step {step}: key {key!r} is not a "
+                                 "list of token ids")
+        if not isinstance(row.get("reward"), (int, float)) or isinstance(row["reward"], bool):
+            raise ValueError(f"{ledger_file}: sample {row.get('sample')} of step {step}: no number at key 'reward'")
     if os.path.abspath(output_dir) == os.path.abspath(run_dir) or (
             os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir))):
         raise ValueError(f"--output {output_dir}: give a new or empty directory (not the run's own)")
@@ -122,10 +128,10 @@ def _checkpoint_before(run_dir: str, step: int, checkpoint: Optional[str]) -> Op
     if not os.path.isfile(state_file):
         raise FileNotFoundError(f"{state_file}: no checkpoint of step {step - 1} (the replay of step {step} starts "
                                 "from it; the run saves one every save_steps, save_total_limit keeps the newest)")
-    state = read_json(state_file, "trainer state")
-    if not isinstance(state, dict) or state.get("global_step") != step - 1:
-        raise ValueError(f"{state_file}: key 'global_step' is {state.get('global_step') if isinstance(state, dict) else None!r}, "
-                         f"not {step - 1} (the step before the one replayed)")
+    state = read_json_object(state_file, "trainer state")
+    if state.get("global_step") != step - 1:
+        raise ValueError(f"{state_file}: key 'global_step' is {state.get('global_step')!r}, not {step - 1} (the step "
+                         "before the one replayed)")
     if state.get("layout"):
         raise ValueError(f"{state_file}: key 'layout' is {state['layout']!r}; the replay covers one-process runs")
     problem = verify_checkpoint(path)
