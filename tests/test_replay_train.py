@@ -131,6 +131,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(grpo_run, tmp_path, cap
         (run / "args.json").write_text(json.dumps({**values, "rollout_ranks": 1}))
     refused = edited_run(grpo_run, tmp_path / "d", asynchronous)
     assert "key 'rollout_ranks' is 1; the replay does not cover asynchronous runs" in bad(refused, 2, out, capsys)
+
+    def moved_model(run):  # found only once the trainer is being built: what it wrote by then is removed
+        values = json.load(open(run / "args.json"))
+        (run / "args.json").write_text(json.dumps({**values, "actor_model_name_or_path": str(tmp_path / "gone")}))
+    assert "gone" in bad(edited_run(grpo_run, tmp_path / "e", moved_model), 2, out, capsys)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
     assert "give a new or empty directory" in replay_error(grpo_run, tmp_path / "full", capsys)

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -211,6 +212,27 @@ def replay_update(trainer, rows: List[dict]) -> Dict[str, float]:
 def replay_step(plan: ReplayPlan) -> dict:
     """Replay the planned step: output_dir/<model>/ holds the models it trained, output_dir/replay.json the step's
     metrics, each model's weights digest and how they compare with what the run recorded for the step."""
+    from alignment.training.output_dir import release_output_dir
+
+    existed = os.path.isdir(plan.output_dir)  # and empty (check_replay)
+    try:
+        return _replayed(plan)
+    except BaseException:  # a model that no longer loads, an interrupt: no half-written output_dir
+        release_output_dir(plan.output_dir)
+        for name in os.listdir(plan.output_dir) if os.path.isdir(plan.output_dir) else ():
+            path = os.path.join(plan.output_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        if not existed and os.path.isdir(plan.output_dir):
+            os.rmdir(plan.output_dir)
+        raise
+    finally:
+        release_output_dir(plan.output_dir)
+
+
+def _replayed(plan: ReplayPlan) -> dict:
     from safetensors.numpy import load_file
 
     trainer = build_replay_trainer(plan)
