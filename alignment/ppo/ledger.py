@@ -4,7 +4,8 @@ every sample drawn and not trained: {"step", "sample", "dropped": why}).
 Each row: the step that trained it, its `sample` id ("batch:row:prompt": its place in the prompt stream and the
 prompt's index in the dataset), the prompt, the policy version that sampled it (the step's own for a synchronous
 run; with partial rollouts also `token_versions`, one per policy token), the digest of the weights that sampled it
-and which sampler that was ("weights_digest", "sampled_by": weight_check.py), the response token ids and the behaviour
+and which sampler that was ("weights_digest", "sampled_by": weight_check.py), the prompt's and the response's token
+ids (`prompt_ids`, `response_ids`; replay_step.py rebuilds the step's batch from them), and the behaviour
 log-probs of its policy tokens (when recorded), each reward part
 and the end reward, and the sampling parameters; with model judges their prompts and answers ("judges"); with a
 teacher its log-prob of each policy token ("teacher_log_probs", teacher.py). `sources.json` says where rewards come from (reward functions,
@@ -34,6 +35,8 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
     sampling = {"temperature": ppo.temperature, "top_p": ppo.top_p, "top_k": ppo.top_k,
                 "repetition_penalty": ppo.repetition_penalty, "max_new_tokens": ppo.max_new_tokens}
     ids = rollout.input_ids.numpy()[:, rollout.prompt_len:]
+    prompt_ids = rollout.input_ids.numpy()[:, :rollout.prompt_len]
+    prompt_attention = rollout.attention_mask.numpy()[:, :rollout.prompt_len] > 0
     mask = rollout.response_mask.numpy() > 0
     attention = rollout.attention_mask.numpy()[:, rollout.prompt_len:] > 0
     behaviour = rollout.behaviour_log_probs.numpy() if rollout.behaviour_log_probs is not None else None
@@ -48,6 +51,7 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
                "version": rollout.versions[i] if rollout.versions else step - 1,
                **({"weights_digest": rollout.weight_digests[i], "sampled_by": rollout.sampled_by[i]}
                   if rollout.weight_digests else {}),
+               "prompt_ids": prompt_ids[i][prompt_attention[i]].tolist(),
                "response_ids": ids[i][attention[i]].tolist(),
                "policy_token": mask[i][attention[i]].astype(int).tolist(),
                "reward": float(end[i]), "reward_parts": parts, "sampling": sampling, **(

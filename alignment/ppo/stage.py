@@ -113,24 +113,38 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
     return {}
 
 
+def argument_classes(ppo_class=PPOArguments) -> tuple:
+    """The stage's argument classes, in the order parse_arguments returns their instances."""
+    return (PPOModelArguments, PPODataArguments, ppo_class, DistillArguments, EnvironmentArguments, AsyncArguments,
+            LoRAArguments, EvaluationArguments, MonitorArguments, TrainingArguments)
+
+
 def train(argv, ppo_class=PPOArguments) -> dict:
     """Parse the arguments (PPO's under `ppo_class`: PPOArguments, or the distillation entry point's
     DistillPPOArguments, which also require a teacher), train, save, summarise."""
+    parsed = setup.parse_arguments(argv, *argument_classes(ppo_class))
+    trainer, mailbox = build_trainer(parsed)
+    if trainer is None:  # a rollout rank: it served the run's rollouts
+        return mailbox
+    return run_training(trainer, mailbox, parsed)
+
+
+def build_trainer(parsed):
+    """Start the processes, load the inputs and models and build the PPOTrainer (resumed when
+    resume_from_checkpoint asks) from parse_arguments' result. -> (trainer, the asynchronous run's mailbox or
+    None); on a rollout rank (None, what serving the rollouts returned)."""
     model_args, data_args, ppo_args, distill_args, env_args, async_args, lora_args, eval_args, monitor_args, \
-        train_args, run = setup.parse_arguments(argv, PPOModelArguments, PPODataArguments, ppo_class,
-                                                DistillArguments, EnvironmentArguments, AsyncArguments, LoRAArguments,
-                                                EvaluationArguments, MonitorArguments, TrainingArguments)
+        train_args, run = parsed
 
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
-    from alignment.envs import EnvironmentFailure, load_environment_modules
+    from alignment.envs import load_environment_modules
     from alignment.evaluation.inline import HeldOutTasks
     from alignment.parallel.distributed import is_rollout_rank
     from alignment.ppo.asynchronous import RolloutSource, open_mailbox
     from alignment.ppo.episodes import build_environments
     from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
-    from alignment.rewards.functions import RewardFunctionError, load_reward_function
-    from alignment.rewards.remote import RewardServerError
+    from alignment.rewards.functions import load_reward_function
     from alignment.rewards.remote import RewardServerClient
     from alignment.rewards.scoring import RewardComputer
 
@@ -164,8 +178,8 @@ def train(argv, ppo_class=PPOArguments) -> dict:
         mailbox = open_mailbox(run.layout, async_args.max_staleness, async_args.batches_per_step(ppo_args)) \
             if async_args.asynchronous else None
         if is_rollout_rank():
-            return serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args,
-                                  run, tokenizer, prompts, mailbox)
+            return None, serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args,
+                                        train_args, run, tokenizer, prompts, mailbox)
         # with use_rm_server the server scores (checked to answer first) and no reward model is loaded here
         server = RewardServerClient.from_args(ppo_args, tokenizer) if ppo_args.use_rm_server else None
         teacher = build_teacher(distill_args, ppo_args, train_args, tokenizer)  # a server is asked first
@@ -191,6 +205,16 @@ def train(argv, ppo_class=PPOArguments) -> dict:
             if mailbox is not None else None
         trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward, teacher), data,
                              tokenizer, run.effective, env_args, async_args, source, monitor_args)
+    return trainer, mailbox
+
+
+def run_training(trainer, mailbox, parsed) -> dict:
+    """Train the built trainer to its last step, save and summarise."""
+    from alignment.envs import EnvironmentFailure
+    from alignment.rewards.functions import RewardFunctionError
+    from alignment.rewards.remote import RewardServerError
+
+    ppo_args, train_args = parsed[2], parsed[9]
     try:
         with setup.training_stops(trainer):
             results = trainer.train()
