@@ -1,0 +1,2 @@
+"""An OpenEnv environment directory (the layout `openenv init` makes) for the adapter tests: guess a number with
+an MCP tool."""
