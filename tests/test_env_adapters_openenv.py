@@ -22,7 +22,7 @@ from alignment.envs.adapters.common import row_seed  # noqa: E402
 from alignment.ppo import run_ppo  # noqa: E402
 from tests.helpers import REPO, read_metrics  # noqa: E402
 
-ENV_DIR = os.path.join(REPO, "tests", "envlibs", "openenv_tools_env")
+ENV_DIR = os.path.join(REPO, "examples", "openenv_guess_tools")
 CALL = '<tool_call>{"name": "guess", "arguments": {"number": %s}}</tool_call>'
 
 
@@ -62,14 +62,14 @@ def test_the_same_environment_as_an_installed_package_and_through_its_server_pla
     uvicorn = pytest.importorskip("uvicorn")
     sys.path.insert(0, os.path.dirname(ENV_DIR))  # the directory's package importable, as an installed one is
     try:
-        packaged = environment_factory("openenv", {"id": "openenv-tools"})()
+        packaged = environment_factory("openenv", {"id": "openenv-guess-tools"})()
     finally:
         sys.path.remove(os.path.dirname(ENV_DIR))
     row = {"input": "y", "seed": 4}
     turns = [CALL % (secret_of(row) % 9 + 1), CALL % secret_of(row)]
     local = play(environment_factory("openenv", {"id": ENV_DIR})(), row, turns)
     assert play(packaged, row, turns) == local
-    from openenv_tools_env.server.app import app
+    from openenv_guess_tools.server.app import app
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
