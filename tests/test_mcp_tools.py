@@ -154,3 +154,50 @@ def test_a_tiny_grpo_step_with_mcp_tools(tmp_path, tiny_model_dir, server_file):
                   "1", "--save_steps", "0", "--train_datasets", f"prompt-only:1.0:{data}"])
     rows = [row for row in read_metrics(out) if "actor_loss" in row]
     assert len(rows) == 1 and np.isfinite(rows[0]["actor_loss"]) and 1 <= rows[0]["env/turns"] <= 2
+
+
+def test_an_agent_with_mcp_tools_plays_the_tools_environments_episode_token_for_token(tiny_model_dir):
+    """examples/openai_agent/mcp_agent.py through the gateway against the `tools` environment with the same MCP
+    server, the model scripted to call `add`, then `multiply` with a bad argument, then answer: the same ids, masks
+    and log-probs."""
+    import threading
+
+    from alignment.data import import_function
+    from alignment.envs import ToolEnvironment
+    from alignment.envs.formats import tool_call_format
+    from alignment.envs.multiturn import multi_turn_rollout
+    from alignment.gateway.app import GatewayServer, create_app
+    from alignment.gateway.backend import Gateway
+    from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
+    from tests.scripted_model import Scripted
+
+    agent = os.path.join(REPO, "examples", "openai_agent", "mcp_agent.py")
+    play = import_function(f"{agent}:play", "agent")
+    spec = play.__globals__["SERVER"]
+    model, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
+    model.eval()
+    script = (tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 12, "b": 5}}</tool_call>')
+              + tokenizer.encode('<tool_call>{"name": "multiply", "arguments": {"a": "x", "b": 2}}</tool_call>')
+              + tokenizer.encode("It is 17.") + [tokenizer.eos_token_id])
+    config = GenerationConfig(max_new_tokens=64, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    row = {"input": "What is 12 + 5?", "answer": "17"}
+    env = ToolEnvironment(tools=[{"mcp": spec}], format="hermes-compact")
+    expected = multi_turn_rollout(Scripted(model, script), tokenizer, [env], [row], config, 3, 700, max_length=900)[0]
+    assert expected.num_turns == 3 and expected.tool_errors == 1  # a call, a call the server refused, the answer
+    results = [m["content"] for m in expected.messages if m["role"] == "tool"]
+    assert results[0] == "17" and results[1].startswith("Error: tool 'multiply' raised MCPToolError")
+
+    gateway = Gateway(Scripted(model, script), tokenizer, 1, 900, tool_call_format("hermes-compact"),
+                      lambda request: (config, 1.0))
+    session = gateway.open_session("s", None, 700)
+    server = GatewayServer(create_app(gateway, "k"))
+    done = threading.Event()
+    threading.Thread(target=lambda: (play(f"{server.base_url}/sessions/s/v1", "k", row), done.set()),
+                     daemon=True).start()
+    gateway.pump(done.is_set)
+    server.stop()
+    got = session.sample
+    assert session.prefix_breaks == 0 and got.num_turns == 3
+    assert got.input_ids == expected.input_ids and got.action_mask == expected.action_mask
+    np.testing.assert_array_equal(got.log_probs, expected.log_probs)
