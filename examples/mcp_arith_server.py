@@ -23,12 +23,17 @@ def multiply(a: int, b: int) -> int:
     return a * b
 
 
-if __name__ == "__main__":
+def serve(argv=None) -> None:
+    """stdio, or streamable HTTP with `--http PORT` (a server that adds tools of its own can call this too)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT")
-    port = parser.parse_args().http
+    port = parser.parse_args(argv).http
     if port is None:
         server.run()
     else:
         import uvicorn
         uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    serve()

@@ -7,10 +7,8 @@ import importlib.metadata
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 from alignment.envs import EnvironmentFailure, checked_reset, checked_step, environment_factory
 from alignment.envs.adapters.common import PrivateRandom, row_seed
 from alignment.ppo import run_ppo
-from tests.helpers import REPO, read_metrics
+from tests.helpers import REPO, read_metrics, served_in_thread
 
 GRPO = os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json")
 
@@ -174,7 +172,7 @@ def test_verifiers_tools_are_shown_in_the_format_and_called_from_the_policy_text
 
 
 def test_openenv_in_process_and_through_its_server_play_the_same_episode():
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     from openenv.core import create_app
     from tests.envlibs.openenv_guess import GuessAction, GuessEnvironment, GuessObservation
 
@@ -186,21 +184,9 @@ def test_openenv_in_process_and_through_its_server_play_the_same_episode():
     assert [step[1:3] for step in transcript[1:]] == [(-0.1, False), (-0.1, False), (1.0, True)]
     assert transcript[2][0] == [{"role": "user", "content": "A number, please."}]
     app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=4)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        remote = environment_factory("openenv", {"base_url": f"http://127.0.0.1:{port}", "action_field": "guess"})()
+    with served_in_thread(app) as base_url:
+        remote = environment_factory("openenv", {"base_url": base_url, "action_field": "guess"})()
         assert play(remote, {"input": "x"}, turns) == transcript
-    finally:
-        server.should_exit = True
-        thread.join(10)
     with pytest.raises(ValueError, match="one of 'env'"):
         environment_factory("openenv", {})
 

@@ -21,20 +21,12 @@ from alignment.envs.mcp_tools import MCPServer  # noqa: E402
 from alignment.ppo import run_ppo  # noqa: E402
 from tests.helpers import REPO, read_metrics  # noqa: E402
 
-SERVER = textwrap.dedent('''
+SERVER = textwrap.dedent(f'''
+    # the example server's tools (add, multiply) and two of the test's own
     import resource
     import sys
-    try:
-        from mcp.server.mcpserver import MCPServer as Server  # mcp 2.x
-    except ImportError:
-        from mcp.server.fastmcp import FastMCP as Server  # mcp 1.x
-
-    server = Server("arith")
-
-    @server.tool()
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
+    sys.path.insert(0, {os.path.join(REPO, "examples")!r})
+    from mcp_arith_server import serve, server
 
     @server.tool()
     def divide(a: float, b: float) -> float:
@@ -44,16 +36,10 @@ SERVER = textwrap.dedent('''
     @server.tool()
     def limits() -> str:
         """This process's address-space and file-size limits."""
-        return f"{resource.getrlimit(resource.RLIMIT_AS)[0]} {resource.getrlimit(resource.RLIMIT_FSIZE)[0]}"
+        return f"{{resource.getrlimit(resource.RLIMIT_AS)[0]}} {{resource.getrlimit(resource.RLIMIT_FSIZE)[0]}}"
 
     if __name__ == "__main__":
-        if sys.argv[1:] == ["http"]:
-            import uvicorn
-            import os
-            uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(os.environ["PORT"]),
-                        log_level="critical")
-        else:
-            server.run()
+        serve()
 ''')
 CALL = '<tool_call>{"name": "%s", "arguments": %s}</tool_call>'
 
@@ -70,8 +56,8 @@ def http_url(server_file):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, server_file, "http"], env={**os.environ, "PORT": str(port)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, server_file, "--http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while time.time() < deadline:
         with socket.socket() as probe:
@@ -90,7 +76,7 @@ def stdio(server_file, **more):
 def test_a_stdio_server_lists_its_tools_with_their_own_schemas_and_runs_under_the_sandbox_limits(server_file):
     server = MCPServer(stdio(server_file, limits={"memory_bytes": 3 << 30, "file_bytes": 1 << 20}))
     schemas = {schema["function"]["name"]: schema for schema in server.schemas()}
-    assert sorted(schemas) == ["add", "divide", "limits"]
+    assert sorted(schemas) == ["add", "divide", "limits", "multiply"]
     add = schemas["add"]["function"]
     assert add["description"] == "Add two integers."
     assert add["parameters"]["required"] == ["a", "b"]
@@ -123,7 +109,7 @@ def test_the_tools_environment_calls_stdio_and_http_servers_like_its_own_tools(s
 def test_an_agent_program_lists_and_calls_the_servers_tools(http_url):
     server = MCPServer({"url": http_url})
     tools = server.schemas()  # what an agent passes as `tools=` to its model calls
-    assert {tool["function"]["name"] for tool in tools} == {"add", "divide", "limits"}
+    assert {tool["function"]["name"] for tool in tools} == {"add", "divide", "limits", "multiply"}
     assert server.call("divide", {"a": 3, "b": 2}) == "1.5"
     server.close()
 
@@ -160,16 +146,12 @@ def test_an_agent_with_mcp_tools_plays_the_tools_environments_episode_token_for_
     """examples/openai_agent/mcp_agent.py through the gateway against the `tools` environment with the same MCP
     server, the model scripted to call `add`, then `multiply` with a bad argument, then answer: the same ids, masks
     and log-probs."""
-    import threading
-
     from alignment.data import import_function
     from alignment.envs import ToolEnvironment
     from alignment.envs.formats import tool_call_format
     from alignment.envs.multiturn import multi_turn_rollout
-    from alignment.gateway.app import GatewayServer, create_app
-    from alignment.gateway.backend import Gateway
     from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
-    from tests.scripted_model import Scripted
+    from tests.scripted_model import Scripted, agent_session
 
     agent = os.path.join(REPO, "examples", "openai_agent", "mcp_agent.py")
     play = import_function(f"{agent}:play", "agent")
@@ -188,15 +170,8 @@ def test_an_agent_with_mcp_tools_plays_the_tools_environments_episode_token_for_
     results = [m["content"] for m in expected.messages if m["role"] == "tool"]
     assert results[0] == "17" and results[1].startswith("Error: tool 'multiply' raised MCPToolError")
 
-    gateway = Gateway(Scripted(model, script), tokenizer, 1, 900, tool_call_format("hermes-compact"),
-                      lambda request: (config, 1.0))
-    session = gateway.open_session("s", None, 700)
-    server = GatewayServer(create_app(gateway, "k"))
-    done = threading.Event()
-    threading.Thread(target=lambda: (play(f"{server.base_url}/sessions/s/v1", "k", row), done.set()),
-                     daemon=True).start()
-    gateway.pump(done.is_set)
-    server.stop()
+    session = agent_session(play, Scripted(model, script), tokenizer, tool_call_format("hermes-compact"), config,
+                            row, 700, 900)
     got = session.sample
     assert session.prefix_breaks == 0 and got.num_turns == 3
     assert got.input_ids == expected.input_ids and got.action_mask == expected.action_mask
