@@ -1,6 +1,10 @@
 """Shared test set-up: the tiny model built once per session by tools/make_tiny.py."""
+import contextlib
 import json
 import os
+import socket
+import threading
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,3 +27,24 @@ def run_args(out, model, estimator, *extra):
             "--per_device_train_batch_size", "2", "--eval_datasets", "", "--logging_steps", "1",
             "--train_datasets", f"prompt-only:1.0:{REPO}/data/reasoning/basic_arithmetic_train.jsonl"]
     return args + (["--critic_learning_rate", "1e-3"] if estimator == "gae" else []) + list(extra)
+
+
+@contextlib.contextmanager
+def served_in_thread(app):
+    """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread for the block: yields its base URL."""
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not server.started and time.time() < deadline:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -19,3 +19,22 @@ class Scripted:
         logits = paddle.full_like(out.logits, -1e4)
         logits[:, :, token] = 0.0
         return out._replace(logits=logits)
+
+
+def agent_session(play, scripted, tokenizer, fmt, config, row, budget, max_length):
+    """The gateway session of one episode that the agent program `play` plays against `scripted` (a Scripted
+    model) through a gateway served on 127.0.0.1: its `sample` is the episode's trajectory."""
+    import threading
+
+    from alignment.gateway.app import GatewayServer, create_app
+    from alignment.gateway.backend import Gateway
+
+    gateway = Gateway(scripted, tokenizer, 1, max_length, fmt, lambda request: (config, 1.0))
+    session = gateway.open_session("s", None, budget)
+    server = GatewayServer(create_app(gateway, "k"))
+    done = threading.Event()
+    threading.Thread(target=lambda: (play(f"{server.base_url}/sessions/s/v1", "k", row), done.set()),
+                     daemon=True).start()
+    gateway.pump(done.is_set)
+    server.stop()
+    return session

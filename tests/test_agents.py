@@ -144,18 +144,14 @@ def test_agent_keys_are_checked_before_anything_loads(tmp_path, tiny_model_dir, 
 def test_the_calculator_agent_plays_the_tools_environments_episode_token_for_token(tiny_model_dir):
     """examples/openai_agent/calculator_agent.py through the gateway against the `tools` environment, the model
     scripted to make a call, then a malformed call, then answer: the same ids, masks and log-probs."""
-    import threading
-
     import numpy as np
 
     from alignment.envs import ToolEnvironment
     from alignment.envs.multiturn import multi_turn_rollout
-    from alignment.gateway.app import GatewayServer, create_app
-    from alignment.gateway.backend import Gateway
     from alignment.envs.formats import tool_call_format
     from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
     from alignment.data import import_function
-    from tests.scripted_model import Scripted
+    from tests.scripted_model import Scripted, agent_session
 
     play = import_function(os.path.join(REPO, "examples", "openai_agent", "calculator_agent.py:play"), "agent")
 
@@ -171,15 +167,8 @@ def test_the_calculator_agent_plays_the_tools_environments_episode_token_for_tok
     expected = multi_turn_rollout(Scripted(model, script), tokenizer, [env], [row], config, 3, 500, max_length=700)[0]
     assert expected.num_turns == 3 and expected.tool_errors == 1  # a call, a malformed call, the answer
 
-    gateway = Gateway(Scripted(model, script), tokenizer, 1, 700, tool_call_format("hermes-compact"),
-                      lambda request: (config, 1.0))
-    session = gateway.open_session("s", None, 500)
-    server = GatewayServer(create_app(gateway, "k"))
-    done = threading.Event()
-    threading.Thread(target=lambda: (play(f"{server.base_url}/sessions/s/v1", "k", row),
-                                     done.set()), daemon=True).start()
-    gateway.pump(done.is_set)
-    server.stop()
+    session = agent_session(play, Scripted(model, script), tokenizer, tool_call_format("hermes-compact"), config,
+                            row, 500, 700)
     got = session.sample
     assert session.prefix_breaks == 0 and got.num_turns == 3
     assert got.input_ids == expected.input_ids and got.action_mask == expected.action_mask

@@ -3,13 +3,12 @@ through the Environment API (checked as a run checks them), replays an episode e
 trains a tiny GRPO step. The libraries are the real packages of requirements.txt (extra 'envs'); TRL's classes
 are tested against a class written to GRPOTrainer's documented interface (tests/envlibs/trl_calc.py) here, and
 against TRL itself in tests/test_env_adapters_trl.py (slow, in a virtualenv with TRL and torch)."""
+import importlib.metadata
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -18,9 +17,22 @@ import pytest
 from alignment.envs import EnvironmentFailure, checked_reset, checked_step, environment_factory
 from alignment.envs.adapters.common import PrivateRandom, row_seed
 from alignment.ppo import run_ppo
-from tests.helpers import REPO, read_metrics
+from tests.helpers import REPO, read_metrics, served_in_thread
 
 GRPO = os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json")
+
+
+def _verifiers_version():
+    try:
+        return tuple(int(part) for part in importlib.metadata.version("verifiers").split(".")[:2])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+VERIFIERS = _verifiers_version()
+needs_verifiers_03 = pytest.mark.skipif(VERIFIERS is None or VERIFIERS >= (0, 4),
+                                        reason="the verifiers adapter plays the verifiers 0.3 API (requirements.txt "
+                                               f"pins 0.3.1); installed: {VERIFIERS}")
 TRL_CLASS = os.path.join(REPO, "tests", "envlibs", "trl_calc.py") + ":AdditionEnv"
 
 
@@ -122,6 +134,7 @@ def test_textarena_takes_an_opponent_function_and_names_a_bad_one(tmp_path):
         environment_factory("textarena", {"id": "TicTacToe-v0", "opponent": "best"})
 
 
+@needs_verifiers_03
 def test_verifiers_guessing_game_is_scored_by_its_rubric():
     build = environment_factory("verifiers", {"id": "tests.envlibs.vf_guess"})
     transcript = play(build(), {"input": "Guess.", "answer": "7"}, ["5", "7"])
@@ -136,6 +149,7 @@ def test_verifiers_guessing_game_is_scored_by_its_rubric():
     assert own_row[0][-1]["content"] == "Guess my number (1-9)." and own_row[1][1] == pytest.approx(1.5)
 
 
+@needs_verifiers_03
 def test_verifiers_group_level_reward_functions_are_refused_at_load_even_inside_a_rubric_group():
     with pytest.raises(ValueError) as refused:
         environment_factory("verifiers", {"id": "tests.envlibs.vf_guess", "args": {"kind": "grouped"}})
@@ -145,6 +159,7 @@ def test_verifiers_group_level_reward_functions_are_refused_at_load_even_inside_
                                        "group at once); only per-rollout reward functions are supported")
 
 
+@needs_verifiers_03
 def test_verifiers_tools_are_shown_in_the_format_and_called_from_the_policy_text():
     env = environment_factory("verifiers", {"id": "tests.envlibs.vf_guess", "args": {"kind": "tools"}})()
     prompt = checked_reset(env, {"input": "What is 2 + 3?", "answer": "5"})
@@ -157,7 +172,7 @@ def test_verifiers_tools_are_shown_in_the_format_and_called_from_the_policy_text
 
 
 def test_openenv_in_process_and_through_its_server_play_the_same_episode():
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     from openenv.core import create_app
     from tests.envlibs.openenv_guess import GuessAction, GuessEnvironment, GuessObservation
 
@@ -169,21 +184,9 @@ def test_openenv_in_process_and_through_its_server_play_the_same_episode():
     assert [step[1:3] for step in transcript[1:]] == [(-0.1, False), (-0.1, False), (1.0, True)]
     assert transcript[2][0] == [{"role": "user", "content": "A number, please."}]
     app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=4)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        remote = environment_factory("openenv", {"base_url": f"http://127.0.0.1:{port}", "action_field": "guess"})()
+    with served_in_thread(app) as base_url:
+        remote = environment_factory("openenv", {"base_url": base_url, "action_field": "guess"})()
         assert play(remote, {"input": "x"}, turns) == transcript
-    finally:
-        server.should_exit = True
-        thread.join(10)
     with pytest.raises(ValueError, match="one of 'env'"):
         environment_factory("openenv", {})
 
@@ -235,7 +238,8 @@ GRPO_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(GRPO_CASES))
+@pytest.mark.parametrize("case", [pytest.param(case, marks=needs_verifiers_03) if case == "verifiers" else case
+                                  for case in GRPO_CASES])
 def test_each_library_trains_a_tiny_grpo_step(tmp_path, tiny_model_dir, case):
     environment, environment_args = GRPO_CASES[case]
     data = tmp_path / "rows.jsonl"
@@ -255,6 +259,7 @@ def test_each_library_trains_a_tiny_grpo_step(tmp_path, tiny_model_dir, case):
     assert os.path.isfile(out / "policy" / "model.safetensors")
 
 
+@needs_verifiers_03
 def test_a_verifiers_episode_left_waiting_is_cancelled_when_the_rollout_drops_it():
     from alignment.envs import event_loop
 
@@ -272,6 +277,7 @@ def test_a_verifiers_episode_left_waiting_is_cancelled_when_the_rollout_drops_it
     assert not set(episodes) & event_loop._tasks  # no longer held
 
 
+@needs_verifiers_03
 # ("tools", ...): a verifiers ToolEnv (it imports openai-agents' `agents`) trained through the stage's script
 @pytest.mark.parametrize("kind, max_turns, exit_code", [("game", 1, 0), ("breaks", 3, 2), ("tools", 2, 0)])
 def test_verifiers_episodes_cut_by_max_turns_or_left_by_a_raising_step_end_cleanly(tmp_path, tiny_model_dir, kind,
@@ -295,3 +301,11 @@ def test_verifiers_episodes_cut_by_max_turns_or_left_by_a_raising_step_end_clean
     if kind == "breaks":
         errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "RuntimeError: the game broke" in errors[0] and "Traceback" not in run.stderr
+
+
+@pytest.mark.skipif(VERIFIERS is None or VERIFIERS < (0, 4), reason=f"needs verifiers >= 0.4 installed ({VERIFIERS})")
+def test_verifiers_04_is_refused_in_one_line_naming_the_supported_api():
+    with pytest.raises(ValueError) as refused:
+        environment_factory("verifiers", {"id": "tests.envlibs.vf_guess"})
+    assert "\n" not in str(refused.value)
+    assert "not 0.4's v1 API (Taskset / Harness / Toolset); install verifiers==0.3.1" in str(refused.value)

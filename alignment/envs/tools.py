@@ -200,14 +200,24 @@ def bounded_text(text: str, limit: int = MAX_RESULT_CHARS) -> str:
 
 def resolve_tools(specs: Sequence[Union[str, Tool, Callable[..., Any]]],
                   builtins: Mapping[str, Tool]) -> Dict[str, Tool]:
-    """{name: Tool} from functions, Tools, built-in names, 'module:function' or 'path/file.py:function'."""
+    """{name: Tool} from functions, Tools, built-in names, 'module:function' or 'path/file.py:function', and
+    {"mcp": {...}} entries: every tool of that MCP server (mcp_tools.py)."""
     tools: Dict[str, Tool] = {}
     for spec in specs:
-        tool = _resolve_tool(spec, builtins)
-        if tool.name in tools:
-            raise ValueError(f"tools: two tools are named {tool.name!r}")
-        tools[tool.name] = tool
+        for tool in _resolve_entry(spec, builtins):
+            if tool.name in tools:
+                raise ValueError(f"tools: two tools are named {tool.name!r}")
+            tools[tool.name] = tool
     return tools
+
+
+def _resolve_entry(spec: Any, builtins: Mapping[str, Tool]) -> Sequence[Tool]:
+    if isinstance(spec, Mapping):
+        if set(spec) != {"mcp"}:
+            raise ValueError(f"tools: a mapping entry is {{\"mcp\": {{...}}}} (an MCP server), got {spec!r}")
+        from alignment.envs.mcp_tools import mcp_tools
+        return mcp_tools(spec["mcp"])
+    return [_resolve_tool(spec, builtins)]
 
 
 def _resolve_tool(spec: Union[str, Tool, Callable[..., Any]], builtins: Mapping[str, Tool]) -> Tool:

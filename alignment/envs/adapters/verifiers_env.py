@@ -15,7 +15,8 @@ after the environment's system prompt and few-shot messages, `answer`, `info`; a
 column plays that row of the environment's own dataset instead. Rubrics with group-level reward functions (in a
 RubricGroup's rubrics too) are refused at load (they score a group at once). A rollout left waiting for a turn (its
 episode cut by max_turns, or the run stopping) is cancelled on the environments' event loop (event_loop.py).
-Needs verifiers 0.3 (the `verifiers.legacy` API, Python >= 3.11).
+Needs verifiers 0.3 (the `verifiers.legacy` API, Python >= 3.11); with verifiers 0.4 (only the v1 API) installed,
+building it stops with one line saying so.
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ from alignment.envs.tool_env import prompt_messages
 def _loaded(env_id: str, args_json: str):
     """One loaded verifiers environment per (id, args) per process: it serves every episode (as in verifiers)."""
     vf = require("verifiers", "verifiers", "verifiers")
+    if not hasattr(vf, "load_environment"):  # 0.4 keeps only `verifiers.v1` (Taskset / Harness / Toolset)
+        raise ValueError(f"environment 'verifiers': verifiers {getattr(vf, '__version__', '?')} is installed; this "
+                         f"adapter plays environments of the verifiers 0.3 API (load_environment, rubrics), not "
+                         f"0.4's v1 API (Taskset / Harness / Toolset); install verifiers==0.3.1 (requirements.txt)")
     try:
         env = vf.load_environment(env_id, **json.loads(args_json))
     except Exception as err:  # noqa: BLE001 - the environment's own loading code: one line naming it
