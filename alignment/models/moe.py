@@ -18,6 +18,7 @@ given `replay` choices [tokens, k] uses them instead of its own top-k (weights f
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional
 
 import numpy as np
@@ -68,11 +69,13 @@ class MoeBlock(nn.Layer):
         """flat [n, hidden] -> (router logits [n, E] float32, chosen experts [n, k] int64, their weights [n, k])."""
         logits = self.gate(flat).astype("float32")
         probs = F.softmax(logits, axis=-1)
-        if self.replay is not None:
-            chosen = self.replay
-        else:
-            scores = probs + self.moe_statics.e_score_correction_bias if self.moe_statics is not None else probs
-            chosen = paddle.topk(scores, self.settings.top_k, axis=-1)[1]
+        scores = probs + self.moe_statics.e_score_correction_bias if self.moe_statics is not None else probs
+        chosen = paddle.topk(scores, self.settings.top_k, axis=-1)[1]
+        if self.replay is not None:  # -1 rows (nothing recorded there) keep their own choice
+            if self.replay.shape != chosen.shape:
+                raise ValueError(f"routing replay: choices for {self.replay.shape[0]} tokens, the forward has "
+                                 f"{chosen.shape[0]} (replay runs the rows and columns that were recorded)")
+            chosen = paddle.where(self.replay >= 0, self.replay, chosen)
         weights = paddle.take_along_axis(probs, chosen, axis=-1)
         if self.settings.normalize_top_k:
             weights = weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=self.settings.norm_min)
@@ -117,8 +120,9 @@ def moe_block(config: LlamaConfig, index: int) -> Optional[MoeBlock]:
     return MoeBlock(config)  # tensor parallelism refused before (config.check_tensor_split)
 
 
-def moe_blocks(model: nn.Layer) -> List[MoeBlock]:
-    return [layer for layer in model.sublayers() if isinstance(layer, MoeBlock)]
+def moe_blocks(model) -> List[MoeBlock]:
+    """The expert blocks of `model` in layer order (none for a dense model, or a stand-in that is no Layer)."""
+    return [layer for layer in model.sublayers() if isinstance(layer, MoeBlock)] if isinstance(model, nn.Layer) else []
 
 
 def use_dense_experts(model: nn.Layer, dense: bool = True) -> None:
@@ -159,3 +163,40 @@ def expert_load(model: nn.Layer) -> List[np.ndarray]:
         counts = np.bincount(block.chosen.numpy().reshape(-1), minlength=block.settings.num_experts)
         out.append(counts / counts.sum())
     return out
+
+
+def routing_of(model: nn.Layer) -> Optional[np.ndarray]:
+    """The last forward's choices, [tokens, sparse layers, k] int64; None for a dense model."""
+    blocks = moe_blocks(model)
+    return np.stack([block.chosen.numpy() for block in blocks], axis=1) if blocks else None
+
+
+@contextlib.contextmanager
+def replayed_routing(model: nn.Layer, experts: paddle.Tensor):
+    """Forwards of `model` over [N, W] tokens use the choices experts [N, W, sparse layers, k] (generate's record;
+    -1: the token's own choice) instead of their own top-k; the weights stay the model's probabilities."""
+    blocks = moe_blocks(model)
+    n, width, layers, k = experts.shape
+    if layers != len(blocks):
+        raise ValueError(f"routing replay: choices for {layers} sparse layers, the model has {len(blocks)}")
+    try:
+        for j, block in enumerate(blocks):
+            block.replay = experts[:, :, j].reshape([n * width, k])
+        yield
+    finally:
+        for block in blocks:
+            block.replay = None
+
+
+def moe_training_terms(model: nn.Layer, attention_mask=None):
+    """What a training step adds for an MoE model after its forward: (router_aux_loss_coef x the load-balancing
+    loss when the config's output_router_logits is set, as transformers adds it to its loss, else None; metrics:
+    moe/aux_loss and, per sparse layer j, moe/max_expert_load/j, the largest share of choices one expert got)."""
+    blocks = moe_blocks(model)
+    if not blocks or blocks[0].router_logits is None:
+        return None, {}
+    aux = router_aux_loss(model, attention_mask)
+    metrics = {"moe/aux_loss": float(aux)}
+    metrics.update({f"moe/max_expert_load/{j}": float(share.max()) for j, share in enumerate(expert_load(model))})
+    settings = blocks[0].settings
+    return (settings.aux_loss_coef * aux if settings.output_router_logits else None), metrics
