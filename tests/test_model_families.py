@@ -1,7 +1,8 @@
 """Model families and RoPE scalings against HF transformers (tests/fixtures/models, made by
 tools/make_model_fixtures.py): Llama 3.1 (`llama3`), linear, dynamic NTK and YaRN RoPE scaling on a tied LLaMA
 (Llama 3.2's layout), Qwen3 dense (per-head q/k RMSNorm, head_dim != hidden / heads, tied) and ERNIE 4.5 dense
-(interleaved RoPE, head_dim != hidden / heads, tied; its own checks in tests/test_ernie4_5.py). Logits equal
+(interleaved RoPE, head_dim != hidden / heads, tied; its own checks in tests/test_ernie4_5.py), Qwen3-MoE and ERNIE
+4.5 MoE (their own checks in tests/test_moe.py). Logits equal
 transformers' within 1e-5 relative, greedy tokens through the decode engine (KV cache) are transformers' own,
 save -> load keeps the HF tensor names and the logits, and a rope type we lack is one line naming those we have."""
 import json
@@ -22,7 +23,7 @@ from alignment.models.static_decode import StaticDecoder
 from tests.bad_input_harness import case, run_case
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
-NAMES = ["llama3", "linear", "dynamic", "yarn", "qwen3", "ernie4_5"]
+NAMES = ["llama3", "linear", "dynamic", "yarn", "qwen3", "ernie4_5", "qwen3_moe", "ernie4_5_moe"]
 NEW_TOKENS = 8
 
 
@@ -57,7 +58,8 @@ def test_logits_match_transformers(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_tokens_through_the_decode_engine_match_transformers(name, fused):
     model, reference = load(name)
-    assert fusable(model) == (name != "qwen3")  # Qwen3's q/k norms decode through the layers
+    # Qwen3's q/k norms and the MoE families' experts decode through the layers
+    assert fusable(model) == (name not in ("qwen3", "qwen3_moe", "ernie4_5_moe"))
     np.testing.assert_array_equal(greedy(model, reference, fused=fused), reference["greedy_tokens"])
 
 

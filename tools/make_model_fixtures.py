@@ -8,7 +8,9 @@ What it makes
           logits         float32 [2, S, 128]  the logits for input_ids (attention mask all ones);
           greedy_tokens  int64   [1, P + 8]   generate(input_ids[0:1, :P], 8 new tokens, greedy, KV cache), P = 10
                                               (12 for `dynamic`);
-          greedy_margin  float32 [8]          the gap between the best and second-best logit at each greedy step.
+          greedy_margin  float32 [8]          the gap between the best and second-best logit at each greedy step;
+          MoE only: aux_loss, aux_loss_right_padded (transformers' load-balancing loss) and the logits with the
+          family's routing detail off (logits_without_norm_topk_prob / logits_without_score_correction).
     The four RoPE-scaling fixtures share their weights (the same seed and shapes, so model.safetensors is the same
     bytes in each, one git object); `dynamic` runs S = 24 tokens past its max_position_embeddings of 16, and its
     greedy tokens cross 16 while decoding. For each scaled RoPE the same weights with plain RoPE must give other
@@ -30,8 +32,9 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transf
 import numpy as np
 import torch
 from safetensors.numpy import save_file
-from transformers import (AutoModelForCausalLM, Ernie4_5Config, Ernie4_5ForCausalLM, LlamaConfig, LlamaForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import (AutoModelForCausalLM, Ernie4_5Config, Ernie4_5ForCausalLM, Ernie4_5_MoeConfig,
+                          Ernie4_5_MoeForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 # tools/make_hf_reference.py: N(0, 0.2) weights (logits far from uniform), file modes, --help and versions
 from make_hf_reference import begin, readable, reinit_
@@ -66,7 +69,55 @@ FIXTURES = {
     "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, dict(COMMON, head_dim=32, rms_norm_eps=1e-5, use_bias=False,
                                                            max_position_embeddings=256, rope_parameters={
                                                                "rope_type": "default", "rope_theta": 500000.0}), 12, 10),
+    # MoE: 3 layers, 8 experts of intermediate 16, top-2. Qwen3-MoE: top-k weights renormalised (norm_topk_prob, as
+    # Qwen3-30B-A3B), layer 1 dense (mlp_only_layers). ERNIE 4.5 MoE: layer 0 dense (moe_layer_start_index 1), one
+    # shared expert, the selection biased by e_score_correction_bias (drawn here, zero at init)
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+        COMMON, num_hidden_layers=3, head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256, attention_bias=False,
+        use_sliding_window=False, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[1], router_aux_loss_coef=0.001,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}), 12, 10),
+    "ernie4_5_moe": (Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM, dict(
+        COMMON, num_hidden_layers=3, head_dim=32, rms_norm_eps=1e-5, use_bias=False, max_position_embeddings=256,
+        moe_num_experts=8, moe_k=2, moe_intermediate_size=16, moe_num_shared_experts=1, moe_layer_start_index=1,
+        moe_layer_end_index=-1, moe_layer_interval=1, router_aux_loss_coef=0.001,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), 12, 10),
 }
+RIGHT_PAD = 4  # MoE: the auxiliary loss also with the last RIGHT_PAD positions of row 1 masked out
+
+
+def reinit_moe_(model) -> None:
+    """reinit_ for what it leaves at the init std: expert tensors and router weights ~ N(0, 0.2) (decisive routing),
+    ERNIE's e_score_correction_bias ~ N(0, 0.05) (it moves some top-k choices)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".experts." in name or name.endswith("mlp.gate.weight"):
+                param.normal_(0.0, 0.2)
+            elif name.endswith("e_score_correction_bias"):
+                param.normal_(0.0, 0.05)
+
+
+def moe_arrays(name, out_dir, input_ids) -> dict:
+    """The auxiliary load-balancing loss (output_router_logits) with the mask all ones and right-padded, and the
+    logits with the family's routing detail switched off (so the fixture tells it apart)."""
+    model = fresh(out_dir)
+    mask = torch.ones_like(input_ids)
+    mask[1, -RIGHT_PAD:] = 0
+    out = {"aux_loss": model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                             output_router_logits=True).aux_loss,
+           "aux_loss_right_padded": model(input_ids=input_ids, attention_mask=mask, output_router_logits=True).aux_loss}
+    if name == "qwen3_moe":
+        model.config.norm_topk_prob = False
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.norm_topk_prob = False
+        out["logits_without_norm_topk_prob"] = model(input_ids=input_ids).logits
+    else:
+        for name_, param in model.named_parameters():
+            if name_.endswith("e_score_correction_bias"):
+                param.data.zero_()
+        out["logits_without_score_correction"] = model(input_ids=input_ids).logits
+    return {key: value.detach().numpy().astype(np.float32).reshape(np.shape(value)) for key, value in out.items()}
 
 
 def fresh(out_dir):
@@ -90,6 +141,7 @@ def make_one(name: str) -> dict:
     torch.manual_seed(SEED)
     model = model_cls(config_cls(**kwargs)).to(torch.float32)
     reinit_(model)
+    reinit_moe_(model)
     model.save_pretrained(out_dir, safe_serialization=True)
     os.remove(os.path.join(out_dir, "generation_config.json"))  # defaults only
 
@@ -104,9 +156,16 @@ def make_one(name: str) -> dict:
             plain.eval()
             plain.load_state_dict(model.state_dict())
             assert not torch.equal(greedy(plain, prompt).sequences, out.sequences), f"{name}: greedy tells nothing"
+        if name.endswith("_moe"):
+            arrays_moe = moe_arrays(name, out_dir, input_ids)
     top2 = torch.stack([step[0].topk(2).values for step in out.logits])  # [8, 2]
     arrays = {"input_ids": input_ids.numpy(), "logits": logits.numpy().astype(np.float32),
               "greedy_tokens": out.sequences.numpy(), "greedy_margin": (top2[:, 0] - top2[:, 1]).numpy()}
+    if name.endswith("_moe"):
+        arrays.update(arrays_moe)
+        for key in ("logits_without_norm_topk_prob", "logits_without_score_correction"):
+            if key in arrays:  # the routing detail moves the logits
+                assert np.abs(arrays[key] - arrays["logits"]).max() > 1e-2, f"{name}: {key} tells nothing"
     assert arrays["greedy_tokens"].shape == (1, prompt_len + NEW_TOKENS)
     save_file(arrays, os.path.join(out_dir, "reference.safetensors"))
     readable(out_dir)

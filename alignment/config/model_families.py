@@ -16,6 +16,7 @@ class Family(NamedTuple):
     interleaved_rope: bool = False  # RoPE rotates pairs (2i, 2i + 1), not halves (i, i + d/2) (ERNIE 4.5)
     bias_key: Optional[str] = None  # one config key for the q/k/v/o and MLP biases (ERNIE's `use_bias`)
     fixed: Tuple[Tuple[str, Any], ...] = ()  # (key, the only value we support) when the key is present
+    moe: Optional[str] = None  # mixture-of-experts keys and routing (a reader in moe_keys.py); None: dense
 
 
 FAMILIES = {
@@ -26,6 +27,9 @@ FAMILIES = {
     # PaddleFormers' keys: positions divided by compression_ratio, LayerNorm instead of RMSNorm when not use_rmsnorm
     "ernie4_5": Family("Ernie4_5ForCausalLM", interleaved_rope=True, bias_key="use_bias",
                        fixed=(("compression_ratio", 1.0), ("use_rmsnorm", True))),
+    "qwen3_moe": Family("Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification", qk_norm=True, moe="qwen3_moe"),
+    "ernie4_5_moe": Family("Ernie4_5_MoeForCausalLM", interleaved_rope=True, bias_key="use_bias", moe="ernie4_5_moe",
+                           fixed=(("compression_ratio", 1.0), ("use_rmsnorm", True))),
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

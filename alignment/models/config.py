@@ -1,7 +1,8 @@
 """LlamaConfig: the model hyper-parameters, read from and written to a Hugging Face `config.json`.
 
 One config serves the LLaMA family (LLaMA, SmolLM, Mistral-style GQA), Qwen2 (q/k/v bias), Qwen3 dense (per-head
-q/k RMSNorm) and ERNIE 4.5 dense (interleaved RoPE, one `use_bias` key for every projection), with RoPE scaling
+q/k RMSNorm), ERNIE 4.5 dense (interleaved RoPE, one `use_bias` key for every projection) and the mixture-of-experts
+Qwen3-MoE and ERNIE 4.5 MoE (their MoE keys read by alignment/config/moe_keys.py), with RoPE scaling
 (`rope_scaling`: linear, dynamic NTK, Llama 3.1, YaRN; see rope.py), following transformers' key names so
 checkpoints move both ways between this project, paddleformers and transformers. What sets the families apart is
 one row each in FAMILIES (alignment/config/model_families.py).
@@ -15,6 +16,7 @@ from typing import Any, Optional
 
 from alignment.config.model_families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_keys
 from alignment.config.model_keys import model_config_problems
+from alignment.config.moe_keys import MoeSettings, moe_settings
 from alignment.inputs import read_json
 from alignment.models import paddlenlp_checkpoint
 from alignment.models.rope import RopeConfig, check_rope_scaling
@@ -68,6 +70,12 @@ class LlamaConfig:
                              f"the MLP: attention_bias ({self.attention_bias}) and mlp_bias ({self.mlp_bias}) differ")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported (only 'silu' / SwiGLU)")
+        moe_settings(self.family.moe, self.extra, self.num_hidden_layers)  # a wrong MoE key: named now
+
+    @property
+    def moe(self) -> Optional[MoeSettings]:
+        """The mixture-of-experts settings (from the family's keys kept in `extra`); None for a dense model."""
+        return moe_settings(self.family.moe, self.extra, self.num_hidden_layers)
 
     @property
     def family(self) -> Family:
@@ -154,6 +162,9 @@ def check_tensor_split(tp: int, config, path: str) -> None:
     """Tensor parallelism splits attention heads, key/value heads, the MLP and the vocabulary evenly."""
     if tp == 1:
         return
+    if getattr(config, "moe", None) is not None:
+        raise ValueError(f"{path}: model_type {config.model_type!r} (mixture of experts) runs with "
+                         f"tensor_parallel_degree 1 only, got {tp} (key 'tensor_parallel_degree')")
     sizes = {"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
              "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
     for name, size in sizes.items():

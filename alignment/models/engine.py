@@ -32,6 +32,7 @@ import paddle.nn.functional as F
 
 from alignment.models.fused_decode import FusedDecoder, fusable
 from alignment.models.logprobs import top_log_probs
+from alignment.models.moe import moe_blocks, routing_of
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
 from alignment.models.slot_cache import SlotCache
 from alignment.models.weights_digest import StaleWeights, policy_version
@@ -58,6 +59,7 @@ class Sequence:
         self.pending: List[int] = list(ids)  # ids to feed (the paused turn's last token first)
         self.fed = 0  # ids in the cache
         self.turn: List[int] = []  # tokens sampled this turn
+        self.experts: List[np.ndarray] = []  # MoE: per fed token, [sparse layers, k] experts it was routed to
         self.turn_log_probs: List[float] = []
         self.ending: Optional[str] = None  # why the last turn ended: eos, stop, length, budget
         self.slot: Optional[int] = None
@@ -138,6 +140,7 @@ class DecodeEngine:
         self.running: List[Optional[Sequence]] = [None] * slots
         self.rounds = 0  # sampling rounds done
         self.version = policy_version(model)  # the key of the cache and the weight copy
+        self.routing = static is None and bool(moe_blocks(model))  # record each token's experts (MoE)
 
     # ------------------------------------------------------------------ the caller's side
 
@@ -203,6 +206,7 @@ class DecodeEngine:
             key = tuple(seq.pending) if seq.fed == 0 else None
             if key is not None and key in shared:
                 if shared[key] is not seq:
+                    seq.experts = list(shared[key].experts)
                     self.cache.copy(shared[key].slot, seq.slot)
                     self.logits[seq.slot] = self.logits[shared[key].slot]
             else:
@@ -229,8 +233,11 @@ class DecodeEngine:
             ids[i, width - len(prompt):], mask[i, width - len(prompt):] = prompt, 1
         out = self.model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), use_cache=True,
                          last_only=True)
+        routing = routing_of(self.model) if self.routing else None  # [u * P, sparse layers, k]
         for i, prompt in enumerate(prompts):
             slot, n = first[prompt].slot, len(prompt)
+            if routing is not None:
+                first[prompt].experts = list(routing[(i + 1) * width - n:(i + 1) * width])
             for layer, (k, v) in enumerate(out.past_key_values):  # [u, kv_heads, P, d]: its last n columns
                 self.cache.k[layer][slot, :, :n] = k[i, :, width - n:]
                 self.cache.v[layer][slot, :, :n] = v[i, :, width - n:]
@@ -246,6 +253,7 @@ class DecodeEngine:
                          past_key_values=self.cache.past(seq.slot), use_cache=True, last_only=True)
         self.cache.write(seq.slot, out.past_key_values, start)
         self.logits[seq.slot] = out.logits[0, -1]
+        seq.experts.extend(routing_of(self.model) if self.routing else [])
 
     def _sample(self, sampling: List[Sequence]) -> List[Sequence]:
         """Draw a token for each sequence in `sampling` over all slots' logits (fixed shapes: a row's draw is
@@ -304,7 +312,9 @@ class DecodeEngine:
         column, attention, position = self.cache.step_inputs(mask)
         self.logits = self.stepper.step(paddle.to_tensor(tokens), self.cache, column, attention, position)
         self.cache.after_step(mask)
+        routing = routing_of(self.model) if self.routing else None  # [slots, sparse layers, k]
         for seq in feeding:
+            seq.experts.extend(routing[seq.slot:seq.slot + 1] if routing is not None else [])
             self._mark_seen(seq.slot, seq.pending)
             seq.fed += 1
             seq.pending, seq.state = [], SAMPLE

@@ -37,6 +37,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment.models.llama import LlamaForCausalLM, RMSNorm, attention_bias
+from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
 from alignment.parallel import tensor_parallel as tp
 
@@ -59,6 +60,8 @@ def fusable(model) -> bool:
         return False
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
+        if isinstance(mlp, MoeBlock):  # experts decode through the layers
+            return False
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if any(type(lin) is not tp.Linear or lin.bias is not None for lin in linears):
             return False

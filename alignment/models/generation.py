@@ -22,6 +22,8 @@ class GenerationOutput(NamedTuple):
     sequences: paddle.Tensor  # [b, prompt_len + new_len]: the left-padded prompt, then the response
     response_mask: paddle.Tensor  # [b, new_len] int64: 1 for generated tokens up to and including eos
     log_probs: Optional[paddle.Tensor] = None  # [b, new_len] float32 when asked: log softmax(logits / T)[token]
+    experts: Optional[paddle.Tensor] = None  # MoE: [b, prompt_len + new_len, sparse layers, k] int64, the experts
+    # each fed token was routed to (-1 at padding and at the last token, never fed), for routing replay
 
 
 class SampleRows(NamedTuple):
@@ -78,7 +80,19 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, static=
         response[i, :n], response_mask[i, :n], log_probs[i, :n] = seq.turn, 1, seq.turn_log_probs
     return GenerationOutput(paddle.concat([input_ids, paddle.to_tensor(response)], axis=1),
                             paddle.to_tensor(response_mask),
-                            paddle.to_tensor(log_probs) if log_prob_temperature is not None else None)
+                            paddle.to_tensor(log_probs) if log_prob_temperature is not None else None,
+                            recorded_experts(sequences, prompts, input_ids.shape[1], width) if engine.routing else None)
+
+
+def recorded_experts(sequences, prompts, prompt_len: int, width: int) -> paddle.Tensor:
+    """The engine's per-token expert record laid out as generate's sequences [b, prompt_len + width, layers, k]
+    (prompts left-padded), -1 where nothing was fed."""
+    layers, k = sequences[0].experts[0].shape
+    out = np.full([len(sequences), prompt_len + width, layers, k], -1, dtype="int64")
+    for i, seq in enumerate(sequences):
+        start = prompt_len - len(prompts[i])  # the prompt's first column
+        out[i, start:start + len(seq.experts)] = np.stack(seq.experts)
+    return paddle.to_tensor(out)
 
 
 @paddle.no_grad()

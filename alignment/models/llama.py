@@ -1,6 +1,6 @@
 """A LLaMA-family causal LM in plain Paddle: RMSNorm, RoPE (rope.py), grouped-query attention, SwiGLU, KV cache;
-Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, ERNIE 4.5's interleaved RoPE and `use_bias` (the family's row
-in config.py's FAMILIES).
+Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, ERNIE 4.5's interleaved RoPE and `use_bias`, the MoE families'
+expert layers (moe.py) (the family's row in config.py's FAMILIES).
 
 Parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`, ...), so checkpoint
 conversion is a transpose of the Linear weights (Paddle stores them [in, out], HF [out, in]); see checkpoint.py.
@@ -18,6 +18,7 @@ from paddle.distributed.fleet.utils import recompute
 
 from alignment.models.checkpoint import PretrainedMixin
 from alignment.models.config import LlamaConfig
+from alignment.models.moe import moe_block
 from alignment.models.rope import Rotary, apply_rope, rotary_tables
 from alignment.parallel import tensor_parallel as tp
 from alignment.models.logprobs import entropy_from_logits, gather_log_probs, log_probs_and_entropy
@@ -150,10 +151,10 @@ class MLP(nn.Layer):
 
 
 class DecoderLayer(nn.Layer):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, index: int = 0):
         super().__init__()
         self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.mlp = moe_block(config, index) or MLP(config)  # the family's sparse layers: experts (moe.py)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -171,7 +172,7 @@ class LlamaModel(nn.Layer):
         self.config = config
         # no padding_idx: pad may be a real token (SmolLM2 pads with <|im_end|>), whose embedding must not be zero
         self.embed_tokens = tp.embedding(config.vocab_size, config.hidden_size, config.tensor_parallel_degree)
-        self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.layers = nn.LayerList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values: Optional[KVCache] = None,

@@ -1,0 +1,202 @@
+"""Mixture-of-experts MLP for the Qwen3-MoE and ERNIE 4.5 MoE families (settings: alignment/config/moe_keys.py).
+
+A router (`gate`, a bias-free Linear hidden -> experts) gives each token softmax probabilities over the experts; the
+top-k experts run on it and their outputs are summed with the chosen probabilities as weights:
+- Qwen3-MoE: top-k of the probabilities; the k weights divided by their sum when `norm_topk_prob`.
+- ERNIE 4.5 MoE: top-k of the probabilities plus `e_score_correction_bias` (a per-expert bias that moves the choice,
+  not the weights); the weights divided by their sum clamped below at `moe_norm_min`; plus shared experts, one
+  SwiGLU of `moe_intermediate_size x moe_num_shared_experts` that every token runs.
+Each expert is a SwiGLU with transformers' checkpoint names (`mlp.experts.3.gate_proj.weight`), so checkpoints
+convert like the dense layers (a transpose) and LoRA's gate_proj/up_proj/down_proj targets reach the experts too.
+
+Two paths, equal up to float rounding: sparse (each expert runs on the tokens routed to it, gathered, and its
+outputs are added back in expert order, as transformers does) and dense (every expert on every token, the outputs
+weighted by a [tokens, experts] matrix that is zero off the chosen experts): the reference, and what a compiled
+program runs (no data-dependent shapes). Each forward keeps its router logits and choices on the block, for the
+load-balancing loss (router_aux_loss, as transformers computes it), the expert load, and routing replay: a block
+given `replay` choices [tokens, k] uses them instead of its own top-k (weights from its own probabilities).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import List, Optional
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from alignment.models.config import LlamaConfig
+from alignment.parallel import tensor_parallel as tp
+
+
+class SwiGLU(nn.Layer):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = tp.column_linear(hidden, intermediate, bias, 1)
+        self.up_proj = tp.column_linear(hidden, intermediate, bias, 1)
+        self.down_proj = tp.row_linear(intermediate, hidden, bias, 1)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ScoreCorrection(nn.Layer):
+    """ERNIE's `moe_statics.e_score_correction_bias` [1, experts]: set by its training, not by gradients."""
+
+    def __init__(self, experts: int):
+        super().__init__()
+        self.e_score_correction_bias = self.create_parameter(
+            [1, experts], default_initializer=nn.initializer.Constant(0.0))
+        self.e_score_correction_bias.stop_gradient = True
+
+
+class MoeBlock(nn.Layer):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        moe = config.moe
+        self.settings = moe
+        self.gate = tp.column_linear(config.hidden_size, moe.num_experts, False, 1)
+        self.experts = nn.LayerList([SwiGLU(config.hidden_size, moe.expert_size) for _ in range(moe.num_experts)])
+        self.moe_statics = ScoreCorrection(moe.num_experts) if moe.score_correction else None
+        self.shared_experts = SwiGLU(config.hidden_size, moe.shared_size, config.mlp_bias) if moe.shared_size else None
+        self.dense = False  # the reference path (every expert on every token)
+        self.replay: Optional[paddle.Tensor] = None  # [tokens, k] int64 expert choices to use instead of top-k
+        self.router_logits: Optional[paddle.Tensor] = None  # [tokens, experts] of the last forward
+        self.chosen: Optional[paddle.Tensor] = None  # [tokens, k] of the last forward
+
+    def route(self, flat):
+        """flat [n, hidden] -> (router logits [n, E] float32, chosen experts [n, k] int64, their weights [n, k])."""
+        logits = self.gate(flat).astype("float32")
+        probs = F.softmax(logits, axis=-1)
+        scores = probs + self.moe_statics.e_score_correction_bias if self.moe_statics is not None else probs
+        chosen = paddle.topk(scores, self.settings.top_k, axis=-1)[1]
+        if self.replay is not None:  # -1 rows (nothing recorded there) keep their own choice
+            if self.replay.shape != chosen.shape:
+                raise ValueError(f"routing replay: choices for {self.replay.shape[0]} tokens, the forward has "
+                                 f"{chosen.shape[0]} (replay runs the rows and columns that were recorded)")
+            chosen = paddle.where(self.replay >= 0, self.replay, chosen)
+        weights = paddle.take_along_axis(probs, chosen, axis=-1)
+        if self.settings.normalize_top_k:
+            weights = weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=self.settings.norm_min)
+        return logits, chosen, weights.astype(flat.dtype)
+
+    def forward(self, x):
+        b, s, hidden = x.shape
+        flat = x.reshape([-1, hidden])
+        self.router_logits, self.chosen, weights = self.route(flat)
+        if self.dense or not paddle.in_dynamic_mode():
+            out = self.dense_experts(flat, self.chosen, weights)
+        else:
+            out = self.sparse_experts(flat, self.chosen, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.reshape([b, s, hidden])
+
+    def dense_experts(self, flat, chosen, weights):
+        combine = paddle.put_along_axis(paddle.zeros([flat.shape[0], len(self.experts)], flat.dtype), chosen,
+                                        weights, axis=1)  # [n, E], zero off the chosen experts
+        out = paddle.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            out = out + expert(flat) * combine[:, e:e + 1]
+        return out
+
+    def sparse_experts(self, flat, chosen, weights):
+        picks = chosen.numpy()
+        out = paddle.zeros_like(flat)
+        for e in np.unique(picks):
+            rows, slots = np.nonzero(picks == e)
+            index = paddle.to_tensor(rows, dtype="int64")
+            weight = paddle.gather_nd(weights, paddle.to_tensor(np.stack([rows, slots], axis=1), dtype="int64"))
+            out = paddle.index_add(out, index, 0, self.experts[int(e)](paddle.gather(flat, index)) * weight[:, None])
+        return out
+
+
+def moe_block(config: LlamaConfig, index: int) -> Optional[MoeBlock]:
+    """The expert block of decoder layer `index`, None where the family's layer is dense."""
+    moe = config.moe
+    if moe is None or index not in moe.sparse_layers:
+        return None
+    return MoeBlock(config)  # tensor parallelism refused before (config.check_tensor_split)
+
+
+def moe_blocks(model) -> List[MoeBlock]:
+    """The expert blocks of `model` in layer order (none for a dense model, or a stand-in that is no Layer)."""
+    return [layer for layer in model.sublayers() if isinstance(layer, MoeBlock)] if isinstance(model, nn.Layer) else []
+
+
+def use_dense_experts(model: nn.Layer, dense: bool = True) -> None:
+    """Every expert block of `model` on the dense (reference) path, or back on the sparse one."""
+    for block in moe_blocks(model):
+        block.dense = dense
+
+
+def router_aux_loss(model: nn.Layer, attention_mask=None) -> paddle.Tensor:
+    """transformers' load_balancing_loss_func over the last forward's sparse layers: experts x sum over experts of
+    (the share of top-k choices it got) x (its mean router probability), over all layers' tokens together; with
+    attention_mask [b, s] only the real tokens count. The choice is the plain top-k of the probabilities (no score
+    correction, no replay), as there."""
+    blocks = moe_blocks(model)
+    experts, top_k = blocks[0].settings.num_experts, blocks[0].settings.top_k
+    counts = paddle.zeros([experts], "float32")
+    prob_sum = paddle.zeros([experts], "float32")
+    rows = 0.0
+    for block in blocks:
+        probs = F.softmax(block.router_logits, axis=-1)  # [n, E]
+        chosen = paddle.topk(probs, top_k, axis=-1)[1]
+        hits = F.one_hot(chosen, experts).sum(axis=1)  # [n, E]
+        if attention_mask is None:
+            rows = rows + probs.shape[0]
+        else:
+            mask = attention_mask.reshape([-1, 1]).astype("float32")
+            hits, probs = hits * mask, probs * mask
+            rows = rows + mask.sum()
+        counts = counts + hits.sum(axis=0)
+        prob_sum = prob_sum + probs.sum(axis=0)
+    return (counts / rows * (prob_sum / rows)).sum() * experts
+
+
+def expert_load(model: nn.Layer) -> List[np.ndarray]:
+    """Per sparse layer, the share of the last forward's top-k choices each expert got ([experts], sums to 1)."""
+    out = []
+    for block in moe_blocks(model):
+        counts = np.bincount(block.chosen.numpy().reshape(-1), minlength=block.settings.num_experts)
+        out.append(counts / counts.sum())
+    return out
+
+
+def routing_of(model: nn.Layer) -> Optional[np.ndarray]:
+    """The last forward's choices, [tokens, sparse layers, k] int64; None for a dense model."""
+    blocks = moe_blocks(model)
+    return np.stack([block.chosen.numpy() for block in blocks], axis=1) if blocks else None
+
+
+@contextlib.contextmanager
+def replayed_routing(model: nn.Layer, experts: paddle.Tensor):
+    """Forwards of `model` over [N, W] tokens use the choices experts [N, W, sparse layers, k] (generate's record;
+    -1: the token's own choice) instead of their own top-k; the weights stay the model's probabilities."""
+    blocks = moe_blocks(model)
+    n, width, layers, k = experts.shape
+    if layers != len(blocks):
+        raise ValueError(f"routing replay: choices for {layers} sparse layers, the model has {len(blocks)}")
+    try:
+        for j, block in enumerate(blocks):
+            block.replay = experts[:, :, j].reshape([n * width, k])
+        yield
+    finally:
+        for block in blocks:
+            block.replay = None
+
+
+def moe_training_terms(model: nn.Layer, attention_mask=None):
+    """What a training step adds for an MoE model after its forward: (router_aux_loss_coef x the load-balancing
+    loss when the config's output_router_logits is set, as transformers adds it to its loss, else None; metrics:
+    moe/aux_loss and, per sparse layer j, moe/max_expert_load/j, the largest share of choices one expert got)."""
+    blocks = moe_blocks(model)
+    if not blocks or blocks[0].router_logits is None:
+        return None, {}
+    aux = router_aux_loss(model, attention_mask)
+    metrics = {"moe/aux_loss": float(aux)}
+    metrics.update({f"moe/max_expert_load/{j}": float(share.max()) for j, share in enumerate(expert_load(model))})
+    settings = blocks[0].settings
+    return (settings.aux_loss_coef * aux if settings.output_router_logits else None), metrics
