@@ -11,6 +11,15 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 
 import pytest  # noqa: E402
 
+
+def pytest_xdist_auto_num_workers(config):
+    """pytest.ini's `-n auto`: the default suite on two worker processes (pytest-xdist; its tests are mostly
+    one-threaded process starts and tiny runs); the parallel and slow suites one test at a time, since their tests
+    start processes of their own or load the CPU on purpose."""
+    if config.option.markexpr != "not slow and not parallel":
+        return 0
+    return 2 if len(os.sched_getaffinity(0)) >= 2 else 0
+
 import alignment.dpo.losses  # noqa: E402,F401  the preference losses DPO arguments name
 import alignment.ppo.registrations  # noqa: E402,F401  the estimators, losses and KL estimators PPO arguments name
 
