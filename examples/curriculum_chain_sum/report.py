@@ -23,11 +23,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from alignment.evaluation.report import compare  # noqa: E402
 
 TASK, METRIC = "chain_sum", "pass@1"
-_spec = importlib.util.spec_from_file_location(  # examples/reasoning_demo/report.py (both files are report.py)
-    "reasoning_demo_report", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                          "reasoning_demo", "report.py"))
-_reasoning = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_reasoning)
+
+
+def _example_report(folder: str):
+    """examples/<folder>/report.py, loaded by path (every demo's report is named report.py)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), folder, "report.py")
+    spec = importlib.util.spec_from_file_location(f"{folder}_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_reasoning, _distill = _example_report("reasoning_demo"), _example_report("distill_chain_sum")
 
 
 def evals(run: str) -> list:
@@ -71,27 +78,6 @@ def median_step_seconds(run: str) -> float:
     return times[len(times) // 2]
 
 
-def plot(arms: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, result in arms.items():
-        c = result["curve"]
-        ax.errorbar([p["minutes"] for p in c], [p["gain"]["mean"] for p in c], fmt="-o", capsize=3, label=name,
-                    yerr=[[p["gain"]["mean"] - p["gain"]["low"] for p in c],
-                          [p["gain"]["high"] - p["gain"]["mean"] for p in c]])
-    ax.set_xlabel("training minutes (generate + score + train)")
-    ax.set_ylabel(f"held-out {TASK} sampled {METRIC} gain")
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plain", required=True)
@@ -118,12 +104,12 @@ def main(argv=None) -> dict:
     path = record.save("curriculum_chain_sum", figures, results_dir=record.results_dir(args), when=record.stamp())
     for out in (path[:-len(".json")] + ".png", args.plot):
         if out:
-            plot(arms, out)
+            _distill.plot(arms, out, ylabel=f"held-out {TASK} sampled {METRIC} gain")
     for name, result in arms.items():
-        g = result["curve"][-1]["gain"]
+        g, minutes = result["curve"][-1]["gain"], result["minutes_to_plain_final_gain"]
         print(f"{name}: gain {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] after "
               f"{result['curve'][-1]['minutes']:.1f} min ({result['median_step_seconds']:.1f} s a step); plain's "
-              f"final gain after step {result['steps_to_plain_final_gain']} ({result['minutes_to_plain_final_gain']} "
+              f"final gain after step {result['steps_to_plain_final_gain']} ({'-' if minutes is None else f'{minutes:.1f}'} "
               "min); zero-variance groups by quarter "
               + ", ".join(f"{v:.2f}" for v in result["zero_variance_groups_by_quarter"]))
     print(f"curriculum - plain at the end: {final['mean']:+.3f} [{final['low']:+.3f}, {final['high']:+.3f}]")

@@ -62,7 +62,8 @@ def arm(points: list, start_dir: str, teacher_gain: float) -> dict:
     return {"curve": curve, f"minutes_to_{int(SHARE * 100)}pct_of_teacher_gain": reached}
 
 
-def plot(arms: dict, path: str) -> None:
+def plot(arms: dict, path: str, ylabel: str = f"held-out {TASK} greedy pass@1 gain over the student") -> None:
+    """Each arm's gain against training minutes, with its 95% CI (also examples/curriculum_chain_sum/report.py's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,7 +76,7 @@ def plot(arms: dict, path: str) -> None:
                     yerr=[[p["gain"]["mean"] - p["gain"]["low"] for p in c], [p["gain"]["high"] - p["gain"]["mean"]
                                                                             for p in c]])
     ax.set_xlabel("training minutes")
-    ax.set_ylabel(f"held-out {TASK} greedy pass@1 gain over the student")
+    ax.set_ylabel(ylabel)
     ax.axhline(0, color="grey", lw=0.5)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
