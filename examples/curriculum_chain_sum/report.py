@@ -107,10 +107,11 @@ def main(argv=None) -> dict:
             _distill.plot(arms, out, ylabel=f"held-out {TASK} sampled {METRIC} gain")
     for name, result in arms.items():
         g, minutes = result["curve"][-1]["gain"], result["minutes_to_plain_final_gain"]
+        minutes = "-" if minutes is None else f"{minutes:.1f}"
         print(f"{name}: gain {g['mean']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] after "
               f"{result['curve'][-1]['minutes']:.1f} min ({result['median_step_seconds']:.1f} s a step); plain's "
-              f"final gain after step {result['steps_to_plain_final_gain']} ({'-' if minutes is None else f'{minutes:.1f}'} "
-              "min); zero-variance groups by quarter "
+              f"final gain after step {result['steps_to_plain_final_gain']} ({minutes} min)"
+              "; zero-variance groups by quarter "
               + ", ".join(f"{v:.2f}" for v in result["zero_variance_groups_by_quarter"]))
     print(f"curriculum - plain at the end: {final['mean']:+.3f} [{final['low']:+.3f}, {final['high']:+.3f}]")
     return figures
