@@ -29,4 +29,4 @@ for arm in plain curriculum; do
     done
     runs+=("--$arm" "$out")
 done
-python examples/curriculum_chain_sum/report.py "${runs[@]}"
+python examples/curriculum_chain_sum/report.py "${runs[@]}" --record --plot docs/images/curriculum_chain_sum.png

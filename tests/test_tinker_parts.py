@@ -1,4 +1,4 @@
-"""The parts of the Tinker-compatible service that need no SDK: the built-in losses (alignment/tinker/losses.py)
+"""The parts of the Tinker-compatible service that need no SDK: the built-in losses (alignment/tinker_service/losses.py)
 against values worked by hand, the protobuf codec (wire.py) on bytes laid out by hand, and the futures the SDK
 polls (service.py)."""
 import math
@@ -9,10 +9,10 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.tinker import wire
-from alignment.tinker.losses import LOSSES, LossInputError
-from alignment.tinker.service import TinkerService
-from alignment.tinker.training import UserError
+from alignment.tinker_service import wire
+from alignment.tinker_service.losses import LOSSES, LossInputError
+from alignment.tinker_service.service import TinkerService
+from alignment.tinker_service.training import UserError
 
 LOGP = [math.log(0.5), math.log(0.25)]  # the model's log-probs of two target tokens
 
@@ -107,7 +107,7 @@ def test_checkpoint_paths_and_sessions_cannot_leave_the_checkpoint_folder(tmp_pa
 
 
 def test_two_adam_steps_with_clipping_and_decay_equal_paddles_adamw(tiny_model_dir):
-    from alignment.tinker.training import MLP, BaseModel, TrainingModel, lora_model
+    from alignment.tinker_service.training import MLP, BaseModel, TrainingModel, lora_model
 
     base = BaseModel("tiny", tiny_model_dir, 512)
     ours = TrainingModel("m", base, lora_model(base, 2, 4.0, MLP, seed=1), 2)

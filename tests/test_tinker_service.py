@@ -17,9 +17,9 @@ from alignment.models.generation import generate_without_cache  # noqa: E402
 from alignment.models.logprobs import answer_token_loss, gather_log_probs  # noqa: E402
 from alignment.models.lora import apply_lora, load_adapter, lora_layers, merge_lora  # noqa: E402
 from alignment.models.sampling import GenerationConfig  # noqa: E402
-from alignment.tinker.http import TinkerServer  # noqa: E402
-from alignment.tinker.service import TinkerService  # noqa: E402
-from alignment.tinker.training import ATTENTION, MLP, BaseModel  # noqa: E402
+from alignment.tinker_service.http import TinkerServer  # noqa: E402
+from alignment.tinker_service.service import TinkerService  # noqa: E402
+from alignment.tinker_service.training import ATTENTION, MLP, BaseModel  # noqa: E402
 
 KEY, RANK, ALPHA = "tml-test-key", 4, 32.0
 PROMPT, ANSWER = [5, 17, 42, 9, 33], [101, 7, 250, 64]

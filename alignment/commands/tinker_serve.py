@@ -55,9 +55,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     from alignment.inference.exported_model import checkpoint_dir
     from alignment.models import LlamaConfig
-    from alignment.tinker.http import TinkerServer, serve_forever
-    from alignment.tinker.service import TinkerService
-    from alignment.tinker.training import BaseModel
+    from alignment.tinker_service.http import TinkerServer, serve_forever
+    from alignment.tinker_service.service import TinkerService
+    from alignment.tinker_service.training import BaseModel
 
     bases = {}
     for name, path in args.base_model.items():

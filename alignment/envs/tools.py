@@ -12,9 +12,8 @@ import threading
 import time
 import types
 import typing
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Union
 
-from alignment.data import import_function
 
 MAX_RESULT_CHARS = 4000
 DEFAULT_TIMEOUT = 10.0
@@ -193,39 +192,3 @@ def bounded_text(text: str, limit: int = MAX_RESULT_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... [{len(text) - limit} more characters cut]"
-
-
-# --------------------------------------------------------------------------- tool specs
-
-
-def resolve_tools(specs: Sequence[Union[str, Tool, Callable[..., Any]]],
-                  builtins: Mapping[str, Tool]) -> Dict[str, Tool]:
-    """{name: Tool} from functions, Tools, built-in names, 'module:function' or 'path/file.py:function', and
-    {"mcp": {...}} entries: every tool of that MCP server (mcp_tools.py)."""
-    tools: Dict[str, Tool] = {}
-    for spec in specs:
-        for tool in _resolve_entry(spec, builtins):
-            if tool.name in tools:
-                raise ValueError(f"tools: two tools are named {tool.name!r}")
-            tools[tool.name] = tool
-    return tools
-
-
-def _resolve_entry(spec: Any, builtins: Mapping[str, Tool]) -> Sequence[Tool]:
-    if isinstance(spec, Mapping):
-        if set(spec) != {"mcp"}:
-            raise ValueError(f"tools: a mapping entry is {{\"mcp\": {{...}}}} (an MCP server), got {spec!r}")
-        from alignment.envs.mcp_tools import mcp_tools
-        return mcp_tools(spec["mcp"])
-    return [_resolve_tool(spec, builtins)]
-
-
-def _resolve_tool(spec: Union[str, Tool, Callable[..., Any]], builtins: Mapping[str, Tool]) -> Tool:
-    if not isinstance(spec, str):
-        return as_tool(spec)
-    if spec in builtins:
-        return builtins[spec]
-    if ":" not in spec:
-        raise ValueError(f"tools: {spec!r} is neither a built-in tool ({', '.join(sorted(builtins))}) nor "
-                         f"'module:function' / 'file.py:function'")
-    return as_tool(import_function(spec, "tools"))

@@ -19,7 +19,7 @@ from alignment.models import LlamaForCausalLM
 from alignment.models.engine import DecodeEngine, Sequence
 from alignment.models.lora import apply_lora, load_adapter, merge_lora
 from alignment.models.sampling import GenerationConfig
-from alignment.tinker.training import BaseModel, UserError, checkpoint_shape
+from alignment.tinker_service.training import BaseModel, UserError, checkpoint_shape
 
 ENDINGS = {"eos": "stop", "stop": "stop", "length": "length", "budget": "length"}
 

@@ -22,9 +22,9 @@ import uuid
 from collections import OrderedDict
 from typing import Callable, Dict, Optional, Set, Tuple
 
-from alignment.tinker import wire
-from alignment.tinker.sampling import generation_config, sample, sampler_model
-from alignment.tinker.training import BaseModel, TrainingModel, UserError, checkpoint_shape, lora_model, lora_targets
+from alignment.tinker_service import wire
+from alignment.tinker_service.sampling import generation_config, sample, sampler_model
+from alignment.tinker_service.training import BaseModel, TrainingModel, UserError, checkpoint_shape, lora_model, lora_targets
 
 NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}")
 RUN_ID = re.compile(r"[A-Za-z0-9_:\-][A-Za-z0-9_.:\-]{0,199}")  # no leading dot: never "." or ".."

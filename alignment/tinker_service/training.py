@@ -26,8 +26,8 @@ from safetensors.numpy import load_file, save_file
 from alignment.models import LlamaForCausalLM
 from alignment.models.logprobs import gather_log_probs
 from alignment.models.lora import apply_lora, load_adapter, read_adapter_config, save_adapter
-from alignment.tinker.losses import LOSSES, LossInputError
-from alignment.tinker.wire import Datum
+from alignment.tinker_service.losses import LOSSES, LossInputError
+from alignment.tinker_service.wire import Datum
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")

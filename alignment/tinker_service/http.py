@@ -19,9 +19,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, Optional
 
-from alignment.tinker.service import TinkerService
-from alignment.tinker.training import UserError
-from alignment.tinker.wire import WireError
+from alignment.tinker_service.service import TinkerService
+from alignment.tinker_service.training import UserError
+from alignment.tinker_service.wire import WireError
 
 PROTO = "application/x-protobuf"
 MAX_BODY = 256 * 1024 * 1024
