@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Mapping, Sequence, Union
 
-from alignment.envs.mcp_tools import mcp_tools
 from alignment.data import import_function
+from alignment.envs.mcp_tools import mcp_tools
 from alignment.envs.tools import Tool, as_tool
 
 
