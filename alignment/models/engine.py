@@ -9,7 +9,9 @@ gateway (gateway/) and the asynchronous rollout ranks all add `Sequence`s to an 
 2. sample: every sequence with logits draws its next token (its own uniform number: its `rng`, or the engine's
    batch draw), and its turn ends at eos, a stop string, max_new_tokens or its token budget;
 3. decode: the sequences whose turn goes on feed their token in one step of all slots (fused_decode.py's
-   decoder for a plain float32 LLaMA, the model's layers otherwise, or a compiled step).
+   decoder for a plain float32 LLaMA, the model's layers otherwise, or a compiled step); with prompt lookup on
+   (GenerationConfig.prompt_lookup_num_tokens), those with a draft feed it too, in one verify step of all slots
+   that keeps the accepted prefix (speculative_step.py; the math in speculative.py).
 
 A sequence whose turn ended pauses in its slot, cache kept, until the caller `resume`s it with more ids or
 `release`s it; the others go on meanwhile (continuous batching over the carried KV cache). Shapes are fixed
@@ -34,42 +36,10 @@ from alignment.models.fused_decode import FusedDecoder, fusable
 from alignment.models.logprobs import top_log_probs
 from alignment.models.moe import moe_blocks, routing_of
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
+from alignment.models.sequence import DECODE, PAUSED, PREFILL, SAMPLE, Sequence, sampler_groups, turn_end
 from alignment.models.slot_cache import SlotCache
+from alignment.models.speculative_step import Speculator, rejected_tokens
 from alignment.models.weights_digest import StaleWeights, policy_version
-
-PREFILL, SAMPLE, DECODE, PAUSED = "prefill", "sample", "decode", "paused"
-
-
-class Sequence:
-    """A sequence in the engine: `ids` to feed first, the sampler `config` of its turns (max_new_tokens caps a
-    turn), `max_len` tokens it may hold in all (prompt included). rng: a numpy Generator giving its uniform
-    numbers, one per sampled token (None: the engine's batch draw); stop(turn ids) -> True when a stop string
-    ended the turn; log_prob_temperature: the temperature its tokens' log-probs are taken at (None: not taken,
-    turn_log_probs stay 0); top_logprobs: also keep the k most likely tokens and their log-probs at each sampled
-    position (turn_top: per token [(id, log-prob)], most likely first)."""
-
-    def __init__(self, ids: Seq[int], config: GenerationConfig, max_len: int, rng=None,
-                 stop: Optional[Callable[[List[int]], bool]] = None, log_prob_temperature: Optional[float] = 1.0,
-                 top_logprobs: int = 0):
-        if not ids:
-            raise ValueError("Sequence: at least one id to start from")
-        self.config, self.max_len, self.rng, self.stop = config, max_len, rng, stop
-        self.log_prob_temperature, self.top_logprobs = log_prob_temperature, top_logprobs
-        self.turn_top: List[list] = []
-        self.pending: List[int] = list(ids)  # ids to feed (the paused turn's last token first)
-        self.fed = 0  # ids in the cache
-        self.turn: List[int] = []  # tokens sampled this turn
-        self.experts: List[np.ndarray] = []  # MoE: per fed token, [sparse layers, k] experts it was routed to
-        self.turn_log_probs: List[float] = []
-        self.ending: Optional[str] = None  # why the last turn ended: eos, stop, length, budget
-        self.slot: Optional[int] = None
-        self.state = PREFILL
-
-    @property
-    def length(self) -> int:
-        """Tokens in the sequence: fed and to feed."""
-        return self.fed + len(self.pending)
-
 
 def pick_stepper(model, slots: int, fused: bool = True, static=None):
     """The decode step for `model`: a StaticDecoder (static_decode.py) when given, the fused decoder for a plain
@@ -97,11 +67,20 @@ class LayerSteps:
         cache.set_pairs(out.past_key_values)
         return out.logits[:, -1]
 
+    def verify(self, tokens, cache: SlotCache, columns, mask, positions):
+        """Feed tokens [b, s] at columns [b, s], each query's mask [b, s, width]; -> logits [b, s, vocab]."""
+        out = self.model(tokens, attention_mask=mask, position_ids=positions, past_key_values=cache.pairs(),
+                         use_cache=True, cache_column=columns)
+        cache.set_pairs(out.past_key_values)
+        return out.logits
+
 
 class AppendSteps(LayerSteps):
     """A decode step through a model that appends the new token's keys and values after the cache it is given
     (an exported program): the token attends to its slot's columns and to itself in the appended column, whose
     keys and values then move to the slot's next column."""
+
+    verify = None  # one token a step: no speculative verify step
 
     def step(self, token, cache: SlotCache, column, mask, position):
         feeding = paddle.take_along_axis(mask, column.unsqueeze(-1), axis=1)  # [b, 1]: 1 where the token is real
@@ -141,6 +120,7 @@ class DecodeEngine:
         self.rounds = 0  # sampling rounds done
         self.version = policy_version(model)  # the key of the cache and the weight copy
         self.routing = static is None and bool(moe_blocks(model))  # record each token's experts (MoE)
+        self.speculator = Speculator(self)  # prompt lookup's drafts, verified in one forward (speculative_step.py)
 
     # ------------------------------------------------------------------ the caller's side
 
@@ -194,8 +174,8 @@ class DecodeEngine:
         ended = self._sample(sampling)
         feeding = [s for s in sampling if s.state == DECODE]
         if feeding:
-            self._decode(feeding)
-        return ended
+            ended += self._decode(feeding)
+        return sorted(ended, key=lambda s: s.slot)
 
     def _prefill(self) -> None:
         shared: Dict[tuple, Sequence] = {}  # a prompt prefilled this step -> its sequence
@@ -213,7 +193,7 @@ class DecodeEngine:
                 self._prefill_one(seq)
                 if key is not None:
                     shared[key] = seq
-            self._mark_seen(seq.slot, seq.pending)
+            self.mark_fed(seq, seq.pending)
             seq.fed += len(seq.pending)
             seq.pending, seq.state = [], SAMPLE
 
@@ -260,14 +240,14 @@ class DecodeEngine:
         the same bits whatever the others hold); -> the sequences whose turn ended."""
         uniform = self._uniforms(sampling)  # [slots]
         tokens, log_probs = np.zeros([self.slots], "int64"), np.zeros([self.slots], "float32")
-        for config, temperature, group in _groups(sampling):
+        for config, temperature, group in sampler_groups(sampling):
             logits = self.logits
             under = np.zeros([self.slots], bool)
             for s in group:
                 under[s.slot] = len(s.turn) < config.min_new_tokens
             if config.eos_ids and under.any():
                 logits = block_tokens(logits, config.eos_ids, paddle.to_tensor(under))
-            drawn = next_token(logits, config, self.seen, uniform)  # [slots]
+            drawn = next_token(logits, config, self.seen, uniform, rejected_tokens(group, self.slots))  # [slots]
             rows = [s.slot for s in group]
             tokens[rows] = drawn.numpy()[rows]
             if temperature is not None:
@@ -285,8 +265,8 @@ class DecodeEngine:
             token = int(tokens[seq.slot])
             seq.turn.append(token)
             seq.turn_log_probs.append(float(log_probs[seq.slot]))
-            seq.pending = [token]
-            seq.ending = _turn_end(seq, token)
+            seq.pending, seq.rejected = [token], None
+            seq.ending = turn_end(seq, token)
             seq.state = DECODE if seq.ending is None else PAUSED
             if seq.ending is not None:
                 ended.append(seq)
@@ -301,10 +281,18 @@ class DecodeEngine:
             values[s.slot] = s.rng.random()
         return paddle.to_tensor(values.astype("float32"))
 
-    def _decode(self, feeding: List[Sequence]) -> None:
+    def _decode(self, feeding: List[Sequence]) -> List[Sequence]:
+        """Feed the sampled tokens: a verify step for the sequences with a draft (speculative_step.py), a
+        one-token step for the others; -> the sequences whose turn ended inside an accepted draft."""
         if self.before_decode is not None and self.before_decode(self.rounds):
             self.stepper.load_weights(self.model)
             self.version = policy_version(self.model)  # the earlier tokens' cache kept on purpose (tagged)
+        drafts = self.speculator.drafts(feeding)
+        if len(drafts) < len(feeding):
+            self._step_one([s for s in feeding if s not in drafts])
+        return self.speculator.verify(drafts)
+
+    def _step_one(self, feeding: List[Sequence]) -> None:
         mask = np.zeros([self.slots], bool)
         tokens = np.zeros([self.slots], "int64")
         for seq in feeding:
@@ -315,35 +303,17 @@ class DecodeEngine:
         routing = routing_of(self.model) if self.routing else None  # [slots, sparse layers, k]
         for seq in feeding:
             seq.experts.extend(routing[seq.slot:seq.slot + 1] if routing is not None else [])
-            self._mark_seen(seq.slot, seq.pending)
+            self.mark_fed(seq, seq.pending)
             seq.fed += 1
             seq.pending, seq.state = [], SAMPLE
 
-    def _mark_seen(self, slot: int, ids: List[int]) -> None:
-        seq = self.running[slot]
+    def mark_fed(self, seq: Sequence, ids: List[int]) -> None:
+        """`ids` went into seq's cache: its history, and the tokens a repetition penalty applies to."""
+        seq.history.extend(ids)
         if seq.config.repetition_penalty == 1.0:
             return
         if self.seen is None:
             self.seen = paddle.zeros([self.slots, self.vocab], "bool")
-        row = self.seen[slot]  # (Paddle 3.3 ignores a write through seen[slot, index_tensor])
+        row = self.seen[seq.slot]  # (Paddle 3.3 ignores a write through seen[slot, index_tensor])
         row[paddle.to_tensor(ids, dtype="int64")] = True
-        self.seen[slot] = row
-
-
-def _groups(sampling: List[Sequence]):
-    """(config, log-prob temperature, sequences) for each distinct sampler among `sampling`."""
-    groups: Dict[tuple, list] = {}
-    for seq in sampling:
-        groups.setdefault((id(seq.config), seq.log_prob_temperature), [seq.config, seq.log_prob_temperature, []])
-        groups[(id(seq.config), seq.log_prob_temperature)][2].append(seq)
-    return list(groups.values())
-
-
-def _turn_end(seq: Sequence, token: int) -> Optional[str]:
-    if token in seq.config.eos_ids:
-        return "eos"
-    if seq.stop is not None and seq.stop(seq.turn):
-        return "stop"
-    if seq.length >= seq.max_len:
-        return "budget"
-    return "length" if len(seq.turn) >= seq.config.max_new_tokens else None
+        self.seen[seq.slot] = row

@@ -36,7 +36,7 @@ from typing import List, NamedTuple
 import paddle
 import paddle.nn.functional as F
 
-from alignment.models.llama import LlamaForCausalLM, RMSNorm, attention_bias
+from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
 from alignment.parallel import tensor_parallel as tp
@@ -183,6 +183,42 @@ class FusedDecoder:
         scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k_cache, transpose_y=True) + bias
         out = paddle.matmul(F.softmax(scores, axis=-1), v_cache).reshape([b, 1, heads * d])
         x = x + paddle.matmul(out, w.o)
+        h = rms_norm(x, w.post_norm, self.eps)
+        gate, up = paddle.matmul(h, w.gate), paddle.matmul(h, w.up)
+        return x + paddle.matmul(F.silu(gate) * up, w.down)
+
+    def verify(self, tokens, cache, columns, mask, positions):
+        """Feed tokens [b, s] at columns [b, s] of `cache` (written in place), query j attending to the columns of
+        mask [b, s, width] at RoPE positions [b, s]: speculative decoding's verify step (speculative_step.py).
+        -> logits [b, s, vocab] float32, after each token. The step's ops in the layout of `step`, s queries
+        per row (its bits differ from s one-token steps by float rounding: other GEMM shapes)."""
+        b, s = tokens.shape
+        groups = self.heads // self.kv_heads
+        bias = ((1 - mask.astype("float32")) * MASK_VALUE).reshape([b, 1, 1, s, -1])
+        bias = paddle.expand(bias, [b, self.kv_heads, groups, s, cache.width]).reshape(
+            [b, self.kv_heads, groups * s, cache.width])  # [b, kv_heads, groups s, width]: q heads by position
+        cos, sin = (t.reshape([b, s, -1, self.head_dim]) for t in self.rotary_rows(positions.reshape([-1]),
+                                                                                     cache.width))
+        index = paddle.expand(columns.reshape([b, 1, s, 1]), [b, self.kv_heads, s, self.head_dim])
+        x = F.embedding(tokens, self.embedding)  # [b, s, hidden]
+        for i, weights in enumerate(self.layers):
+            x = self._verify_layer(x, weights, cache.k[i], cache.v[i], index, cos, sin, bias)
+        hidden = rms_norm(x, self.final_norm, self.eps)
+        logits = [paddle.matmul(hidden, part) for part in self.head_slices]  # [b, s, part]
+        return paddle.concat(logits, axis=-1) if len(logits) > 1 else logits[0]
+
+    def _verify_layer(self, x, w: LayerWeights, k_cache, v_cache, index, cos, sin, bias):
+        b, s = x.shape[0], x.shape[1]
+        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
+        qkv = paddle.matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([b, s, heads + 2 * kv_heads, d])
+        qkv = qkv * cos + paddle.matmul(qkv, self.rotate) * sin
+        q, k, v = paddle.split(qkv, [heads, kv_heads, kv_heads], axis=2)  # [b, s, *, d]
+        k_cache.put_along_axis_(index, k.transpose([0, 2, 1, 3]), 2)  # [b, kv_heads, width, d], in place
+        v_cache.put_along_axis_(index, v.transpose([0, 2, 1, 3]), 2)
+        q = q.transpose([0, 2, 1, 3]).reshape([b, kv_heads, heads // kv_heads * s, d])  # q head i: kv head i // groups
+        scores = paddle.matmul(q, k_cache, transpose_y=True) + bias  # [b, kv_heads, groups s, width]
+        out = paddle.matmul(F.softmax(scores, axis=-1), v_cache).reshape([b, heads, s, d])
+        x = x + paddle.matmul(out.transpose([0, 2, 1, 3]).reshape([b, s, heads * d]), w.o)
         h = rms_norm(x, w.post_norm, self.eps)
         gate, up = paddle.matmul(h, w.gate), paddle.matmul(h, w.up)
         return x + paddle.matmul(F.silu(gate) * up, w.down)

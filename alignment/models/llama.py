@@ -52,9 +52,12 @@ class RMSNorm(nn.Layer):
 def attention_bias(attention_mask, query_len: int, dtype, heads: int = 1):
     """attention_mask [b, t] (1 = real token, covering cache + new) -> additive bias [b, heads, s, t], causal.
     Built once per forward at the score's full shape: adding a [b, 1, s, t] bias by broadcasting was ~14x slower
-    on CPU than a same-shape add (measured)."""
-    b, total = attention_mask.shape
-    if query_len == 1:  # a decode step: the one query is the newest position, so causality masks nothing
+    on CPU than a same-shape add (measured). A [b, s, t] mask gives each query its own keys (the decode engine's
+    multi-token verify step over its slot cache, speculative_step.py)."""
+    b, total = attention_mask.shape[0], attention_mask.shape[-1]
+    if attention_mask.ndim == 3:
+        bias = ((1 - attention_mask.astype(dtype)) * MASK_VALUE).unsqueeze(1)  # [b, 1, s, t]
+    elif query_len == 1:  # a decode step: the one query is the newest position, so causality masks nothing
         bias = ((1 - attention_mask.astype(dtype)) * MASK_VALUE).reshape([b, 1, 1, total])
     else:
         key_pos = paddle.arange(total).unsqueeze(0)  # [1, t]
@@ -90,7 +93,8 @@ class Attention(nn.Layer):
     def forward(self, x, rope: Rotary, bias, past: Optional[Tuple] = None, cache_column=None):
         """cache_column [1] or [b] int64: `past` is a preallocated [b, kv_heads, L, d] cache and this single
         token's k/v are written at that column (of each row): the decode engine's SlotCache, eager (in place) or
-        compiled (static_decode.py); otherwise they are appended to `past`."""
+        compiled (static_decode.py); [b, s]: the s tokens' columns (a verify step); otherwise they are appended to
+        `past`."""
         b, s, _ = x.shape
         q = self.q_proj(x).reshape([b, s, self.num_heads, self.head_dim])
         k = self.k_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
@@ -103,7 +107,9 @@ class Attention(nn.Layer):
         k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])  # [b, kv_heads, s, d]
         if past is not None and cache_column is not None:
             # a scatter, not a one-hot blend: broadcasting multiplies are ~40x slower than same-shape ones on CPU
-            index = paddle.expand(cache_column.reshape([-1, 1, 1, 1]), k.shape)  # [b, kv_heads, 1, d]
+            column = cache_column.reshape([-1, 1, 1, 1]) if cache_column.ndim == 1 else \
+                cache_column.unsqueeze(1).unsqueeze(-1)  # [b or 1, 1, s, 1]
+            index = paddle.expand(column, k.shape)  # [b, kv_heads, s, d]
             if paddle.in_dynamic_mode():  # the engine's own cache: no copy of it per step
                 k = past[0].put_along_axis_(index, k, 2)  # [b, kv_heads, L, d]
                 v = past[1].put_along_axis_(index, v, 2)

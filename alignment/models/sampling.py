@@ -23,6 +23,12 @@ class GenerationConfig:
     min_new_tokens: int = 0  # eos cannot be drawn before this many new tokens (PaddleNLP's min_dec_len)
     eos_token_id: Optional[Union[int, List[int]]] = None
     pad_token_id: int = 0
+    # speculative decoding (speculative.py): up to this many tokens drafted by prompt lookup and verified in one
+    # forward (0 = off; HF generate's kwarg), from the longest n-gram of prompt_lookup_max .. prompt_lookup_min
+    # tokens ending the sequence that occurs earlier in it (vLLM's keys)
+    prompt_lookup_num_tokens: int = 0
+    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = 1
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -37,6 +43,11 @@ class GenerationConfig:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
+        if self.prompt_lookup_num_tokens < 0:
+            raise ValueError(f"prompt_lookup_num_tokens must be >= 0 (0: off), got {self.prompt_lookup_num_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max, got "
+                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
 
     @property
     def eos_ids(self) -> List[int]:
@@ -78,17 +89,35 @@ def block_tokens(logits, ids: List[int], rows):
     return logits + paddle.where(rows.unsqueeze(-1), blocked.unsqueeze(0), paddle.zeros_like(blocked).unsqueeze(0))
 
 
-def next_token(logits, config: GenerationConfig, seen, uniform):
-    """logits [b, vocab] float32 -> token ids [b]. uniform [b] in [0, 1): each row's own random number (unused
-    when greedy); seen [b, vocab] bool: the tokens the repetition penalty applies to (None without one)."""
+def sampling_logits(logits, config: GenerationConfig, seen):
+    """logits [b, vocab] float32 -> the logits a token is drawn from ([b, vocab]): the repetition penalty, then
+    when sampling temperature, top-k and top-p (greedy takes their argmax)."""
     if config.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if not config.do_sample:
-        return paddle.argmax(logits, axis=-1)
+        return logits
     if config.temperature != 1.0:  # a [b, vocab] pass saved at 1.0 (x / 1.0 is x)
         logits = logits / config.temperature
-    logits = apply_top_p(apply_top_k(logits, config.top_k), config.top_p)
+    return apply_top_p(apply_top_k(logits, config.top_k), config.top_p)
+
+
+def next_token(logits, config: GenerationConfig, seen, uniform, excluded=None):
+    """logits [b, vocab] float32 -> token ids [b]. uniform [b] in [0, 1): each row's own random number (unused
+    when greedy); seen [b, vocab] bool: the tokens the repetition penalty applies to (None without one).
+    excluded [b] int64: when sampling, a token each row's draw leaves out after the filters, the rest renormalised
+    (-1: none); speculative decoding's draw after a rejected draft token (speculative.py)."""
+    logits = sampling_logits(logits, config, seen)
+    if not config.do_sample:
+        return paddle.argmax(logits, axis=-1)
+    if excluded is not None:
+        logits = without_tokens(logits, excluded)
     return inverse_cdf_sample(logits, uniform)
+
+
+def without_tokens(logits, tokens):
+    """logits [b, vocab] with column tokens[i] of row i set to -inf (tokens [b] int64; -1 leaves a row as it is)."""
+    hit = paddle.arange(logits.shape[-1], dtype="int64").unsqueeze(0) == tokens.unsqueeze(-1)  # [b, vocab]
+    return paddle.where(hit, paddle.full_like(logits, float("-inf")), logits)
 
 
 def inverse_cdf_sample(logits, uniform):

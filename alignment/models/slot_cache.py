@@ -102,3 +102,28 @@ class SlotCache:
         self.lengths = self.lengths + feeding.astype("int64")
         for t in self.k + self.v:
             t[:, :, self.scratch] = 0.0
+
+    def verify_inputs(self, feeding: np.ndarray, width: int):
+        """For a step where the slots `feeding` [slots] bool feed `width` tokens each (speculative decoding's
+        verify step, speculative_step.py): (columns [slots, width] int64 written, each query's attention mask
+        [slots, width, self.width] int64, positions [slots, width]). Columns past the capacity and the other
+        slots' go to scratch; their queries are never read."""
+        wanted = np.minimum(self.lengths[:, None] + np.arange(width)[None, :], self.scratch)  # [slots, width]
+        columns = np.where(feeding[:, None], wanted, self.scratch)
+        limit = np.where(feeding[:, None], wanted, 0)  # [slots, width] each query's last column attended
+        mask = (np.arange(self.width)[None, None, :] <= limit[:, :, None]).astype("int64")  # [slots, width, W]
+        return paddle.to_tensor(columns), paddle.to_tensor(mask), paddle.to_tensor(limit)
+
+    def keep(self, columns, lengths: np.ndarray) -> None:
+        """After a verify step wrote `columns` [slots, width] (verify_inputs'): each slot keeps its first
+        lengths [slots] columns; the columns written past them (rejected draft tokens, padding) and the scratch
+        column go back to zeros, so no later step attends to what they held."""
+        columns = columns.numpy()
+        zeroed = np.where(columns >= lengths[:, None], columns, self.scratch)  # [slots, width]
+        zeroed = np.concatenate([zeroed, np.full([self.slots, 1], self.scratch)], axis=1)  # [slots, width + 1]
+        shape = [self.slots, self.k[0].shape[1], zeroed.shape[1], self.k[0].shape[3]]
+        index = paddle.expand(paddle.to_tensor(zeroed).reshape([self.slots, 1, -1, 1]), shape)
+        zeros = paddle.zeros(shape, self.k[0].dtype)
+        for t in self.k + self.v:
+            t.put_along_axis_(index, zeros, 2)
+        self.lengths = lengths.astype("int64")
