@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import paddle
+import paddle.nn.functional as F
 import pytest
 
 from alignment.models import GenerationConfig, generate
@@ -286,3 +287,73 @@ def test_sampled_tokens_are_distributed_as_the_policys(k, prompt, filters):
             wrong[t] = keep * np.eye(vocab)[d[0]] + (1 - keep) * probs[t, 0, 1]
     statistic, dof = chi_square(counts.sum(axis=2).reshape(-1), (first[:, None] * wrong).reshape(-1) * draws)
     assert statistic > 3 * chi_square_critical(dof)
+
+
+# ------------------------------------------------------------------ the callers' configs
+
+def test_the_gateway_serves_with_prompt_lookup_the_tokens_of_plain_decoding(tiny_model_dir):
+    from alignment.commands.serve import parse_args
+    from alignment.gateway.protocol import parse_chat_request
+    from alignment.gateway.serving import build_gateway
+    from alignment.models import LlamaForCausalLM, Tokenizer
+
+    model, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
+    model.eval()
+    request = parse_chat_request({"messages": [{"role": "user", "content": "Repeat: red green blue red green"}],
+                                  "temperature": 0, "max_tokens": 24, "logprobs": True})
+    choices, gateways = [], []
+    for k in (0, 4):
+        gateway = build_gateway(model, tokenizer, 2, 256, 24, prompt_lookup=k)
+        future = gateway.submit(None, request)
+        gateway.pump(future.done)
+        choices.append(future.result().choices[0])
+        gateways.append(gateway)
+    assert choices[1].tokens == choices[0].tokens and len(choices[0].tokens) > 8
+    np.testing.assert_allclose([t["logprob"] for t in choices[1].logprobs],
+                               [t["logprob"] for t in choices[0].logprobs], atol=2e-5)
+    assert gateways[1].engine.speculator.stats["verified"] > 0 == gateways[0].engine.speculator.stats["verified"]
+    assert parse_args(["--model", "m", "--prompt-lookup-num-tokens", "4"]).prompt_lookup_num_tokens == 4
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "m", "--prompt-lookup-num-tokens", "-1"])
+
+
+def test_rollouts_take_the_key_from_the_rl_arguments():
+    from types import SimpleNamespace
+
+    from alignment.config.ppo import PPOArguments
+    from alignment.ppo.samplers import rollout_generation_config
+
+    ppo = PPOArguments(prompt_lookup_num_tokens=6)
+    actor = SimpleNamespace(config=SimpleNamespace(eos_token_ids=[2]))
+    config = rollout_generation_config(ppo, actor, SimpleNamespace(eos_token_id=2, pad_token_id=0))
+    assert config.prompt_lookup_num_tokens == 6 and config.do_sample
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens"):
+        PPOArguments(prompt_lookup_num_tokens=6, rollout_decode="static").validate()
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_episodes_with_prompt_lookup(tiny_model_dir, sample):
+    from alignment.envs.multiturn import multi_turn_rollout
+    from alignment.models import LlamaForCausalLM, Tokenizer
+    from tests.test_multiturn import PROMPTS as CHATS, Countdown
+
+    model, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
+    model.eval()
+    rows = [{"input": CHATS[i], "turns": turns} for i, turns in enumerate([2, 3, 1])]
+
+    def play(k):
+        config = GenerationConfig(max_new_tokens=10, do_sample=sample, temperature=0.8, prompt_lookup_num_tokens=k,
+                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return multi_turn_rollout(model, tokenizer, [Countdown() for _ in rows], rows, config, 6, 200,
+                                  log_prob_temperature=0.8, row_seeds=[[4, i] for i in range(len(rows))])
+
+    plain, fast = play(0), play(5)
+    for a, b in zip(plain, fast):
+        actions = np.flatnonzero(b.action_mask)
+        ids = np.asarray(b.input_ids)
+        forced = F.log_softmax(model(paddle.to_tensor(ids[None])).logits[0] / 0.8, axis=-1).numpy()  # [L, vocab]
+        np.testing.assert_allclose(np.asarray(b.log_probs)[actions], forced[actions - 1, ids[actions]], atol=1e-5)
+        if not sample:
+            assert b.input_ids == a.input_ids and b.num_turns == a.num_turns
+    if not sample:  # the same tokens, log-probs from other (verify) forwards: not all the same bits
+        assert any(a.log_probs != b.log_probs for a, b in zip(plain, fast))

@@ -31,9 +31,14 @@ def parse_args(argv=None):
                                                            "model's max_position_embeddings, at most 4096)")
     p.add_argument("--max-tokens", type=positive_int, default=512, help="default and largest max_tokens of a request")
     p.add_argument("--tool-format", default="hermes", help="registered tool-call format (alignment/envs/formats.py)")
+    p.add_argument("--prompt-lookup-num-tokens", type=int, default=0,
+                   help="speculative decoding: draft up to this many tokens by prompt lookup, verified in one "
+                        "forward (the same tokens greedy, the same distribution sampled; 0 = off)")
     args = p.parse_args(argv)
     if args.max_length is not None and args.max_length < 2:
         p.error("--max-length must be >= 2")
+    if args.prompt_lookup_num_tokens < 0:
+        p.error("--prompt-lookup-num-tokens must be >= 0")
     p.check_listen(args)
     return args
 
@@ -65,7 +70,7 @@ def main(argv=None) -> None:
     try:
         serve(model, tokenizer, args.host, args.port, args.api_key, args.max_sequences, capacity,
               min(args.max_tokens, capacity - 1), args.tool_format,
-              args.name or os.path.basename(os.path.normpath(args.model)), ready)
+              args.name or os.path.basename(os.path.normpath(args.model)), ready, args.prompt_lookup_num_tokens)
     except ValueError as err:  # the port cannot be bound
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)

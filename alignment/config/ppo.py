@@ -80,6 +80,11 @@ class PPOArguments:
     top_p: float = field(1.0, gt=0, le=1, help="Nucleus sampling threshold for rollouts (1.0 = off).")
     top_k: int = field(0, ge=0, help="Top-k sampling for rollouts (0 = off).")
     repetition_penalty: float = field(1.0, gt=0, help="Repetition penalty for rollouts (1.0 = off).")
+    prompt_lookup_num_tokens: int = field(0, ge=0, help="Speculative decoding of rollouts: up to this many tokens "
+                                                        "drafted by prompt lookup (what followed the sequence's "
+                                                        "last n-gram earlier in it) and verified in one forward of "
+                                                        "the policy; the tokens are distributed as plain decoding's "
+                                                        "(greedy: the same tokens). 0 = off.")
     min_new_tokens: int = field(0, ge=0, help="No response ends (eos) before this many tokens, in rollouts and "
                                               "evaluation; 0 = off (PaddleNLP: min_dec_len).")
     update_iters: int = field(1, ge=1, help="Passes (PPO epochs) over each rollout batch.")
@@ -268,6 +273,9 @@ class PPOArguments:
             raise ValueError("key 'use_fusemt': fused rollout kernels are not available in this build; set it to false")
         if self.rollout_decode not in ROLLOUT_DECODES:
             raise ValueError(f"key 'rollout_decode' must be one of {ROLLOUT_DECODES}, got {self.rollout_decode!r}")
+        if self.prompt_lookup_num_tokens and self.rollout_decode == "static":
+            raise ValueError("key 'prompt_lookup_num_tokens' needs 'rollout_decode': 'eager' (a compiled static step "
+                             "feeds one token a step)")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"key 'eval_mode' must be one of {EVAL_MODES}, got {self.eval_mode!r}")
         self.offload_levels  # noqa: B018  parsed here, so a bad level is an argument error

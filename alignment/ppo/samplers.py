@@ -93,5 +93,6 @@ def rollout_generation_config(ppo, actor, tokenizer) -> GenerationConfig:
     """The rollouts' sampler settings; each draw sets max_new_tokens (SingleTurn.config / Episodes.config)."""
     return GenerationConfig(max_new_tokens=1, do_sample=True, temperature=ppo.temperature, top_p=ppo.top_p,
                             top_k=ppo.top_k, repetition_penalty=ppo.repetition_penalty,
+                            prompt_lookup_num_tokens=ppo.prompt_lookup_num_tokens,
                             eos_token_id=actor.config.eos_token_ids or tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id)
