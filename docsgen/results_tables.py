@@ -112,6 +112,12 @@ def _rollout(r: dict) -> List[List[str]]:
              str(x["same_tokens"])] for x in r["rows"]]
 
 
+def _speculative(r: dict) -> List[List[str]]:
+    return [[x["task"], str(x["batch"]), str(x["new_tokens"]), f"{x['plain_tokens_per_s']:.1f}",
+             f"{x['lookup_tokens_per_s']:.1f}", f"**{_x(x['speedup'])}**", f"{x['accepted_per_verify']:.2f}",
+             f"{100 * x['draft_acceptance']:.0f}%", str(x["same_tokens"])] for x in r["rows"]]
+
+
 def _predict(r: dict) -> List[List[str]]:
     return [[r["model"], f"{r['exported_tokens_per_s']:.1f}", f"{r['dynamic_tokens_per_s']:.1f}",
              f"**{_x(r['ratio'])}**", str(r["same_tokens"])]]
@@ -221,6 +227,9 @@ TABLES: Dict[str, Table] = {
     "rollout": Table(["rollout"], "python benchmarks/bench_rollout.py",
                      ["prompt", "batch", "KV cache eager", "KV cache static step", "no cache", "KV / no cache",
                       "static / eager", "same tokens"], _rollout),
+    "speculative": Table(["speculative"], "python benchmarks/bench_speculative.py",
+                         ["task", "batch", "new tokens", "plain tokens/s", "prompt lookup tokens/s", "speed-up",
+                          "accepted per verify step", "drafted accepted", "same tokens"], _speculative),
     "predict": Table(["predict"], "python benchmarks/bench_predict.py [--model DIR]",
                      ["model", "exported tokens/s", "dynamic tokens/s", "exported / dynamic", "same tokens"],
                      _predict),
