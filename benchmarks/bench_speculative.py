@@ -139,7 +139,8 @@ def main(argv=None) -> list:
                          **measure(model, chunks, plain, lookup, args.repeats)})
             print(f"{task} at batch {batch}: {rows[-1]['speedup']:.2f}x", flush=True)
     lines = ["| task | batch | new tokens | plain tokens/s | prompt lookup tokens/s | speed-up | accepted per verify "
-             "step | drafted accepted | same tokens |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "step | drafted accepted | same tokens |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     lines += [f"| {r['task']} | {r['batch']} | {r['new_tokens']} | {r['plain_tokens_per_s']:.1f} | "
               f"{r['lookup_tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['accepted_per_verify']:.2f} | "
               f"{100 * r['draft_acceptance']:.0f}% | {r['same_tokens']} |" for r in rows]

@@ -10,6 +10,7 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
+from alignment.envs import Environment, StepResult
 from alignment.models import GenerationConfig, generate
 from alignment.models.engine import DecodeEngine, Sequence
 from alignment.models.logprobs import gather_log_probs
@@ -196,6 +197,30 @@ def test_turns_resumed_after_an_end_inside_a_draft_go_on_as_plain_decoding():
             assert not t[slot, :, seq.fed:].numpy().any()
 
 
+def test_top_log_probs_and_stop_functions_inside_drafts_are_plain_decodings():
+    model = copier()
+    stop = lambda turn: turn[-2:] == [12, 13]  # noqa: E731  (a stop string's test on the turn's ids)
+
+    def run(k):
+        config = GenerationConfig(max_new_tokens=30, do_sample=False, prompt_lookup_num_tokens=k)
+        engine = DecodeEngine(model, 2, 96)
+        seqs = [Sequence(p, config, 60, stop=stop, top_logprobs=3) for p in PROMPTS[:2]]
+        for seq in seqs:
+            engine.add(seq)
+        while engine.busy():
+            engine.step()
+        return seqs, engine.speculator.stats
+
+    (plain, _), (fast, stats) = run(0), run(5)
+    assert stats["accepted"] >= 5
+    for a, b in zip(plain, fast):
+        assert b.turn == a.turn and b.ending == a.ending and len(b.turn_top) == len(b.turn)
+        assert [[i for i, _ in top] for top in b.turn_top] == [[i for i, _ in top] for top in a.turn_top]
+        np.testing.assert_allclose([[v for _, v in top] for top in b.turn_top],
+                                   [[v for _, v in top] for top in a.turn_top], atol=2e-5)
+    assert plain[0].ending == "stop"
+
+
 def test_generate_with_prompt_lookup_gives_plain_generates_tokens():
     model = copier()
     ids = paddle.to_tensor([[0, 0, 10, 11, 12, 13, 10], [0, 1, 2, 3, 4, 0, 1]])
@@ -331,20 +356,34 @@ def test_rollouts_take_the_key_from_the_rl_arguments():
         PPOArguments(prompt_lookup_num_tokens=6, rollout_decode="static").validate()
 
 
+class Turns(Environment):
+    """Ends after row["turns"] turns, answering each with the same user message."""
+    NAME = "test-speculative-turns"
+
+    def reset(self, row):
+        self.turns, self.k = row["turns"], 0
+        return [{"role": "user", "content": row["input"]}]
+
+    def step(self, assistant_message):
+        self.k += 1
+        done = self.k == self.turns
+        return StepResult([] if done else [{"role": "user", "content": "Say it again, please."}], 1.0, done)
+
+
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 def test_episodes_with_prompt_lookup(tiny_model_dir, sample):
     from alignment.envs.multiturn import multi_turn_rollout
     from alignment.models import LlamaForCausalLM, Tokenizer
-    from tests.test_multiturn import PROMPTS as CHATS, Countdown
 
     model, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
     model.eval()
-    rows = [{"input": CHATS[i], "turns": turns} for i, turns in enumerate([2, 3, 1])]
+    chats = ["What is two plus two?", "Hi", "Tell me a long story about a cat and a dog, please."]
+    rows = [{"input": chats[i], "turns": turns} for i, turns in enumerate([2, 3, 1])]
 
     def play(k):
         config = GenerationConfig(max_new_tokens=10, do_sample=sample, temperature=0.8, prompt_lookup_num_tokens=k,
                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        return multi_turn_rollout(model, tokenizer, [Countdown() for _ in rows], rows, config, 6, 200,
+        return multi_turn_rollout(model, tokenizer, [Turns() for _ in rows], rows, config, 6, 200,
                                   log_prob_temperature=0.8, row_seeds=[[4, i] for i in range(len(rows))])
 
     plain, fast = play(0), play(5)
