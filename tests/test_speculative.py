@@ -229,6 +229,15 @@ def test_generate_with_prompt_lookup_gives_plain_generates_tokens():
     fast = generate(model, ids, mask, GenerationConfig(max_new_tokens=12, do_sample=False,
                                                        prompt_lookup_num_tokens=5))
     assert (fast.sequences.numpy() == plain.sequences.numpy()).all()
+    paddle.seed(1)  # sampled, the rows' numbers from the engine's batch draws (k more per step)
+    sampled = generate(model, ids, mask, GenerationConfig(max_new_tokens=12, prompt_lookup_num_tokens=5),
+                       log_prob_temperature=1.0)
+    for row in range(2):
+        n = int(sampled.response_mask[row].sum())
+        prompt = ids[row][mask[row] > 0].numpy().tolist()
+        turn = sampled.sequences[row, 7:7 + n].numpy().tolist()
+        np.testing.assert_allclose(sampled.log_probs[row, :n].numpy(),
+                                   full_forward_log_probs(model, prompt, turn, 1.0).squeeze(-1), atol=1e-5)
 
 
 def full_forward_log_probs(model, prompt, turn, temperature):
