@@ -105,7 +105,9 @@ def main(argv=None) -> list:
     p.add_argument("--prompts", type=int, default=8, help="prompts per task")
     p.add_argument("--batches", default="1,8", help="batch sizes (sequences decoded at once)")
     p.add_argument("--new-tokens", type=int, default=96)
-    p.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens")
+    p.add_argument("--ngram-max", type=int, default=3, help="prompt_lookup_max")
+    p.add_argument("--ngram-min", type=int, default=2, help="prompt_lookup_min")
     p.add_argument("--repeats", type=int, default=3)
     from benchmarks import record
 
@@ -125,7 +127,8 @@ def main(argv=None) -> list:
     eos = model.config.eos_token_ids or tokenizer.eos_token_id
     plain = GenerationConfig(max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=eos,
                              pad_token_id=tokenizer.pad_token_id)
-    lookup = dataclasses.replace(plain, prompt_lookup_num_tokens=args.lookup)
+    lookup = dataclasses.replace(plain, prompt_lookup_num_tokens=args.lookup, prompt_lookup_max=args.ngram_max,
+                                 prompt_lookup_min=args.ngram_min)
     tasks = args.tasks.split(",")
     prompts = {task: [tokenizer.encode(prompt_text(tokenizer, m), add_special_tokens=True)
                       for m in task_messages(task, args.prompts)] for task in tasks}
@@ -149,7 +152,8 @@ def main(argv=None) -> list:
           f"{describe_machine(machine_facts())})")
     if not args.no_save:
         settings = {"model": os.path.basename(os.path.normpath(args.model)), "new_tokens": args.new_tokens,
-                    "lookup": args.lookup, "repeats": args.repeats}
+                    "lookup": args.lookup, "ngram_max": args.ngram_max,
+                    "ngram_min": args.ngram_min, "repeats": args.repeats}
         record.save("speculative", {**settings, "rows": rows}, record.results_dir(args))
     return rows
 

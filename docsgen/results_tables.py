@@ -74,6 +74,11 @@ def _smollm2(r: dict) -> List[List[str]]:
             for row in r["rows"] if row.get("transformers (torch)")]
 
 
+def _cpu_ops(r: dict) -> List[List[str]]:
+    return [[x["operation"], x["shape"], f"{x['paddle_ms']:.2f}", f"{x['torch_ms']:.2f}",
+             f"**{_x(x['paddle_over_torch'])}**"] for x in r["rows"] if "torch_ms" in x]
+
+
 def _machine_limits(r: dict) -> List[List[str]]:
     bandwidth = max(max(side.values()) for side in r["bandwidth_gb_s"].values())
     ceiling = r.get("ceiling", {})
@@ -213,6 +218,8 @@ TABLES: Dict[str, Table] = {
                      _rl_step),
     "smollm2": Table(["smollm2"], "python benchmarks/bench_smollm2.py",
                      ["workload", "ours tokens/s", "transformers tokens/s", "ours / transformers"], _smollm2),
+    "cpu_ops": Table(["cpu_ops"], "python benchmarks/bench_cpu_ops.py",
+                     ["operation", "shape", "Paddle ms", "torch ms", "Paddle / torch (time)"], _cpu_ops),
     "machine_limits": Table(["machine_limits"], "python benchmarks/bench_machine_limits.py",
                             ["GEMM peak GFLOP/s", "bandwidth GB/s", "training step GFLOP/s", "its GEMMs alone",
                              "decode steps at batch 8, tokens/s of the bound", "their weight GEMMs alone"],

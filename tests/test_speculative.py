@@ -174,7 +174,7 @@ def test_turns_resumed_after_an_end_inside_a_draft_go_on_as_plain_decoding():
     model = copier()
 
     def play(k):
-        config = GenerationConfig(max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=k)
+        config = GenerationConfig(max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=k, prompt_lookup_min=1)
         engine = DecodeEngine(model, 2, 96)
         seqs = [Sequence(p, config, 90) for p in PROMPTS[:2]]
         for seq in seqs:

@@ -28,7 +28,7 @@ class GenerationConfig:
     # tokens ending the sequence that occurs earlier in it (vLLM's keys)
     prompt_lookup_num_tokens: int = 0
     prompt_lookup_max: int = 3
-    prompt_lookup_min: int = 1
+    prompt_lookup_min: int = 2
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -1,0 +1,142 @@
+"""The operations of a SmolLM2-135M step, alone: Paddle against torch on this CPU, milliseconds per call.
+
+    python benchmarks/bench_cpu_ops.py [--repeats 9] [--record | --results-dir DIR | --no-save]
+
+Where a model step is slower than transformers', this tells whether the GEMMs or the other kernels are behind.
+Each operation runs at the shape the benchmark step of bench_smollm2.py gives it (8 x 128 tokens, hidden 576,
+intermediate 1536, 9 heads, vocabulary 49,152), on the same numbers in both libraries, alternating Paddle and
+torch call by call after one warm-up each; medians are reported. Paddle runs under alignment/cpu_env.py's
+settings (OpenMP 1 thread, MKL the usable cores), torch with `torch.set_num_threads(usable cores)`, both in this
+process. "Paddle / torch" is a ratio of times: above 1, Paddle's kernel is slower. torch is skipped, with a note,
+where it is not installed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not __package__:  # run as a script from a checkout: make `alignment` and `benchmarks` importable
+    sys.path.insert(0, ROOT)
+
+from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts, usable_cores  # noqa: E402
+
+apply_cpu_defaults()
+
+TOKENS, HIDDEN, INTER, HEADS, SEQ, VOCAB, EPS = 1024, 576, 1536, 9, 128, 49152, 1e-5
+
+
+def operations(paddle, torch) -> Dict[str, Tuple[str, Callable, Callable]]:
+    """name -> (shape, Paddle call, torch call) over the same random numbers."""
+    import numpy as np
+    import paddle.nn.functional as F
+    from paddle.incubate.nn.functional import fused_rms_norm
+
+    from alignment.models.llama import RMSNorm
+
+    rng = np.random.default_rng(0)
+
+    def pair(*shape):
+        a = rng.standard_normal(shape).astype("float32")
+        return paddle.to_tensor(a), torch.from_numpy(a)
+
+    x, tx = pair(TOKENS, HIDDEN)
+    w, tw = pair(HIDDEN, INTER)
+    act, tact = pair(TOKENS, INTER)
+    act2, tact2 = pair(TOKENS, INTER)
+    emb, temb = pair(HIDDEN, VOCAB)
+    logits, tlogits = pair(TOKENS, VOCAB)
+    scores, tscores = pair(8, HEADS, SEQ, SEQ)
+    ids = rng.integers(0, VOCAB, [TOKENS])
+    pids, tids = paddle.to_tensor(ids), torch.from_numpy(ids)
+    norm = RMSNorm(HIDDEN, EPS)
+    tnorm_w = torch.ones(HIDDEN)
+
+    def torch_rms(h):  # transformers' LlamaRMSNorm
+        return tnorm_w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS))
+
+    tF = torch.nn.functional if torch else None
+    return {
+        "GEMM (MLP up)": (f"{TOKENS}x{HIDDEN} @ {HIDDEN}x{INTER}", lambda: paddle.matmul(x, w),
+                          lambda: torch.matmul(tx, tw)),
+        "GEMM (LM head)": (f"{TOKENS}x{HIDDEN} @ {HIDDEN}x{VOCAB}", lambda: paddle.matmul(x, emb),
+                           lambda: torch.matmul(tx, temb)),
+        "token log-probs over the vocabulary": (
+            f"{TOKENS}x{VOCAB}", lambda: -F.cross_entropy(logits, pids.unsqueeze(-1), reduction="none"),
+            lambda: -tF.cross_entropy(tlogits, tids, reduction="none")),
+        "exp": (f"{TOKENS}x{VOCAB}", lambda: paddle.exp(logits), lambda: torch.exp(tlogits)),
+        "row max": (f"{TOKENS}x{VOCAB}", lambda: logits.max(-1), lambda: tlogits.max(-1)),
+        "row sum": (f"{TOKENS}x{VOCAB}", lambda: logits.sum(-1), lambda: tlogits.sum(-1)),
+        "attention softmax": (f"8x{HEADS}x{SEQ}x{SEQ}", lambda: F.softmax(scores, -1),
+                              lambda: torch.softmax(tscores, -1)),
+        "silu": (f"{TOKENS}x{INTER}", lambda: F.silu(act), lambda: tF.silu(tact)),
+        "multiply": (f"{TOKENS}x{INTER}", lambda: act * act2, lambda: tact * tact2),
+        "add": (f"{TOKENS}x{INTER}", lambda: act + act2, lambda: tact + tact2),
+        "SwiGLU, silu(gate) * up": (f"{TOKENS}x{INTER}", lambda: F.silu(act) * act2, lambda: tF.silu(tact) * tact2),
+        "SwiGLU, Paddle's fused swiglu": (f"{TOKENS}x{INTER}", lambda: F.swiglu(act, act2),
+                                          lambda: tF.silu(tact) * tact2),
+        "RMSNorm (ours)": (f"{TOKENS}x{HIDDEN}", lambda: norm(x), lambda: torch_rms(tx)),
+        "RMSNorm, Paddle's fused_rms_norm (no backward on CPU)": (
+            f"{TOKENS}x{HIDDEN}", lambda: fused_rms_norm(x, norm.weight, None, EPS, 1), lambda: torch_rms(tx)),
+    }
+
+
+def once_ms(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def measure(repeats: int) -> List[dict]:
+    import paddle
+
+    try:
+        import torch
+
+        torch.set_num_threads(usable_cores())
+    except ImportError:
+        torch = None
+        print("torch is not installed: Paddle's times only", file=sys.stderr)
+    rows = []
+    for name, (shape, ours, theirs) in operations(paddle, torch).items():
+        ours()
+        if torch:
+            theirs()
+        ours_ms, torch_ms = [], []
+        for _ in range(repeats):  # alternating, one call each
+            ours_ms.append(once_ms(ours))
+            if torch:
+                torch_ms.append(once_ms(theirs))
+        row = {"operation": name, "shape": shape, "paddle_ms": statistics.median(ours_ms)}
+        if torch:
+            row["torch_ms"] = statistics.median(torch_ms)
+            row["paddle_over_torch"] = row["paddle_ms"] / row["torch_ms"]
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> None:
+    from benchmarks import record
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9)
+    record.add_arguments(parser)
+    args = parser.parse_args(argv)
+    print(describe_machine())
+    rows = measure(args.repeats)
+    print("| operation | shape | Paddle ms | torch ms | Paddle / torch |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        theirs = f"{r['torch_ms']:.2f} | {r['paddle_over_torch']:.2f}x" if "torch_ms" in r else "- | -"
+        print(f"| {r['operation']} | {r['shape']} | {r['paddle_ms']:.2f} | {theirs} |")
+    if not args.no_save:
+        record.save("cpu_ops", {"threads": usable_cores(), "rows": rows}, record.results_dir(args),
+                    machine=machine_facts())
+
+
+if __name__ == "__main__":
+    main()
