@@ -5,9 +5,9 @@
 Where a model step is slower than transformers', this tells whether the GEMMs or the other kernels are behind.
 Each operation runs at the shape the benchmark step of bench_smollm2.py gives it (8 x 128 tokens, hidden 576,
 intermediate 1536, 9 heads, vocabulary 49,152), on the same numbers in both libraries, alternating Paddle and
-torch call by call after one warm-up each; medians are reported. Paddle runs under alignment/cpu_env.py's
-settings (OpenMP 1 thread, MKL the usable cores), torch with `torch.set_num_threads(usable cores)`, both in this
-process. "Paddle / torch" is a ratio of times: above 1, Paddle's kernel is slower. torch is skipped, with a note,
+torch in blocks of --repeats calls (3 rounds, a warm-up call and an idle half second before each block); medians
+are reported. Paddle runs under alignment/cpu_env.py's settings (OpenMP 1 thread, MKL the usable cores), torch
+with `torch.set_num_threads(usable cores)`, both in this process. "Paddle / torch" is a ratio of times: above 1, Paddle's kernel is slower. torch is skipped, with a note,
 where it is not installed.
 """
 from __future__ import annotations
@@ -27,6 +27,9 @@ from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_fact
 
 apply_cpu_defaults()
 
+# OpenMP / MKL worker threads spin for up to 200 ms after their last parallel region (KMP_BLOCKTIME): each block
+# of calls waits that out, so neither library is timed against the other's spinning threads
+SETTLE_S, ROUNDS = 0.5, 3
 TOKENS, HIDDEN, INTER, HEADS, SEQ, VOCAB, EPS = 1024, 576, 1536, 9, 128, 49152, 1e-5
 
 
@@ -103,14 +106,15 @@ def measure(repeats: int) -> List[dict]:
         print("torch is not installed: Paddle's times only", file=sys.stderr)
     rows = []
     for name, (shape, ours, theirs) in operations(paddle, torch).items():
-        ours()
-        if torch:
-            theirs()
         ours_ms, torch_ms = [], []
-        for _ in range(repeats):  # alternating, one call each
-            ours_ms.append(once_ms(ours))
+        for _ in range(ROUNDS):  # blocks of calls, alternating, each after the other side's threads went idle
+            time.sleep(SETTLE_S)
+            ours()
+            ours_ms += [once_ms(ours) for _ in range(repeats)]
             if torch:
-                torch_ms.append(once_ms(theirs))
+                time.sleep(SETTLE_S)
+                theirs()
+                torch_ms += [once_ms(theirs) for _ in range(repeats)]
         row = {"operation": name, "shape": shape, "paddle_ms": statistics.median(ours_ms)}
         if torch:
             row["torch_ms"] = statistics.median(torch_ms)
@@ -126,7 +130,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=9)
     record.add_arguments(parser)
     args = parser.parse_args(argv)
-    print(describe_machine())
+    print(describe_machine(machine_facts()))
     rows = measure(args.repeats)
     print("| operation | shape | Paddle ms | torch ms | Paddle / torch |")
     print("| --- | --- | --- | --- | --- |")
