@@ -34,7 +34,7 @@ TOKENS, HIDDEN, INTER, HEADS, SEQ, VOCAB, EPS = 1024, 576, 1536, 9, 128, 49152, 
 
 
 def operations(paddle, torch) -> Dict[str, Tuple[str, Callable, Callable]]:
-    """name -> (shape, Paddle call, torch call) over the same random numbers."""
+    """name -> (shape, Paddle call, torch call) over the same random numbers (torch None: no torch calls)."""
     import numpy as np
     import paddle.nn.functional as F
     from paddle.incubate.nn.functional import fused_rms_norm
@@ -45,7 +45,7 @@ def operations(paddle, torch) -> Dict[str, Tuple[str, Callable, Callable]]:
 
     def pair(*shape):
         a = rng.standard_normal(shape).astype("float32")
-        return paddle.to_tensor(a), torch.from_numpy(a)
+        return paddle.to_tensor(a), torch.from_numpy(a) if torch else None
 
     x, tx = pair(TOKENS, HIDDEN)
     w, tw = pair(HIDDEN, INTER)
@@ -55,9 +55,9 @@ def operations(paddle, torch) -> Dict[str, Tuple[str, Callable, Callable]]:
     logits, tlogits = pair(TOKENS, VOCAB)
     scores, tscores = pair(8, HEADS, SEQ, SEQ)
     ids = rng.integers(0, VOCAB, [TOKENS])
-    pids, tids = paddle.to_tensor(ids), torch.from_numpy(ids)
+    pids, tids = paddle.to_tensor(ids), torch.from_numpy(ids) if torch else None
     norm = RMSNorm(HIDDEN, EPS)
-    tnorm_w = torch.ones(HIDDEN)
+    tnorm_w = torch.ones(HIDDEN) if torch else None
 
     def torch_rms(h):  # transformers' LlamaRMSNorm
         return tnorm_w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS))

@@ -5,6 +5,7 @@ tmpfs: the interpreter's installation must stay importable and unwritable there.
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -19,12 +20,20 @@ pytestmark = pytest.mark.skipif(bool(LACKS), reason=f"this kernel cannot contain
 
 @pytest.fixture
 def under_tmp():
-    """A virtual environment (with this interpreter's packages) and a copy of the project, both under /tmp."""
+    """A virtual environment (with this interpreter's packages, whether or not it runs in a virtual environment)
+    and a copy of the project, both under /tmp."""
     base = tempfile.mkdtemp(prefix="alignment-under-tmp-", dir="/tmp")
     try:
         os.chmod(base, 0o755)  # as root the sandbox runs as nobody, and the ordinary-user test as another user
         venv, project = os.path.join(base, "venv"), os.path.join(base, "project")
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], check=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+        # this interpreter's packages by a .pth file: `--system-site-packages` from inside a virtual environment
+        # would give the base installation's packages instead of this environment's
+        purelib = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                                  "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        with open(os.path.join(purelib, "outer-packages.pth"), "w", encoding="utf-8") as f:
+            f.write("\n".join(site.getsitepackages()) + "\n")
         shutil.copytree(os.path.join(REPO, "alignment"), os.path.join(project, "alignment"),
                         ignore=shutil.ignore_patterns("__pycache__"))
         os.mkdir(os.path.join(project, "tests"))
