@@ -159,9 +159,7 @@ class FusedDecoder:
         x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
         for i, weights in enumerate(self.layers):
             x = self._layer(x, weights, cache.k[i], cache.v[i], index, cos, sin, bias)
-        hidden = rms_norm(x, self.final_norm, self.eps)
-        logits = [paddle.matmul(hidden, part) for part in self.head_slices]  # [b, 1, part]
-        return (paddle.concat(logits, axis=-1) if len(logits) > 1 else logits[0]).reshape([b, -1])
+        return self._head(x).reshape([b, -1])
 
     def rotary_rows(self, positions, width: int):
         """cos, sin [b, heads + 2 kv_heads, d] of positions [b] (each below `width`): rows of tables built for every
@@ -182,7 +180,10 @@ class FusedDecoder:
         # q head i attends with kv head i // groups (Attention's folded decode step)
         scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k_cache, transpose_y=True) + bias
         out = paddle.matmul(F.softmax(scores, axis=-1), v_cache).reshape([b, 1, heads * d])
-        x = x + paddle.matmul(out, w.o)
+        return self._mlp(x + paddle.matmul(out, w.o), w)
+
+    def _mlp(self, x, w: LayerWeights):
+        """The layer's second half: x plus the SwiGLU MLP of its post-attention norm."""
         h = rms_norm(x, w.post_norm, self.eps)
         gate, up = paddle.matmul(h, w.gate), paddle.matmul(h, w.up)
         return x + paddle.matmul(F.silu(gate) * up, w.down)
@@ -203,6 +204,10 @@ class FusedDecoder:
         x = F.embedding(tokens, self.embedding)  # [b, s, hidden]
         for i, weights in enumerate(self.layers):
             x = self._verify_layer(x, weights, cache.k[i], cache.v[i], index, cos, sin, bias)
+        return self._head(x)
+
+    def _head(self, x):
+        """x [b, s, hidden] -> logits [b, s, vocab]: the final norm and the LM head, slice by vocabulary slice."""
         hidden = rms_norm(x, self.final_norm, self.eps)
         logits = [paddle.matmul(hidden, part) for part in self.head_slices]  # [b, s, part]
         return paddle.concat(logits, axis=-1) if len(logits) > 1 else logits[0]
@@ -218,7 +223,4 @@ class FusedDecoder:
         q = q.transpose([0, 2, 1, 3]).reshape([b, kv_heads, heads // kv_heads * s, d])  # q head i: kv head i // groups
         scores = paddle.matmul(q, k_cache, transpose_y=True) + bias  # [b, kv_heads, groups s, width]
         out = paddle.matmul(F.softmax(scores, axis=-1), v_cache).reshape([b, heads, s, d])
-        x = x + paddle.matmul(out.transpose([0, 2, 1, 3]).reshape([b, s, heads * d]), w.o)
-        h = rms_norm(x, w.post_norm, self.eps)
-        gate, up = paddle.matmul(h, w.gate), paddle.matmul(h, w.up)
-        return x + paddle.matmul(F.silu(gate) * up, w.down)
+        return self._mlp(x + paddle.matmul(out.transpose([0, 2, 1, 3]).reshape([b, s, heads * d]), w.o), w)
