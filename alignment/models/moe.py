@@ -64,6 +64,7 @@ class MoeBlock(nn.Layer):
         self.replay: Optional[paddle.Tensor] = None  # [tokens, k] int64 expert choices to use instead of top-k
         self.router_logits: Optional[paddle.Tensor] = None  # [tokens, experts] of the last forward
         self.chosen: Optional[paddle.Tensor] = None  # [tokens, k] of the last forward
+        self.own_choice: Optional[paddle.Tensor] = None  # [tokens, k] the router's own top-k under replay
 
     def route(self, flat):
         """flat [n, hidden] -> (router logits [n, E] float32, chosen experts [n, k] int64, their weights [n, k])."""
@@ -75,7 +76,7 @@ class MoeBlock(nn.Layer):
             if self.replay.shape != chosen.shape:
                 raise ValueError(f"routing replay: choices for {self.replay.shape[0]} tokens, the forward has "
                                  f"{chosen.shape[0]} (replay runs the rows and columns that were recorded)")
-            chosen = paddle.where(self.replay >= 0, self.replay, chosen)
+            self.own_choice, chosen = chosen, paddle.where(self.replay >= 0, self.replay, chosen)
         weights = paddle.take_along_axis(probs, chosen, axis=-1)
         if self.settings.normalize_top_k:
             weights = weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=self.settings.norm_min)
@@ -185,7 +186,21 @@ def replayed_routing(model: nn.Layer, experts: paddle.Tensor):
         yield
     finally:
         for block in blocks:
-            block.replay = None
+            block.replay = block.own_choice = None
+
+
+def routing_mismatch(model: nn.Layer) -> float:
+    """Under replay, the share of the replayed (token, sparse layer) pairs whose recorded experts differ from the
+    set the router would have chosen itself in the last forward: how often the sampler's and the trainer's routing
+    disagree (0 when they agree everywhere)."""
+    differs, total = 0, 0
+    for block in moe_blocks(model):
+        recorded = block.replay.numpy()  # [tokens, k]
+        rows = (recorded >= 0).all(axis=1)
+        own = np.sort(block.own_choice.numpy()[rows], axis=1)
+        differs += int((own != np.sort(recorded[rows], axis=1)).any(axis=1).sum())
+        total += int(rows.sum())
+    return differs / total if total else 0.0
 
 
 def moe_training_terms(model: nn.Layer, attention_mask=None):

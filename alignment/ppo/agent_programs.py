@@ -125,11 +125,12 @@ class Agents(Episodes):
         return out
 
 
-def make_sampler(ppo, max_length: int, collate_prompts, env_args=None):
+def make_sampler(ppo, max_length: int, collate_prompts, env_args=None, keep_experts: bool = False):
     """The run's sampler strategy: samplers.SingleTurn, samplers.Episodes (an environment's) or Agents (an agent
-    program's, through the gateway)."""
+    program's, through the gateway); keep_experts: single-turn rollouts carry an MoE sampler's expert choices
+    (routing_replay.py; the arguments refuse replay with an environment)."""
     if env_args is not None and env_args.agent is not None:
         return Agents(ppo, max_length, collate_prompts, env_args)
     if env_args is not None and env_args.multi_turn:
         return Episodes(ppo, max_length, collate_prompts, env_args)
-    return SingleTurn(ppo, max_length, collate_prompts)
+    return SingleTurn(ppo, max_length, collate_prompts, keep_experts)

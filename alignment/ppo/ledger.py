@@ -6,7 +6,8 @@ prompt's index in the dataset), the prompt, the policy version that sampled it (
 run; with partial rollouts also `token_versions`, one per policy token), the digest of the weights that sampled it
 and which sampler that was ("weights_digest", "sampled_by": weight_check.py), the prompt's and the response's token
 ids (`prompt_ids`, `response_ids`; replay_step.py rebuilds the step's batch from them), and the behaviour
-log-probs of its policy tokens (when recorded), each reward part
+log-probs of its policy tokens (when recorded), an MoE policy's expert choices per token under routing replay
+("experts": [tokens][sparse layers][k], prompt and response), each reward part
 and the end reward, and the sampling parameters; with model judges their prompts and answers ("judges"); with a
 teacher its log-prob of each policy token ("teacher_log_probs", teacher.py). `sources.json` says where rewards come from (reward functions,
 the reward model's path and a digest of its weights, the reward server URLs and what their /health reports).
@@ -19,6 +20,8 @@ import hashlib
 import json
 import os
 from typing import List, Optional
+
+import numpy as np
 
 from alignment.inputs import NUMBER, TEXT, check_keys, integer, json_lines
 
@@ -41,6 +44,7 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
     attention = rollout.attention_mask.numpy()[:, rollout.prompt_len:] > 0
     behaviour = rollout.behaviour_log_probs.numpy() if rollout.behaviour_log_probs is not None else None
     token_versions = rollout.token_versions.numpy() if rollout.token_versions is not None else None
+    experts = rollout.experts.numpy() if rollout.experts is not None else None  # [N, P + R, layers, k]
     end = rollout.end_rewards.numpy()
     rows = []
     for i in range(len(rollout)):
@@ -60,6 +64,8 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
             row["behaviour_log_probs"] = [float(x) for x in behaviour[i][mask[i]]]
         if token_versions is not None:  # partial rollouts: the version of each policy token
             row["token_versions"] = token_versions[i][mask[i]].tolist()
+        if experts is not None:  # MoE routing replay: each prompt and response token's experts, [layers][k] each
+            row["experts"] = experts[i][np.concatenate([prompt_attention[i], attention[i]])].tolist()
         episode = rollout.episodes[i] if rollout.episodes else {}
         if "calls" in episode:  # an agent's episode: every gateway call, and the samples its edits dropped
             row.update(calls=episode["calls"], prefix_breaks=episode["prefix_breaks"],

@@ -177,7 +177,28 @@ def ledger_rollout(rows: List[dict], prompt_pad: int, response_pad: int):
     return Rollout(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(attention),
                    response_mask=paddle.to_tensor(response_mask), prompt_len=width_p,
                    prompts=[row["prompt"] for row in rows], completions=[""] * n, labels={},
-                   sample_ids=[row["sample"] for row in rows])  # versions: none, as a synchronous step's
+                   sample_ids=[row["sample"] for row in rows],  # versions: none, as a synchronous step's
+                   experts=ledger_experts(rows, width_p, width_r))
+
+
+def ledger_experts(rows: List[dict], width_p: int, width_r: int):
+    """MoE routing replay: the rows' recorded experts laid out as ledger_rollout's columns [n, P + R, layers, k]
+    (-1 where nothing was recorded); None when the rows hold none. ValueError naming the sample whose record does
+    not cover its tokens."""
+    import paddle
+
+    if "experts" not in rows[0]:
+        return None
+    first = np.asarray(rows[0]["experts"], dtype="int64")
+    out = np.full([len(rows), width_p + width_r, *first.shape[1:]], -1, dtype="int64")
+    for i, row in enumerate(rows):
+        p, r = len(row["prompt_ids"]), len(row["response_ids"])
+        experts = np.asarray(row.get("experts", []), dtype="int64")
+        if experts.shape != (p + r, *first.shape[1:]):
+            raise ValueError(f"ledger sample {row['sample']}: 'experts' has shape {list(experts.shape)}, expected "
+                             f"{[p + r, *first.shape[1:]]} (one [layers][k] entry per prompt and response token)")
+        out[i, width_p - p: width_p + r] = experts
+    return paddle.to_tensor(out)
 
 
 def replay_update(trainer, rows: List[dict]) -> Dict[str, float]:

@@ -51,6 +51,8 @@ class Rollout:
     prompt_groups: Optional[paddle.Tensor] = None  # [N] int64 micro-batches sharing prompts: see micro_batch
     weight_digests: Optional[List[str]] = None  # the digest of the weights that sampled each row (weight_check.py)
     sampled_by: Optional[List[str]] = None  # which sampler drew each row ("local engine of rank 0", "rollout rank 2")
+    experts: Optional[paddle.Tensor] = None  # [N, P + R, sparse layers, k] int64 MoE routing replay: the experts the
+    # sampler routed each input column to (-1: not fed, i.e. padding and the last token; routing_replay.py)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -105,6 +107,8 @@ class Rollout:
         picked = self._per_token_fields_cut(keep)
         picked["input_ids"] = self.input_ids[:, skip: width]
         picked["attention_mask"] = self.attention_mask[:, skip: width]
+        if self.experts is not None:
+            picked["experts"] = self.experts[:, skip: width]
         picked["prompt_len"] = self.prompt_len - skip
         return Rollout(**picked)
 
@@ -122,6 +126,10 @@ class Rollout:
         picked = self._per_token_fields_cut(keep)
         picked["input_ids"] = paddle.take_along_axis(self.input_ids, paddle.to_tensor(columns), axis=1)
         picked["attention_mask"] = paddle.to_tensor((np.arange(width)[None] < lengths[:, None]).astype("int64"))
+        if self.experts is not None:  # the same columns; -1 (own choice) on the padding after each row
+            experts = self.experts.numpy()[np.arange(len(mask))[:, None], columns]  # [n, W, layers, k]
+            experts[np.arange(width)[None] >= lengths[:, None]] = -1
+            picked["experts"] = paddle.to_tensor(experts)
         index = np.minimum(prompt_lens[:, None] + np.arange(keep)[None], width - 1)  # [n, R]: masked ones clipped
         picked["response_index"] = paddle.to_tensor(index.astype("int64"))
         picked["prompt_len"] = 0  # rows no longer share a prompt width: response_index says where responses are
@@ -143,8 +151,8 @@ class Rollout:
 
 
 def _pad_columns(x: paddle.Tensor, left: int, right: int, value) -> paddle.Tensor:
-    """x [n, W] -> [n, left + W + right], the new columns filled with `value`."""
-    pieces = [paddle.full([x.shape[0], width], value, dtype=x.dtype) for width in (left, right)]
+    """x [n, W, ...] -> [n, left + W + right, ...], the new columns filled with `value`."""
+    pieces = [paddle.full([x.shape[0], width, *x.shape[2:]], value, dtype=x.dtype) for width in (left, right)]
     return paddle.concat([p for p in (pieces[0], x, pieces[1]) if p.shape[1]], axis=1)
 
 
@@ -168,8 +176,8 @@ def concat_rollouts(parts: List[Rollout], pad_id: int) -> Rollout:
             joined[f.name] = [v for part in values for v in part]
         elif all(v is None for v in values):
             joined[f.name] = None
-        elif f.name in ("input_ids", "attention_mask"):
-            fill = pad_id if f.name == "input_ids" else 0
+        elif f.name in ("input_ids", "attention_mask", "experts"):
+            fill = {"input_ids": pad_id, "attention_mask": 0, "experts": -1}[f.name]
             joined[f.name] = paddle.concat([_pad_columns(v, p - part.prompt_len, r - part.response_mask.shape[1],
                                                          fill) for v, part in zip(values, parts)])  # [N, P + R]
         elif f.name == "response_index" or any(v is None for v in values):
@@ -202,7 +210,7 @@ def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool, tog
 def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig, num_return_sequences: int,
                    collate, positions: Optional[List[int]] = None, total: Optional[int] = None,
                    static=None, log_prob_temperature: Optional[float] = None,
-                   between_tokens: Optional[Callable[[int], bool]] = None) -> Rollout:
+                   between_tokens: Optional[Callable[[int], bool]] = None, keep_experts: bool = False) -> Rollout:
     """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous.
 
     positions / total: the items' positions in a global batch of `total` prompts shared by several processes;
@@ -210,6 +218,7 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
     static: a StaticDecoder of `actor` to run the decode steps with (see generate).
     log_prob_temperature: set old_log_probs from the sampling pass (see generate); None leaves them unset.
     between_tokens: called with the number of tokens drawn before each decode step (see generate).
+    keep_experts: an MoE actor's expert choice per token on the rollout (routing_replay.py).
     """
     items = [item for item in prompt_items for _ in range(num_return_sequences)]
     positions = list(range(len(prompt_items))) if positions is None else positions
@@ -234,6 +243,7 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
         completions=completions,
         labels={"answer": [item.get("answer") for item in items]},
         old_log_probs=out.log_probs,
+        experts=out.experts if keep_experts else None,
     )
 
 

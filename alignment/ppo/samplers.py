@@ -32,9 +32,10 @@ class Draw:
 class SingleTurn:
     """One response per row, at most max_new_tokens (or what max_length leaves after the longest prompt)."""
 
-    def __init__(self, ppo, max_length: int, collate_prompts: Callable):
+    def __init__(self, ppo, max_length: int, collate_prompts: Callable, keep_experts: bool = False):
         self.ppo, self.max_length, self.collate = ppo, max_length, collate_prompts
         self.static_decoders = {}  # rollout_decode static: compiled decode steps per generating model
+        self.keep_experts = keep_experts  # MoE routing replay: each token's experts on the rollout
 
     def config(self, base: GenerationConfig, draw: Draw) -> GenerationConfig:
         budget = self.max_length - max(len(item["input_ids"]) for item in draw.items)
@@ -50,7 +51,8 @@ class SingleTurn:
                 self.static_decoders[id(actor)] = StaticDecoder(actor)
             static = self.static_decoders[id(actor)]
         return sample_rollout(actor, tokenizer, draw.items, self.config(base, draw), draw.n, self.collate,
-                              draw.positions, draw.total, static, draw.log_prob_temperature, draw.between_tokens)
+                              draw.positions, draw.total, static, draw.log_prob_temperature, draw.between_tokens,
+                              self.keep_experts)
 
     @staticmethod
     def metrics(rollout) -> dict:

@@ -95,6 +95,7 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
     from alignment.ppo.pipeline_update import PolicyPipeLoss
     from alignment.ppo.rollout_worker import WorkerPlan, run_rollout_worker
     from alignment.ppo.agent_programs import make_sampler
+    from alignment.ppo.routing_replay import routing_for
     from alignment.ppo.samplers import rollout_generation_config
 
     actor = setup.load_trained_model("causal", model_args.actor_model_name_or_path, run.layout, lora_args,
@@ -105,7 +106,7 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
                       train_args.output_dir, async_schedule(ppo_args, data_args, async_args, train_args, layout,
                                                              len(prompts)))
     sampler = make_sampler(ppo_args, data_args.max_length, lambda items: collate_prompts(items, tokenizer.pad_token_id),
-                           env_args)
+                           env_args, routing_for(ppo_args.moe_routing_replay, actor).records)  # MoE: the experts
     posted = run_rollout_worker(plan, actor, tokenizer, sampler, rollout_generation_config(ppo_args, actor, tokenizer),
                                 mailbox, layout)
     print(f"rollout rank {rank()}: {posted} prompt batches sampled")

@@ -8,6 +8,7 @@ skeleton's (training/trainer.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -35,6 +36,7 @@ from alignment.ppo.ledger import Ledger, ledger_rows, reward_sources
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
 from alignment.ppo.ptx import ptx_term
+from alignment.ppo.routing_replay import routing_for
 from alignment.ppo.samplers import Draw, rollout_generation_config
 from alignment.ppo.sources import rollout_source
 from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
@@ -55,6 +57,9 @@ class PPOTrainer(MonitoredRun, Trainer):
     def __init__(self, ppo_args, train_args, data_args, models: PolicyModels, data: PromptData, tokenizer,
                  effective_args=None, env_args=None, async_args=None, source=None, monitor_args=None):
         super().__init__(train_args, tokenizer, effective_args)
+        self.routing = routing_for(ppo_args.moe_routing_replay, models.actor)  # routing_replay.py: MoE policies
+        if self.routing.has_experts:  # a shared prompt's pass would route prompts and answers in separate forwards
+            ppo_args = dataclasses.replace(ppo_args, shared_prompt_forward=False)
         self.ppo, self.max_length, self.data = ppo_args, data_args.max_length, data
         self.actor, self.reference, self.reward, self.teacher = models.actor, models.reference, models.reward, \
             models.teacher
@@ -99,7 +104,8 @@ class PPOTrainer(MonitoredRun, Trainer):
         # rollout_log_probs: the sampler-vs-trainer gap from the update's own first forward passes (not pipelined)
         self.sampler_gap = scoring.SamplerGap() if ppo_args.rollout_log_probs and not pipelined else None
         self.sampler = self.teacher.sampler(make_sampler(ppo_args, data_args.max_length, data.collate_prompts,
-                                                         env_args), data_args.max_length)  # multi-turn? GKD's mix?
+                                                         env_args, self.routing.records),
+                                            data_args.max_length)  # multi-turn? GKD's mix?
         self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
@@ -208,7 +214,8 @@ class PPOTrainer(MonitoredRun, Trainer):
         if measured_in_update:
             self.sampler_gap.arm()
         elif not self.reuse_update_log_probs:  # unless the update takes its own; its first ratios then exactly 1
-            trained = first_pass_log_probs(self.rollout_actor(), rollout, self.ppo, self.args, self.global_step)
+            trained = first_pass_log_probs(self.rollout_actor(), rollout, self.ppo, self.args, self.global_step,
+                                           self.routing.around)
             rollout.old_log_probs = trained if sampled is None else sampled
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs = first_pass_log_probs(self.reference, rollout, self.ppo, self.args, self.global_step)
@@ -243,9 +250,10 @@ class PPOTrainer(MonitoredRun, Trainer):
         ppo, mask = self.ppo, batch.response_mask
         if self.global_step < ppo.pretrain_critic_steps:  # value pretraining (VAPO): only the critic learns
             return {}
-        with self.precision.autocast():  # the teacher's divergence too, when it is a loss term (teacher.py)
+        with self.precision.autocast(), self.routing.around(self.actor, batch):  # the teacher's divergence too
             log_probs, entropy, distill = self.teacher.student_pass(self.actor, batch, ppo.temperature,
                                                                     ppo.entropy_coeff > 0)
+            aux_loss, moe_stats = self.routing.step_terms(self.actor, batch)  # MoE: load balance, expert load
         old_log_probs, out = batch.old_log_probs, {}
         if self.sampler_gap is not None:
             self.sampler_gap.record(log_probs, old_log_probs, mask)
@@ -257,7 +265,10 @@ class PPOTrainer(MonitoredRun, Trainer):
         entropy = entropy.detach()
         loss = loss * share
         out.update({"actor_loss": float(loss), "entropy": share * float(rl.masked_mean(entropy, mask)),
-                    **{k: share * float(v) for k, v in stats.items()}, "lr": self.policy.optimizer.get_lr()})
+                    **{k: share * float(v) for k, v in {**stats, **moe_stats}.items()},
+                    "lr": self.policy.optimizer.get_lr()})
+        if aux_loss is not None:
+            loss = loss + aux_loss * share
         ptx_loss, ptx_stats = self.ptx.loss(self.actor, self.precision, ptx_scale)
         if ptx_loss is not None:
             loss = loss + ptx_loss

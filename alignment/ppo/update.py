@@ -33,11 +33,11 @@ def run_update(rollout, micro_batches, optimizer_step: Callable[[], object], rng
     return mean_rows(rows)
 
 
-def first_pass_log_probs(model, rollout, ppo, train_args, step: int):
+def first_pass_log_probs(model, rollout, ppo, train_args, step: int, around=None):
     """log_probs_as_updated over the micro-batches of step `step`'s first update pass. -> [N, R]"""
     parts = pass_micro_batches(rollout, update_rng(train_args.seed, step), train_args.per_device_train_batch_size,
                                ppo)
-    return log_probs_as_updated(model, rollout, parts, ppo.temperature, ppo.shared_prompt_forward)
+    return log_probs_as_updated(model, rollout, parts, ppo.temperature, ppo.shared_prompt_forward, around)
 
 
 def update_rng(seed: int, step: int):
@@ -58,16 +58,18 @@ def pass_micro_batches(rollout, rng, size: int, ppo) -> List[np.ndarray]:
 
 @paddle.no_grad()
 def log_probs_as_updated(model, rollout, micro_batches: List[np.ndarray], temperature: float,
-                         share_prompts: bool = False):
+                         share_prompts: bool = False, around=None):
     """Log-probs [N, R] of the rollout's responses computed as the update computes them: micro-batch by
     micro-batch (the rows of each, packed), so at the same weights they are bitwise the update's and the first
-    pass's ratios are exactly 1 (one pass over the whole padded rollout differs by float rounding, ~1e-7)."""
+    pass's ratios are exactly 1 (one pass over the whole padded rollout differs by float rounding, ~1e-7).
+    around(model, micro-batch): the context each forward runs in (routing_replay.py's; None: none)."""
     parts = []
     for rows in micro_batches:
         batch = rollout.micro_batch(rows, share_prompts)
-        log_probs, _ = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.prompt_len, temperature,
-                                          response_index=batch.response_index,
-                                          prompt_groups=batch.prompt_groups)  # [n, keep]
+        with around(model, batch) if around is not None else contextlib.nullcontext():
+            log_probs, _ = response_log_probs(model, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                                              temperature, response_index=batch.response_index,
+                                              prompt_groups=batch.prompt_groups)  # [n, keep]
         parts.append(log_probs)
     return joined_rows(rollout, micro_batches, parts)
 
