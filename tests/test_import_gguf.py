@@ -13,12 +13,15 @@ from tokenizers import Tokenizer, pre_tokenizers
 from alignment.commands import import_gguf
 from alignment.fileio import OutputExists
 from alignment.models.convert import from_gguf
+from alignment.models.convert.gguf_families import GLOBAL_TENSORS, LAYER_TENSORS
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, CONTEXT = 32, 64, 2, 4, 2, 8, 128
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["h e", "l l", "he ll", "Ġ w", "o r", "Ġw or"]
 TOKENS = SPECIALS + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["he", "ll", "hell", "Ġw", "or", "Ġwor"]
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+GGUF_GLOBAL_NAMES = {hf: name for name, hf in GLOBAL_TENSORS.items()}
+GGUF_LAYER_NAMES = {hf: name for name, hf in LAYER_TENSORS.items()}
 
 
 def llama_cpp_permute(weight, n_head):
@@ -50,12 +53,11 @@ def hf_weights(tied):
 
 
 def gguf_name(hf_name):
-    reverse = {v: k for k, v in {**from_gguf.GLOBAL_TENSORS, **from_gguf.LAYER_TENSORS}.items()}
-    base = hf_name[: -len(".weight")]
-    if base.startswith("model.layers."):
-        layer, part = base[len("model.layers."):].split(".", 1)
-        return f"blk.{layer}.{reverse[part]}.weight"
-    return f"{reverse[base]}.weight"
+    """The name llama.cpp's converter gives an HF tensor (per-expert ones aside: it stacks them)."""
+    if hf_name.startswith("model.layers."):
+        layer, part = hf_name[len("model.layers."):].split(".", 1)
+        return f"blk.{layer}.{GGUF_LAYER_NAMES[part]}"
+    return GGUF_GLOBAL_NAMES[hf_name]
 
 
 def write_tiny_gguf(path, weights, arch="llama", raw_tensors=()):

@@ -1,4 +1,5 @@
-"""Convert a LLaMA-architecture GGUF file into a Hugging Face checkpoint directory, tokenizer included.
+"""Convert a GGUF file (LLaMA, Qwen2, Qwen3, Qwen3-MoE, ERNIE 4.5 dense or MoE) into a Hugging Face checkpoint
+directory, tokenizer included.
 
 The command line of alignment/commands/import_gguf.py (`python tools/import_gguf.py --help`)."""
 import os

