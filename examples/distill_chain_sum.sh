@@ -4,7 +4,7 @@
 # GRPO's start) and the GRPO arm is its seed-42 run (its evaluations and step times). The teacher is the same SFT
 # trained longer (config/smollm2/sft_chain_sum_teacher_argument.json, 100 steps; not counted in any arm).
 #   distill: the student's own answers, the reverse KL of each sampled token against the teacher as its advantage
-#            (config/smollm2/distill_chain_sum_argument.json, 16 prompts a step, 60 steps, learning rate 1.5e-5)
+#            (config/smollm2/distill_chain_sum_argument.json, 16 prompts a step, 100 steps, learning rate 1.5e-5)
 #   sft:     the teacher answers the 400 training prompts greedily (alignment-eval), the student is trained on
 #            those answers (config/smollm2/sft_chain_sum_teacher_answers_argument.json); both count in its minutes
 # Each is evaluated on the held-out chain_sum task (200 three-term sums, greedy) as the GRPO demo is;
@@ -27,8 +27,8 @@ rm -rf "$teacher/evals" && greedy "$teacher/model" "$teacher/evals"
 distill=outputs/smollm2-distill-chain-sum
 python alignment/ppo/run_distill.py config/smollm2/distill_chain_sum_argument.json --overwrite_output_dir true
 mkdir -p "$distill/evals" && cp -r "$sft/evals/start" "$distill/evals/step-0"
-for step in 10 20 30 40 50; do greedy "$distill/checkpoint-$step" "$distill/evals/step-$step"; done
-greedy "$distill/policy" "$distill/evals/step-60"
+for step in 10 20 30 40 50 60 70 80 90; do greedy "$distill/checkpoint-$step" "$distill/evals/step-$step"; done
+greedy "$distill/policy" "$distill/evals/step-100"
 
 start=$SECONDS
 rm -rf "$out/teacher"
