@@ -31,6 +31,7 @@ FOREIGN_FLAGS = {
     "docker": {"--rm", "--network", "--memory", "--pids-limit", "--read-only", "--tmpfs", "--workdir", "--cap-drop",
                "--security-opt", "--user", "--runtime"},
     "systemd-run": {"--user", "--scope"},
+    "prlimit": {"--as"},
     "visualdl": {"--logdir"},
     "tensorboard": {"--logdir"},
     "mlflow ui": {"--backend-store-uri"},  # docs/trackers.md

@@ -147,6 +147,16 @@ def _lora_memory(r: dict) -> List[List[str]]:
              f"{x['time_train_s']:.1f}"] for name, x in r["runs"].items()]
 
 
+def _peak_memory(r: dict) -> List[List[str]]:
+    def limit(x: dict) -> str:
+        if "smallest_address_space_mib" not in x:
+            return "not measured"
+        mib = x["smallest_address_space_mib"]
+        return "none up to 65536" if mib is None else f"{mib} (`ulimit -v {mib << 10}`)"
+
+    return [[x["entry_point"], r["model_name"], f"**{x['peak_rss_mib']:.0f}**", limit(x)] for x in r["rows"]]
+
+
 def _update_padding(r: dict) -> List[List[str]]:
     base = next(iter(r["ways"].values()))["sec"]
     return [[name, f"{x['sec']:.3f}", f"{x['padding']:.0%}", _x(base / x["sec"])] for name, x in r["ways"].items()]
@@ -251,6 +261,10 @@ TABLES: Dict[str, Table] = {
                            _reward_server),
     "lora_memory": Table(["lora_memory"], "python benchmarks/bench_lora_memory.py",
                          ["run", "peak RSS GiB", "s generate / score / train"], _lora_memory),
+    "peak_memory": Table(["peak_memory_tiny", "peak_memory_smollm2"],
+                         "python benchmarks/bench_peak_memory.py --model tiny|smollm2",
+                         ["entry point", "model", "peak RSS MiB", "smallest address-space limit that finishes, MiB"],
+                         _peak_memory),
     "episode_overlap": Table(["episode_overlap"], "python benchmarks/bench_episode_overlap.py",
                              ["variant", "generation s", "growth, in one episode's waits", "same bits"],
                              _episode_overlap),
