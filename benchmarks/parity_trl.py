@@ -90,6 +90,7 @@ def our_step(model_dir, rollout, recipe: dict, out_dir: str, lr: float = LR) -> 
     from alignment.models import LlamaForCausalLM
     from alignment.ppo.critic import make_critic
     from alignment.ppo.ptx import NoPtx
+    from alignment.ppo.routing_replay import OwnRouting
     from alignment.ppo.teacher import NoTeacher
     from alignment.ppo.trainer import PPOTrainer
     from alignment.ppo.update import EagerMicroBatches, run_update
@@ -102,7 +103,7 @@ def our_step(model_dir, rollout, recipe: dict, out_dir: str, lr: float = LR) -> 
     optimizer = paddle.optimizer.SGD(learning_rate=lr, parameters=actor.parameters())
     trainer = types.SimpleNamespace(ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx=NoPtx(),
                                     policy=types.SimpleNamespace(optimizer=optimizer), global_step=0,
-                                    sampler_gap=None, teacher=NoTeacher())
+                                    sampler_gap=None, teacher=NoTeacher(), routing=OwnRouting(actor))
     norms = []
 
     def optimizer_step():

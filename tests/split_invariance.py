@@ -24,6 +24,7 @@ from alignment.models.score_model import ScoreConfig, ScoreModel
 from alignment.ppo.critic import make_critic
 from alignment.ppo.rollout import Rollout, critic_values, response_log_probs
 from alignment.ppo.ptx import NoPtx
+from alignment.ppo.routing_replay import OwnRouting
 from alignment.ppo.teacher import NoTeacher
 from alignment.ppo.trainer import PPOTrainer
 from alignment.ppo.update import EagerMicroBatches, run_update
@@ -97,7 +98,7 @@ class Update:
         self.ppo, self.actor, self.critic, self.values_in_update = ppo, actor, critic, values_in_update
         self.trainer = types.SimpleNamespace(  # what PPOTrainer.actor_step reads of its trainer
             ppo=ppo, actor=actor, precision=Precision(TrainingArguments()), ptx=NoPtx(), global_step=0,
-            sampler_gap=None, teacher=teacher or NoTeacher(),
+            sampler_gap=None, teacher=teacher or NoTeacher(), routing=OwnRouting(actor),
             policy=types.SimpleNamespace(optimizer=types.SimpleNamespace(get_lr=lambda: 0.0)))
 
     def parameters(self):

@@ -91,8 +91,8 @@ def sampled(moe_dir, keep_experts=True):
     paddle.seed(4)
     config = GenerationConfig(max_new_tokens=6, do_sample=True, temperature=1.0,
                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    rollout = sample_rollout(model, tokenizer, items, config, 2, lambda rows: collate_prompts(rows, tokenizer.pad_token_id),
-                             keep_experts=keep_experts)
+    collate = lambda rows: collate_prompts(rows, tokenizer.pad_token_id)  # noqa: E731
+    rollout = sample_rollout(model, tokenizer, items, config, 2, collate, keep_experts=keep_experts)
     return model, rollout
 
 
@@ -173,7 +173,7 @@ def test_the_ledger_keeps_each_tokens_experts_and_a_replayed_step_equals_the_run
 @pytest.mark.parametrize("extra, message", [
     (["--moe_routing_replay", "always"], "key 'moe_routing_replay' must be one of ('none', 'rollout'), got 'always'"),
     (["--moe_routing_replay", "rollout", "--rollout_decode", "static"],
-     "key 'moe_routing_replay' needs 'rollout_decode': 'eager'"),
+     "key 'moe_routing_replay' replays single-turn rollouts of 'rollout_decode': 'eager' without pipeline"),
 ])
 def test_bad_replay_settings_are_one_line_and_exit_2(moe_dir, tmp_path, capsys, extra, message):
     assert run_program(lambda: tiny_run(tmp_path / "out", "grpo_argument.json", moe_dir, *extra)) == 2

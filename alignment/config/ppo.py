@@ -221,11 +221,9 @@ class PPOArguments:
                                                 "extra pass; a pipelined run makes one). "
                                                 "Critic-free estimators with one pass and one optimizer step take "
                                                 "them from the update itself either way.")
-    moe_routing_replay: str = field("none", help="Mixture-of-experts policies: 'rollout' records the experts the "
-                                                 "sampler routed each token to and routes the trainer's passes over "
-                                                 "the rollout (old log-probs, the update) the same way, so the ratio "
-                                                 "never compares two routings (rollout routing replay, R3); the "
-                                                 "reference keeps its own. 'none': every pass routes for itself.")
+    moe_routing_replay: str = field("none", help="MoE policies: 'rollout' routes the trainer's passes over a rollout "
+                                                 "(old log-probs, update) to the sampler's experts (R3); 'none': each "
+                                                 "pass routes itself. The reference always routes itself.")
     use_fusemt: bool = field(False, help="Fused-transformer rollout kernels; not available in this build yet, "
                                          "so only false is accepted.")
     eval_mode: Optional[str] = field(None, help="Which actor layout generates rollouts: null or 'tensor_parallel' = "
@@ -285,9 +283,6 @@ class PPOArguments:
         if self.moe_routing_replay not in MOE_ROUTING_REPLAYS:
             raise ValueError(f"key 'moe_routing_replay' must be one of {MOE_ROUTING_REPLAYS}, got "
                              f"{self.moe_routing_replay!r}")
-        if self.moe_routing_replay != "none" and self.rollout_decode == "static":
-            raise ValueError("key 'moe_routing_replay' needs 'rollout_decode': 'eager' (a compiled decode step "
-                             "records no routing)")
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"key 'eval_mode' must be one of {EVAL_MODES}, got {self.eval_mode!r}")
         self.offload_levels  # noqa: B018  parsed here, so a bad level is an argument error
@@ -319,9 +314,9 @@ class PPOArguments:
                 or teacher):
             raise ValueError("nothing gives a reward: set 'reward_model_name_or_path', 'use_rm_server', "
                              "'reward_funcs', 'environment' or 'teacher_model_name_or_path'")
-        if self.moe_routing_replay != "none" and (environment or pipelined(others)):
-            raise ValueError("key 'moe_routing_replay' replays single-turn rollouts trained without pipeline "
-                             "parallelism; multi-turn episodes and pipelined updates record no routing yet")
+        if self.moe_routing_replay != "none" and (environment or pipelined(others) or self.rollout_decode == "static"):
+            raise ValueError("key 'moe_routing_replay' replays single-turn rollouts of 'rollout_decode': 'eager' "
+                             "without pipeline parallelism (episodes, compiled steps and pipelines record no routing)")
         if self.pretrain_critic_steps and not self.uses_critic:
             raise ValueError(f"key 'pretrain_critic_steps': advantage_estimator {self.advantage_estimator!r} has no "
                              "critic to pretrain")

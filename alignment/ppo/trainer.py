@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from typing import Dict
 
 import paddle
@@ -20,9 +19,10 @@ from alignment.models import LlamaForCausalLM
 from alignment.models.lora import adapters_disabled
 from alignment.models.normalizer import RunningMeanStd
 from alignment.models.score_model import ScoreModel
-from alignment.parallel.distributed import (barrier, data_world_size, gather_lists, is_main_process,
-                                            mean_over_ranks, sum_over_data_ranks)
+from alignment.parallel.distributed import (data_world_size, gather_lists, is_main_process, mean_over_ranks,
+                                            sum_over_data_ranks)
 from alignment.ppo import algorithms as rl
+from alignment.ppo.checkpoints import PPOCheckpoints
 from alignment.ppo.agent_programs import make_sampler
 from alignment.ppo import registrations  # noqa: F401  the estimators, losses and KL estimators the arguments name
 from alignment.ppo import dapo, fault_policy, scoring
@@ -49,7 +49,7 @@ from alignment.wrappers.pipeline import PipelineModel
 from alignment.wrappers.reshard import WholeCopy
 
 
-class PPOTrainer(MonitoredRun, Trainer):
+class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
     progress_name = "ppo"
     generation_speed: Dict[str, str] = {}  # the last rollout's tokens/s, shown on the progress bar
     evaluate_at_start = True  # the starting policy's held-out reward
@@ -276,35 +276,10 @@ class PPOTrainer(MonitoredRun, Trainer):
         self.precision.backward(loss)
         return out
 
-    # --- evaluation and checkpoints -------------------------------------------------------------------------------
+    # --- evaluation (checkpoints: checkpoints.py) -----------------------------------------------------------------
     def has_eval_data(self) -> bool:
         return self.data.eval_prompts is not None or bool(self.data.eval_tasks)
 
     def evaluate(self) -> Dict[str, float]:
         with self.offload.phase("evaluate", [self.actor, self.reward.model]):
             return self.monitors.evaluated(self.global_step, evaluate_policy(self))
-
-    def trainer_state(self) -> dict:
-        return {**super().trainer_state(), "drawn": {**self.drawn, "ptx": self.ptx.drawn},
-                "prompt_pool": self.prompt_batches.state_dict(),
-                "reward_stats": self.reward_stats.state_dict(),
-                **self.rollouts.state_dict()}
-
-    def load_trainer_state(self, state: dict) -> None:
-        super().load_trainer_state(state)
-        self.drawn, self.pool_state = state["drawn"], state.get("prompt_pool")
-        self.reward_stats.load_state_dict(state["reward_stats"])
-        self.rollouts.load_state_dict(state)
-        if self.ledger is not None:
-            self.ledger.resume_at(self.global_step)
-
-    def save_step_checkpoint(self) -> None:
-        self.rollouts.drain(self.global_step, self.actor)  # the batches sampled ahead belong to the checkpoint
-        with self.offload.phase("checkpoint", [self.actor, self.critic.model], self.offload.optimizers):
-            super().save_step_checkpoint()
-
-    def save(self, output_dir: str) -> None:
-        with self.offload.phase("save", [self.actor, self.critic.model]):
-            for name, t in self.trained.items():  # every rank calls save_pretrained; rank 0 writes
-                t.model.save_pretrained(os.path.join(output_dir, name), tokenizer_dir=self.tokenizer.name_or_path)
-            barrier()
