@@ -3,6 +3,7 @@ loss equals the SFT stage's loss on the same batch and its Adam step equals padd
 the RL losses equal a numpy computation; samples from saved weights equal the project's own decoding; checkpoints
 round-trip. Skipped where the SDK is not installed (`pip install -e .[tinker]`)."""
 import os
+import time
 
 import numpy as np
 import paddle
@@ -72,8 +73,12 @@ def test_a_supervised_step_equals_the_sft_loss_and_one_adamw_step(server, tiny_m
     init = trainer.save_state("init").result().path
     batch = [(PROMPT, ANSWER), ([3, 8], [77, 12, 5])]
     adam = types.AdamParams(learning_rate=1e-2, beta1=0.8, beta2=0.99, eps=1e-4, weight_decay=0.1)
-    backward = trainer.forward_backward([sft_datum(p, a) for p, a in batch], "cross_entropy")
-    step = trainer.optim_step(adam)
+    with service.lock:  # the worker's jobs wait for it: the SDK's polls meet "try_again" until it is released
+        backward = trainer.forward_backward([sft_datum(p, a) for p, a in batch], "cross_entropy")
+        step = trainer.optim_step(adam)
+        deadline = time.monotonic() + 60
+        while service.try_agains == polls and time.monotonic() < deadline:
+            time.sleep(0.01)
     result = backward.result()
     step.result()
     after = trainer.save_state("after").result().path
