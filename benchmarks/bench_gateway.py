@@ -16,11 +16,13 @@ repeat), after a warm-up of each:
   the main thread) answering the same bodies over HTTP on 127.0.0.1, sent by an asyncio + httpx client in a thread
   of the same process (so the client's own parsing counts as the gateway's).
 
-Each side runs the first --single-calls requests one at a time (each call's latency) and all --sessions at once
-(new tokens over the block's wall time). Reported, from medians over --repeats: the per-call overhead (the
-gateway's latency minus the engine's for the same request, in ms, and its share of the gateway's latency) and both
-sides' tokens/s of the concurrent sessions with their ratio. The run stops with an error when a call through the
-gateway sampled other tokens than the engine alone, or streamed other text or token counts than it sampled.
+Each side runs the first --single-calls requests one at a time (each call's latency) and all --sessions at once (new
+tokens over the block's wall time). Reported: each side's median latency (over the calls and repeats) and tokens/s,
+the per-call overhead (the gateway's latency minus the engine's for the same request in the same repeat, in ms and
+as a share of the gateway's latency: the median over calls and repeats) and the ratio of the concurrent sessions'
+tokens/s (the median over repeats of the two blocks' ratio): pairs of blocks that ran one after the other, which a
+shared machine's load disturbs alike. The run stops with an error when a call through the gateway sampled other
+tokens than the engine alone, or streamed other text or token counts than it sampled.
 Default --model: the tiny model of tools/make_tiny.py, built in a temporary directory. Writes
 gateway_<timestamp>.json where benchmarks/record.py's flags say (--record: benchmarks/results/).
 """
@@ -210,20 +212,24 @@ def measure(alone: EngineAlone, gateway: ThroughGateway, bodies: list, single_ca
 
 
 def summarize(times: dict, sessions: int) -> dict:
-    """The figures: per single call (medians over repeats, then over calls) and for the `sessions` at once."""
+    """The figures: each side's latency (over the single calls and repeats) and tokens/s, medians; the overhead and
+    the ratio from the pairs of blocks that ran one after the other (a call on both sides, the sessions on both
+    sides), medians over the pairs, which a shared machine's load disturbs alike."""
     median = statistics.median
-    engine = [median(seconds) for seconds in times["engine_single_s"]]
-    gateway = [median(seconds) for seconds in times["gateway_single_s"]]
-    overhead = [g - e for g, e in zip(gateway, engine)]
+    pairs = [(g, e) for gateway, engine in zip(times["gateway_single_s"], times["engine_single_s"])
+             for g, e in zip(gateway, engine)]
     tokens = times["concurrent_new_tokens"]
     engine_s, gateway_s = median(times["engine_concurrent_s"]), median(times["gateway_concurrent_s"])
-    return {"single_call": {"calls": len(engine), "new_tokens": statistics.mean(times["single_new_tokens"]),
-                            "engine_ms": 1000 * median(engine), "gateway_ms": 1000 * median(gateway),
-                            "overhead_ms": 1000 * median(overhead),
-                            "overhead_share": median([o / g for o, g in zip(overhead, gateway)])},
+    return {"single_call": {"calls": len(times["engine_single_s"]),
+                            "new_tokens": statistics.mean(times["single_new_tokens"]),
+                            "engine_ms": 1000 * median(e for _, e in pairs),
+                            "gateway_ms": 1000 * median(g for g, _ in pairs),
+                            "overhead_ms": 1000 * median(g - e for g, e in pairs),
+                            "overhead_share": median((g - e) / g for g, e in pairs)},
             "concurrent": {"sessions": sessions, "new_tokens": tokens,
                            "engine_tokens_per_s": tokens / engine_s, "gateway_tokens_per_s": tokens / gateway_s,
-                           "gateway_over_engine": engine_s / gateway_s}}
+                           "gateway_over_engine": median(e / g for g, e in zip(times["gateway_concurrent_s"],
+                                                                              times["engine_concurrent_s"]))}}
 
 
 def main(argv=None) -> dict:
@@ -272,10 +278,11 @@ def main(argv=None) -> dict:
     print(describe_machine(machine_facts()))
     print(f"one call ({single['new_tokens']:.1f} new tokens): engine alone {single['engine_ms']:.1f} ms, through "
           f"the gateway {single['gateway_ms']:.1f} ms: {single['overhead_ms']:.1f} ms overhead "
-          f"({100 * single['overhead_share']:.1f}%)")
+          f"({100 * single['overhead_share']:.1f}%; medians of the calls' differences)")
     print(f"{args.sessions} concurrent streamed sessions ({many['new_tokens']} new tokens): engine alone "
           f"{many['engine_tokens_per_s']:.1f} tokens/s, through the gateway {many['gateway_tokens_per_s']:.1f} "
-          f"tokens/s: {many['gateway_over_engine']:.2f}x; the same tokens on both sides")
+          f"tokens/s: {many['gateway_over_engine']:.2f}x (medians of the repeats' ratios); the same tokens on both "
+          f"sides")
     if not args.no_save:
         record.save("gateway", figures, record.results_dir(args))
     return figures

@@ -12,7 +12,7 @@ from docsgen import results_tables
 
 def test_a_tiny_run_measures_both_sides_on_the_same_tokens_and_the_docs_table_renders_it(tiny_model_dir, tmp_path):
     figures = bench_gateway.main(["--model", tiny_model_dir, "--sessions", "2", "--single-calls", "2",
-                                  "--max-tokens", "4", "--max-length", "128", "--repeats", "1",
+                                  "--max-tokens", "4", "--max-length", "128", "--repeats", "2",
                                   "--results-dir", str(tmp_path)])
     path, = tmp_path.glob("gateway_*.json")
     result = json.loads(path.read_text())
@@ -20,15 +20,18 @@ def test_a_tiny_run_measures_both_sides_on_the_same_tokens_and_the_docs_table_re
     times, one, many = result["times"], result["single_call"], result["concurrent"]
     assert result["same_tokens"] and times["single_new_tokens"] == [4, 4] and times["concurrent_new_tokens"] == 8
     for side in ("engine", "gateway"):
-        assert [len(t) for t in times[f"{side}_single_s"]] == [1, 1] and len(times[f"{side}_concurrent_s"]) == 1
-        assert all(s > 0 for t in times[f"{side}_single_s"] for s in t) and times[f"{side}_concurrent_s"][0] > 0
-    overheads = [g[0] - e[0] for g, e in zip(times["gateway_single_s"], times["engine_single_s"])]
-    assert one["overhead_ms"] == pytest.approx(1000 * statistics.median(overheads))
-    assert one["overhead_share"] == pytest.approx(statistics.median(
-        [o / g[0] for o, g in zip(overheads, times["gateway_single_s"])]))
-    assert many["engine_tokens_per_s"] == pytest.approx(8 / times["engine_concurrent_s"][0])
-    assert many["gateway_tokens_per_s"] == pytest.approx(8 / times["gateway_concurrent_s"][0])
-    assert many["gateway_over_engine"] == pytest.approx(many["gateway_tokens_per_s"] / many["engine_tokens_per_s"])
+        assert [len(t) for t in times[f"{side}_single_s"]] == [2, 2] and len(times[f"{side}_concurrent_s"]) == 2
+        assert all(s > 0 for t in times[f"{side}_single_s"] + [times[f"{side}_concurrent_s"]] for s in t)
+    # the overhead and the ratio: medians over the pairs of blocks that ran one after the other
+    pairs = [pair for g, e in zip(times["gateway_single_s"], times["engine_single_s"]) for pair in zip(g, e)]
+    assert one["overhead_ms"] == pytest.approx(1000 * statistics.median(g - e for g, e in pairs))
+    assert one["overhead_share"] == pytest.approx(statistics.median((g - e) / g for g, e in pairs))
+    assert one["engine_ms"] == pytest.approx(1000 * statistics.median(e for _, e in pairs))
+    assert one["gateway_ms"] == pytest.approx(1000 * statistics.median(g for g, _ in pairs))
+    engine_s, gateway_s = times["engine_concurrent_s"], times["gateway_concurrent_s"]
+    assert many["engine_tokens_per_s"] == pytest.approx(8 / statistics.median(engine_s))
+    assert many["gateway_tokens_per_s"] == pytest.approx(8 / statistics.median(gateway_s))
+    assert many["gateway_over_engine"] == pytest.approx(statistics.median(e / g for e, g in zip(engine_s, gateway_s)))
     assert figures["concurrent"] == many
     table = results_tables.TABLES["gateway"]
     cells, = table.rows(result)
