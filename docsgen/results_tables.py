@@ -205,7 +205,7 @@ def _eval_harness(r: dict) -> List[List[str]]:
 def _gateway(r: dict) -> List[List[str]]:
     one, many = r["single_call"], r["concurrent"]
     return [[r["model"], f"{one['new_tokens']:.0f}", f"{one['engine_ms']:.1f}", f"{one['gateway_ms']:.1f}",
-             f"**{one['overhead_ms']:.1f}** ({100 * one['overhead_share']:.0f}%)", str(many["sessions"]),
+             f"**{one['overhead_ms']:.1f}** ({100 * one['overhead_share']:.1f}%)", str(many["sessions"]),
              f"{many['engine_tokens_per_s']:.1f}", f"{many['gateway_tokens_per_s']:.1f}",
              f"**{_x(many['gateway_over_engine'])}**"]]
 
@@ -300,7 +300,7 @@ TABLES: Dict[str, Table] = {
                           ["model", "items x samples", "harness samples/s", "generate samples/s",
                            "harness / generate"], _eval_harness),
     "gateway": Table(["gateway"], "python benchmarks/bench_gateway.py --model checkpoints/smollm2-135m-instruct",
-                     ["model", "new tokens a call", "one call, engine alone ms", "through the gateway ms",
+                     ["model", "new tokens a call (mean)", "one call, engine alone ms", "through the gateway ms",
                       "gateway overhead ms (share)", "streamed sessions at once", "engine alone tokens/s",
                       "through the gateway tokens/s", "gateway / engine"], _gateway),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
