@@ -212,6 +212,14 @@ def _eval_harness(r: dict) -> List[List[str]]:
              f"{r['generate_samples_per_s']:.2f}", f"**{_x(r['harness_over_generate'])}**"]]
 
 
+def _gateway(r: dict) -> List[List[str]]:
+    one, many = r["single_call"], r["concurrent"]
+    return [[r["model"], f"{one['new_tokens']:.0f}", f"{one['engine_ms']:.1f}", f"{one['gateway_ms']:.1f}",
+             f"**{one['overhead_ms']:.1f}** ({100 * one['overhead_share']:.1f}%)", str(many["sessions"]),
+             f"{many['engine_tokens_per_s']:.1f}", f"{many['gateway_tokens_per_s']:.1f}",
+             f"**{_x(many['gateway_over_engine'])}**"]]
+
+
 class Table:
     def __init__(self, benchmarks: List[str], command: str, header: List[str],
                  rows: Callable[[dict], List[List[str]]]):
@@ -305,6 +313,10 @@ TABLES: Dict[str, Table] = {
     "eval_harness": Table(["eval_harness"], "python benchmarks/bench_eval.py --model checkpoints/smollm2-135m-instruct",
                           ["model", "items x samples", "harness samples/s", "generate samples/s",
                            "harness / generate"], _eval_harness),
+    "gateway": Table(["gateway"], "python benchmarks/bench_gateway.py --model checkpoints/smollm2-135m-instruct",
+                     ["model", "new tokens a call (mean)", "one call, engine alone ms", "through the gateway ms",
+                      "gateway overhead ms (share)", "streamed sessions at once", "engine alone tokens/s",
+                      "through the gateway tokens/s", "gateway / engine"], _gateway),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
                             ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
 }
