@@ -2,7 +2,8 @@
 
     exit 0    done
     exit 2    bad input: a missing or malformed file, a bad flag or key (ValueError, FileNotFoundError, ...), or
-              too little memory for what was asked (MemoryError: an address-space limit, `ulimit -v`, or a full RAM)
+              too little memory for what was asked (MemoryError, or a thread that cannot start: an address-space
+              limit, `ulimit -v`, or a full RAM)
     exit 1    a failure: a full disk, a run that stopped itself, a bug (any other exception)
     exit 130  SIGINT (Ctrl-C);  exit 143  SIGTERM
 
@@ -13,6 +14,9 @@ checkpoint is intact (training/setup.py's `training_stops`).
 Paddle's import installs a C++ handler for SIGTERM that prints a stack dump; `run_program` imports paddle first
 (unless the program never uses it) and only then installs its own handlers, which raise `Interrupted` in the main
 thread so that `finally` blocks and atomic writes run as for any exception.
+
+A program that ends with a non-zero code, however it failed, runs the cleanups registered with `on_failure` (the
+output directory's lock file and the folders the run made and left empty go: training/output_dir.py).
 """
 from __future__ import annotations
 
@@ -26,6 +30,22 @@ BAD_INPUT, FAILURE = 2, 1
 # DataFormatError, ArgumentError and every "key 'x': ..." refusal are ValueErrors; a MemoryError is too little memory
 # for what the arguments ask, the user's to change
 BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, MemoryError)
+NO_THREAD = "can't start new thread"  # threading's RuntimeError when the stack of a new thread cannot be mapped
+_failure_cleanups: list = []
+
+
+def on_failure(cleanup: Callable[[], None]) -> None:
+    """Run `cleanup()` if the program ends with a non-zero exit code (once, however often it is registered)."""
+    if cleanup not in _failure_cleanups:
+        _failure_cleanups.append(cleanup)
+
+
+def _run_failure_cleanups() -> None:
+    while _failure_cleanups:
+        try:
+            _failure_cleanups.pop(0)()
+        except Exception:  # noqa: BLE001 - a cleanup that fails must not hide the error being reported
+            pass
 
 
 class Interrupted(BaseException):
@@ -71,9 +91,20 @@ def _help_requested() -> bool:
     return any(arg in ("-h", "--help") for arg in sys.argv[1:])
 
 
+def out_of_threads(error: BaseException) -> bool:
+    """A thread that could not start: its stack is address space the limit (or the RAM) has no room for."""
+    return isinstance(error, RuntimeError) and str(error).strip() == NO_THREAD
+
+
+def bad_input(error: BaseException) -> bool:
+    return isinstance(error, BAD_INPUT_ERRORS) or out_of_threads(error)
+
+
 def one_line(error: BaseException) -> str:
     if isinstance(error, MemoryError):
         return out_of_memory(error)
+    if out_of_threads(error):
+        return out_of_memory(MemoryError(NO_THREAD))
     text = " ".join(str(error).split())
     return text if text else type(error).__name__
 
@@ -97,23 +128,26 @@ def run_program(main: Callable[[], object], uses_paddle: bool = True) -> int:
     try:
         replaced = install_signal_handlers(uses_paddle)
         result = main()
+        code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except SystemExit as stop:
-        return _code(stop.code)
+        code = _code(stop.code)
     except (Interrupted, KeyboardInterrupt) as stop:
         signum = signal_of(stop)
         print(f"stopped by {signal.Signals(signum).name}", file=sys.stderr)
-        return 128 + signum
+        code = 128 + signum
     except BaseException as err:  # noqa: BLE001 - the one place every program's errors end
         if debug:
             traceback.print_exc()
-        code = BAD_INPUT if isinstance(err, BAD_INPUT_ERRORS) else FAILURE
+        code = BAD_INPUT if bad_input(err) else FAILURE
         hint = "" if debug or code == BAD_INPUT else " (rerun with --debug for the traceback)"
         print(f"error: {one_line(err)}{hint}", file=sys.stderr)
-        return code
     finally:
         for signum, handler in replaced.items():  # a caller in the same process (a test) gets its own back
             signal.signal(signum, handler)
-    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+    if code != 0:
+        _run_failure_cleanups()
+    _failure_cleanups.clear()  # a later program in this process (a test) registers its own
+    return code
 
 
 def _code(code) -> int:

@@ -22,7 +22,11 @@ _created: List[str] = []  # output_dirs this process made (removed again if the 
 
 def claim_output_dir(args) -> None:
     """Make output_dir, lock it for this process, and refuse (or, with overwrite_output_dir, clear) another run's
-    files there. Raises ValueError naming the key."""
+    files there. Raises ValueError naming the key. If the program then fails, however it fails, the lock file and
+    the output_dir if it was made here and left empty go again (alignment/exits.py's on_failure)."""
+    from alignment.exits import on_failure
+
+    on_failure(release_output_dirs_after_failure)
     path = args.output_dir
     if not path:
         raise ValueError("key 'output_dir' is empty")

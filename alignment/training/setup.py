@@ -14,7 +14,7 @@ import traceback
 from typing import Dict, Optional
 
 from alignment import launcher
-from alignment.exits import Interrupted, debug_on, out_of_memory, signal_of
+from alignment.exits import Interrupted, debug_on, one_line, out_of_memory, out_of_threads, signal_of
 from alignment.config.parser import ArgumentError, ArgumentParser, to_dict
 from alignment.config.training import TrainingArguments
 from alignment.data import MixedRawDataset, import_user_modules
@@ -50,6 +50,10 @@ def training_stops(trainer=None):
         fail(err, code=1)
     except MemoryError as err:  # too little memory for what the arguments ask: the user's to change, like bad input
         fail(f"{out_of_memory(err)}; {interrupted_at(trainer)}")
+    except RuntimeError as err:
+        if not out_of_threads(err):
+            raise
+        fail(f"{one_line(err)}; {interrupted_at(trainer)}")
     except (OSError, SafetensorError) as err:  # a full disk, an unwritable directory: what was saved is intact
         fail(f"{_described(err)}; checkpoints completed before this are intact (resume_from_checkpoint: auto)",
              code=1)
