@@ -290,9 +290,13 @@ def registries() -> str:
 
 
 def _section(cls: type) -> List[str]:
+    import alignment
+
     module = inspect.getmodule(cls).__name__
-    return ["", f"## {cls.__name__}", "", f"`{module}.{cls.__name__}` (`{module.replace('.', '/')}.py`)", "",
-            text(first_paragraph(cls))]
+    where = f"`{module}.{cls.__name__}` (`{module.replace('.', '/')}.py`)"
+    if cls.__name__ in alignment.__all__:
+        where = f"`from alignment import {cls.__name__}`; defined in {where}"
+    return ["", f"## {cls.__name__}", "", where, "", text(first_paragraph(cls))]
 
 
 def extension_classes() -> str:

@@ -6,7 +6,7 @@ its NAME, "guess-number". A row needs an `answer` (the secret, 1-100); the rewar
 """
 import re
 
-from alignment.envs import Environment, StepResult
+from alignment import Environment, StepResult
 
 NUMBER = re.compile(r"-?\d+")
 

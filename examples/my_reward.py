@@ -7,7 +7,7 @@ after it names it like a built-in (`reward_funcs = ("closeness",)`, examples/my_
 """
 import re
 
-from alignment.config.registry import REWARD_FUNCTIONS
+from alignment import REWARD_FUNCTIONS
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 

@@ -3,7 +3,7 @@
 
     alignment-eval --model DIR --task-module examples/my_reward.py --task-module examples/my_tasks.py --task my_sums
 """
-from alignment.evaluation import EvalTask
+from alignment import EvalTask
 
 
 class MySums(EvalTask):

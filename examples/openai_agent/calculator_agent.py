@@ -14,7 +14,7 @@ import json
 
 import openai
 
-from alignment.envs import BUILTIN_TOOLS, ToolCall, run_tool_call, tool_call_format
+from alignment import BUILTIN_TOOLS, ToolCall, run_tool_call, tool_call_format
 
 TURNS = 3
 CALCULATOR = BUILTIN_TOOLS["calculator"]

@@ -15,7 +15,7 @@ import sys
 
 import openai
 
-from alignment.envs import ToolCall, run_tool_call, tool_call_format
+from alignment import ToolCall, run_tool_call, tool_call_format
 from alignment.envs.mcp_tools import connected
 
 SERVER = {"command": sys.executable, "args": [os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
