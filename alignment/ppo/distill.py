@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 
 import paddle
-import paddle.nn.functional as F
 
 from alignment.config.registry import DISTILL_LOSSES, Registered
+from alignment.models.logprobs import log_softmax
 
 
 def _float(x):
@@ -58,8 +58,8 @@ def generalized_jsd(student_log_probs, teacher_log_probs, beta: float):
 
 def full_vocab_divergence(student_logits, teacher_logits, beta: float, temperature: float = 1.0):
     """generalized_jsd of softmax(logits / temperature) of both models. [B, T, V] each -> [B, T]."""
-    student = F.log_softmax(_float(student_logits) / temperature, axis=-1)  # [B, T, V]
-    teacher = F.log_softmax(_float(teacher_logits).astype(student.dtype) / temperature, axis=-1)  # [B, T, V]
+    student = log_softmax(_float(student_logits) / temperature)  # [B, T, V]
+    teacher = log_softmax(_float(teacher_logits).astype(student.dtype) / temperature)  # [B, T, V]
     return generalized_jsd(student, teacher, beta)
 
 
@@ -74,7 +74,7 @@ def topk_divergence(student_logits, teacher_ids, teacher_log_probs, beta: float,
     """generalized_jsd of the student (softmax of logits / temperature) and the teacher over the teacher's top-k
     tokens plus the tail bucket. student_logits [B, T, V]; teacher_ids [B, T, K] int64 (distinct per position);
     teacher_log_probs [B, T, K] (the teacher's own, at its temperature) -> [B, T]."""
-    student = F.log_softmax(_float(student_logits) / temperature, axis=-1)  # [B, T, V]
+    student = log_softmax(_float(student_logits) / temperature)  # [B, T, V]
     student_top = paddle.take_along_axis(student, teacher_ids, axis=-1)  # [B, T, K]
     return generalized_jsd(with_tail_bucket(student_top), with_tail_bucket(teacher_log_probs.astype(student.dtype)),
                            beta)

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import paddle
 
-from alignment.models.logprobs import entropy_from_logits, gather_log_probs, log_probs_and_entropy
+from alignment.models.logprobs import entropy_from_logits, gather_log_probs, log_probs_and_entropy, log_softmax
 from alignment.ppo import algorithms as rl
 from alignment.ppo.distill import sampled_kl_advantages
 from alignment.ppo.distill_sampler import MixedSampler
@@ -92,7 +92,7 @@ class LocalTeacher:
         logits = self.model.compute_logits(states)  # [n, R, V]
         if not loss.top_k:
             return logits
-        values, ids = paddle.topk(paddle.nn.functional.log_softmax(logits / temperature, axis=-1), self.k)
+        values, ids = paddle.topk(log_softmax(logits / temperature), self.k)
         return ids, values
 
     def sources(self) -> dict:
