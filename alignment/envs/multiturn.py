@@ -3,10 +3,10 @@ cache.
 
 Every row is a sequence of the decode engine (models/engine.py) with its own environment. When a row's turn ends
 its environment's `step` goes to a pool of `workers` threads (async environments are awaited on one event loop),
-and the row pauses in its slot, cache kept; the other rows go on decoding. A `Schedule` says when results come
-back: `continuous` (the default) resumes each row as soon as its observation is ready, `lockstep` waits until every
-row has ended its turn and every step has answered (rounds, as a batch of lockstep episodes plays). The engine's
-shapes are fixed, so both give the same bits: only the waiting differs.
+and the row pauses in its slot, cache kept; the other rows go on decoding. An `ObservationSchedule` says when
+results come back: `continuous` (the default) resumes each row as soon as its observation is ready, `lockstep`
+waits until every row has ended its turn and every step has answered (rounds, as a batch of lockstep episodes
+plays). The engine's shapes are fixed, so both give the same bits: only the waiting differs.
 
 The ids in a Trajectory are exactly the ids sampled, and the observation ids exactly the chat template's text for
 the new messages (chat.py), encoded once: nothing the policy generated is decoded and re-encoded into the
@@ -73,7 +73,7 @@ def final_answer(trajectory: Trajectory) -> str:
     return said[-1] if said else ""
 
 
-class Schedule:
+class ObservationSchedule:
     """When the environments' answers go back to the engine. `ready(futures, decoding)` -> the finished futures
     to apply now (it may wait for them when nothing is decoding)."""
     NAME = ""
@@ -82,7 +82,7 @@ class Schedule:
         raise NotImplementedError
 
 
-class Continuous(Schedule):
+class Continuous(ObservationSchedule):
     """A row resumes as soon as its environment has answered."""
     NAME = "continuous"
 
@@ -93,7 +93,7 @@ class Continuous(Schedule):
         return done
 
 
-class Lockstep(Schedule):
+class Lockstep(ObservationSchedule):
     """Rows resume together once every turn of the round has ended and every environment has answered."""
     NAME = "lockstep"
 

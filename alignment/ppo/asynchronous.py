@@ -67,7 +67,7 @@ def versions_needed(first_batch: int, total: int, staleness: int, segment: int =
 
 
 @dataclasses.dataclass(frozen=True)
-class Schedule:
+class VersionSchedule:
     """An asynchronous run's fixed schedule, the one object the training ranks (RolloutSource) and the rollout ranks
     (rollout_worker.py) read: `staleness` k (batch g sampled by version max(0, g - k)), the run's `total_steps`,
     partial rollouts' `segment` (partial_rollout_tokens; 0: off) and the longest response `max_tokens` (the versions
@@ -203,7 +203,7 @@ def skips_sync(version: int) -> bool:
 class RolloutSource:
     """The training ranks' side: weights out at the start of each step, the step's rollout in."""
 
-    def __init__(self, mailbox: Mailbox, layout, schedule: Schedule):
+    def __init__(self, mailbox: Mailbox, layout, schedule: VersionSchedule):
         self.mailbox, self.layout, self.schedule = mailbox, layout, schedule
         self.per_step = schedule.per_step
         self.buffer: Dict[int, List[str]] = {}  # batch -> the rollout ranks' JSON parts, taken ahead (checkpoints)

@@ -17,7 +17,7 @@ from alignment.launcher import rank
 from alignment.models.weights_digest import weights_digest
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo import wire
-from alignment.ppo.asynchronous import Schedule, WeightReceiver, sample_ids
+from alignment.ppo.asynchronous import VersionSchedule, WeightReceiver, sample_ids
 from alignment.ppo.samplers import Draw
 from alignment.training.batches import epoch_batches, skip_batches
 
@@ -33,7 +33,7 @@ class WorkerPlan:
     min_size: int  # the training data ranks (a batch never has fewer prompts)
     temperature: float  # behaviour log-probs are taken at the sampling temperature
     output_dir: str  # where rollout_rank<N>.jsonl (this rank's timeline: one line per batch) goes
-    schedule: Schedule  # which version samples which batch (and token), as the training ranks read it
+    schedule: VersionSchedule  # which version samples which batch (and token), as the training ranks read it
 
 
 def run_rollout_worker(plan: WorkerPlan, actor, tokenizer, sampler: Callable, gen_config, mailbox, layout) -> int:

@@ -79,10 +79,10 @@ def stream_steps(ppo_args, train_args, layout, prompt_count: int) -> int:
 
 
 def async_schedule(ppo_args, data_args, async_args, train_args, layout, prompt_count: int):
-    """The asynchronous run's schedule (asynchronous.Schedule), the same for training and rollout ranks."""
-    from alignment.ppo.asynchronous import Schedule
+    """The asynchronous run's schedule (asynchronous.VersionSchedule), the same for training and rollout ranks."""
+    from alignment.ppo.asynchronous import VersionSchedule
 
-    return Schedule(async_args.max_staleness, stream_steps(ppo_args, train_args, layout, prompt_count),
+    return VersionSchedule(async_args.max_staleness, stream_steps(ppo_args, train_args, layout, prompt_count),
                     async_args.partial_rollout_tokens, ppo_args.max_new_tokens or data_args.max_length,
                     async_args.batches_per_step(ppo_args))
 
@@ -204,8 +204,8 @@ def build_trainer(parsed):
         source = RolloutSource(mailbox, run.layout, async_schedule(ppo_args, data_args, async_args, train_args,
                                                                    run.layout, len(prompts))) \
             if mailbox is not None else None
-        trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward, teacher), data,
-                             tokenizer, run.effective, env_args, async_args, source, monitor_args)
+        trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward, teacher),
+                             data, tokenizer, run.effective, env_args, async_args, source, monitor_args)
     return trainer, mailbox
 
 
