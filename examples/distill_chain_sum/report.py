@@ -3,13 +3,16 @@ distillation, GRPO and SFT on the teacher's answers, each gain over the student 
 of the teacher's gain each arm reaches and the minutes it needs for 80% of it; a result file and a plot.
 
     python examples/distill_chain_sum/report.py --distill outputs/smollm2-distill-chain-sum \
+        [--distill "LABEL=outputs/other-distill-run" ...] \
         --grpo outputs/smollm2-grpo-chain-sum-s42 --teacher-eval outputs/smollm2-sft-chain-sum-teacher/evals \
         --sft-eval outputs/distill-chain-sum/sft-eval \
         --sft-seconds outputs/distill-chain-sum/sft_arm_seconds.tsv [--note TEXT] [--record | --results-dir DIR]
 
---distill and --grpo are run directories with metrics.jsonl and evals/step-N/greedy/chain_sum (step-0 the
-student); --teacher-eval and --sft-eval hold greedy/chain_sum of the teacher and of the SFT arm's model. Minutes are a run's summed generate, score and train times (the teacher's
-scoring is inside score). The SFT arm's minutes are the teacher answering the prompts plus the SFT run (wall).
+--distill (one or more; LABEL=DIR names an arm, a bare DIR is "on-policy distillation") and --grpo are run
+directories with metrics.jsonl and evals/step-N/greedy/chain_sum (step-0 the student); --teacher-eval and
+--sft-eval hold greedy/chain_sum of the teacher and of the SFT arm's model. Minutes are a run's summed generate,
+score and train times (the teacher's scoring is inside score). The SFT arm's minutes are the teacher answering the
+prompts plus the SFT run (wall).
 """
 from __future__ import annotations
 
@@ -49,6 +52,12 @@ def run_points(run: str) -> list:
     return [(minutes[step], step, os.path.join(evals, f"step-{step}", "greedy", TASK)) for step in steps]
 
 
+def labelled(spec: str) -> tuple:
+    """'LABEL=DIR' -> (LABEL, DIR); a bare DIR is the on-policy distillation arm."""
+    label, named, run = spec.partition("=")
+    return (label, run) if named else ("on-policy distillation", spec)
+
+
 def arm(points: list, start_dir: str, teacher_gain: float) -> dict:
     """Each point's gain over the student (paired 95% CI) and the minutes of the first point at SHARE of the
     teacher's gain."""
@@ -86,7 +95,7 @@ def plot(arms: dict, path: str, ylabel: str = f"held-out {TASK} greedy pass@1 ga
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--distill", required=True)
+    parser.add_argument("--distill", required=True, action="append", help="a distillation run: DIR or LABEL=DIR")
     parser.add_argument("--grpo", required=True)
     parser.add_argument("--teacher-eval", required=True, help="the teacher's evaluation directory (greedy/chain_sum)")
     parser.add_argument("--sft-eval", required=True, help="the SFT arm's evaluation directory (greedy/chain_sum)")
@@ -103,11 +112,11 @@ def main(argv=None) -> dict:
     teacher_gain = compare(start_dir, teacher_dir)["difference"]["pass@1"]
     with open(args.sft_seconds, encoding="utf-8") as f:
         sft_minutes = sum(float(line.split("\t")[1]) for line in f if line.strip()) / 60
-    arms = {"on-policy distillation": arm(run_points(args.distill), start_dir, teacher_gain["mean"]),
-            "GRPO": arm(grpo, start_dir, teacher_gain["mean"]),
+    arms = {label: arm(run_points(run), start_dir, teacher_gain["mean"]) for label, run in map(labelled, args.distill)}
+    arms.update({"GRPO": arm(grpo, start_dir, teacher_gain["mean"]),
             "SFT on the teacher's answers": arm([(0.0, 0, start_dir),
                                                  (sft_minutes, 1, os.path.join(args.sft_eval, "greedy", TASK))],
-                                                start_dir, teacher_gain["mean"])}
+                                                start_dir, teacher_gain["mean"])})
     figures = {"task": TASK, "student": summary(start_dir)["pass@1"], "teacher": summary(teacher_dir)["pass@1"],
                "teacher_gain": teacher_gain, "share": SHARE, "arms": arms, "notes": args.note}
     if args.no_save:
