@@ -11,6 +11,7 @@ import pytest
 from alignment.config.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from alignment.models import logprobs as lp
 from alignment.ppo import algorithms as alg
+from alignment.ppo.distill import log_softmax
 from alignment.ppo.kl import kl_estimate
 from tests.golden import INF, close, ppo_case, response_mask, t
 
@@ -74,17 +75,17 @@ def test_entropy_from_logits():
 
 def test_log_softmax_by_hand_large_logits_masked_entries_and_its_gradient():
     # probs [1/6, 1/3, 1/2]; logits near 1000 and a -inf (a filtered token) stay exact
-    close(lp.log_softmax(t(np.log([[1.0, 2.0, 3.0]]))), np.log([[1 / 6, 2 / 6, 3 / 6]]))
-    close(lp.log_softmax(t([[1000.0, 1000.0, -INF]])), [[-math.log(2), -math.log(2), -INF]])
+    close(log_softmax(t(np.log([[1.0, 2.0, 3.0]]))), np.log([[1 / 6, 2 / 6, 3 / 6]]))
+    close(log_softmax(t([[1000.0, 1000.0, -INF]])), [[-math.log(2), -math.log(2), -INF]])
     rng = np.random.default_rng(2)
     z = rng.normal(size=(2, 3, 11)) * 3
     shifted = z - z.max(-1, keepdims=True)
-    close(lp.log_softmax(t(z)), shifted - np.log(np.exp(shifted).sum(-1, keepdims=True)))
+    close(log_softmax(t(z)), shifted - np.log(np.exp(shifted).sum(-1, keepdims=True)))
     # the gradient of sum(w * log_softmax(z)) is w - softmax(z) * sum(w): against F.log_softmax's
     mine, theirs = t(z), t(z)
     mine.stop_gradient = theirs.stop_gradient = False
     w = t(rng.normal(size=z.shape))
-    (w * lp.log_softmax(mine)).sum().backward()
+    (w * log_softmax(mine)).sum().backward()
     (w * F.log_softmax(theirs, axis=-1)).sum().backward()
     close(mine.grad, theirs.grad.numpy())
 

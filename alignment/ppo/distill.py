@@ -26,12 +26,22 @@ import math
 import paddle
 
 from alignment.config.registry import DISTILL_LOSSES, Registered
-from alignment.models.logprobs import log_softmax
 
 
 def _float(x):
     """Half-precision logits in float32; float32 and float64 stay as they are (the parity tests run float64)."""
     return x if x.dtype in (paddle.float32, paddle.float64) else x.astype("float32")
+
+
+def log_softmax(logits):
+    """log softmax over the last axis, as z - log sum_v e^(z_v) with z = logits - max(logits) (the max detached: it
+    cancels in the value and the gradient), the sum a product with a column of ones (as logprobs.sum_last_axis:
+    faster and closer to float64 than Paddle's sum on CPU). [..., V] -> [..., V], differentiable. F.log_softmax over
+    a 49152-token vocabulary takes ~0.17 s per row on CPU: [4, 48, 49152] took 33 s against 0.09 s this way
+    (2 cores, Intel Xeon family 6 model 207, AVX-512, Paddle 3.3.1)."""
+    shifted = logits - logits.max(axis=-1, keepdim=True).detach()  # [..., V]
+    ones = paddle.ones([logits.shape[-1], 1], dtype=logits.dtype)  # [V, 1]
+    return shifted - paddle.log(paddle.matmul(paddle.exp(shifted), ones))  # [..., V] - [..., 1]
 
 
 def kl_terms(log_p, log_q):

@@ -16,9 +16,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import paddle
 
-from alignment.models.logprobs import entropy_from_logits, gather_log_probs, log_probs_and_entropy, log_softmax
+from alignment.models.logprobs import entropy_from_logits, gather_log_probs, log_probs_and_entropy
 from alignment.ppo import algorithms as rl
-from alignment.ppo.distill import sampled_kl_advantages
+from alignment.ppo.distill import log_softmax, sampled_kl_advantages
 from alignment.ppo.distill_sampler import MixedSampler
 from alignment.ppo.ledger import file_digest
 from alignment.ppo.rollout import response_log_probs
