@@ -48,10 +48,8 @@ def training_stops(trainer=None):
         yield
     except TrainingStopped as err:
         fail(err, code=1)
-    except MemoryError as err:  # too little memory for what the arguments ask: the user's to change, like bad input
-        fail(f"{out_of_memory(err)}; {interrupted_at(trainer)}")
-    except RuntimeError as err:
-        if not out_of_threads(err):
+    except (MemoryError, RuntimeError) as err:  # too little memory (a thread's stack too) for what the arguments ask
+        if not isinstance(err, MemoryError) and not out_of_threads(err):
             raise
         fail(f"{one_line(err)}; {interrupted_at(trainer)}")
     except (OSError, SafetensorError) as err:  # a full disk, an unwritable directory: what was saved is intact
