@@ -81,7 +81,8 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None  # samples here
                                        and one_step and ppo_args.update_iters == 1
                                        and not self.teacher.needs_old_log_probs)
-        self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model, self.teacher.model],
+        self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model,
+                                                           *self.teacher.models("frozen")],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1  # sharding stage 3: decoding reads whole weights
@@ -114,8 +115,8 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         self.policy_sampler = PolicySampler(
             self.actor, self.generation_copy, strategy, tokenizer, self.gen_config, ppo_args,
             ppo_args.rollout_log_probs and not self.reuse_update_log_probs,  # old log-probs from the sampling pass
-            self.show_phase, self.offload, [self.actor, *self.teacher.generating], self.precision)
-        self.rollouts = rollout_source(source, self.prompt_stream, self.policy_sampler, group, pad_id)  # or ranks'
+            self.show_phase, self.offload, [self.actor, *self.teacher.models("generate")], self.precision)
+        self.rollouts = rollout_source(source, self.prompt_stream, self.policy_sampler, group, pad_id)  # sources.py
         self.step_rollouts = fault_policy.GroupFaults(ds.step_rollouts(ppo_args, self.prompt_stream, self.ledger,
                                                                        pad_id), env_args, pipelined, group, self.ledger)
         env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
@@ -147,7 +148,7 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         self.show_phase(phase="score", **speed)
         with timer.phase("score"):
             with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model,
-                                              self.teacher.model]), \
+                                              *self.teacher.models("score")]), \
                     self.precision.autocast():
                 metrics.update(self.score(rollout, rewards))
             if not self.critic.values_in_update:  # else the update computes them after its critic passes
@@ -157,7 +158,7 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
                                                                                  self.ppo), rollout)))
         self.show_phase(phase="train", **speed)
         with timer.phase("train"):
-            with self.offload.phase("train", [self.actor, self.critic.model, *self.teacher.updating],
+            with self.offload.phase("train", [self.actor, self.critic.model, *self.teacher.models("train")],
                                     self.offload.optimizers):
                 metrics.update(self.update(rollout))
             metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
