@@ -153,7 +153,7 @@ def run_ours(plan: dict) -> dict:
                          tokenizer)
     trainer.start_data_streams()
     per = plan["prompts_per_step"]  # the prompts in file order, as the peer takes them
-    trainer.prompt_batches = iter(np.arange(per * plan["steps"]).reshape(plan["steps"], per))
+    trainer.prompt_stream.batches = iter(np.arange(per * plan["steps"]).reshape(plan["steps"], per))
     rows, rollouts = [], record_rollouts(trainer)
     for step in range(plan["steps"]):
         start, faults = time.perf_counter(), minor_faults()

@@ -125,13 +125,13 @@ def median(values):
 
 def record_rollouts(trainer) -> list:
     """The rollouts the trainer makes, in order (the rows report their shapes)."""
-    made, make = [], trainer.make_rollout
+    made, make = [], trainer.policy_sampler.sample
 
     def recording(*args, **kwargs):
         made.append(make(*args, **kwargs))
         return made[-1]
 
-    trainer.make_rollout = recording
+    trainer.policy_sampler.sample = recording
     return made
 
 

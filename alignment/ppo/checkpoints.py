@@ -10,14 +10,15 @@ from alignment.parallel.distributed import barrier
 
 class PPOCheckpoints:
     def trainer_state(self) -> dict:
-        return {**super().trainer_state(), "drawn": {**self.drawn, "ptx": self.ptx.drawn},
-                "prompt_pool": self.prompt_batches.state_dict(),
+        return {**super().trainer_state(), "drawn": {"prompts": self.prompt_stream.drawn, "ptx": self.ptx.drawn},
+                "prompt_pool": self.prompt_stream.pool_state_dict(),
                 "reward_stats": self.reward_stats.state_dict(),
                 **self.rollouts.state_dict()}
 
     def load_trainer_state(self, state: dict) -> None:
         super().load_trainer_state(state)
-        self.drawn, self.pool_state = state["drawn"], state.get("prompt_pool")
+        self.prompt_stream.resume(state["drawn"]["prompts"], state.get("prompt_pool"))
+        self.ptx_skip = state["drawn"]["ptx"]
         self.reward_stats.load_state_dict(state["reward_stats"])
         self.rollouts.load_state_dict(state)
         if self.ledger is not None:

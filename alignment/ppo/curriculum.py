@@ -88,9 +88,9 @@ class EpochStream:
         return {}
 
 
-def prompt_stream(ppo, num_items: int, world: int, args, drawn: int, state: Optional[dict]):
-    """The trainer's prompt batches: a PromptPool with `curriculum` (its state from the checkpoint), else the
-    plain stream."""
+def prompt_batches(ppo, num_items: int, world: int, args, drawn: int, state: Optional[dict]):
+    """The batches of a PromptStream (prompt_stream.py): a PromptPool with `curriculum` (its state from the
+    checkpoint), else the plain stream."""
     batch_size = ppo.per_device_prompt_batch_size * world
     if ppo.curriculum:
         return PromptPool(num_items, batch_size, args.seed, ppo.curriculum_patience, state)
@@ -98,16 +98,19 @@ def prompt_stream(ppo, num_items: int, world: int, args, drawn: int, state: Opti
 
 
 class SetAsideFlat:
-    """The step's rollout for a PromptPool run: the next batch drawn and rewarded (so its groups are recorded
-    before the step goes on); the rewards go on to scoring as dynamic sampling's do."""
+    """The step's rollout for a PromptPool run: the next batch drawn and rewarded (so its groups are recorded in
+    the pool before the step goes on); the rewards go on to scoring as dynamic sampling's do."""
 
-    def __call__(self, trainer):
+    def __init__(self, prompts, group_size: int):
+        self.prompts, self.group_size = prompts, group_size  # prompts: the trainer's PromptStream
+
+    def __call__(self, step: int, draws):
+        """draws: the trainer's sources.StepDraws."""
         from alignment.parallel.distributed import gather_lists
 
-        rollout = trainer.draw_rollout(attempt=0)
-        with trainer.offload.phase("reward", [trainer.reward.model]), trainer.precision.autocast():
-            rewards, parts = trainer.end_rewards(rollout)
+        rollout = draws.draw(step, attempt=0)
+        rewards, parts = draws.rewarded(rollout)
         every = gather_lists(rewards.numpy().tolist())  # [P * G], one data rank: every row in batch order
-        group = trainer.ppo.num_return_sequences
+        group = self.group_size
         prompts = [int(row.split(":")[2]) for row in gather_lists(list(rollout.sample_ids))[::group]]  # [P]
-        return rollout, (rewards, parts), trainer.prompt_batches.observe(prompts, every, group)
+        return rollout, (rewards, parts), self.prompts.observe(prompts, every, group)

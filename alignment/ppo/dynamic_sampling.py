@@ -119,38 +119,45 @@ def check_layout(ppo, data_world: int, pipelined: bool) -> None:
 class OneBatch:
     """A step trains the next prompt batch as drawn: (rollout, end rewards None (scored later), metrics {})."""
 
-    def __call__(self, trainer):
-        return trainer.draw_rollout(attempt=0), None, {}
+    def __call__(self, step: int, draws):
+        """draws: the trainer's sources.StepDraws."""
+        return draws.draw(step, attempt=0), None, {}
 
 
 class KeptGroups:
     """Dynamic sampling: the kept groups as one rollout (None: none kept), their (end rewards [N], reward parts
     averaged over the generation batches) and the dynamic_sampling/* metrics; every row drawn and not kept goes
-    to the ledger with why."""
+    to the ledger with why (ledger: the run's ledger.Ledger or None)."""
 
-    def __call__(self, trainer):
+    def __init__(self, ppo, ledger, pad_id: int):
+        self.ppo, self.ledger, self.pad_id = ppo, ledger, pad_id
+
+    def __call__(self, step: int, draws):
+        """draws: the trainer's sources.StepDraws."""
         from alignment.parallel.distributed import gather_lists
         from alignment.ppo.ledger import dropped_rows
 
         def draw(attempt):
-            rollout = trainer.draw_rollout(attempt)
-            with trainer.offload.phase("reward", [trainer.reward.model]), trainer.precision.autocast():
-                rewards, parts = trainer.end_rewards(rollout)
+            rollout = draws.draw(step, attempt)
+            rewards, parts = draws.rewarded(rollout)
             every = gather_lists(rewards.numpy().tolist())  # one data rank: every row (the leader's under tp)
             return (rollout, rewards, parts), every
 
-        ppo, step = trainer.ppo, trainer.global_step
+        ppo = self.ppo
         target = ppo.per_device_prompt_batch_size
         sampled = accumulate(draw, ppo.num_return_sequences, target, ppo.max_gen_batches)
-        unused = trainer.rollouts.unused(step, sampled.gen_batches)
-        if trainer.ledger is not None:  # every sample drawn and not trained, with why (the report accounts for it)
-            trainer.ledger.write(dropped_rows(step + 1, sampled.dropped, unused))
-        return (*kept_rollout(sampled, trainer.tokenizer.pad_token_id), sampled.metrics(target))
+        unused = draws.unused(step, sampled.gen_batches)
+        if self.ledger is not None:  # every sample drawn and not trained, with why (the report accounts for it)
+            self.ledger.write(dropped_rows(step + 1, sampled.dropped, unused))
+        return (*kept_rollout(sampled, self.pad_id), sampled.metrics(target))
 
 
-def step_rollouts(ppo):
+def step_rollouts(ppo, prompts, ledger, pad_id: int):
     """How a step draws its rollout: KeptGroups with dynamic_sampling, curriculum.SetAsideFlat with curriculum
-    (recording each group's reward spread in the prompt pool), else OneBatch."""
+    (recording each group's reward spread in the prompt pool of `prompts`, the trainer's PromptStream), else
+    OneBatch. Each is called with (step, the trainer's sources.StepDraws)."""
     from alignment.ppo.curriculum import SetAsideFlat
 
-    return KeptGroups() if ppo.dynamic_sampling else SetAsideFlat() if ppo.curriculum else OneBatch()
+    if ppo.dynamic_sampling:
+        return KeptGroups(ppo, ledger, pad_id)
+    return SetAsideFlat(prompts, ppo.num_return_sequences) if ppo.curriculum else OneBatch()

@@ -16,38 +16,47 @@ from alignment.training.batches import eval_shards
 from alignment.training.logger import hide_progress
 
 
-def evaluate_policy(trainer) -> Dict[str, float]:
-    """The eval prompts' metrics (when eval_datasets are given) and the evaluation tasks' (when eval_tasks are)."""
-    results = evaluate_prompts(trainer) if trainer.data.eval_prompts is not None else {}
-    tasks = trainer.data.eval_tasks(trainer.actor, trainer.tokenizer, trainer.global_step, trainer.args.output_dir
-                                    if is_main_process() else None) if trainer.data.eval_tasks else {}
-    if tasks:
-        trainer.logger.log(trainer.global_step, tasks, echo=tqdm.write)
-    return {**results, **tasks}
+class HeldOutEvaluation:
+    """The trainer's evaluation, built once: data (inputs.PromptData: eval_prompts, eval_tasks), the policy sampler
+    (samplers.PolicySampler) for the greedy answers, the reward (a RewardComputer) with env_reward_weight x the
+    environment's reward, the gold judge (or None), and where results go (the MetricsLogger, output_dir)."""
 
+    def __init__(self, data, sampler, reward, env_reward_weight: float, gold_judge, logger, args):
+        self.data, self.sampler, self.reward, self.env_reward_weight = data, sampler, reward, env_reward_weight
+        self.gold_judge, self.logger, self.args = gold_judge, logger, args
 
-@paddle.no_grad()
-def evaluate_prompts(trainer) -> Dict[str, float]:
-    """eval/reward, eval/response_length, eval/gold_reward (with a gold judge) and eval/env/* (episodes)."""
-    rewards, golds, lengths, records = [], [], [], []
-    prompts = trainer.data.eval_prompts
-    shards = list(eval_shards(len(prompts), trainer.args.per_device_eval_batch_size))
-    for indices in tqdm(shards, desc="evaluate (greedy answers)", leave=False, dynamic_ncols=True,
-                        disable=hide_progress(trainer.args)):
-        rollout = trainer.make_rollout([prompts[i] for i in indices], greedy=True)
-        reward, _ = scoring.with_environment_reward(*trainer.reward(rollout), rollout, trainer.env_reward_weight)
-        gold = gold_scores(trainer.ppo.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
-        rewards += reward.numpy().tolist()
-        golds += [] if gold is None else gold.tolist()
-        lengths += rollout.response_mask.sum(axis=1).numpy().tolist()
-        records += scoring.generation_records(trainer.global_step, rollout, reward.numpy().tolist())
-    rewards, golds, lengths, records = (gather_lists(x) for x in (rewards, golds, lengths, records))
-    results = {"eval/reward": float(np.mean(rewards)), "eval/response_length": float(np.mean(lengths)),
-               **scoring.episode_means(records, "eval/env/")}
-    if golds:
-        results["eval/gold_reward"] = float(np.mean(golds))
-        for record, gold in zip(records, golds):
-            record["gold_reward"] = gold
-    trainer.logger.log(trainer.global_step, results, echo=tqdm.write)
-    trainer.logger.write_rows("eval_generations.jsonl", records)
-    return results
+    def __call__(self, step: int) -> Dict[str, float]:
+        """The eval prompts' metrics (when eval_datasets are given) and the evaluation tasks' (when eval_tasks are)
+        of the policy at `step`."""
+        results = self.prompts(step) if self.data.eval_prompts is not None else {}
+        tasks = self.data.eval_tasks(self.sampler.actor, self.sampler.tokenizer, step, self.args.output_dir
+                                     if is_main_process() else None) if self.data.eval_tasks else {}
+        if tasks:
+            self.logger.log(step, tasks, echo=tqdm.write)
+        return {**results, **tasks}
+
+    @paddle.no_grad()
+    def prompts(self, step: int) -> Dict[str, float]:
+        """eval/reward, eval/response_length, eval/gold_reward (with a gold judge) and eval/env/* (episodes)."""
+        rewards, golds, lengths, records = [], [], [], []
+        prompts, args = self.data.eval_prompts, self.args
+        shards = list(eval_shards(len(prompts), args.per_device_eval_batch_size))
+        for indices in tqdm(shards, desc="evaluate (greedy answers)", leave=False, dynamic_ncols=True,
+                            disable=hide_progress(args)):
+            rollout = self.sampler.sample([prompts[i] for i in indices], step, greedy=True)
+            reward, _ = scoring.with_environment_reward(*self.reward(rollout), rollout, self.env_reward_weight)
+            gold = gold_scores(self.gold_judge, rollout.prompts, rollout.completions, rollout.labels)
+            rewards += reward.numpy().tolist()
+            golds += [] if gold is None else gold.tolist()
+            lengths += rollout.response_mask.sum(axis=1).numpy().tolist()
+            records += scoring.generation_records(step, rollout, reward.numpy().tolist())
+        rewards, golds, lengths, records = (gather_lists(x) for x in (rewards, golds, lengths, records))
+        results = {"eval/reward": float(np.mean(rewards)), "eval/response_length": float(np.mean(lengths)),
+                   **scoring.episode_means(records, "eval/env/")}
+        if golds:
+            results["eval/gold_reward"] = float(np.mean(golds))
+            for record, gold in zip(records, golds):
+                record["gold_reward"] = gold
+        self.logger.log(step, results, echo=tqdm.write)
+        self.logger.write_rows("eval_generations.jsonl", records)
+        return results

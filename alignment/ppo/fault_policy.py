@@ -139,68 +139,68 @@ def retries_of(rollout) -> int:
 
 class GroupFaults:
     """How a step draws its rollout (dynamic_sampling.step_rollouts' strategy, wrapped): the step's failed groups
-    counted, its metrics given the rollout/* counts; the trainer passes each drawn rollout through
-    without_failed_groups and its rewards through rewarded. env_args None or single-turn: nothing dropped, no
-    metrics."""
+    counted, its metrics given the rollout/* counts; the step's draws (sources.StepDraws) pass each drawn rollout
+    through without_failed_groups, and the end rewards (scoring.EndRewards) ask the reward through rewarded.
+    env_args None or single-turn: nothing dropped, no metrics. ledger: the run's ledger.Ledger or None."""
 
-    def __init__(self, step_rollouts, env_args, pipelined: bool):
-        self.step_rollouts = step_rollouts
+    def __init__(self, step_rollouts, env_args, pipelined: bool, group_size: int, ledger):
+        self.step_rollouts, self.group_size, self.ledger = step_rollouts, group_size, ledger
         self.enabled = env_args is not None and env_args.multi_turn
         self.retries = env_args.episode_retries if self.enabled else 0
         self.max_fraction = env_args.max_failed_group_fraction if self.enabled else 1.0
         self.pipelined = pipelined
-        self.step, self.drawing = StepFaults(), False
+        self.step, self.drawing, self.drawing_step = StepFaults(), False, 0
 
-    def __call__(self, trainer):
+    def __call__(self, step: int, draws):
         """The step's (rollout, (end rewards, parts) or None, metrics); a multi-turn step's rewards are computed
         here when the strategy left them to scoring, so a group the reward service fails on is dropped before
-        anything is computed on it."""
-        self.step, self.drawing = StepFaults(), True
+        anything is computed on it. step: the 0-based global step; draws: the trainer's sources.StepDraws."""
+        self.step, self.drawing, self.drawing_step = StepFaults(), True, step
         try:
-            rollout, rewards, metrics = self.step_rollouts(trainer)
+            rollout, rewards, metrics = self.step_rollouts(step, draws)
             if self.enabled and rollout is not None and rewards is None:
-                with trainer.offload.phase("reward", [trainer.reward.model]), trainer.precision.autocast():
-                    rewards = trainer.end_rewards(rollout)
+                rewards = draws.rewarded(rollout)
         finally:
             self.drawing = False
         return rollout, rewards, {**metrics, **(self.step.metrics() if self.enabled else {})}
 
-    def without_failed_groups(self, trainer, rollout):
+    def without_failed_groups(self, step: int, rollout):
         """The drawn rollout without the groups of its failed episodes (the step's counts and the ledger updated)."""
         if not self.enabled:
             return rollout
         errors = [episode.get("error") for episode in rollout.episodes] if rollout.episodes else [None] * len(rollout)
-        return self._dropped(trainer, rollout, errors, retries_of(rollout), len(rollout), "episode failed")
+        return self._dropped(step, rollout, errors, retries_of(rollout), len(rollout), "episode failed")
 
-    def rewarded(self, trainer, rollout):
-        """trainer.reward(rollout): (end rewards [N], parts). While a multi-turn step draws, a reward service (the
-        reward server, a served judge) that fails on the rollout past its own retries is asked again group by
-        group; the groups it still fails on are dropped from the rollout in place and the rest scored together."""
+    def rewarded(self, reward, rollout):
+        """reward(rollout): (end rewards [N], parts) (reward: the run's RewardComputer). While a multi-turn step
+        draws, a reward service (the reward server, a served judge) that fails on the rollout past its own retries
+        is asked again group by group; the groups it still fails on are dropped from the rollout in place and the
+        rest scored together."""
         from alignment.rewards.remote import RewardServerError
 
         if not (self.enabled and self.drawing):
-            return trainer.reward(rollout)
+            return reward(rollout)
         try:
-            return trainer.reward(rollout)
+            return reward(rollout)
         except RewardServerError:
             pass
-        group, errors = trainer.ppo.num_return_sequences, []
+        group, errors = self.group_size, []
         for start in range(0, len(rollout), group):
             try:
-                trainer.reward(rollout.take(list(range(start, start + group))))
+                reward(rollout.take(list(range(start, start + group))))
                 errors += [None] * group
             except RewardServerError as err:
                 errors += [" ".join(str(err).split())] * group
-        kept = self._dropped(trainer, rollout, errors, 0, 0, "reward failed")
+        kept = self._dropped(self.drawing_step, rollout, errors, 0, 0, "reward failed")
         rollout.__dict__.update(kept.__dict__)  # in place: the strategy holding the rollout trains the kept rows
-        return trainer.reward(rollout)
+        return reward(rollout)
 
-    def _dropped(self, trainer, rollout, errors, retries: int, rows: int, why: str):
+    def _dropped(self, step: int, rollout, errors, retries: int, rows: int, why: str):
         """The rollout without the groups holding an error; the step's counts (rows: rows drawn, 0 when already
         counted), the ledger and the limits updated and checked."""
         from alignment.parallel.distributed import data_world_size, gather_lists
 
-        group = trainer.ppo.num_return_sequences
+        group = self.group_size
         kept, dropped, errors = drop_failed_groups(rollout, group, errors)
         first = next((error for error in errors if error is not None), None)
         counts = gather_lists([(rows // group, len(dropped) // group, retries, first, len(rollout) - len(dropped),
@@ -208,13 +208,12 @@ class GroupFaults:
         self.step.add(sum(c[0] for c in counts), sum(c[1] for c in counts), sum(c[2] for c in counts),
                       next((c[3] for c in counts if c[3] is not None), None), sum(c[5] for c in counts),
                       sum(c[6] for c in counts))
-        if trainer.ledger is not None and any(c[1] for c in counts):  # every rank joins the gather
-            trainer.ledger.write(gather_lists(fault_ledger_rows(trainer.global_step + 1, rollout, dropped, errors,
-                                                                why)))
+        if self.ledger is not None and any(c[1] for c in counts):  # every rank joins the gather
+            self.ledger.write(gather_lists(fault_ledger_rows(step + 1, rollout, dropped, errors, why)))
         world = data_world_size()
         layout = (f"with {world} data-parallel ranks every rank must train as many rows, so a step cannot drop a "
                   f"group" if world > 1 else "with pipeline_parallel_degree > 1 a step's row count is fixed, so it "
                   "cannot drop a group" if self.pipelined else "")
-        self.step.check(trainer.global_step + 1, self.retries, self.max_fraction, sum(c[4] for c in counts),
+        self.step.check(step + 1, self.retries, self.max_fraction, sum(c[4] for c in counts),
                         layout if any(c[1] for c in counts) else "")
         return kept

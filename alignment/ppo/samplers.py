@@ -4,8 +4,11 @@ one it has nor how long a turn may be.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+import paddle
 
 from alignment.models.generation import GenerationConfig
 from alignment.models.static_decode import StaticDecoder
@@ -89,6 +92,52 @@ class Episodes(SingleTurn):
         (their means are averaged over ranks key by key)."""
         names = sorted({name for part in gather_objects(env_metric_names(rollout.episodes)) for name in part})
         return episode_metrics(rollout.episodes, "env/", names)
+
+
+class PolicySampler:
+    """The policy sampling rollouts: a collaborator the trainer builds once and hands to the rollout sources
+    (sources.py) and the evaluation. It holds the model that generates (the actor, or its whole copy refreshed to
+    the step's weights: eval_mode single, pipeline, sharded parameters), the sampling strategy (SingleTurn or
+    Episodes, or GKD's mix of one with off-policy answers), the generation settings and the draw's seed; and the
+    generate phase around a draw: the progress bar with the last generation speed, offload and precision."""
+
+    def __init__(self, actor, whole_copy, strategy, tokenizer, gen_config: GenerationConfig, ppo,
+                 log_probs_from_sampling: bool, phase: Callable, offload, generating_models: Sequence, precision):
+        self.actor, self.whole_copy, self.strategy = actor, whole_copy, strategy
+        self.tokenizer, self.gen_config, self.ppo = tokenizer, gen_config, ppo
+        self.log_probs_from_sampling = log_probs_from_sampling  # the trainer takes old log-probs from the draw
+        self.show_phase, self.offload, self.precision = phase, offload, precision
+        self.generating_models = list(generating_models)  # the actor and what samples with it (seq_kd's teacher)
+        self.seed = 0  # the draw's generation seed (dynamic_sampling.generation_seed)
+        self.speed: Dict[str, str] = {}  # the last rollout's tokens/s, shown on the progress bar
+
+    def model(self, version: int):
+        """The model that generates and scores at policy version `version` (the trained actor, or its copy)."""
+        if self.whole_copy is None:
+            return self.actor
+        return self.whole_copy.refreshed(self.actor, version=version)
+
+    def seed_draw(self, seed: int) -> None:
+        self.seed = seed
+        paddle.seed(seed)
+
+    @contextlib.contextmanager
+    def generating(self, attempt: int):
+        """The generate phase of a step's draw `attempt` (0-based)."""
+        self.show_phase(phase="generate", **({"try": str(attempt + 1)} if attempt else {}), **self.speed)
+        with self.offload.phase("generate", self.generating_models), self.precision.autocast():
+            yield
+
+    def sample(self, items, version: int, greedy: bool = False, positions=None, total=None) -> Rollout:
+        """Responses (or multi-turn episodes) to the prompt items, num_return_sequences each when sampling, one
+        each when greedy; positions / total: the items' places in the step's global batch (see sample_rollout)."""
+        from_sampling = self.log_probs_from_sampling and not greedy
+        draw = Draw(items, 1 if greedy else self.ppo.num_return_sequences, greedy, positions, total, self.seed,
+                    self.ppo.temperature if from_sampling else None)
+        return self.strategy(self.model(version), self.tokenizer, self.gen_config, draw)
+
+    def metrics(self, rollout) -> dict:
+        return self.strategy.metrics(rollout)
 
 
 def rollout_generation_config(ppo, actor, tokenizer) -> GenerationConfig:

@@ -38,6 +38,29 @@ def with_environment_reward(end_rewards, parts: Dict[str, float], rollout, weigh
     return end_rewards + paddle.to_tensor((weight * rewards).astype("float32")), parts
 
 
+class EndRewards:
+    """A rollout's end rewards [N] and each part's mean: a collaborator the trainer builds once (scoring calls it,
+    and the rollout strategies through sources.StepDraws). The reward (model, server, functions; asked through the
+    fault policy's `rewarded`, fault_policy.GroupFaults), + env_reward_weight x the environment's reward, the
+    overlong penalty; each row's parts are written on the rollout."""
+
+    def __init__(self, reward, faults, env_reward_weight: float, ppo, offload, precision):
+        self.reward, self.faults, self.env_reward_weight, self.ppo = reward, faults, env_reward_weight, ppo
+        self.offload, self.precision = offload, precision
+
+    @paddle.no_grad()
+    def __call__(self, rollout) -> Tuple[paddle.Tensor, Dict[str, float]]:
+        rewards = with_environment_reward(*self.faults.rewarded(self.reward, rollout), rollout,
+                                          self.env_reward_weight)
+        rollout.reward_rows = reward_rows(self.reward.row_parts, rollout, self.reward.row_notes)
+        return with_overlong_penalty(*rewards, rollout, self.ppo)
+
+    def in_reward_phase(self, rollout) -> Tuple[paddle.Tensor, Dict[str, float]]:
+        """The end rewards of a rollout drawn (its reward model brought in, under the run's precision)."""
+        with self.offload.phase("reward", [self.reward.model]), self.precision.autocast():
+            return self(rollout)
+
+
 def reward_statistics(end_rewards, parts: Dict[str, float], normalizer=None,
                       group_size: int = 1) -> Tuple[paddle.Tensor, Dict]:
     """(end rewards [N], normalised by `normalizer`'s running statistics of whole batches when one is given, and

@@ -122,7 +122,7 @@ def argument_classes(ppo_class=PPOArguments) -> tuple:
 
 def train(argv, ppo_class=PPOArguments) -> dict:
     """Parse the arguments (PPO's under `ppo_class`: PPOArguments, or the distillation entry point's
-    DistillPPOArguments, which also require a teacher), train, save, summarise."""
+    DistillPPOArguments, which also require a teacher), then load, build, run: train, save, summarise."""
     parsed = setup.parse_arguments(argv, *argument_classes(ppo_class))
     trainer, mailbox = build_trainer(parsed)
     if trainer is None:  # a rollout rank: it served the run's rollouts
@@ -130,82 +130,133 @@ def train(argv, ppo_class=PPOArguments) -> dict:
     return run_training(trainer, mailbox, parsed)
 
 
-def build_trainer(parsed):
-    """Start the processes, load the inputs and models and build the PPOTrainer (resumed when
-    resume_from_checkpoint asks) from parse_arguments' result. -> (trainer, the asynchronous run's mailbox or
-    None); on a rollout rank (None, what serving the rollouts returned)."""
-    model_args, data_args, ppo_args, distill_args, env_args, async_args, lora_args, eval_args, monitor_args, \
-        train_args, run = parsed
+@dataclasses.dataclass
+class StageInputs:
+    """What the stage loads before any model: the tokenizer, the prompt datasets, the evaluation tasks and an
+    asynchronous run's mailbox (None: synchronous)."""
+    tokenizer: object
+    prompts: object  # PromptOnlyDataset
+    eval_prompts: object  # PromptOnlyDataset or None
+    ptx: object  # SupervisedDataset or None
+    eval_tasks: object  # evaluation/inline.py's HeldOutTasks
+    mailbox: object
+
+
+def check_user_code(ppo_args, env_args, run) -> None:
+    """Import what the arguments name of the user's code (reward functions, the gold judge, environments, an agent
+    program), so a typo fails before any model is loaded."""
+    from alignment.envs import load_environment_modules
+    from alignment.ppo.episodes import build_environments
+    from alignment.rewards.functions import load_reward_function
+
+    for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
+        load_reward_function(spec)
+    if env_args.multi_turn:  # an environment that is not registered or refuses its arguments
+        load_environment_modules(env_args.user_env_modules, base_dir=run.argument_dir)
+        if env_args.agent is not None:  # or an agent program that does not import
+            from alignment.ppo.agent_programs import load_agent
+
+            load_agent(env_args.agent)
+        else:
+            build_environments(env_args, 1)
+
+
+def load_stage_inputs(parsed) -> StageInputs:
+    """Check the user's code and the evaluation tasks, then load the tokenizer and the datasets and open an
+    asynchronous run's mailbox."""
+    model_args, data_args, ppo_args, _, env_args, async_args, _, eval_args, _, train_args, run = parsed
 
     from alignment.data import MixedRawDataset
-    from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset, collate_prompts, collate_supervised
-    from alignment.envs import load_environment_modules
+    from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset
     from alignment.evaluation.inline import HeldOutTasks
-    from alignment.parallel.distributed import is_rollout_rank
-    from alignment.ppo.asynchronous import RolloutSource, open_mailbox
-    from alignment.ppo.episodes import build_environments
-    from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
-    from alignment.rewards.functions import load_reward_function
+    from alignment.ppo.asynchronous import open_mailbox
+
+    check_user_code(ppo_args, env_args, run)
+    eval_tasks = HeldOutTasks.from_args(eval_args, train_args.seed, run.argument_dir)  # a typo fails here too
+    if eval_tasks and train_args.pipeline_parallel_degree > 1:
+        raise ValueError("key 'eval_tasks' needs the whole policy on each rank to decode; with "
+                         "pipeline_parallel_degree > 1 evaluate the saved checkpoints with alignment-eval")
+    tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.actor_model_name_or_path, data_args,
+                                                       train_args.seed, run)
+    prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
+    eval_prompts = PromptOnlyDataset(eval_raw, tokenizer, data_args.max_length, too_long="error") \
+        if eval_raw is not None else None
+    ptx = None
+    if data_args.ptx_datasets:
+        ptx = SupervisedDataset(MixedRawDataset(data_args.ptx_datasets, seed=train_args.seed), tokenizer,
+                                data_args.max_length)
+    print(f"prompts: {len(prompts)} train {prompts.stats}" +
+          (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
+          (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
+    mailbox = open_mailbox(run.layout, async_args.max_staleness, async_args.batches_per_step(ppo_args)) \
+        if async_args.asynchronous else None
+    return StageInputs(tokenizer, prompts, eval_prompts, ptx, eval_tasks, mailbox)
+
+
+def build_policy_models(parsed, tokenizer):
+    """(inputs.PolicyModels, the reward server or None): the reward (with use_rm_server the server scores,
+    checked to answer first, and no reward model is loaded here), the teacher (a server is asked first), the
+    actor, reference and critic."""
+    model_args, data_args, ppo_args, distill_args, _, _, lora_args, _, _, train_args, run = parsed
+
+    from alignment.ppo.inputs import PolicyModels
     from alignment.rewards.remote import RewardServerClient
     from alignment.rewards.scoring import RewardComputer
 
-    with setup.started(train_args, run):
-        for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
-            load_reward_function(spec)  # a typo fails here, before any model is loaded
-        if env_args.multi_turn:  # so does an environment that is not registered or refuses its arguments
-            load_environment_modules(env_args.user_env_modules, base_dir=run.argument_dir)
-            if env_args.agent is not None:  # or an agent program that does not import
-                from alignment.ppo.agent_programs import load_agent
+    server = RewardServerClient.from_args(ppo_args, tokenizer) if ppo_args.use_rm_server else None
+    teacher = build_teacher(distill_args, ppo_args, train_args, tokenizer)
+    actor, reference, critic, reward_model, reward_tokenizer = build_models(
+        model_args.for_reward_server() if server else model_args, ppo_args, lora_args, train_args, run.layout)
+    setup.template_as_asked(reward_tokenizer, data_args)  # chat_template none: the reward model reads raw text too
+    reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
+                            ppo_args.reward_weights, ppo_args.clip_range_score, server)
+    return PolicyModels(actor, reference, critic, reward, teacher), server
 
-                load_agent(env_args.agent)
-            else:
-                build_environments(env_args, 1)
-        eval_tasks = HeldOutTasks.from_args(eval_args, train_args.seed, run.argument_dir)  # a typo fails here too
-        if eval_tasks and train_args.pipeline_parallel_degree > 1:
-            raise ValueError("key 'eval_tasks' needs the whole policy on each rank to decode; with "
-                             "pipeline_parallel_degree > 1 evaluate the saved checkpoints with alignment-eval")
-        tokenizer, train_raw, eval_raw = setup.load_inputs(model_args.actor_model_name_or_path, data_args,
-                                                           train_args.seed, run)
-        prompts = PromptOnlyDataset(train_raw, tokenizer, data_args.max_length, too_long="error")
-        eval_prompts = PromptOnlyDataset(eval_raw, tokenizer, data_args.max_length, too_long="error") \
-            if eval_raw is not None else None
-        ptx = None
-        if data_args.ptx_datasets:
-            ptx = SupervisedDataset(MixedRawDataset(data_args.ptx_datasets, seed=train_args.seed), tokenizer,
-                                    data_args.max_length)
-        print(f"prompts: {len(prompts)} train {prompts.stats}" +
-              (f", {len(eval_prompts)} eval" if eval_prompts is not None else "") +
-              (f"; ptx: {len(ptx)} samples" if ptx is not None else ""))
-        mailbox = open_mailbox(run.layout, async_args.max_staleness, async_args.batches_per_step(ppo_args)) \
-            if async_args.asynchronous else None
-        if is_rollout_rank():
-            return None, serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args,
-                                        train_args, run, tokenizer, prompts, mailbox)
-        # with use_rm_server the server scores (checked to answer first) and no reward model is loaded here
-        server = RewardServerClient.from_args(ppo_args, tokenizer) if ppo_args.use_rm_server else None
-        teacher = build_teacher(distill_args, ppo_args, train_args, tokenizer)  # a server is asked first
-        actor, reference, critic, reward_model, reward_tokenizer = build_models(
-            model_args.for_reward_server() if server else model_args, ppo_args, lora_args, train_args, run.layout)
-        setup.template_as_asked(reward_tokenizer, data_args)  # chat_template none: the reward model reads raw text too
-        reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
-                                ppo_args.reward_weights, ppo_args.clip_range_score, server)
-    scorer = ["reward model"] if reward_model else [f"reward server {', '.join(server.urls)}"] if server else []
+
+def describe_run(parsed, models, server) -> None:
+    """Print what scores the run: the teacher, the estimator and whether it built a critic, the reward's terms."""
+    ppo_args, distill_args, env_args = parsed[2], parsed[3], parsed[4]
+    scorer = ["reward model"] if models.reward.model else [f"reward server {', '.join(server.urls)}"] if server \
+        else []
     environment = [f"agent {env_args.agent!r}" if env_args.agent else f"environment {env_args.environment!r}"] \
         if env_args.multi_turn else []
     if distill_args.distills:
         print(f"teacher {distill_args.teacher_model_name_or_path}: {distill_args.distill_loss} x "
               f"{distill_args.distill_coeff:g}, lmbda {distill_args.lmbda:g}")
-    print(f"{ppo_args.advantage_estimator}: critic {'built' if critic is not None else 'not built (critic-free)'}; "
-          f"reward = {' + '.join(scorer + list(ppo_args.reward_funcs) + environment)}"
-          + (" (re-tokenized for the reward model)" if reward.retokenize else ""))
+    critic = "built" if models.critic is not None else "not built (critic-free)"
+    print(f"{ppo_args.advantage_estimator}: critic {critic}; reward = "
+          f"{' + '.join(scorer + list(ppo_args.reward_funcs) + environment)}"
+          + (" (re-tokenized for the reward model)" if models.reward.retokenize else ""))
+
+
+def build_trainer(parsed):
+    """Start the processes, load the inputs and models and build the PPOTrainer (resumed when
+    resume_from_checkpoint asks) from parse_arguments' result. -> (trainer, the asynchronous run's mailbox or
+    None); on a rollout rank (None, what serving the rollouts returned)."""
+    model_args, data_args, ppo_args, _, env_args, async_args, lora_args, _, monitor_args, train_args, run = parsed
+
+    from alignment.data.tokenized import collate_prompts, collate_supervised
+    from alignment.parallel.distributed import is_rollout_rank
+    from alignment.ppo.asynchronous import RolloutSource
+    from alignment.ppo.trainer import PPOTrainer, PromptData
+
+    with setup.started(train_args, run):
+        inputs = load_stage_inputs(parsed)
+        if is_rollout_rank():
+            return None, serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args,
+                                        train_args, run, inputs.tokenizer, inputs.prompts, inputs.mailbox)
+        models, server = build_policy_models(parsed, inputs.tokenizer)
+    describe_run(parsed, models, server)
+    tokenizer, prompts, mailbox = inputs.tokenizer, inputs.prompts, inputs.mailbox
     with setup.user_errors():
-        data = PromptData(prompts, eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id), ptx,
-                          lambda items: collate_supervised(items, tokenizer.pad_token_id), eval_tasks)
+        data = PromptData(prompts, inputs.eval_prompts, lambda items: collate_prompts(items, tokenizer.pad_token_id),
+                          inputs.ptx, lambda items: collate_supervised(items, tokenizer.pad_token_id),
+                          inputs.eval_tasks)
         source = RolloutSource(mailbox, run.layout, async_schedule(ppo_args, data_args, async_args, train_args,
                                                                    run.layout, len(prompts))) \
             if mailbox is not None else None
-        trainer = PPOTrainer(ppo_args, train_args, data_args, PolicyModels(actor, reference, critic, reward, teacher),
-                             data, tokenizer, run.effective, env_args, async_args, source, monitor_args)
+        trainer = PPOTrainer(ppo_args, train_args, data_args, models, data, tokenizer, run.effective, env_args,
+                             async_args, source, monitor_args)
     return trainer, mailbox
 
 

@@ -7,6 +7,8 @@ response token (logged as distill/reverse_kl, written to the ledger) and, from a
 `sampled_kl`, `add_advantages` adds distill_coeff x -(log p_old - log p_teacher) to the estimator's advantages;
 with the other losses, `student_pass` computes the student's logits once per micro-batch and returns the
 per-token divergence the objective adds (objective.py), with a local teacher's logits of the same micro-batch.
+`models(phase)` says which of its models each phase of the trainer uses (offload moves them), `sampler` wraps the
+trainer's sampler (GKD's mix), `sources` and `annotate` add to the rollout ledger.
 """
 from __future__ import annotations
 
@@ -48,7 +50,11 @@ def real_tokens(input_ids: np.ndarray, attention_mask: np.ndarray) -> List[Tuple
 class NoTeacher:
     model = None
     needs_old_log_probs = False
-    generating = updating = ()  # models the generate / train phases use besides the actor (offload brings them)
+
+    def models(self, phase: str) -> tuple:
+        """The teacher's models that a phase of the trainer uses ("generate", "score", "train"; "frozen": every
+        one, kept on the host between phases), which offload brings to the device for it."""
+        return ()
 
     def score(self, rollout, step: int) -> Dict[str, float]:
         return {}
@@ -138,9 +144,14 @@ class Teacher(NoTeacher):
         self.loss = distill_args.loss()
         self.model = getattr(source, "model", None)
         self.needs_old_log_probs = True  # distill/reverse_kl and sampled_kl's advantage read them at score time
-        self.updating = (self.model,) if not self.loss.as_advantage and self.model is not None else ()  # its logits
-        self.generating = (self.model,) if distill_args.seq_kd else ()  # seq_kd: it samples off-policy answers
+        self.phase_models = {"frozen": (self.model,), "score": (self.model,),
+                             "generate": (self.model,) if distill_args.seq_kd else (),  # it samples answers
+                             "train": (self.model,) if not self.loss.as_advantage and self.model is not None
+                             else ()}  # its logits of each micro-batch
         self.rows: Optional[np.ndarray] = None
+
+    def models(self, phase: str) -> tuple:
+        return self.phase_models[phase]
 
     @paddle.no_grad()
     def score(self, rollout, step: int) -> Dict[str, float]:

@@ -28,17 +28,17 @@ from alignment.ppo import registrations  # noqa: F401  the estimators, losses an
 from alignment.ppo import dapo, fault_policy, scoring
 from alignment.ppo import dynamic_sampling as ds
 from alignment.ppo.critic import make_critic
-from alignment.ppo.curriculum import prompt_stream
-from alignment.ppo.evaluation import evaluate_policy
+from alignment.ppo.evaluation import HeldOutEvaluation
 from alignment.ppo.inputs import PolicyModels, PromptData  # noqa: F401  (the trainer's inputs)
 from alignment.ppo.kl import kl_estimate
 from alignment.ppo.ledger import Ledger, ledger_rows, reward_sources
 from alignment.ppo.objective import actor_objective
 from alignment.ppo.pipeline_update import PipelineMicroBatches, check_pipeline_run
+from alignment.ppo.prompt_stream import PromptStream
 from alignment.ppo.ptx import ptx_term
 from alignment.ppo.routing_replay import routing_for
-from alignment.ppo.samplers import Draw, rollout_generation_config
-from alignment.ppo.sources import rollout_source
+from alignment.ppo.samplers import PolicySampler, rollout_generation_config
+from alignment.ppo.sources import StepDraws, rollout_source
 from alignment.ppo.update import EagerMicroBatches, first_pass_log_probs, run_update, update_rng
 from alignment.training.batches import planned_steps
 from alignment.training.monitored_run import MonitoredRun
@@ -51,7 +51,6 @@ from alignment.wrappers.reshard import WholeCopy
 
 class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
     progress_name = "ppo"
-    generation_speed: Dict[str, str] = {}  # the last rollout's tokens/s, shown on the progress bar
     evaluate_at_start = True  # the starting policy's held-out reward
 
     def __init__(self, ppo_args, train_args, data_args, models: PolicyModels, data: PromptData, tokenizer,
@@ -66,7 +65,6 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         self.total_steps = planned_steps(train_args.max_steps, train_args.num_train_epochs, len(data.prompts),
                                          ppo_args.per_device_prompt_batch_size * data_world_size(),
                                          train_args.dataloader_drop_last)
-        self.rollouts = rollout_source(source)  # sources.py: this rank samples, or rollout ranks do
         self.cap = async_args.behaviour_weight_cap if async_args is not None else 0.0
         rollouts = ppo_args.per_device_prompt_batch_size * ppo_args.num_return_sequences
         micro_batches = math.ceil(rollouts / train_args.per_device_train_batch_size)
@@ -80,17 +78,17 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         one_step = not pipelined and micro_batches <= train_args.gradient_accumulation_steps
         # ... and is its only one, and the advantages do not use the old log-probs: old log-probs = the update's
         # own (detached); score() skips that forward pass (as TRL's GRPO does with num_iterations 1)
-        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and self.rollouts.samples_here
+        self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None  # samples here
                                        and one_step and ppo_args.update_iters == 1
                                        and not self.teacher.needs_old_log_probs)
-        self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model, self.teacher.model],
+        self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model,
+                                                           *self.teacher.models("frozen")],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1  # sharding stage 3: decoding reads whole weights
         self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
             split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
         ds.check_layout(ppo_args, data_world_size(), pipelined)
-        self.step_rollouts = fault_policy.GroupFaults(ds.step_rollouts(ppo_args), env_args, pipelined)
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
             self.micro_batches = PipelineMicroBatches(self.actor, models.critic, ppo_args, train_args,
@@ -103,42 +101,54 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
             self.micro_batches = EagerMicroBatches(self.actor_step, self.critic, ppo_args, self.compute_advantages)
         # rollout_log_probs: the sampler-vs-trainer gap from the update's own first forward passes (not pipelined)
         self.sampler_gap = scoring.SamplerGap() if ppo_args.rollout_log_probs and not pipelined else None
-        self.sampler = self.teacher.sampler(make_sampler(ppo_args, data_args.max_length, data.collate_prompts,
-                                                         env_args, self.routing.records),
-                                            data_args.max_length)  # multi-turn? GKD's mix?
-        self.env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
+        strategy = self.teacher.sampler(make_sampler(ppo_args, data_args.max_length, data.collate_prompts,
+                                                     env_args, self.routing.records),
+                                        data_args.max_length)  # multi-turn? GKD's mix?
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
-        self.drawn = {"prompts": 0, "ptx": 0}  # batches taken from each data stream (resume skips them)
-        self.pool_state = None  # a resumed curriculum's prompt pool (curriculum.py)
-        self.ptx = ptx_term(data, ppo_args.ptx_coeff)  # ptx.py: an answer-token loss on supervised data, or none
+        self.ptx, self.ptx_skip = ptx_term(data, ppo_args.ptx_coeff), 0  # ptx.py (or none); the batches resume skips
         self.ledger = Ledger(train_args.output_dir, is_main_process(), {**reward_sources(ppo_args, self.reward), **(
             self.teacher.sources())}) if async_args is not None and async_args.ledger else None  # rank 0 writes
+        # the collaborators the step's strategies are given (prompt_stream.py, samplers.py, sources.py, scoring.py)
+        group, pad_id = ppo_args.num_return_sequences, tokenizer.pad_token_id
+        self.prompt_stream = PromptStream(data.prompts, ppo_args, train_args, data_world_size())
+        self.policy_sampler = PolicySampler(
+            self.actor, self.generation_copy, strategy, tokenizer, self.gen_config, ppo_args,
+            ppo_args.rollout_log_probs and not self.reuse_update_log_probs,  # old log-probs from the sampling pass
+            self.show_phase, self.offload, [self.actor, *self.teacher.models("generate")], self.precision)
+        self.rollouts = rollout_source(source, self.prompt_stream, self.policy_sampler, group, pad_id)  # sources.py
+        self.step_rollouts = fault_policy.GroupFaults(ds.step_rollouts(ppo_args, self.prompt_stream, self.ledger,
+                                                                       pad_id), env_args, pipelined, group, self.ledger)
+        env_reward_weight = env_args.env_reward_weight if env_args is not None else 0.0
+        self.end_rewards = scoring.EndRewards(self.reward, self.step_rollouts, env_reward_weight, ppo_args,
+                                              self.offload, self.precision)
+        self.draws = StepDraws(self.rollouts, self.prompt_stream, self.policy_sampler, self.end_rewards,
+                               self.step_rollouts, train_args.seed)
+        self.held_out = HeldOutEvaluation(data, self.policy_sampler, self.reward, env_reward_weight,
+                                          ppo_args.gold_judge, self.logger, train_args)
         self.resume_if_asked()
         self.rollouts.start(self.global_step)
         self.start_monitors(monitor_args)  # training/monitors.py: after each step, report.md at the end
 
     def start_data_streams(self) -> None:
-        world, args = data_world_size(), self.args
-        self.prompt_batches = prompt_stream(self.ppo, len(self.data.prompts), world, args, self.drawn["prompts"],
-                                            self.pool_state)  # curriculum.py
-        self.ptx.start(self.drawn["ptx"], world, args)
+        self.prompt_stream.start()
+        self.ptx.start(self.ptx_skip, data_world_size(), self.args)
 
     # --- one step: rollout -> score -> advantages -> update ---------------------------------------------------------
     def training_step(self) -> Dict[str, float]:
         timer = PhaseTimer()
         timer.times.update(self.rollouts.before_step(self.global_step, self.actor))
         with timer.phase("generate"):  # one prompt batch, or dynamic sampling's kept groups
-            rollout, rewards, metrics = self.step_rollouts(self)
+            rollout, rewards, metrics = self.step_rollouts(self.global_step, self.draws)
         times = timer.times
         if rollout is None:  # dynamic sampling kept no group within max_gen_batches: no update this step
             return mean_over_ranks({**metrics, **times, "skipped_steps": float(self.guard.skipped)})
         times["time/generated_tokens_per_s"] = float(rollout.response_mask.sum()) / max(times["time/generate"], 1e-9)
-        self.generation_speed = {"gen": f"{times['time/generated_tokens_per_s']:.0f} tok/s"}  # this rank's
-        self.show_phase(phase="score", **self.generation_speed)
+        speed = self.policy_sampler.speed = {"gen": f"{times['time/generated_tokens_per_s']:.0f} tok/s"}  # this rank's
+        self.show_phase(phase="score", **speed)
         with timer.phase("score"):
             with self.offload.phase("score", [self.actor, self.reference, self.critic.model, self.reward.model,
-                                              self.teacher.model]), \
+                                              *self.teacher.models("score")]), \
                     self.precision.autocast():
                 metrics.update(self.score(rollout, rewards))
             if not self.critic.values_in_update:  # else the update computes them after its critic passes
@@ -146,46 +156,14 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
             if self.ledger is not None:
                 self.ledger.write(gather_lists(self.teacher.annotate(ledger_rows(self.global_step + 1, rollout,
                                                                                  self.ppo), rollout)))
-        self.show_phase(phase="train", **self.generation_speed)
+        self.show_phase(phase="train", **speed)
         with timer.phase("train"):
-            with self.offload.phase("train", [self.actor, self.critic.model, *self.teacher.updating],
+            with self.offload.phase("train", [self.actor, self.critic.model, *self.teacher.models("train")],
                                     self.offload.optimizers):
                 metrics.update(self.update(rollout))
             metrics.update(self.offload.memory_log)  # GPU: allocated memory around each phase
             metrics["skipped_steps"] = float(self.guard.skipped)  # optimizer steps dropped for NaN/inf gradients
         return mean_over_ranks({**metrics, **times})
-
-    def draw_rollout(self, attempt: int):
-        """Responses to the next prompt batch of the stream. Sampling noise is seeded per (step, attempt) and drawn
-        per row of the global batch: the same rollout whether one process or several (any data / tensor-parallel
-        split) generate it, and after a resume (which skips every batch drawn)."""
-        self.drawn["prompts"] += 1
-        self.sampling_seed = ds.generation_seed(self.args.seed, self.global_step, attempt)
-        paddle.seed(self.sampling_seed)
-        return self.step_rollouts.without_failed_groups(self, self.rollouts.rollout(self, attempt))
-
-    def make_rollout(self, items, greedy: bool = False, positions=None, total=None):
-        """Responses (or multi-turn episodes) to the prompt items, num_return_sequences each when sampling, one
-        each when greedy; positions / total: the items' places in the step's global batch (see sample_rollout)."""
-        # old log-probs from the sampling pass itself, when the trainer needs them from the rollout
-        from_rollout = self.ppo.rollout_log_probs and not greedy and not self.reuse_update_log_probs
-        draw = Draw(items, 1 if greedy else self.ppo.num_return_sequences, greedy, positions, total,
-                    getattr(self, "sampling_seed", 0), self.ppo.temperature if from_rollout else None)
-        return self.sampler(self.rollout_actor(), self.tokenizer, self.gen_config, draw)
-
-    def rollout_actor(self):
-        """The actor that generates and scores: the trained one, or its whole copy (eval_mode single, pipeline)."""
-        if self.generation_copy is None:
-            return self.actor
-        return self.generation_copy.refreshed(self.actor, version=self.global_step)
-
-    @paddle.no_grad()
-    def end_rewards(self, rollout):
-        """End rewards [N] (reward model / server / functions, environment, overlong penalty) and each part's mean."""
-        rewards = scoring.with_environment_reward(*self.step_rollouts.rewarded(self, rollout), rollout,
-                                                  self.env_reward_weight)  # a failing service: fault_policy.py
-        rollout.reward_rows = scoring.reward_rows(self.reward.row_parts, rollout, self.reward.row_notes)
-        return scoring.with_overlong_penalty(*rewards, rollout, self.ppo)
 
     @paddle.no_grad()
     def score(self, rollout, rewards=None) -> Dict[str, float]:
@@ -199,7 +177,7 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         metrics.update({**scoring.gold_reward(self.ppo.gold_judge, rollout), **diff})
         ended = scoring.ended_responses(rollout, self.gen_config.eos_ids)
         metrics.update(scoring.length_metrics(rollout.response_mask.sum(axis=1), ended))
-        metrics.update(self.sampler.metrics(rollout))
+        metrics.update(self.policy_sampler.metrics(rollout))
         if self.ppo.mask_truncated_responses:  # DAPO's overlong filtering: cut-off answers teach nothing
             rollout.response_mask = dapo.mask_truncated_responses(
                 rollout.response_mask, paddle.to_tensor([not e for e in ended]))
@@ -214,8 +192,8 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         if measured_in_update:
             self.sampler_gap.arm()
         elif not self.reuse_update_log_probs:  # unless the update takes its own; its first ratios then exactly 1
-            trained = first_pass_log_probs(self.rollout_actor(), rollout, self.ppo, self.args, self.global_step,
-                                           self.routing.around)
+            trained = first_pass_log_probs(self.policy_sampler.model(self.global_step), rollout, self.ppo, self.args,
+                                           self.global_step, self.routing.around)
             rollout.old_log_probs = trained if sampled is None else sampled
         with adapters_disabled(self.reference):  # with LoRA the reference is the actor's base: adapters off
             rollout.ref_log_probs = first_pass_log_probs(self.reference, rollout, self.ppo, self.args, self.global_step)
@@ -282,4 +260,4 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
 
     def evaluate(self) -> Dict[str, float]:
         with self.offload.phase("evaluate", [self.actor, self.reward.model]):
-            return self.monitors.evaluated(self.global_step, evaluate_policy(self))
+            return self.monitors.evaluated(self.global_step, self.held_out(self.global_step))
