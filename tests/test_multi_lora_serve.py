@@ -136,6 +136,28 @@ def test_mixed_decode_steps_answer_as_each_adapter_alone(tiny_model_dir, adapter
     assert len({as_tokens(o)[0][0] for o in together[::2]}) == 4  # greedy answers differ between the models
 
 
+def test_legacy_completions_score_and_sample_with_the_adapter_asked_for(tiny_model_dir, adapters):
+    from alignment.gateway.completions import parse_completion_request
+    from alignment.gateway.protocol import Limits
+
+    tokenizer = Tokenizer.from_pretrained(tiny_model_dir)
+
+    def completion(model, name):
+        gateway = build_gateway(model, tokenizer, SERVER_SLOTS, CAPACITY, MAX_TOKENS, name="tiny")
+        body = {"model": name, "prompt": [[5, 17, 42, 9, 300]], "echo": True, "logprobs": 2, "max_tokens": 4,
+                "temperature": 0}
+        future = gateway.submit_completion(parse_completion_request(body, Limits(), 1024))
+        gateway.pump(future.done)
+        answer = future.result()
+        return answer["model"], answer["choices"][0]["logprobs"]
+
+    multi = served_model(tiny_model_dir, adapters)
+    for name in ADAPTERS:
+        got = completion(multi, name)
+        assert got == (name, completion(lone_model(tiny_model_dir, (name, adapters[name])), "tiny")[1]), name
+    assert got[1] != completion(multi, "tiny")[1]  # the prompt's log-probs are the adapter's, not the base's
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, adapters, tmp_path_factory):
     port_file = tmp_path_factory.mktemp("serve") / "port"
