@@ -138,6 +138,16 @@ class Trainer:
         """Run to total_steps (from a checkpoint when resume_from_checkpoint asks); returns {"start": metrics of
         the evaluation before training (evaluate_at_start, fresh runs), "end": of the final one} (keys present
         when those evaluations ran)."""
+        steps = self.stepwise()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as end:
+                return end.value
+
+    def stepwise(self):
+        """`train()` one step at a time: a generator that yields after each step (its logging, evaluation and
+        checkpoint done) and returns train()'s result; runs that share a model interleave their steps with it."""
         args = self.args
         if self.best is not None and not self.has_eval_data():
             self.best = None
@@ -170,6 +180,7 @@ class Trainer:
                 self.consider_best(self.evaluate())
             if self.due(args.save_steps) and speed is None and not last:
                 self.save_step_checkpoint()
+            yield self.global_step
         progress.close()
         if speed is not None:
             return self.report_benchmark(speed)
