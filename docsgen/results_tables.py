@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional
 
 from benchmarks import record
 from docsgen.demo_rows import curriculum_chain_sum, distill_chain_sum, grpo_reasoning, main_demo_seeds
+from docsgen.serving_rows import multi_lora_serve
 
 COMMIT_NOTE = ("A commit marked * is the one that added the file: the run predates recorded commits, and measured "
                "that commit's code or its parent's.")
@@ -220,13 +221,6 @@ def _gateway(r: dict) -> List[List[str]]:
              f"**{_x(many['gateway_over_engine'])}**"]]
 
 
-def _multi_lora_serve(r: dict) -> List[List[str]]:
-    return [[x["model"], f"{x['adapters']} x rank {x['rank']} ({x['adapter_files_mib']:.1f} MiB of files)",
-             f"{x['base_alone_mib']:.0f}", f"**{x['shared_server_mib']:.0f}**",
-             " + ".join(f"{v:.0f}" for v in x["single_servers_mib"]) + f" = **{x['single_servers_total_mib']:.0f}**",
-             f"**{_x(x['shared_over_singles'])}**", "yes" if x["same_answers"] else "no"] for x in r["rows"]]
-
-
 class Table:
     def __init__(self, benchmarks: List[str], command: str, header: List[str],
                  rows: Callable[[dict], List[List[str]]]):
@@ -324,10 +318,9 @@ TABLES: Dict[str, Table] = {
                      ["model", "new tokens a call (mean)", "one call, engine alone ms", "through the gateway ms",
                       "gateway overhead ms (share)", "streamed sessions at once", "engine alone tokens/s",
                       "through the gateway tokens/s", "gateway / engine"], _gateway),
-    "multi_lora_serve": Table(["multi_lora_serve"], "python benchmarks/bench_multi_lora_serve.py",
-                              ["model", "adapters", "base alone, peak RSS MiB", "one server, all adapters",
-                               "one server per adapter, summed", "one server / the separate ones",
-                               "same greedy answers"], _multi_lora_serve),
+    "multi_lora_serve": Table(["multi_lora_serve"], "python benchmarks/bench_multi_lora_serve.py", [
+        "model", "adapters", "peak RSS MiB: base alone", "one server, all adapters", "one server per adapter, summed",
+        "one / separate", "same greedy answers"], multi_lora_serve),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
                             ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
 }
