@@ -102,12 +102,13 @@ class LoRAArguments:
                                                 "module path, or regular expressions over the whole path.")
     lora_path: Optional[str] = field(None, help="Start from these saved adapters (a directory with "
                                                 "adapter_config.json) instead of fresh ones; needs lora true.")
-    lora_adapters: List[Dict[str, Any]] = field([], help="SFT: several adapters trained in one run on one frozen "
-                                                         "base, their steps interleaved: a list of {name, "
-                                                         "train_datasets, and optionally eval_datasets, "
+    lora_adapters: List[Dict[str, Any]] = field([], help="SFT and RL: several adapters trained in one run on one "
+                                                         "frozen base, their steps interleaved: a list of {name, "
+                                                         "and optionally train_datasets, eval_datasets, "
                                                          "learning_rate, seed, max_steps, lora_rank, lora_alpha, "
-                                                         "lora_target_modules}, each replacing the run's key for "
-                                                         "that adapter; saved under output_dir/<name>/model.")
+                                                         "lora_target_modules, and in RL reward_funcs, "
+                                                         "reward_weights}, each replacing the run's key for that "
+                                                         "adapter, which saves under output_dir/<name>/.")
 
     def validate(self) -> None:
         if not (self.lora_alpha > 0 or self.lora_alpha == -1):

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import List, NamedTuple
+from typing import Dict, List, NamedTuple
 
-from alignment.inputs.keys import POSITIVE_INT, POSITIVE_NUMBER, TEXT, Kind, either, integer, key_problems, list_of
+from alignment.inputs.keys import (FINITE, POSITIVE_INT, POSITIVE_NUMBER, TEXT, Kind, either, integer, key_problems,
+                                   list_of)
 
 DATASETS = either(TEXT, list_of(TEXT, non_empty=True), Kind("an object", lambda v: isinstance(v, dict)))
-# key -> (its kind, the argument class that holds it: "train", "data" or "lora")
+# key -> (its kind, the argument class that holds it: "train", "data", "lora" or "ppo")
 ADAPTER_KEYS = {"train_datasets": (DATASETS, "data"), "eval_datasets": (DATASETS, "data"),
                 "learning_rate": (POSITIVE_NUMBER, "train"), "seed": (integer(0), "train"),
                 "max_steps": (integer(-1), "train"), "lora_rank": (POSITIVE_INT, "lora"),
-                "lora_alpha": (POSITIVE_NUMBER, "lora"), "lora_target_modules": (list_of(TEXT, non_empty=True), "lora")}
+                "lora_alpha": (POSITIVE_NUMBER, "lora"), "lora_target_modules": (list_of(TEXT, non_empty=True), "lora"),
+                "reward_funcs": (list_of(TEXT), "ppo"), "reward_weights": (list_of(FINITE), "ppo")}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -40,7 +42,7 @@ def check_lora_adapters(entries: list, lora: bool, lora_path) -> None:
         unknown = sorted(set(entry) - set(kinds))
         if unknown:
             raise ValueError(f"{where}: unknown key {unknown[0]!r}; an entry takes {', '.join(kinds)}")
-        problems = key_problems(entry, kinds, required=("name", "train_datasets"))
+        problems = key_problems(entry, kinds, required=("name",))
         if problems:
             raise ValueError(f"{where}: {'; '.join(problems)}")
         if not NAME.fullmatch(entry["name"]):
@@ -53,22 +55,32 @@ def check_lora_adapters(entries: list, lora: bool, lora_path) -> None:
 
 
 class AdapterRun(NamedTuple):
-    """One adapter's arguments: the run's, with the entry's keys and output_dir/<name>."""
+    """One adapter's arguments: the run's instances ({"train": ..., "data": ..., "lora": ..., "ppo": ...}) with the
+    entry's keys, output_dir/<name> and no lora_adapters; `entry`: the keys the entry changed."""
     name: str
-    train: object
-    data: object
-    lora: object
+    args: Dict[str, object]
+    entry: Dict[str, object]
+
+    @property
+    def train(self):
+        return self.args["train"]
 
 
-def adapter_runs(train_args, data_args, lora_args) -> List[AdapterRun]:
+def adapter_runs(instances: Dict[str, object]) -> List[AdapterRun]:
+    """The adapters of instances["lora"].lora_adapters; ValueError for an entry key this stage does not have."""
+    train, lora = instances["train"], instances["lora"]
     runs = []
-    for entry in lora_args.lora_adapters:
-        changes = {"train": {"output_dir": f"{train_args.output_dir}/{entry['name']}"}, "data": {},
-                   "lora": {"lora_adapters": [], "lora_path": None}}
+    for index, entry in enumerate(lora.lora_adapters):
+        changes = {kind: {} for kind in instances}
+        changes["train"]["output_dir"] = f"{train.output_dir}/{entry['name']}"
+        changes["lora"].update(lora_adapters=[], lora_path=None)
         for key, value in entry.items():
             if key != "name":
-                changes[ADAPTER_KEYS[key][1]][key] = value
-        runs.append(AdapterRun(entry["name"], dataclasses.replace(train_args, **changes["train"]),
-                               dataclasses.replace(data_args, **changes["data"]),
-                               dataclasses.replace(lora_args, **changes["lora"])))
+                kind = ADAPTER_KEYS[key][1]
+                if kind not in changes:
+                    raise ValueError(f"key 'lora_adapters' entry {index}: {key!r} is not a key of this stage")
+                changes[kind][key] = value
+        runs.append(AdapterRun(entry["name"], {kind: dataclasses.replace(instance, **changes[kind])
+                                               for kind, instance in instances.items()},
+                               {k: v for k, v in entry.items() if k != "name"}))
     return runs

@@ -19,16 +19,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import random
 from typing import Dict, List
-
-import numpy as np
-import paddle
 
 from alignment.config.lora_adapters import AdapterRun, adapter_runs
 from alignment.models.lora import add_lora, lora_layers, set_sublayer
 from alignment.training import setup
-from alignment.training.batches import set_seed
+from alignment.training.batches import rng_states, set_rng_states, set_seed
 
 
 @dataclasses.dataclass
@@ -41,16 +37,6 @@ class Adapter:
     steps: object = None  # its trainer's stepwise() generator
 
 
-def rng_states() -> tuple:
-    return random.getstate(), np.random.get_state(), paddle.get_rng_state()
-
-
-def set_rng_states(states: tuple) -> None:
-    random.setstate(states[0])
-    np.random.set_state(states[1])
-    paddle.set_rng_state(states[2])
-
-
 class SharedBase:
     """One base model; `running(adapter)` puts that adapter's layers and random stream in place for a block."""
 
@@ -61,7 +47,7 @@ class SharedBase:
     def add(self, adapter: Adapter) -> None:
         """Create the adapter's layers (as `add_lora` does in a run of its own) from its stream."""
         set_rng_states(adapter.rng)
-        add_lora(self.model, adapter.run.lora)
+        add_lora(self.model, adapter.run.args["lora"])
         adapter.layers, adapter.lora_config = lora_layers(self.model), self.model.lora_config
         adapter.rng = rng_states()
         self._restore(adapter)
@@ -91,13 +77,16 @@ def prepare(runs: List[AdapterRun], model_args, run):
 
     adapters, data, model = [], [], None
     for adapter_run in runs:
+        if run.argument_dir is not None:  # an entry's relative data paths as the run's own
+            setup.paths_beside_the_file(adapter_run.args["data"], run.argument_dir)
         set_seed(adapter_run.train.seed)
-        tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, adapter_run.data, adapter_run.train.seed, run)
-        sets = [SupervisedDataset(r, tokenizer, adapter_run.data.max_length) if r is not None else None for r in raw]
+        data_args = adapter_run.args["data"]
+        tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, adapter_run.train.seed, run)
+        sets = [SupervisedDataset(r, tokenizer, data_args.max_length) if r is not None else None for r in raw]
         print(f"{adapter_run.name}: " + setup.datasets_line("samples", *sets))
         model = None  # the previous adapter's model goes before this one loads
         model = setup.load_trained_model("causal", model_args.model_name_or_path, run.layout,
-                                         dataclasses.replace(adapter_run.lora, lora=False),
+                                         dataclasses.replace(adapter_run.args["lora"], lora=False),
                                          recompute=adapter_run.train.recompute)
         adapters.append(Adapter(adapter_run, rng_states()))
         data.append((tokenizer, *sets))
@@ -108,13 +97,16 @@ def main(model_args, data_args, lora_args, train_args, run) -> Dict[str, dict]:
     from alignment.data.tokenized import collate_supervised
     from alignment.sft.trainer import SupervisedTrainer
 
-    runs = adapter_runs(train_args, data_args, lora_args)
+    try:
+        runs = adapter_runs({"train": train_args, "data": data_args, "lora": lora_args})
+    except ValueError as err:
+        setup.fail(err)
     with setup.started(train_args, run):
         adapters, data, base = prepare(runs, model_args, run)
-        for adapter, entry, (tokenizer, train_set, eval_set) in zip(adapters, lora_args.lora_adapters, data):
+        for adapter, (tokenizer, train_set, eval_set) in zip(adapters, data):
             base.add(adapter)
             effective = {**run.effective, "output_dir": adapter.run.train.output_dir, "lora_adapters": [],
-                         **{key: value for key, value in entry.items() if key != "name"}}
+                         **adapter.run.entry}
             with base.running(adapter):
                 adapter.trainer = SupervisedTrainer(
                     adapter.run.train, base.model, tokenizer, train_set, eval_set,

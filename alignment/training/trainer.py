@@ -124,6 +124,9 @@ class Trainer:
     def log_row(self, window: List[Dict[str, float]]) -> Dict[str, float]:
         return mean_rows(window)
 
+    def finished(self, results: Dict[str, dict]) -> None:
+        """At the end of a run that trained to its last step (not a benchmark), with train()'s result."""
+
     progress = None  # the run's tqdm bar while train() runs
     shown: Dict[str, str] = {}  # the last logged metrics on the bar
 
@@ -196,6 +199,7 @@ class Trainer:
                 print(line)
         self.logger.close()
         barrier()  # every rank ends together: none tears down while another still talks to it
+        self.finished(results)
         return results
 
     def benchmark_counts(self) -> Optional[Dict[str, float]]:
