@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional
 
 from benchmarks import record
 from docsgen.demo_rows import curriculum_chain_sum, distill_chain_sum, grpo_reasoning, main_demo_seeds
+from docsgen.serving_rows import multi_lora_serve
 
 COMMIT_NOTE = ("A commit marked * is the one that added the file: the run predates recorded commits, and measured "
                "that commit's code or its parent's.")
@@ -317,6 +318,9 @@ TABLES: Dict[str, Table] = {
                      ["model", "new tokens a call (mean)", "one call, engine alone ms", "through the gateway ms",
                       "gateway overhead ms (share)", "streamed sessions at once", "engine alone tokens/s",
                       "through the gateway tokens/s", "gateway / engine"], _gateway),
+    "multi_lora_serve": Table(["multi_lora_serve"], "python benchmarks/bench_multi_lora_serve.py", [
+        "model", "adapters", "peak RSS MiB: base alone", "one server, all adapters", "one server per adapter, summed",
+        "one / separate", "same greedy answers"], multi_lora_serve),
     "update_padding": Table(["update_padding"], "python benchmarks/bench_update_padding.py",
                             ["micro-batches", "s / update", "padding computed", "speed-up"], _update_padding),
 }

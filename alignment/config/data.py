@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
+from alignment.config.lora_adapters import check_lora_adapters
 from alignment.config.parser import field
 from alignment.config.training import DatasetSpecs, pipelined
 
@@ -101,6 +102,13 @@ class LoRAArguments:
                                                 "module path, or regular expressions over the whole path.")
     lora_path: Optional[str] = field(None, help="Start from these saved adapters (a directory with "
                                                 "adapter_config.json) instead of fresh ones; needs lora true.")
+    lora_adapters: List[Dict[str, Any]] = field([], help="SFT and RL: several adapters trained in one run on one "
+                                                         "frozen base, their steps interleaved: a list of {name, "
+                                                         "and optionally train_datasets, eval_datasets, "
+                                                         "learning_rate, seed, max_steps, lora_rank, lora_alpha, "
+                                                         "lora_target_modules, and in RL reward_funcs, "
+                                                         "reward_weights}, each replacing the run's key for that "
+                                                         "adapter, which saves under output_dir/<name>/.")
 
     def validate(self) -> None:
         if not (self.lora_alpha > 0 or self.lora_alpha == -1):
@@ -109,6 +117,7 @@ class LoRAArguments:
             raise ValueError("key 'lora_target_modules' is empty")
         if self.lora_path and not self.lora:
             raise ValueError("key 'lora_path' needs 'lora': true")
+        check_lora_adapters(self.lora_adapters, self.lora, self.lora_path)
 
     def scaling(self) -> "LoRAScaling":
         """The alpha, rsLoRA switch and LoRA+ scale that run, after rslora_plus and lora_alpha -1."""

@@ -67,8 +67,8 @@ def create_app(gateway, key: Optional[str], limits: Limits = Limits()) -> FastAP
 
     def models(request: Request) -> dict:
         check_key(request)
-        return {"object": "list", "data": [{"id": gateway.model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "alignment"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "alignment"} for name in gateway.model_names()]}
 
     for route in ROUTES.values():
         serve(route)

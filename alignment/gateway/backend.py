@@ -26,6 +26,7 @@ from alignment.gateway import completions, render
 from alignment.gateway.outcome import Choice, Outcome
 from alignment.gateway.protocol import ChatRequest, GatewayError
 from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.multi_lora import adapter_routing
 from alignment.models.sampling import GenerationConfig
 
 
@@ -62,11 +63,14 @@ class Call:
     seqs: list = dataclasses.field(default_factory=list)  # its sequences (n choices when serving)
     choices: dict = dataclasses.field(default_factory=dict)  # id(sequence) -> (reply Message, its text)
     completion: bool = False  # a legacy completions call (completions.py), not a chat
+    model: str = ""  # the served model it runs, as answers name it
+    adapter: Optional[int] = None  # its LoRA adapter's index (multi_lora.py; None: the base)
 
 
 class Gateway:
     """Chat completions over `model`. sampler(request) -> (GenerationConfig, log-prob temperature): the sampling of
-    a call (a training run imposes its own); `fmt` parses tool calls and shows tools."""
+    a call (a training run imposes its own); `fmt` parses tool calls and shows tools. A model with served LoRA
+    adapters (multi_lora.load_adapters) answers serving requests under the base's name and each adapter's."""
 
     def __init__(self, model, tokenizer, slots: int, capacity: int, fmt: ToolCallFormat,
                  sampler: Callable[[ChatRequest], tuple], model_name: str = "policy"):
@@ -78,6 +82,20 @@ class Gateway:
         self.backlog: List[Call] = []  # calls waiting for a free slot
         self.running: Dict[int, Call] = {}  # id(sequence) -> its call
         self.counter = 0
+        self.adapters = adapter_routing(model)
+
+    def model_names(self) -> List[str]:
+        return [self.model_name] + (self.adapters.names if self.adapters is not None else [])
+
+    def served_model(self, name: str):
+        """(the name answers carry, the adapter index or None) of a serving request's `model`. With adapters
+        served it must name the base or an adapter (none given: the base); a lone model answers to any name."""
+        if self.adapters is None or name in ("", self.model_name):
+            return self.model_name, None
+        if name in self.adapters.names:
+            return name, self.adapters.index(name)
+        raise GatewayError(404, f"The model '{name}' does not exist; served here: {', '.join(self.model_names())}",
+                           "model", "model_not_found")
 
     # ------------------------------------------------------------------ any thread
 
@@ -163,6 +181,7 @@ class Gateway:
 
     def _start(self, call: Call) -> None:
         session, request = call.session, call.request
+        call.model, call.adapter = self.served_model(request.model) if session.ephemeral else (self.model_name, None)
         config, temperature = self.sampler(request)
         if call.completion:
             call.seqs = completions.start(self, call, config, temperature)
@@ -176,7 +195,7 @@ class Gateway:
         if session.ephemeral:  # without a seed the engine's draw gives each choice its own numbers
             for choice in range(request.n):
                 rng = None if request.seed is None else np.random.default_rng([request.seed, choice])
-                call.seqs.append(self._new_sample(session, request, config, temperature, stops, rng))
+                call.seqs.append(self._new_sample(session, request, config, temperature, stops, rng, call.adapter))
                 call.seqs[-1].top_logprobs = request.top_logprobs
         else:
             if session.seq is not None and session.sample.truncated:  # as an environment's episode, it is over
@@ -196,7 +215,7 @@ class Gateway:
             self.running[id(seq)] = call
 
     def _new_sample(self, session: Session, request: ChatRequest, config: GenerationConfig, temperature: float,
-                    stops: tuple, rng) -> Sequence:
+                    stops: tuple, rng, adapter: Optional[int] = None) -> Sequence:
         shown = render.shown(request.messages, request.tools, self.fmt)
         ids = self.tokenizer.encode(prompt_text(self.tokenizer, shown), add_special_tokens=True)
         room = self.capacity - len(ids) if session.budget is None else min(session.budget, self.capacity - len(ids))
@@ -207,7 +226,8 @@ class Gateway:
         session.samples.append(Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), [], [], shown, {}))
         session.calls.append({"sample": len(session.samples) - 1, "fed": list(ids)})
         stop = (lambda turn: self._stopped(turn, stops)) if stops else None
-        seq = Sequence(ids, config, len(ids) + room, rng=rng, stop=stop, log_prob_temperature=temperature)
+        seq = Sequence(ids, config, len(ids) + room, rng=rng, stop=stop, log_prob_temperature=temperature,
+                       adapter=adapter)
         self.engine.add(seq)
         return seq
 
@@ -291,7 +311,7 @@ class Gateway:
                                  for t, lp, top in zip(seq.turn, seq.turn_log_probs, tops))
             choices.append(Choice(message, seq.ending, text, tuple(seq.turn), logprobs))
         prompt = sum(seq.fed - len(seq.turn) + 1 for seq in call.seqs[:1])  # what it fed before the turn
-        return Outcome(f"{call.session.id}-{len(call.session.calls)}", self.model_name, int(time.time()),
+        return Outcome(f"{call.session.id}-{len(call.session.calls)}", call.model, int(time.time()),
                        tuple(choices), prompt, sum(len(seq.turn) for seq in call.seqs))
 
     def _token(self, token: int, log_prob: float) -> dict:

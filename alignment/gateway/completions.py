@@ -17,6 +17,7 @@ import paddle
 from alignment.gateway.protocol import GatewayError, Limits, number
 from alignment.models.engine import Sequence
 from alignment.models.logprobs import gather_log_probs, top_log_probs
+from alignment.models.multi_lora import routed
 
 MAX_LOGPROBS = 20
 
@@ -126,7 +127,7 @@ def start(gateway, call, config, temperature: float) -> list:
         for choice in range(request.n):
             rng = None if request.seed is None else np.random.default_rng([request.seed, index, choice])
             seq = Sequence(ids, config, len(ids) + request.max_tokens, rng=rng, stop=stop,
-                           log_prob_temperature=temperature, top_logprobs=request.logprobs or 0)
+                           log_prob_temperature=temperature, top_logprobs=request.logprobs or 0, adapter=call.adapter)
             gateway.engine.add(seq)
             seqs.append(seq)
     return seqs
@@ -138,7 +139,8 @@ def respond(gateway, call) -> dict:
     for index, ids in enumerate(call.prompt_ids):
         echoed = None
         if request.echo:
-            token_lps, top = score_prompt(gateway.engine.model, ids, request.logprobs or 0)
+            with routed(gateway.engine.model, [call.adapter]):
+                token_lps, top = score_prompt(gateway.engine.model, ids, request.logprobs or 0)
             tops = [None] + ([list(zip(top[1][i].tolist(), top[0][i].tolist())) for i in range(len(ids) - 1)]
                              if top is not None else [None] * (len(ids) - 1))
             echoed = (list(ids), [None] + token_lps.tolist(), tops)
@@ -160,5 +162,5 @@ def respond(gateway, call) -> dict:
     prompt = sum(len(ids) for ids in call.prompt_ids)
     completion = sum(len(s.turn) for s in call.seqs)
     return {"id": f"cmpl-{call.session.id}", "object": "text_completion", "created": int(time.time()),
-            "model": gateway.model_name, "choices": choices,
+            "model": call.model, "choices": choices,
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}

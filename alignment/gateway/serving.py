@@ -39,8 +39,8 @@ def serve(model, tokenizer, host: str, port: int, key: Optional[str], slots: int
     """Serve until interrupted; ready(base_url) once listening."""
     gateway = build_gateway(model, tokenizer, slots, capacity, max_tokens, fmt, name, prompt_lookup)
     server = GatewayServer(create_app(gateway, key), host, port)
-    print(f"gateway listening on {server.base_url}/v1 (model {name!r}, {slots} sequences at once, "
-          f"{capacity} tokens each)", flush=True)
+    print(f"gateway listening on {server.base_url}/v1 (model {', '.join(map(repr, gateway.model_names()))}, "
+          f"{slots} sequences at once, {capacity} tokens each)", flush=True)
     if ready is not None:
         ready(server.base_url)
     try:

@@ -35,6 +35,7 @@ import paddle.nn.functional as F
 from alignment.models.fused_decode import FusedDecoder, fusable
 from alignment.models.logprobs import top_log_probs
 from alignment.models.moe import moe_blocks, routing_of
+from alignment.models.multi_lora import routed
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
 from alignment.models.sequence import DECODE, PAUSED, PREFILL, SAMPLE, Sequence, sampler_groups, turn_end
 from alignment.models.slot_cache import SlotCache
@@ -183,7 +184,7 @@ class DecodeEngine:
         if self.prefill_together:
             shared = self._prefill_prompts([s for s in waiting if s.fed == 0])
         for seq in waiting:
-            key = tuple(seq.pending) if seq.fed == 0 else None
+            key = (seq.adapter, *seq.pending) if seq.fed == 0 else None
             if key is not None and key in shared:
                 if shared[key] is not seq:
                     seq.experts = list(shared[key].experts)
@@ -199,25 +200,27 @@ class DecodeEngine:
 
     def _prefill_prompts(self, seqs: List[Sequence]) -> Dict[tuple, Sequence]:
         """prefill_together: the distinct prompts of sequences that start now in one left-padded forward, each
-        one's keys and values moved to its slot's first columns; -> prompt -> the sequence holding it."""
-        first: Dict[tuple, Sequence] = {}
+        one's keys and values moved to its slot's first columns; -> (adapter, *prompt) -> the sequence holding it."""
+        first: Dict[tuple, Sequence] = {}  # (adapter, *prompt) -> its first sequence
         for seq in seqs:
-            first.setdefault(tuple(seq.pending), seq)
+            first.setdefault((seq.adapter, *seq.pending), seq)
         if len(first) < 2:
             return {}
-        prompts = list(first)
+        keys = list(first)
+        prompts = [key[1:] for key in keys]
         width = max(len(p) for p in prompts)
         ids = np.zeros([len(prompts), width], "int64")  # [u, P] left-padded
         mask = np.zeros([len(prompts), width], "int64")
         for i, prompt in enumerate(prompts):
             ids[i, width - len(prompt):], mask[i, width - len(prompt):] = prompt, 1
-        out = self.model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), use_cache=True,
-                         last_only=True)
+        with routed(self.model, [key[0] for key in keys]):
+            out = self.model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), use_cache=True,
+                             last_only=True)
         routing = routing_of(self.model) if self.routing else None  # [u * P, sparse layers, k]
-        for i, prompt in enumerate(prompts):
-            slot, n = first[prompt].slot, len(prompt)
+        for i, (key, prompt) in enumerate(zip(keys, prompts)):
+            slot, n = first[key].slot, len(prompt)
             if routing is not None:
-                first[prompt].experts = list(routing[(i + 1) * width - n:(i + 1) * width])
+                first[key].experts = list(routing[(i + 1) * width - n:(i + 1) * width])
             for layer, (k, v) in enumerate(out.past_key_values):  # [u, kv_heads, P, d]: its last n columns
                 self.cache.k[layer][slot, :, :n] = k[i, :, width - n:]
                 self.cache.v[layer][slot, :, :n] = v[i, :, width - n:]
@@ -229,8 +232,9 @@ class DecodeEngine:
         start, n = seq.fed, len(seq.pending)
         ids = paddle.to_tensor([seq.pending], dtype="int64")  # [1, n]
         positions = paddle.arange(start, start + n, dtype="int64").unsqueeze(0)  # [1, n]
-        out = self.model(ids, attention_mask=paddle.ones([1, start + n], "int64"), position_ids=positions,
-                         past_key_values=self.cache.past(seq.slot), use_cache=True, last_only=True)
+        with routed(self.model, [seq.adapter]):
+            out = self.model(ids, attention_mask=paddle.ones([1, start + n], "int64"), position_ids=positions,
+                             past_key_values=self.cache.past(seq.slot), use_cache=True, last_only=True)
         self.cache.write(seq.slot, out.past_key_values, start)
         self.logits[seq.slot] = out.logits[0, -1]
         seq.experts.extend(routing_of(self.model) if self.routing else [])
@@ -288,9 +292,10 @@ class DecodeEngine:
             self.stepper.load_weights(self.model)
             self.version = policy_version(self.model)  # the earlier tokens' cache kept on purpose (tagged)
         drafts = self.speculator.drafts(feeding)
-        if len(drafts) < len(feeding):
-            self._step_one([s for s in feeding if s not in drafts])
-        return self.speculator.verify(drafts)
+        with routed(self.model, [None if s is None else s.adapter for s in self.running]):
+            if len(drafts) < len(feeding):
+                self._step_one([s for s in feeding if s not in drafts])
+            return self.speculator.verify(drafts)
 
     def _step_one(self, feeding: List[Sequence]) -> None:
         mask = np.zeros([self.slots], bool)

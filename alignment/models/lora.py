@@ -90,6 +90,15 @@ def _matches(name: str, targets: Sequence[str]) -> bool:
     return False
 
 
+def set_sublayer(model: nn.Layer, name: str, layer: nn.Layer) -> None:
+    """Put `layer` at the dotted path `name` of `model` in place of what is there."""
+    parent = model
+    *path, leaf = name.split(".")
+    for part in path:
+        parent = getattr(parent, part)
+    setattr(parent, leaf, layer)
+
+
 def apply_lora(model: nn.Layer, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
                target_modules: Sequence[str] = DEFAULT_TARGETS, trainable: Iterable[str] = (), rslora: bool = False,
                plus_scale: float = 1.0) -> List[str]:
@@ -101,11 +110,7 @@ def apply_lora(model: nn.Layer, rank: int = 8, alpha: float = 16.0, dropout: flo
     wrapped = []
     for name, layer in list(model.named_sublayers()):
         if isinstance(layer, nn.Linear) and _matches(name, target_modules):
-            parent = model
-            *path, leaf = name.split(".")
-            for part in path:
-                parent = getattr(parent, part)
-            setattr(parent, leaf, LoRALinear(layer, rank, alpha, dropout, rslora, plus_scale))
+            set_sublayer(model, name, LoRALinear(layer, rank, alpha, dropout, rslora, plus_scale))
             wrapped.append(name)
     if not wrapped:
         raise ValueError(f"key 'lora_target_modules': {list(target_modules)} matches no Linear layer of the model")
@@ -248,11 +253,7 @@ def merge_lora(model: nn.Layer) -> None:
         plain.weight.set_value(layer.merged_weight())
         if layer.bias is not None:
             plain.bias.set_value(layer.bias)
-        parent = model
-        *path, leaf = name.split(".")
-        for part in path:
-            parent = getattr(parent, part)
-        setattr(parent, leaf, plain)
+        set_sublayer(model, name, plain)
     model.lora_config = None
 
 

@@ -16,15 +16,16 @@ class Sequence:
     numbers, one per sampled token (None: the engine's batch draw); stop(turn ids) -> True when a stop string
     ended the turn; log_prob_temperature: the temperature its tokens' log-probs are taken at (None: not taken,
     turn_log_probs stay 0); top_logprobs: also keep the k most likely tokens and their log-probs at each sampled
-    position (turn_top: per token [(id, log-prob)], most likely first)."""
+    position (turn_top: per token [(id, log-prob)], most likely first); adapter: the index of the served LoRA
+    adapter it runs (multi_lora.py; None: the model as it is)."""
 
     def __init__(self, ids: Seq[int], config: GenerationConfig, max_len: int, rng=None,
                  stop: Optional[Callable[[List[int]], bool]] = None, log_prob_temperature: Optional[float] = 1.0,
-                 top_logprobs: int = 0):
+                 top_logprobs: int = 0, adapter: Optional[int] = None):
         if not ids:
             raise ValueError("Sequence: at least one id to start from")
         self.config, self.max_len, self.rng, self.stop = config, max_len, rng, stop
-        self.log_prob_temperature, self.top_logprobs = log_prob_temperature, top_logprobs
+        self.log_prob_temperature, self.top_logprobs, self.adapter = log_prob_temperature, top_logprobs, adapter
         self.turn_top: List[list] = []
         self.pending: List[int] = list(ids)  # ids to feed (the paused turn's last token first)
         self.fed = 0  # ids in the cache

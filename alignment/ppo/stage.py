@@ -4,6 +4,7 @@ class the PPO arguments parse with (their defaults) and whether a teacher is req
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -124,6 +125,10 @@ def train(argv, ppo_class=PPOArguments) -> dict:
     """Parse the arguments (PPO's under `ppo_class`: PPOArguments, or the distillation entry point's
     DistillPPOArguments, which also require a teacher), then load, build, run: train, save, summarise."""
     parsed = setup.parse_arguments(argv, *argument_classes(ppo_class))
+    if parsed[6].lora_adapters:  # LoRAArguments: several adapters on one base (ppo/multi_adapter.py)
+        from alignment.ppo.multi_adapter import train_adapters
+
+        return train_adapters(parsed, build_trainer, training_errors)
     trainer, mailbox = build_trainer(parsed)
     if trainer is None:  # a rollout rank: it served the run's rollouts
         return mailbox
@@ -260,20 +265,27 @@ def build_trainer(parsed):
     return trainer, mailbox
 
 
-def run_training(trainer, mailbox, parsed) -> dict:
-    """Train the built trainer to its last step, save and summarise."""
+@contextlib.contextmanager
+def training_errors(trainer):
+    """What stops a training run: setup.training_stops's, and the reward's and environments' failures."""
     from alignment.envs import EnvironmentFailure
     from alignment.rewards.functions import RewardFunctionError
     from alignment.rewards.remote import RewardServerError
 
-    ppo_args, train_args = parsed[2], parsed[9]
     try:
         with setup.training_stops(trainer):
-            results = trainer.train()
+            yield
     except RewardServerError as err:  # unreachable past the retry budget: a run that failed mid-way
         setup.fail(err, code=1)
     except (RewardFunctionError, EnvironmentFailure) as err:  # user code that raised or broke its API
         setup.fail(err)
+
+
+def run_training(trainer, mailbox, parsed) -> dict:
+    """Train the built trainer to its last step, save and summarise."""
+    ppo_args, train_args = parsed[2], parsed[9]
+    with training_errors(trainer):
+        results = trainer.train()
     if mailbox is not None and trainer.global_step == trainer.total_steps:
         mailbox.announce("async/done")  # the rollout ranks wait for it before the launch's last barrier
     if setup.benchmark_ended(train_args, ppo_args.advantage_estimator):

@@ -22,6 +22,10 @@ from alignment.training import setup  # noqa: E402
 def main(argv=None) -> dict:
     model_args, data_args, lora_args, train_args, run = setup.parse_arguments(
         argv, ModelArguments, DataArguments, LoRAArguments, TrainingArguments)
+    if lora_args.lora_adapters:  # several adapters on one base (alignment/sft/multi_adapter.py)
+        from alignment.sft import multi_adapter
+
+        return multi_adapter.main(model_args, data_args, lora_args, train_args, run)
 
     from alignment.data.tokenized import SupervisedDataset, collate_supervised
     from alignment.sft.trainer import SupervisedTrainer

@@ -21,6 +21,17 @@ def set_seed(seed: int) -> None:
     paddle.seed(seed)
 
 
+def rng_states() -> tuple:
+    """The states of the generators set_seed seeds: Python's, numpy's and Paddle's."""
+    return random.getstate(), np.random.get_state(), paddle.get_rng_state()
+
+
+def set_rng_states(states: tuple) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    paddle.set_rng_state(states[2])
+
+
 def batches_per_epoch(num_items: int, batch_size: int, drop_last: bool = False) -> int:
     """Batches in one pass over the data: a last, shorter batch counts unless it is dropped."""
     return num_items // batch_size if drop_last else math.ceil(num_items / batch_size)

@@ -53,10 +53,9 @@ class MonitoredRun:
             raise TrainingStopped(f"{describe(events[0])} (monitor_action: stop); step {self.global_step} is saved "
                                   f"under {self.args.output_dir}; report.md there lists the events")
 
-    def train(self) -> Dict[str, dict]:
-        results = super().train()
+    def finished(self, results: Dict[str, dict]) -> None:
+        super().finished(results)
         self.write_report()
-        return results
 
     def write_report(self) -> None:
         """report.md and its plots in output_dir (rank 0; not for benchmark runs, which save nothing)."""

@@ -253,6 +253,9 @@ def load_trained_model(head: str, path: str, layout: Layout, lora_args, pipe_los
     from alignment.models.lora import with_lora
     from alignment.wrappers.pipeline import load_pipeline_model
 
+    if getattr(lora_args, "lora_adapters", None):
+        raise ValueError("key 'lora_adapters': several adapters in one run train in the SFT and RL stages; this "
+                         "stage trains one adapter a run ('lora': true)")
     config_class, model_class = _model_classes(head)
     if layout.pipeline > 1:
         return load_pipeline_model(config_class, path, head, layout.pipeline, pipe_loss, **config)

@@ -124,6 +124,9 @@ class Trainer:
     def log_row(self, window: List[Dict[str, float]]) -> Dict[str, float]:
         return mean_rows(window)
 
+    def finished(self, results: Dict[str, dict]) -> None:
+        """At the end of a run that trained to its last step (not a benchmark), with train()'s result."""
+
     progress = None  # the run's tqdm bar while train() runs
     shown: Dict[str, str] = {}  # the last logged metrics on the bar
 
@@ -138,6 +141,16 @@ class Trainer:
         """Run to total_steps (from a checkpoint when resume_from_checkpoint asks); returns {"start": metrics of
         the evaluation before training (evaluate_at_start, fresh runs), "end": of the final one} (keys present
         when those evaluations ran)."""
+        steps = self.stepwise()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as end:
+                return end.value
+
+    def stepwise(self):
+        """`train()` one step at a time: a generator that yields after each step (its logging, evaluation and
+        checkpoint done) and returns train()'s result; runs that share a model interleave their steps with it."""
         args = self.args
         if self.best is not None and not self.has_eval_data():
             self.best = None
@@ -170,6 +183,7 @@ class Trainer:
                 self.consider_best(self.evaluate())
             if self.due(args.save_steps) and speed is None and not last:
                 self.save_step_checkpoint()
+            yield self.global_step
         progress.close()
         if speed is not None:
             return self.report_benchmark(speed)
@@ -185,6 +199,7 @@ class Trainer:
                 print(line)
         self.logger.close()
         barrier()  # every rank ends together: none tears down while another still talks to it
+        self.finished(results)
         return results
 
     def benchmark_counts(self) -> Optional[Dict[str, float]]:
