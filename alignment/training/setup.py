@@ -253,9 +253,8 @@ def load_trained_model(head: str, path: str, layout: Layout, lora_args, pipe_los
     from alignment.models.lora import with_lora
     from alignment.wrappers.pipeline import load_pipeline_model
 
-    if getattr(lora_args, "lora_adapters", None):
-        raise ValueError("key 'lora_adapters': several adapters in one run train in the SFT and RL stages; this "
-                         "stage trains one adapter a run ('lora': true)")
+    if getattr(lora_args, "lora_adapters", None):  # several adapters a run: the SFT and RL stages
+        raise ValueError("key 'lora_adapters' is for SFT and RL: this stage trains one adapter a run ('lora': true)")
     config_class, model_class = _model_classes(head)
     if layout.pipeline > 1:
         return load_pipeline_model(config_class, path, head, layout.pipeline, pipe_loss, **config)
@@ -318,8 +317,7 @@ def where_to_look(train_args) -> str:
     out = train_args.output_dir
     lines = [f"wall time: {wall_time(time.monotonic() - _STARTED)}",
              f"curves: python tools/plot_run.py {out}  (metrics: {os.path.join(out, 'metrics.jsonl')})"]
-    lines += dashboards(train_args)
-    return "\n".join(lines)
+    return "\n".join(lines + dashboards(train_args))
 
 
 def benchmark_ended(train_args, stage: str) -> bool:
