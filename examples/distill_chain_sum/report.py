@@ -71,8 +71,10 @@ def arm(points: list, start_dir: str, teacher_gain: float) -> dict:
     return {"curve": curve, f"minutes_to_{int(SHARE * 100)}pct_of_teacher_gain": reached}
 
 
-def plot(arms: dict, path: str, ylabel: str = f"held-out {TASK} greedy pass@1 gain over the student") -> None:
-    """Each arm's gain against training minutes, with its 95% CI (also examples/curriculum_chain_sum/report.py's)."""
+def plot(arms: dict, path: str, ylabel: str = "held-out greedy pass@1 gain over the student",
+         target: float = None) -> None:
+    """Each arm's gain against training minutes, with its 95% CI (also examples/curriculum_chain_sum/report.py's);
+    `target`: a dashed line at that gain (the share of the teacher's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,6 +89,8 @@ def plot(arms: dict, path: str, ylabel: str = f"held-out {TASK} greedy pass@1 ga
     ax.set_xlabel("training minutes")
     ax.set_ylabel(ylabel)
     ax.axhline(0, color="grey", lw=0.5)
+    if target is not None:
+        ax.axhline(target, color="black", ls="--", lw=0.8, label=f"{SHARE:.0%} of the teacher's gain")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -122,14 +126,15 @@ def main(argv=None) -> dict:
     if args.no_save:
         return figures
     path = record.save("distill_chain_sum", figures, results_dir=record.results_dir(args), when=record.stamp())
-    for target in (path[:-len(".json")] + ".png", args.plot):
-        if target:
-            plot(arms, target)
+    for image in (path[:-len(".json")] + ".png", args.plot):
+        if image:
+            plot(arms, image, target=SHARE * teacher_gain["mean"])
     for name, result in arms.items():
         last = result["curve"][-1]
+        reached = result[f"minutes_to_{int(SHARE * 100)}pct_of_teacher_gain"]
         print(f"{name}: gain {last['gain']['mean']:+.3f} [{last['gain']['low']:+.3f}, {last['gain']['high']:+.3f}] "
-              f"after {last['minutes']:.1f} min; {SHARE:.0%} of the teacher's gain after "
-              f"{result[f'minutes_to_{int(SHARE * 100)}pct_of_teacher_gain']} min")
+              f"after {last['minutes']:.1f} min; {SHARE:.0%} of the teacher's gain "
+              + ("not reached" if reached is None else f"after {reached:.1f} min"))
     return figures
 
 
