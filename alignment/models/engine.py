@@ -15,7 +15,9 @@ gateway (gateway/) and the asynchronous rollout ranks all add `Sequence`s to an 
 
 A sequence whose turn ended pauses in its slot, cache kept, until the caller `resume`s it with more ids or
 `release`s it; the others go on meanwhile (continuous batching over the carried KV cache). Shapes are fixed
-(slot_cache.py), so a sequence's tokens and log-probs are the same bits whatever the others do or when it runs.
+(slot_cache.py), so a sequence's tokens and log-probs are the same bits whatever the others do or when it runs, in
+the same slot: the slot is part of a row's arithmetic (on an Intel Xeon, family 6 model 207, rows 8 and up of a
+step rounded differently from rows 0-7), and a sequence keeps the slot it was added to for its whole life.
 
 Caches and weight syncs: an engine's KV cache (SlotCache), the fused decoder's copy of the weights and the prompts
 shared in a prefill are built from the weights of one policy version, and the engine is keyed by it: the version
