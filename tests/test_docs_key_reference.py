@@ -151,8 +151,12 @@ def test_the_paddlenlp_and_paddleformers_aliases_are_shown_with_our_key():
     ("KLEstimator", "alignment/ppo/kl.py"), ("EvalTask", "alignment/evaluation/tasks.py"),
     ("SandboxLimits", "alignment/envs/sandbox.py"), ("Tool", "alignment/envs/tools.py")])
 def test_the_extension_classes_page_names_each_class_its_module_and_docstring(name, path):
+    import alignment
+
     text = read(EXTENDING)
-    match = re.search(rf"^##+ {name}\n\n`[\w.]+\.{name}` \(`{re.escape(path)}`\)\n\n(.+)$", text, re.M)
+    public = f"`from alignment import {name}`; defined in " if name in alignment.__all__ else ""
+    match = re.search(rf"^##+ {name}\n\n{re.escape(public)}`[\w.]+\.{name}` \(`{re.escape(path)}`\)\n\n(.+)$",
+                      text, re.M)
     assert match, name
     assert os.path.exists(os.path.join(REPO, path))
     assert len(match.group(1)) > 40 and "Base of a family's base class" not in match.group(1)
