@@ -46,6 +46,7 @@ class AdapterRouting:
     def __init__(self, names: List[str]):
         self.names = list(names)
         self.masks: Optional[Dict[int, paddle.Tensor]] = None  # adapter -> [b] bool, its rows; None: all base
+        self.whole: Optional[int] = None  # the adapter every row runs, if one does
         self.batch = 0
 
     def index(self, name: str) -> int:
@@ -57,10 +58,11 @@ class AdapterRouting:
         present = sorted({a for a in adapters if a is not None})
         self.batch = len(adapters)
         self.masks = {i: paddle.to_tensor([a == i for a in adapters]) for i in present} if present else None
+        self.whole = present[0] if len(present) == 1 and all(a == present[0] for a in adapters) else None
         try:
             yield
         finally:
-            self.masks = None
+            self.masks, self.whole = None, None
 
 
 class MultiLoRALinear(nn.Layer):
@@ -85,8 +87,10 @@ class MultiLoRALinear(nn.Layer):
                 continue
             lora_a, lora_b, scale = self.adapters[index]
             adapted = out + paddle.matmul(paddle.matmul(x, lora_a), lora_b) * scale  # as LoRALinear computes it
+            if index == self.routing.whole:  # every row runs this adapter
+                return adapted
             rows = mask.reshape([-1] + [1] * (x.ndim - 1)).expand(out.shape)
-            result = adapted if len(masks) == 1 and bool(mask.all()) else paddle.where(rows, adapted, result)
+            result = paddle.where(rows, adapted, result)
         return result
 
 

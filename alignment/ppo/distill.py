@@ -37,8 +37,8 @@ def log_softmax(logits):
     """log softmax over the last axis, as z - log sum_v e^(z_v) with z = logits - max(logits) (the max detached: it
     cancels in the value and the gradient), the sum a product with a column of ones (as logprobs.sum_last_axis:
     faster and closer to float64 than Paddle's sum on CPU). [..., V] -> [..., V], differentiable. F.log_softmax over
-    a 49152-token vocabulary takes ~0.17 s per row on CPU: [4, 48, 49152] took 33 s against 0.09 s this way
-    (2 cores, Intel Xeon family 6 model 207, AVX-512, Paddle 3.3.1)."""
+    a 49152-token vocabulary takes ~0.16 s per row on CPU: [4, 48, 49152] took 30 s against 0.07 s this way
+    (2 cores, Intel Xeon family 6 model 207, AVX-512, Paddle 3.3.1; within 1e-5 of it)."""
     shifted = logits - logits.max(axis=-1, keepdim=True).detach()  # [..., V]
     ones = paddle.ones([logits.shape[-1], 1], dtype=logits.dtype)  # [V, 1]
     return shifted - paddle.log(paddle.matmul(paddle.exp(shifted), ones))  # [..., V] - [..., 1]

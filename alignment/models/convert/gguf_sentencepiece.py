@@ -25,12 +25,19 @@ SPACE = "\u2581"
 NORMAL, UNKNOWN, BYTE = int(gguf.TokenType.NORMAL), int(gguf.TokenType.UNKNOWN), int(gguf.TokenType.BYTE)
 
 
-def merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int]) -> List[Tuple[str, str]]:
-    """Every (left, right) split of a normal piece into two pieces of the vocabulary, ranked by the whole piece's
-    score (higher first; ties: shorter left part first, then the parts' ids), as transformers' generate_merges."""
-    ids: Dict[str, int] = {}
+def first_ids(tokens: Sequence[str]) -> Dict[str, int]:
+    """token -> id; a few GGUFs repeat a token (padding): the first id is kept."""
+    vocab: Dict[str, int] = {}
     for index, token in enumerate(tokens):
-        ids.setdefault(token, index)
+        vocab.setdefault(token, index)
+    return vocab
+
+
+def merges_from_scores(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int],
+                       ids: Dict[str, int]) -> List[Tuple[str, str]]:
+    """Every (left, right) split of a normal piece into two pieces of the vocabulary `ids` (first_ids), ranked by
+    the whole piece's score (higher first; ties: shorter left part first, then the parts' ids), as transformers'
+    generate_merges."""
     ranked = []
     for token, score, kind in zip(tokens, scores, types):
         if kind != NORMAL or len(token) < 2:
@@ -48,14 +55,12 @@ def sentencepiece_tokenizer(meta: dict) -> Tokenizer:
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
     scores = list(meta.get("tokenizer.ggml.scores") or [-float(i) for i in range(len(tokens))])
-    vocab: Dict[str, int] = {}
-    for index, token in enumerate(tokens):
-        vocab.setdefault(token, index)
+    vocab = first_ids(tokens)
     unknown = meta.get("tokenizer.ggml.unknown_token_id")
     if unknown is None:
         unknown = next((i for i, kind in enumerate(types) if kind == UNKNOWN), None)
     byte_fallback = any(kind == BYTE for kind in types)
-    tokenizer = Tokenizer(models.BPE(vocab, merges_from_scores(tokens, scores, types),
+    tokenizer = Tokenizer(models.BPE(vocab, merges_from_scores(tokens, scores, types, vocab),
                                      unk_token=tokens[unknown] if unknown is not None else None,
                                      fuse_unk=True, byte_fallback=byte_fallback))
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
