@@ -124,6 +124,12 @@ def _speculative(r: dict) -> List[List[str]]:
              f"{100 * x['draft_acceptance']:.0f}%", str(x["same_tokens"])] for x in r["rows"]]
 
 
+def _engine_width(r: dict) -> List[List[str]]:
+    return [[r["model"], str(x["slots"]), str(x["prompt"]), str(x["new_tokens"]), str(x["capacity"]),
+             str(x["ladder_width"]), f"{x['ladder_tokens_per_s']:.0f}", f"{x['fixed_tokens_per_s']:.0f}",
+             f"**{_x(x['speedup'])}**", str(x["same_bits"])] for x in r["rows"]]
+
+
 def _predict(r: dict) -> List[List[str]]:
     return [[r["model"], f"{r['exported_tokens_per_s']:.1f}", f"{r['dynamic_tokens_per_s']:.1f}",
              f"**{_x(r['ratio'])}**", str(r["same_tokens"])]]
@@ -256,6 +262,9 @@ TABLES: Dict[str, Table] = {
     "speculative": Table(["speculative"], "python benchmarks/bench_speculative.py",
                          ["task", "batch", "new tokens", "plain tokens/s", "prompt lookup tokens/s", "speed-up",
                           "accepted per verify step", "drafted accepted", "same tokens"], _speculative),
+    "engine_width": Table(["engine_width"], "python benchmarks/bench_engine_width.py",
+                          ["model", "slots", "prompt", "new tokens", "capacity", "ladder's last width",
+                           "ladder tokens/s", "fixed width tokens/s", "speed-up", "same bits"], _engine_width),
     "predict": Table(["predict"], "python benchmarks/bench_predict.py [--model DIR]",
                      ["model", "exported tokens/s", "dynamic tokens/s", "exported / dynamic", "same tokens"],
                      _predict),

@@ -29,14 +29,14 @@ def prompts(count, seed=0, vocab=97):
     return [rng.integers(8, vocab, size=int(rng.integers(3, 12))).tolist() for _ in range(count)]
 
 
-def play(model, rows, slots=None, turns=3, resume_after=None, fused=True, seeds=None):
+def play(model, rows, slots=None, turns=3, resume_after=None, fused=True, seeds=None, capacity=80, fixed_width=False):
     """Each row a sequence with its own seed (seeds[i], default i), `turns` turns, resumed with the ids [11, 12]
     after each; rows placed in the slots `slots`; resume_after[i]: engine steps row i waits before each resume
     (0: at once). -> per row (all sampled tokens, all log-probs)."""
     slots = slots or list(range(len(rows)))
     seeds = seeds or list(range(len(rows)))
-    engine = DecodeEngine(model, max(slots) + 1, 80, fused=fused)
-    seqs = [Sequence(row, SAMPLER, 80, rng=np.random.default_rng([9, seed])) for row, seed in zip(rows, seeds)]
+    engine = DecodeEngine(model, max(slots) + 1, capacity, fused=fused, fixed_width=fixed_width)
+    seqs = [Sequence(row, SAMPLER, capacity, rng=np.random.default_rng([9, seed])) for row, seed in zip(rows, seeds)]
     for seq, slot in zip(seqs, slots):
         engine.add(seq, slot)
     tokens, log_probs = [[] for _ in rows], [[] for _ in rows]

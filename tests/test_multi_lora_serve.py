@@ -1,12 +1,8 @@
 """Several LoRA adapters served on one base (alignment/models/multi_lora.py, `alignment-serve --adapter`): each row
 of a mixed batch, and each answer of a server whose requests of different adapters share decode steps, is the same
 bits as the adapter's own LoRA model (lora.py's LoRALinear) serving it; the model list, the 404 of an unknown
-model, and one error line for a bad --adapter.
-
-A sequence's bits depend on its slot (its row in the decode batch): MKL computes rows in blocks, and here slots 8
-and up round differently from slots 0-7, on the single-model server as well. So the mixed-step test gives the
-single-adapter server the same traffic (the same requests in the same order, hence the same slots), and the
-threaded server test keeps to 4 slots, where a request's bits do not depend on which of them it gets."""
+model, and one error line for a bad --adapter. (A sequence's slot does not change its bits: the engine runs a
+multiple of 8 rows above 8 slots, tests/test_slot_cache.py.)"""
 import os
 import subprocess
 import sys

@@ -15,9 +15,10 @@ gateway (gateway/) and the asynchronous rollout ranks all add `Sequence`s to an 
 
 A sequence whose turn ended pauses in its slot, cache kept, until the caller `resume`s it with more ids or
 `release`s it; the others go on meanwhile (continuous batching over the carried KV cache). Shapes are fixed
-(slot_cache.py), so a sequence's tokens and log-probs are the same bits whatever the others do or when it runs, in
-the same slot: the slot is part of a row's arithmetic (on an Intel Xeon, family 6 model 207, rows 8 and up of a
-step rounded differently from rows 0-7), and a sequence keeps the slot it was added to for its whole life.
+(slot_cache.py), so a sequence's tokens and log-probs are the same bits whatever the others do, when it runs and
+which slot it has. Above 8 slots a step runs a multiple of 8 rows (slot_cache.step_rows; the rows past the slots
+asked for are never given out): MKL's GEMMs compute rows in blocks of 8 and round a last, partial block
+differently (Intel Xeon family 6 model 207: with 12 rows, rows 8-10 apart from rows 0-7; with 16 or 24, none).
 
 Caches and weight syncs: an engine's KV cache (SlotCache), the fused decoder's copy of the weights and the prompts
 shared in a prefill are built from the weights of one policy version, and the engine is keyed by it: the version
@@ -25,6 +26,9 @@ the model was marked with (weights_digest.set_policy_version: a rollout rank's l
 engine was built. A step after the model moved to another version raises StaleWeights, unless `before_decode`
 moved it (partial rollouts keep the earlier tokens' keys and values on purpose, each token tagged with its version).
 Nothing else outlives a call: `generate` and each rollout's gateway build a new engine, so a sync leaves nothing stale.
+
+The cache's width grows with its longest sequence, rung by rung (slot_cache.py's ladder), for the fused decoder and
+the layer path: a step attends to the columns in use, not the capacity, with the same bits at every rung.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from alignment.models.moe import moe_blocks, routing_of
 from alignment.models.multi_lora import routed
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
 from alignment.models.sequence import DECODE, PAUSED, PREFILL, SAMPLE, Sequence, sampler_groups, turn_end
-from alignment.models.slot_cache import SlotCache
+from alignment.models.slot_cache import SlotCache, step_rows
 from alignment.models.speculative_step import Speculator, rejected_tokens
 from alignment.models.weights_digest import StaleWeights, policy_version
 
@@ -57,6 +61,8 @@ def pick_stepper(model, slots: int, fused: bool = True, static=None):
 
 class LayerSteps:
     """A decode step through the model's own layers (LoRA, tensor-parallel, biased models)."""
+
+    grows_cache = True  # any cache width (slot_cache.py's ladder)
 
     def __init__(self, model):
         self.model = model
@@ -84,6 +90,7 @@ class AppendSteps(LayerSteps):
     keys and values then move to the slot's next column."""
 
     verify = None  # one token a step: no speculative verify step
+    grows_cache = False  # a program exported for one cache width
 
     def step(self, token, cache: SlotCache, column, mask, position):
         feeding = paddle.take_along_axis(mask, column.unsqueeze(-1), axis=1)  # [b, 1]: 1 where the token is real
@@ -105,21 +112,25 @@ class DecodeEngine:
     (default: paddle.rand). before_decode(rounds) -> True when it changed the model's weights (partial rollouts),
     called before each decode step with the sampling rounds done so far. prefill_together: the prompts of
     sequences that start in the same step run in one padded forward (fewer calls; their bits then depend on which
-    prompts start together, so callers whose sequences start at times of their own leave it off)."""
+    prompts start together, so callers whose sequences start at times of their own leave it off). fixed_width: keep
+    the cache at the capacity's width instead of the ladder (the same bits, slower; benchmarks' reference)."""
 
     def __init__(self, model, slots: int, capacity: int, fused: bool = True, static=None,
                  draw_uniforms: Optional[Callable[[], paddle.Tensor]] = None,
-                 before_decode: Optional[Callable[[int], bool]] = None, prefill_together: bool = False):
-        self.model, self.slots, self.capacity = model, slots, capacity
+                 before_decode: Optional[Callable[[int], bool]] = None, prefill_together: bool = False,
+                 fixed_width: bool = False):
+        rows = slots if static is not None else step_rows(slots)  # a compiled step keeps its own rows
+        self.model, self.slots, self.capacity = model, rows, capacity
         self.prefill_together = prefill_together
-        self.cache = SlotCache.for_model(model, slots, capacity)
-        self.stepper = pick_stepper(model, slots, fused, static)
+        self.stepper = pick_stepper(model, rows, fused, static)
+        grows = getattr(self.stepper, "grows_cache", False) and not fixed_width
+        self.cache = SlotCache.for_model(model, rows, capacity, grows)
         self.draw_uniforms = draw_uniforms or (lambda: paddle.rand([slots]))
         self.before_decode = before_decode
         self.vocab = model.config.vocab_size
-        self.logits = paddle.zeros([slots, self.vocab], "float32")  # [slots, vocab] the next token's
+        self.logits = paddle.zeros([rows, self.vocab], "float32")  # [rows, vocab] the next token's
         self.seen = None  # [slots, vocab] bool: tokens fed, for a repetition penalty
-        self.running: List[Optional[Sequence]] = [None] * slots
+        self.running: List[Optional[Sequence]] = [None] * slots  # the rows past them are never given out
         self.rounds = 0  # sampling rounds done
         self.version = policy_version(model)  # the key of the cache and the weight copy
         self.routing = static is None and bool(moe_blocks(model))  # record each token's experts (MoE)
@@ -219,6 +230,7 @@ class DecodeEngine:
             out = self.model(paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask), use_cache=True,
                              last_only=True)
         routing = routing_of(self.model) if self.routing else None  # [u * P, sparse layers, k]
+        self.cache.hold(width)
         for i, (key, prompt) in enumerate(zip(keys, prompts)):
             slot, n = first[key].slot, len(prompt)
             if routing is not None:
@@ -282,7 +294,10 @@ class DecodeEngine:
         if not any(s.config.do_sample for s in sampling):
             return None
         own = [s for s in sampling if s.rng is not None]
-        values = self.draw_uniforms().numpy() if len(own) < len(sampling) else np.zeros([self.slots], "float32")
+        values = np.zeros([self.slots], "float32")
+        if len(own) < len(sampling):
+            drawn = self.draw_uniforms().numpy()  # [slots the caller asked for]
+            values[:len(drawn)] = drawn
         for s in own:
             values[s.slot] = s.rng.random()
         return paddle.to_tensor(values.astype("float32"))
@@ -294,7 +309,8 @@ class DecodeEngine:
             self.stepper.load_weights(self.model)
             self.version = policy_version(self.model)  # the earlier tokens' cache kept on purpose (tagged)
         drafts = self.speculator.drafts(feeding)
-        with routed(self.model, [None if s is None else s.adapter for s in self.running]):
+        adapters = [None if s is None else s.adapter for s in self.running]
+        with routed(self.model, adapters + [None] * (self.slots - len(adapters))):  # one per row
             if len(drafts) < len(feeding):
                 self._step_one([s for s in feeding if s not in drafts])
             return self.speculator.verify(drafts)

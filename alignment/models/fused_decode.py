@@ -128,6 +128,8 @@ class FusedDecoder:
     """Decode steps over a SlotCache (slot_cache.py) with the model's weights in the fused layout, expanded over
     the cache's slots."""
 
+    grows_cache = True  # any cache width (slot_cache.py's ladder)
+
     def __init__(self, model, slots: int):
         cfg, attn = model.config, model.model.layers[0].self_attn
         self.batch = slots
