@@ -130,6 +130,18 @@ def _engine_width(r: dict) -> List[List[str]]:
              f"**{_x(x['speedup'])}**", str(x["same_bits"])] for x in r["rows"]]
 
 
+def _moe(r: dict) -> List[List[str]]:
+    moe, rows = r["models"]["moe"], []
+    for dense in ("dense_same_compute", "dense_same_parameters"):
+        d, ratio = r["models"][dense], r["ratios"][dense]
+        rows.append([dense.replace("_", " "), f"{moe['parameters_m']:.2f} / {d['parameters_m']:.2f}",
+                     f"{moe['step_s']:.3f} / {d['step_s']:.3f}", f"**{_x(ratio['step_time'])}**",
+                     f"{moe['peak_rss_mib']:.0f} / {d['peak_rss_mib']:.0f}", _x(ratio["peak_rss"]),
+                     f"{moe['decode_tokens_per_s']:.0f} / {d['decode_tokens_per_s']:.0f}",
+                     _x(ratio["decode_tokens_per_s"])])
+    return rows
+
+
 def _predict(r: dict) -> List[List[str]]:
     return [[r["model"], f"{r['exported_tokens_per_s']:.1f}", f"{r['dynamic_tokens_per_s']:.1f}",
              f"**{_x(r['ratio'])}**", str(r["same_tokens"])]]
@@ -265,6 +277,9 @@ TABLES: Dict[str, Table] = {
     "engine_width": Table(["engine_width"], "python benchmarks/bench_engine_width.py",
                           ["model", "slots", "prompt", "new tokens", "capacity", "ladder's last width",
                            "ladder tokens/s", "fixed width tokens/s", "speed-up", "same bits"], _engine_width),
+    "moe": Table(["moe"], "python benchmarks/bench_moe.py",
+                 ["MoE against", "parameters M (MoE / dense)", "train step s", "MoE / dense step time",
+                  "peak RSS MiB", "MoE / dense memory", "decode tokens/s", "MoE / dense decode"], _moe),
     "predict": Table(["predict"], "python benchmarks/bench_predict.py [--model DIR]",
                      ["model", "exported tokens/s", "dynamic tokens/s", "exported / dynamic", "same tokens"],
                      _predict),
