@@ -89,12 +89,18 @@ def call(route, url, stream, gate=None, stop=()):
     if not stream:
         choice = client.chat.completions.create(**kwargs).choices[0]
         return None, choice.message.content, [t.logprob for t in choice.logprobs.content]
-    deltas, logprobs = [], []
-    for chunk in client.chat.completions.create(**kwargs, stream=True):
+    deltas, logprobs, finishes = [], [], []
+    for chunk in client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}):
+        if not chunk.choices:  # the usage, last
+            usage = chunk.usage
+            continue
         choice = chunk.choices[0]
         deltas.append(choice.delta.content or "")
         logprobs += [t.logprob for t in (choice.logprobs.content if choice.logprobs else [])]
+        finishes.append(choice.finish_reason)
         gate and choice.delta.content and gate()
+    assert finishes[-1] == "stop" and not any(finishes[:-1]) and chunk.usage is usage
+    assert usage.completion_tokens == len(logprobs)  # every token's log-prob streamed
     return deltas, "".join(deltas), logprobs
 
 
