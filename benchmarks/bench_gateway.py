@@ -19,8 +19,10 @@ repeat), after a warm-up of each:
 Each side runs the first --single-calls requests one at a time (each call's latency) and all --sessions at once (new
 tokens over the block's wall time). Reported: each side's median latency (over the calls and repeats) and tokens/s,
 the per-call overhead (the gateway's latency minus the engine's for the same request in the same repeat, in ms and
-as a share of the gateway's latency: the median over calls and repeats) and the ratio of the concurrent sessions'
-tokens/s (the median over repeats of the two blocks' ratio): pairs of blocks that ran one after the other, which a
+as a share of the gateway's latency: the median over calls and repeats), the ratio of the concurrent sessions'
+tokens/s (the median over repeats of the two blocks' ratio) and the time to the first content delta through the
+gateway (the stream sends text as the engine decodes it: a single call's, and the sessions' median per block;
+medians over calls and repeats): pairs of blocks that ran one after the other, which a
 shared machine's load disturbs alike. The run stops with an error when a call through the gateway sampled other
 tokens than the engine alone, or streamed other text or token counts than it sampled.
 Default --model: the tiny model of tools/make_tiny.py, built in a temporary directory. Writes
@@ -99,8 +101,9 @@ class EngineAlone:
 
 
 async def streamed_call(client, body: dict) -> dict:
-    """One streamed chat completion: its latency (to `data: [DONE]`), the content and the usage it streamed."""
-    start, content, usage = time.perf_counter(), [], None
+    """One streamed chat completion: its latency (to `data: [DONE]`), its time to the first content delta, the
+    content and the usage it streamed."""
+    start, content, usage, first = time.perf_counter(), [], None, None
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"gateway answered {response.status_code}: {(await response.aread())[:500]!r}")
@@ -109,7 +112,9 @@ async def streamed_call(client, body: dict) -> dict:
                 chunk = json.loads(line[len("data: "):])
                 content += [choice["delta"].get("content") or "" for choice in chunk["choices"]]
                 usage = chunk.get("usage") or usage
-    return {"seconds": time.perf_counter() - start, "content": "".join(content),
+                if first is None and any(content):
+                    first = time.perf_counter() - start
+    return {"seconds": time.perf_counter() - start, "first_token_s": first, "content": "".join(content),
             "completion_tokens": usage["completion_tokens"]}
 
 
@@ -188,7 +193,8 @@ def measure(alone: EngineAlone, gateway: ThroughGateway, bodies: list, single_ca
     check_gateway(alone, [0], single_turns[:1], gateway.calls(bodies[:1], concurrent=False)[0], gateway.sampled)
     check_gateway(alone, everyone, concurrent_turns, gateway.calls(bodies, concurrent=True)[0], gateway.sampled)
     times = {"engine_single_s": [[] for _ in singles], "gateway_single_s": [[] for _ in singles],
-             "engine_concurrent_s": [], "gateway_concurrent_s": []}
+             "engine_concurrent_s": [], "gateway_concurrent_s": [],
+             "gateway_single_first_token_s": [[] for _ in singles], "gateway_concurrent_first_token_s": []}
 
     def block(side: str, indices: list, expected: list) -> float:
         if side == "engine":
@@ -198,6 +204,10 @@ def measure(alone: EngineAlone, gateway: ThroughGateway, bodies: list, single_ca
             return seconds
         answers, seconds = gateway.calls([bodies[i] for i in indices], concurrent=len(indices) > 1)
         check_gateway(alone, indices, expected, answers, gateway.sampled)
+        firsts = [a["first_token_s"] for a in answers if a["first_token_s"] is not None]
+        if firsts:  # a call's time to its first content delta; the sessions': their median
+            (times["gateway_single_first_token_s"][indices[0]] if len(indices) == 1 else
+             times["gateway_concurrent_first_token_s"]).append(statistics.median(firsts))
         return answers[0]["seconds"] if len(indices) == 1 else seconds  # one call: its latency, as the client saw it
 
     for repeat in range(repeats):
@@ -225,11 +235,19 @@ def summarize(times: dict, sessions: int) -> dict:
                             "engine_ms": 1000 * median(e for _, e in pairs),
                             "gateway_ms": 1000 * median(g for g, _ in pairs),
                             "overhead_ms": 1000 * median(g - e for g, e in pairs),
-                            "overhead_share": median((g - e) / g for g, e in pairs)},
+                            "overhead_share": median((g - e) / g for g, e in pairs),
+                            "first_token_ms": first_token_ms([t for ts in times["gateway_single_first_token_s"]
+                                                              for t in ts])},
             "concurrent": {"sessions": sessions, "new_tokens": tokens,
                            "engine_tokens_per_s": tokens / engine_s, "gateway_tokens_per_s": tokens / gateway_s,
                            "gateway_over_engine": median(e / g for g, e in zip(times["gateway_concurrent_s"],
-                                                                              times["engine_concurrent_s"]))}}
+                                                                              times["engine_concurrent_s"])),
+                           "first_token_ms": first_token_ms(times["gateway_concurrent_first_token_s"])}}
+
+
+def first_token_ms(seconds: list):
+    """The median time to the first content delta through the gateway, in ms (None: no call streamed content)."""
+    return 1000 * statistics.median(seconds) if seconds else None
 
 
 def main(argv=None) -> dict:
@@ -278,11 +296,12 @@ def main(argv=None) -> dict:
     print(describe_machine(machine_facts()))
     print(f"one call ({single['new_tokens']:.1f} new tokens): engine alone {single['engine_ms']:.1f} ms, through "
           f"the gateway {single['gateway_ms']:.1f} ms: {single['overhead_ms']:.1f} ms overhead "
-          f"({100 * single['overhead_share']:.1f}%; medians of the calls' differences)")
+          f"({100 * single['overhead_share']:.1f}%; medians of the calls' differences); first content delta after "
+          f"{single['first_token_ms'] or float('nan'):.1f} ms")
     print(f"{args.sessions} concurrent streamed sessions ({many['new_tokens']} new tokens): engine alone "
           f"{many['engine_tokens_per_s']:.1f} tokens/s, through the gateway {many['gateway_tokens_per_s']:.1f} "
           f"tokens/s: {many['gateway_over_engine']:.2f}x (medians of the repeats' ratios); the same tokens on both "
-          f"sides")
+          f"sides; first content delta after {many['first_token_ms'] or float('nan'):.1f} ms (median)")
     if not args.no_save:
         record.save("gateway", figures, record.results_dir(args))
     return figures

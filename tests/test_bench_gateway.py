@@ -33,6 +33,13 @@ def test_a_tiny_run_measures_both_sides_on_the_same_tokens_and_the_docs_table_re
     assert many["gateway_tokens_per_s"] == pytest.approx(8 / statistics.median(gateway_s))
     assert many["gateway_over_engine"] == pytest.approx(statistics.median(e / g for e, g in zip(engine_s, gateway_s)))
     assert figures["concurrent"] == many
+    # the time to the first content delta: per single call and repeat, per concurrent block the sessions' median
+    firsts = times["gateway_single_first_token_s"]
+    assert len(firsts) == 2 and all(len(f) <= 2 for f in firsts)
+    assert len(times["gateway_concurrent_first_token_s"]) <= 2
+    singles = [t for f in firsts for t in f]
+    assert one["first_token_ms"] == (pytest.approx(1000 * statistics.median(singles)) if singles else None)
+    assert all(0 < t <= g for f, gs in zip(firsts, times["gateway_single_s"]) for t, g in zip(f, gs))
     table = results_tables.TABLES["gateway"]
     cells, = table.rows(result)
     assert len(cells) == len(table.header) and cells[0] == result["model"] and cells[5] == "2"

@@ -6,6 +6,6 @@ programs that call it (ppo/agent_programs.py): each episode's calls go to a sess
 policy being trained, and become that episode's trajectory (backend.py). route.py registers a route per protocol
 (chat_completions.py, responses.py, anthropic_messages.py): each checks its requests into protocol.py's one
 `ChatRequest` and writes the call's `Outcome` (outcome.py) back in its protocol, streamed as server-sent events
-(streaming.py) or not; render.py turns messages and tools into token ids and sampled text into messages with tool
-calls; app.py is the HTTP side.
+as the turn is decoded (streaming.py, live.py) or not; render.py turns messages and tools into token ids and
+sampled text into messages with tool calls; app.py is the HTTP side.
 """

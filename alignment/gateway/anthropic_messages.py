@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Iterator, List
 
+from alignment.gateway import streaming
 from alignment.gateway.outcome import Outcome, check_finishes
 from alignment.gateway.protocol import ChatRequest, GatewayError, Limits, entries, flag, number
 from alignment.gateway.route import Route
@@ -140,23 +141,41 @@ def message_object(outcome: Outcome, request: ChatRequest, done: bool = True) ->
             "usage": {"input_tokens": outcome.prompt_tokens, "output_tokens": outcome.completion_tokens if done else 0}}
 
 
-def stream_events(outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
-    """message_start; per content block its start, one delta, its stop; message_delta (the stop reason, the output
-    tokens); message_stop."""
-    yield {"type": "message_start", "message": message_object(outcome, request, done=False)}
-    for index, block in enumerate(content_blocks(outcome)):
-        if block["type"] == "text":
-            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-        else:
-            start = {**block, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-        yield {"type": "content_block_start", "index": index, "content_block": start}
-        yield {"type": "content_block_delta", "index": index, "delta": delta}
-        yield {"type": "content_block_stop", "index": index}
-    reason, sequence = stop_of(outcome, request)
-    yield {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-           "usage": {"output_tokens": outcome.completion_tokens}}
-    yield {"type": "message_stop"}
+class MessagesWriter(streaming.TypedWriter):
+    """message_start; the text block as it is decoded (its start, a delta per Delta, the rest, its stop), then
+    each tool_use block whole (its start, one input_json_delta, its stop); message_delta (the stop reason, the
+    output tokens); message_stop."""
+
+    def start(self, head: Outcome) -> Iterator[str]:
+        self.blocks = 0  # content blocks opened
+        yield self.send({"type": "message_start", "message": message_object(head, self.request, done=False)})
+
+    def text(self, text: str) -> Iterator[str]:
+        if not self.blocks:
+            self.blocks = 1
+            yield self.send({"type": "content_block_start", "index": 0, "content_block": {"type": "text",
+                                                                                          "text": ""}})
+        if text:
+            yield self.send({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta",
+                                                                                  "text": text}})
+
+    def delta(self, delta: streaming.Delta) -> Iterator[str]:
+        return self.text(delta.text)
+
+    def finish(self, outcome: Outcome) -> Iterator[str]:
+        rest, _ = self.rest(0, outcome.first)
+        if outcome.first.message.content:
+            yield from self.text(rest)
+            yield self.send({"type": "content_block_stop", "index": 0})
+        for index, block in enumerate(content_blocks(outcome)[self.blocks:], self.blocks):
+            yield self.send({"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}})
+            yield self.send({"type": "content_block_delta", "index": index, "delta": {
+                "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}})
+            yield self.send({"type": "content_block_stop", "index": index})
+        reason, sequence = stop_of(outcome, self.request)
+        yield self.send({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                         "usage": {"output_tokens": outcome.completion_tokens}})
+        yield self.send({"type": "message_stop"})
 
 
 class AnthropicMessages(Route):
@@ -165,7 +184,7 @@ class AnthropicMessages(Route):
 
     translate = staticmethod(chat_body)
     response = staticmethod(message_object)
-    stream_events = staticmethod(stream_events)
+    writer = MessagesWriter
 
     def error(self, err: GatewayError) -> dict:
         message = " ".join(str(err).split())[:1000]

@@ -1,5 +1,6 @@
 """The gateway over HTTP (FastAPI + uvicorn): every registered route (route.py: OpenAI chat completions and
-Responses, Anthropic Messages; each streamed or not) and the model list, for a whole server (`/v1/...`) and for one
+Responses, Anthropic Messages; each streamed or not: a streamed call's events go out as its turn is decoded,
+streaming.py) and the model list, for a whole server (`/v1/...`) and for one
 training episode's session (`/sessions/<id>/v1/...`, the base URL its agent gets).
 
 Every request needs the key when the gateway has one (a training run always makes one), as `Authorization: Bearer
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from alignment.gateway import anthropic_messages, chat_completions, responses  # noqa: F401 (the routes register)
+from alignment.gateway import streaming
 from alignment.gateway.completions import parse_completion_request
 from alignment.gateway.protocol import GatewayError, Limits
 from alignment.gateway.route import ROUTES, Route
@@ -45,15 +47,43 @@ def create_app(gateway, key: Optional[str], limits: Limits = Limits()) -> FastAP
             raise GatewayError(err.status, str(err)) from None
 
     async def answer(route: Route, request: Request, session: Optional[str]):
+        feed = None
         try:
             parsed = route.parse(await body_of(request), limits)
-            outcome = await asyncio.wrap_future(gateway.submit(session, parsed))
+            if parsed.stream:  # answered once the call starts: an error before that is the call's status
+                feed = streaming.Feed(asyncio.get_running_loop())
+                gateway.submit(session, parsed, feed)
+                head = await feed.get()
+            else:
+                outcome = await asyncio.wrap_future(gateway.submit(session, parsed))
         except GatewayError as err:
             return JSONResponse(route.error(err), err.status)
-        if parsed.stream:
-            return StreamingResponse(route.events(outcome, parsed), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return JSONResponse(route.response(outcome, parsed))
+        except BaseException:  # cancelled while the call starts
+            if feed is not None:
+                gateway.cancel(feed)
+            raise
+        if feed is None:
+            return JSONResponse(route.response(outcome, parsed))
+        return StreamingResponse(events(route, route.writer(parsed), head, feed), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def events(route: Route, writer: streaming.Writer, head, feed: streaming.Feed):
+        """The stream's events as the call's items come; a client gone before the end cancels the call (Starlette
+        cancels this generator when the connection drops)."""
+        try:
+            for text in writer.start(head):
+                yield text
+            while not feed.over:
+                try:
+                    item = await feed.get()
+                except GatewayError as err:  # the session closed under the call
+                    yield streaming.event(route.error(err), "error")
+                    return
+                for text in writer.write(item):
+                    yield text
+        finally:
+            if not feed.over:
+                gateway.cancel(feed)
 
     def serve(route: Route) -> None:
         async def whole_server(request: Request):

@@ -22,7 +22,7 @@ import numpy as np
 from alignment.envs.chat import continuation_ids, prompt_text
 from alignment.envs.formats import ToolCallFormat
 from alignment.envs.multiturn import Trajectory
-from alignment.gateway import completions, render
+from alignment.gateway import completions, live, render
 from alignment.gateway.outcome import Choice, Outcome
 from alignment.gateway.protocol import ChatRequest, GatewayError
 from alignment.models.engine import DecodeEngine, Sequence
@@ -65,6 +65,9 @@ class Call:
     completion: bool = False  # a legacy completions call (completions.py), not a chat
     model: str = ""  # the served model it runs, as answers name it
     adapter: Optional[int] = None  # its LoRA adapter's index (multi_lora.py; None: the base)
+    feed: object = None  # a streamed call's streaming.Feed (live.py)
+    id: str = ""  # as its answer names it
+    created: int = 0
 
 
 class Gateway:
@@ -78,6 +81,7 @@ class Gateway:
         self.tokenizer, self.fmt, self.sampler, self.model_name = tokenizer, fmt, sampler, model_name
         self.capacity, self.vocab_size = capacity, model.config.vocab_size
         self.inbox: "queue.Queue[Call]" = queue.Queue()
+        self.cancels: "queue.Queue[Call]" = queue.Queue()  # streamed calls whose client went away
         self.sessions: Dict[str, Session] = {}
         self.backlog: List[Call] = []  # calls waiting for a free slot
         self.running: Dict[int, Call] = {}  # id(sequence) -> its call
@@ -99,12 +103,21 @@ class Gateway:
 
     # ------------------------------------------------------------------ any thread
 
-    def submit(self, session_id: Optional[str], request: ChatRequest) -> cf.Future:
+    def submit(self, session_id: Optional[str], request: ChatRequest, feed=None) -> cf.Future:
         """Queue a call (a new ephemeral session when session_id is None); the future gets its `Outcome` (each
-        route writes it in its protocol) or a GatewayError."""
+        route writes it in its protocol) or a GatewayError. A streamed call's `feed` (streaming.Feed) gets its
+        head as it starts, its deltas after each engine step, then the outcome or the error (live.py)."""
         future: cf.Future = cf.Future()
-        self.inbox.put(Call(Session("") if session_id is None else session_id, request, future))
+        call = Call(Session("") if session_id is None else session_id, request, future, feed=feed)
+        if feed is not None:
+            feed.call = call
+            future.add_done_callback(feed.finish)
+        self.inbox.put(call)
         return future
+
+    def cancel(self, feed) -> None:
+        """The client of a streamed call went away: its sequences leave the engine at the next step (live.py)."""
+        self.cancels.put(feed.call)
 
     def submit_completion(self, request) -> cf.Future:
         """Queue a legacy completions call (completions.CompletionRequest)."""
@@ -132,10 +145,12 @@ class Gateway:
         """Serve calls until `until()` is true."""
         while not until():
             self._take_inbox(idle_wait if not self.engine.busy() else 0.0)
+            live.take_cancels(self)
             self._admit_backlog()
             if self.engine.busy():
                 for seq in self.engine.step():
                     self._turn_ended(seq)
+                live.send_deltas(self)
 
     def _take_inbox(self, wait: float) -> None:
         try:
@@ -168,6 +183,10 @@ class Gateway:
     def _admit_backlog(self) -> None:
         while self.backlog:
             call = self.backlog[0]
+            if call.future.done():  # cancelled while it waited
+                self.backlog.pop(0)
+                self._next_of(call.session)
+                continue
             needed = completions.slots_needed(call.request) if call.completion else call.request.n \
                 if call.session.ephemeral else (0 if call.session.seq is not None else 1)
             if sum(s is None for s in self.engine.running) < needed:
@@ -213,6 +232,9 @@ class Gateway:
         session.history, session.tools = list(request.messages), tuple(request.tools)
         for seq in call.seqs:
             self.running[id(seq)] = call
+        call.id, call.created = f"{session.id}-{len(session.calls)}", int(time.time())
+        if call.feed is not None:
+            call.feed.put(Outcome(call.id, call.model, call.created, (), call.seqs[0].length, 0))
 
     def _new_sample(self, session: Session, request: ChatRequest, config: GenerationConfig, temperature: float,
                     stops: tuple, rng, adapter: Optional[int] = None) -> Sequence:
@@ -304,15 +326,17 @@ class Gateway:
         choices = []
         for seq in call.seqs:
             message, text = call.choices[id(seq)]
-            logprobs = None
-            if call.request.logprobs:
-                tops = seq.turn_top or [[]] * len(seq.turn)
-                logprobs = tuple({**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in top]}
-                                 for t, lp, top in zip(seq.turn, seq.turn_log_probs, tops))
+            logprobs = self.logprob_entries(seq, 0) if call.request.logprobs else None
             choices.append(Choice(message, seq.ending, text, tuple(seq.turn), logprobs))
         prompt = sum(seq.fed - len(seq.turn) + 1 for seq in call.seqs[:1])  # what it fed before the turn
-        return Outcome(f"{call.session.id}-{len(call.session.calls)}", call.model, int(time.time()),
-                       tuple(choices), prompt, sum(len(seq.turn) for seq in call.seqs))
+        return Outcome(call.id, call.model, call.created, tuple(choices), prompt,
+                       sum(len(seq.turn) for seq in call.seqs))
+
+    def logprob_entries(self, seq: Sequence, first: int) -> tuple:
+        """The log-prob entries ({"token", "logprob", "bytes", "top_logprobs"}) of seq's turn from token `first`."""
+        tops = seq.turn_top or [[]] * len(seq.turn)
+        return tuple({**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in top]}
+                     for t, lp, top in list(zip(seq.turn, seq.turn_log_probs, tops))[first:])
 
     def _token(self, token: int, log_prob: float) -> dict:
         text = self.tokenizer.decode([token], skip_special_tokens=False)

@@ -1,9 +1,9 @@
 """OpenAI chat completions (`POST /v1/chat/completions`): the response object, and with `stream: true` its
-chunks (`chat.completion.chunk`: the role, the content with its log-probs, each tool call, the finish reason; with
-`stream_options.include_usage` a last chunk holding the usage), then `data: [DONE]`."""
+chunks (`chat.completion.chunk`: the role, the content as it is decoded with its tokens' log-probs, each tool call,
+the finish reason; with `stream_options.include_usage` a last chunk holding the usage), then `data: [DONE]`."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 from alignment.gateway import render, streaming
 from alignment.gateway.outcome import Choice, Outcome, check_finishes
@@ -39,23 +39,47 @@ class ChatCompletions(Route):
         return {"id": f"chatcmpl-{outcome.id}", "object": "chat.completion", "created": outcome.created,
                 "model": outcome.model, "choices": choices, "usage": usage(outcome)}
 
-    def events(self, outcome: Outcome, request: ChatRequest) -> Iterator[str]:
-        head = {"id": f"chatcmpl-{outcome.id}", "object": "chat.completion.chunk", "created": outcome.created,
-                "model": outcome.model}
+    def writer(self, request: ChatRequest) -> "ChatWriter":
+        return ChatWriter(request)
 
-        def chunk(index: int, delta: dict, finish=None, logprobs=None) -> str:
-            body = {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                         "finish_reason": finish}]}
-            return streaming.event({**body, "usage": None} if request.stream_usage else body)
 
+class ChatWriter(streaming.Writer):
+    """Chunks: each choice's role, its content deltas with their tokens' log-probs, the rest of its content, its
+    tool calls (each whole, as the format parses them at the turn's end), its finish; the usage; `[DONE]`."""
+
+    def chunk(self, index: int, delta: dict, finish=None, logprobs=None) -> str:
+        body = {**self.head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                                          "finish_reason": finish}]}
+        return streaming.event({**body, "usage": None} if self.request.stream_usage else body)
+
+    def logprobs(self, entries) -> Optional[dict]:
+        return {"content": list(entries)} if self.request.logprobs or entries else None
+
+    def start(self, head: Outcome) -> Iterator[str]:
+        self.head = {"id": f"chatcmpl-{head.id}", "object": "chat.completion.chunk", "created": head.created,
+                     "model": head.model}
+        self.opened = set()
+        return iter(())
+
+    def role(self, index: int) -> Iterator[str]:
+        """A choice's first chunk (its role), once."""
+        if index not in self.opened:
+            self.opened.add(index)
+            yield self.chunk(index, {"role": "assistant", "content": ""})
+
+    def delta(self, delta: streaming.Delta) -> Iterator[str]:
+        yield from self.role(delta.index)
+        yield self.chunk(delta.index, {"content": delta.text}, logprobs=self.logprobs(delta.logprobs))
+
+    def finish(self, outcome: Outcome) -> Iterator[str]:
         for index, choice in enumerate(outcome.choices):
-            yield chunk(index, {"role": "assistant", "content": ""})
-            if choice.message.content or choice.logprobs:
-                yield chunk(index, {"content": choice.message.content}, logprobs=None if choice.logprobs is None
-                            else {"content": list(choice.logprobs)})
+            yield from self.role(index)
+            text, entries = self.rest(index, choice)
+            if text or entries:
+                yield self.chunk(index, {"content": text}, logprobs=self.logprobs(entries))
             for j, call in enumerate(render.message_json(choice.message).get("tool_calls", [])):
-                yield chunk(index, {"tool_calls": [{"index": j, **call}]})
-            yield chunk(index, {}, finish_reason(choice))
-        if request.stream_usage:
-            yield streaming.event({**head, "choices": [], "usage": usage(outcome)})
+                yield self.chunk(index, {"tool_calls": [{"index": j, **call}]})
+            yield self.chunk(index, {}, finish_reason(choice))
+        if self.request.stream_usage:
+            yield streaming.event({**self.head, "choices": [], "usage": usage(outcome)})
         yield streaming.DONE

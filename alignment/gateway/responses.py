@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterator, List
 
-from alignment.gateway import render
+from alignment.gateway import render, streaming
 from alignment.gateway.outcome import Outcome, check_finishes
 from alignment.gateway.protocol import ChatRequest, GatewayError, Limits, flag, number
 from alignment.gateway.route import Route
@@ -144,39 +144,57 @@ def response_object(outcome: Outcome, request: ChatRequest, done: bool = True) -
                       "total_tokens": outcome.prompt_tokens + outcome.completion_tokens} if done else None}
 
 
-def stream_events(outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
-    """The Responses stream, numbered (`sequence_number`): created, in progress, each output item added / its text
-    or arguments / done, then completed (or incomplete) with the whole response."""
-    for number_, data in enumerate(unnumbered_events(outcome, request)):
-        yield {**data, "sequence_number": number_}
+class ResponsesWriter(streaming.TypedWriter):
+    """The Responses stream, numbered (`sequence_number`): created, in progress; the message item as its text is
+    decoded (added, its part added, a delta per Delta with its tokens' log-probs, the rest, done); each
+    function_call item whole (added, its arguments, done); then completed (or incomplete) with the whole response."""
 
+    def send(self, data: dict) -> str:
+        self.number += 1
+        return super().send({**data, "sequence_number": self.number - 1})
 
-def unnumbered_events(outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
-    start = response_object(outcome, request, done=False)
-    yield {"type": "response.created", "response": start}
-    yield {"type": "response.in_progress", "response": start}
-    for index, item in enumerate(output_items(outcome)):
-        where = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
-            part = item["content"][0]
-            yield {"type": "response.output_item.added", "output_index": index,
-                   "item": {**item, "status": "in_progress", "content": []}}
-            yield {"type": "response.content_part.added", **where, "content_index": 0,
-                   "part": {**part, "text": "", "logprobs": []}}
-            yield {"type": "response.output_text.delta", **where, "content_index": 0, "delta": part["text"],
-                   "logprobs": part["logprobs"]}
-            yield {"type": "response.output_text.done", **where, "content_index": 0, "text": part["text"],
-                   "logprobs": part["logprobs"]}
-            yield {"type": "response.content_part.done", **where, "content_index": 0, "part": part}
-        else:
-            yield {"type": "response.output_item.added", "output_index": index,
-                   "item": {**item, "status": "in_progress", "arguments": ""}}
-            yield {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]}
-            yield {"type": "response.function_call_arguments.done", **where, "name": item["name"],
-                   "arguments": item["arguments"]}
-        yield {"type": "response.output_item.done", "output_index": index, "item": item}
-    final = response_object(outcome, request)
-    yield {"type": f"response.{final['status']}", "response": final}
+    def start(self, head: Outcome) -> Iterator[str]:
+        self.number, self.opened, self.id = 0, False, head.id
+        start = response_object(head, self.request, done=False)
+        yield self.send({"type": "response.created", "response": start})
+        yield self.send({"type": "response.in_progress", "response": start})
+
+    def text(self, text: str, logprobs: tuple) -> Iterator[str]:
+        where = {"item_id": f"msg_{self.id}", "output_index": 0, "content_index": 0}
+        if not self.opened:
+            self.opened = True
+            yield self.send({"type": "response.output_item.added", "output_index": 0, "item": {
+                "id": where["item_id"], "type": "message", "role": "assistant", "content": [],
+                "status": "in_progress"}})
+            yield self.send({"type": "response.content_part.added", **where, "part": {
+                "type": "output_text", "text": "", "annotations": [], "logprobs": []}})
+        if text or logprobs:
+            yield self.send({"type": "response.output_text.delta", **where, "delta": text,
+                             "logprobs": list(logprobs)})
+
+    def delta(self, delta: streaming.Delta) -> Iterator[str]:
+        return self.text(delta.text, delta.logprobs)
+
+    def finish(self, outcome: Outcome) -> Iterator[str]:
+        items = output_items(outcome)
+        for index, item in enumerate(items):
+            where = {"item_id": item["id"], "output_index": index}
+            if item["type"] == "message":
+                part = item["content"][0]
+                yield from self.text(*self.rest(0, outcome.first))
+                yield self.send({"type": "response.output_text.done", **where, "content_index": 0,
+                                 "text": part["text"], "logprobs": part["logprobs"]})
+                yield self.send({"type": "response.content_part.done", **where, "content_index": 0, "part": part})
+            else:
+                yield self.send({"type": "response.output_item.added", "output_index": index,
+                                 "item": {**item, "status": "in_progress", "arguments": ""}})
+                yield self.send({"type": "response.function_call_arguments.delta", **where,
+                                 "delta": item["arguments"]})
+                yield self.send({"type": "response.function_call_arguments.done", **where, "name": item["name"],
+                                 "arguments": item["arguments"]})
+            yield self.send({"type": "response.output_item.done", "output_index": index, "item": item})
+        final = response_object(outcome, self.request)
+        yield self.send({"type": f"response.{final['status']}", "response": final})
 
 
 class Responses(Route):
@@ -184,4 +202,4 @@ class Responses(Route):
     NAME = "responses"
     translate = staticmethod(chat_body)
     response = staticmethod(response_object)
-    stream_events = staticmethod(stream_events)
+    writer = ResponsesWriter

@@ -1,7 +1,8 @@
 """The gateway's protocols, one `Route` each, registered by the path they serve under `/v1/` (and under a
 session's `/sessions/<id>/v1/`): `chat/completions` (chat_completions.py), `responses` (responses.py), `messages`
 (anthropic_messages.py). A route checks a body into the one `ChatRequest` the backend samples, and writes the
-call's `Outcome` back as its protocol's response object or stream of events; its errors take the protocol's shape.
+call's `Outcome` back as its protocol's response object or, streamed, its events (a `Writer`: the deltas
+as the turn is decoded, then the rest from the outcome); its errors take the protocol's shape.
 Pure Python."""
 from __future__ import annotations
 
@@ -35,13 +36,13 @@ class Route:
     def response(self, outcome: Outcome, request: ChatRequest) -> dict:
         raise NotImplementedError
 
-    def stream_events(self, outcome: Outcome, request: ChatRequest) -> Iterator[dict]:
-        """The events of a streamed answer, each named by its "type"."""
+    def writer(self, request: ChatRequest) -> streaming.Writer:
+        """The writer of a streamed answer's server-sent events (streaming.py)."""
         raise NotImplementedError
 
     def events(self, outcome: Outcome, request: ChatRequest) -> Iterator[str]:
-        """The server-sent events of a streamed answer (streaming.py)."""
-        return streaming.typed_events(self.stream_events(outcome, request))
+        """The server-sent events of a streamed answer written at once from its outcome (no deltas)."""
+        return self.writer(request).whole(outcome)
 
     def error(self, err: GatewayError) -> dict:
         """The body of an error answer: OpenAI's error object unless the protocol has its own."""
