@@ -26,28 +26,29 @@ PREFERENCE = f"PKU-SafeRLHF/train:1.0:{REPO}/data/preference"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-@pytest.fixture(scope="module")
-def family_dirs(tiny_model_dir, tmp_path_factory):
-    """Each family's tiny configuration with the tiny tokenizer's vocabulary, random weights (seeded), and that
-    tokenizer."""
+def family_checkpoint(family: str, tiny_model_dir: str, path: str, **keys) -> str:
+    """`family`'s tiny configuration (tests/fixtures/models) with the tiny tokenizer's vocabulary and `keys`,
+    seeded random weights and that tokenizer, saved at `path`."""
     import paddle
 
     from alignment.models import LlamaConfig, LlamaForCausalLM
 
-    root = tmp_path_factory.mktemp("families")
     tiny = json.load(open(os.path.join(tiny_model_dir, "config.json")))
-    dirs = {}
-    for family in FAMILIES:
-        config = json.load(open(os.path.join(REPO, "tests", "fixtures", "models", family, "config.json")))
-        config.update({key: tiny.get(key) for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")})
-        paddle.seed(5)
-        path = str(root / family)
-        LlamaForCausalLM(LlamaConfig.from_dict(config)).save_pretrained(path)
-        for name in TOKENIZER_FILES:
-            if os.path.exists(os.path.join(tiny_model_dir, name)):
-                shutil.copy(os.path.join(tiny_model_dir, name), path)
-        dirs[family] = path
-    return dirs
+    config = json.load(open(os.path.join(REPO, "tests", "fixtures", "models", family, "config.json")))
+    config.update({key: tiny.get(key) for key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")})
+    config.update(keys)
+    paddle.seed(5)
+    LlamaForCausalLM(LlamaConfig.from_dict(config)).save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        if os.path.exists(os.path.join(tiny_model_dir, name)):
+            shutil.copy(os.path.join(tiny_model_dir, name), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {family: family_checkpoint(family, tiny_model_dir, str(root / family)) for family in FAMILIES}
 
 
 def train(stage: str, model: str, reward: str, out, tmp_path) -> str:

@@ -46,7 +46,23 @@ class RMSNorm(nn.Layer):
         normed = x32 * paddle.rsqrt(variance + self.eps)
         normed = normed if normed.dtype == x.dtype else normed.astype(x.dtype)
         # expanded first: a broadcasting multiply's forward and backward are several times slower on CPU (measured)
-        return normed * paddle.expand(self.weight, normed.shape)
+        return normed * paddle.expand(self.scale(), normed.shape)
+
+    def scale(self):
+        return self.weight
+
+
+class HeadNorm(RMSNorm):
+    """RMSNorm over each head's features with one weight for all heads (Qwen3's q and k norms). Under tensor
+    parallelism a rank holds some of the heads, so its gradient of the weight is its heads' part: summed over the
+    group, every rank takes the one-process step."""
+
+    def __init__(self, head_dim: int, eps: float, degree: int):
+        super().__init__(head_dim, eps)
+        self.degree = degree
+
+    def scale(self):
+        return tp.gradient_summed_over_group(self.weight, self.degree)
 
 
 def attention_bias(attention_mask, query_len: int, dtype, heads: int = 1):
@@ -87,8 +103,8 @@ class Attention(nn.Layer):
         self.v_proj = tp.column_linear(hidden, config.num_key_value_heads * d, qkv_bias, degree)
         self.o_proj = tp.row_linear(config.num_attention_heads * d, hidden, config.attention_bias, degree)
         # Qwen3: an RMSNorm over each head's d features of q and of k, before RoPE (weights [d], shared by the heads)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm = HeadNorm(d, config.rms_norm_eps, degree) if config.qk_norm else None
+        self.k_norm = HeadNorm(d, config.rms_norm_eps, degree) if config.qk_norm else None
 
     def forward(self, x, rope: Rotary, bias, past: Optional[Tuple] = None, cache_column=None):
         """cache_column [1] or [b] int64: `past` is a preallocated [b, kv_heads, L, d] cache and this single

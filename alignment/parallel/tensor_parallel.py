@@ -26,6 +26,17 @@ def model_parallel_group():
     return _hcg().get_model_parallel_group()
 
 
+def gradient_summed_over_group(tensor, degree: int):
+    """`tensor` unchanged, its gradient summed over the model-parallel group: for a replicated weight each rank
+    applies to its own part only (Qwen3's q/k norms over this rank's heads), so each rank's gradient is a part of
+    the whole. fleet's c_identity, as ColumnParallelLinear applies it to its input (cpu_standins.py on CPU)."""
+    if degree == 1:
+        return tensor
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    return mp_ops._c_identity(tensor, group=model_parallel_group())
+
+
 class Linear(nn.Linear):
     """nn.Linear that calls paddle.matmul directly when it has no bias: the functional linear's per-call flag
     lookups cost ~4 us of a 13 us call at decode shapes on CPU (measured), 29 times per decode step for a 4-layer

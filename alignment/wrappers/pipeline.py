@@ -48,8 +48,8 @@ class DecoderStage(DecoderLayer):
     """One decoder layer; RoPE tables and the causal bias are rebuilt from the mask on every stage. With
     config.recompute its activations are recomputed in the backward pass."""
 
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, config, index: int):
+        super().__init__(config, index)  # the index picks the family's sparse (MoE) layers
         self.config = config
 
     def forward(self, args):
@@ -133,9 +133,9 @@ def hf_name(name: str, num_layers: int) -> str:
 
 
 def is_linear_weight(name: str, tensor) -> bool:
-    """Linear weights are stored transposed in HF checkpoints; in these models every 2-D weight but the
-    embedding table is one (whatever stage holds it)."""
-    return tensor.ndim == 2 and "embed_tokens" not in name
+    """Linear weights are stored transposed in HF checkpoints; in these models every 2-D `weight` but the
+    embedding table is one (whatever stage holds it; not ERNIE's [1, experts] e_score_correction_bias)."""
+    return tensor.ndim == 2 and name.endswith(".weight") and "embed_tokens" not in name
 
 
 class PipelineModel:
@@ -249,10 +249,13 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
         raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline and tensor "
                          "parallelism together yet; use one of them")
     check_tensor_split(config.tensor_parallel_degree, config, f"{path}/config.json")
+    if config.moe is not None and config.moe.output_router_logits:  # the stages' losses have no auxiliary term
+        raise ValueError(f"{path}/config.json: key 'output_router_logits' true (the load-balancing loss) is not "
+                         "supported under pipeline parallelism yet; set it false or train without pipeline stages")
     if config.num_hidden_layers < num_stages:
         raise ValueError(f"{path}: {config.num_hidden_layers} layers cannot fill {num_stages} pipeline stages")
 
-    decoders = [LayerDesc(DecoderStage, config) for _ in range(config.num_hidden_layers)]
+    decoders = [LayerDesc(DecoderStage, config, index) for index in range(config.num_hidden_layers)]
     if tied:
         layers = [SharedLayerDesc("embed", TiedEmbedding, None, "weight", config), *decoders,
                   LayerDesc(NormStage, config), SharedLayerDesc("embed", TiedEmbedding, tied_lm_head, "weight", config)]
