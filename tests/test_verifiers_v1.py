@@ -92,6 +92,8 @@ def test_bad_arguments_and_rows_stop_in_one_line_naming_the_key():
         checked_reset(env, {"input": "What is 2 + 3?", "answer": "five"})
     assert "\n" not in str(failed.value) and "the row does not make a AdditionData: answer: Input should be a valid " \
         "integer" in str(failed.value)
+    with pytest.raises(EnvironmentFailure, match="row key 'example_id' is 2; the taskset has 2 tasks$"):
+        checked_reset(env, {"example_id": 2, "input": "?"})
 
 
 def test_an_episode_left_waiting_is_cancelled_and_its_rollout_closed():

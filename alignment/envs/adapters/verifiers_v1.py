@@ -14,9 +14,10 @@ reach the policy through verifiers' interception server (which records the trace
 
 The task of a row: a row with an `example_id` column plays the taskset's task at that position; any other row
 makes a task of the taskset's Task class from the row: its `input` as the prompt and the row's columns named like
-fields of the task's data class (`answer`, ...), validated by that class. Refused at load, in one line: a taskset
-whose environment judges an episode's traces together (an `Env` overriding `finalize()`: a group-level reward, as
-best-of-n's) or plays more than one agent; a GRPO group is several episodes here, each scored on its own.
+fields of the task's data class (`answer`, ...), validated by that class. Refused at load, in one line: a task
+that needs a container (rollouts here run in a subprocess runtime); a taskset whose environment judges an
+episode's traces together (an `Env` overriding `finalize()`: a group-level reward, as best-of-n's) or plays more
+than one agent; a GRPO group is several episodes here, each scored on its own.
 """
 from __future__ import annotations
 
@@ -61,6 +62,10 @@ def _loaded(taskset_id: str, args_json: str) -> "_Taskset":
                              f"(finalize(), a group-level reward); only per-trace rewards are supported")
         raise ValueError(f"{where}: its environment {env_class.__name__} is not the single-agent one; an episode "
                          f"here is one agent's rollout")
+    task_class = type(taskset).task_type()
+    if task_class.NEEDS_CONTAINER:
+        raise ValueError(f"{where}: its task {task_class.__name__} needs a container (NEEDS_CONTAINER); rollouts here "
+                         f"run in a subprocess runtime")
     for name in ("httpx", "httpx2", "aiohttp.access", "verifiers"):  # else a log line per model call and per rollout
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -108,11 +113,13 @@ class _Taskset:
             await endpoint.close()
 
     def task_at(self, position: int):
-        if self.tasks is None:
-            self.tasks = list(self.taskset if self.taskset.bounded else self.taskset.take(position + 1))
-        if not 0 <= position < len(self.tasks):
-            raise ValueError(f"row key 'example_id' is {position}; the taskset has {len(self.tasks)} tasks")
-        return self.tasks[position]
+        """The taskset's task at `position` (an infinite taskset's first tasks, made again for each such row)."""
+        if self.taskset.bounded and self.tasks is None:
+            self.tasks = list(self.taskset)
+        tasks = self.tasks if self.taskset.bounded else list(self.taskset.take(max(position, 0) + 1))
+        if not 0 <= position < len(tasks):
+            raise ValueError(f"row key 'example_id' is {position}; the taskset has {len(tasks)} tasks")
+        return tasks[position]
 
 
 class VerifiersV1Environment(PolicyTurns):
