@@ -58,7 +58,7 @@ def test_a_single_turn_task_is_scored_by_its_weighted_rewards_and_metrics():
     assert own[1][1] == 1.5
 
 
-def test_tools_are_served_over_mcp_shown_in_the_format_and_called_from_the_policy_text():
+def test_tools_are_served_over_mcp_shown_in_the_format_called_from_the_policy_text_and_stops_apply():
     env = environment_factory("verifiers", {"id": "vf1_addition", "args": {"use_tools": True}})()
     prompt = checked_reset(env, {"input": "What is 2 + 3?", "answer": "5"})
     assert prompt[0]["role"] == "system" and '"name": "calc_add"' in prompt[0]["content"]
@@ -69,6 +69,10 @@ def test_tools_are_served_over_mcp_shown_in_the_format_and_called_from_the_polic
     final = checked_step(env, "5")
     assert final.done and final.reward == 1.25  # exact 1 + 0.5 * brief (two assistant turns)
     assert final.metrics == {"exact": 1.0, "brief": 0.5, "reply_chars": 1.0, "num_turns": 2.0}
+    stopped = environment_factory("verifiers", {"id": "vf1_addition", "args": {"use_tools": True}})()
+    checked_reset(stopped, {"input": "What is 2 + 3?", "answer": "5"})
+    result = checked_step(stopped, "I give up. " + CALL)  # the task's @vf.stop ends it before the next model call
+    assert tuple(result) == ([], 0.5, True, {"exact": 0.0, "brief": 1.0, "reply_chars": 85.0, "num_turns": 1.0})
 
 
 def test_a_group_level_reward_is_refused_at_load_in_one_line():

@@ -1,8 +1,8 @@
 """A verifiers 0.4 (v1 API) taskset for the adapter tests, a top-level module as verifiers loads one (this folder
 on sys.path, and on PYTHONPATH for its tool server, which runs as `python -m vf1_addition`): "What is a + b?",
 scored by `exact` (the last reply is the sum) and `brief` (weight 0.5: one over the assistant turns), with the
-metric `reply_chars`; `use_tools` gives it a shared `add` tool served over MCP; `task.breaks_on`: scoring raises
-for the task of that answer."""
+metric `reply_chars`, and stopped (`@vf.stop`) once a reply says "give up"; `use_tools` gives it a shared `add`
+tool served over MCP; `task.breaks_on`: scoring raises for the task of that answer."""
 import verifiers.v1 as vf
 
 
@@ -33,6 +33,10 @@ class AdditionTask(vf.Task[AdditionData, vf.State, AdditionTaskConfig]):
     @vf.reward(weight=0.5)
     async def brief(self, trace: vf.Trace) -> float:
         return 1.0 / max(1, len(trace.assistant_messages))
+
+    @vf.stop
+    async def gave_up(self, trace: vf.Trace) -> bool:
+        return "give up" in trace.last_reply
 
     @vf.metric
     async def reply_chars(self, trace: vf.Trace) -> float:
