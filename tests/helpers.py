@@ -29,6 +29,29 @@ def run_args(out, model, estimator, *extra):
     return args + (["--critic_learning_rate", "1e-3"] if estimator == "gae" else []) + list(extra)
 
 
+def environment_run_args(out, model, environment, environment_args, rows_file, max_turns=3, max_steps=1):
+    """run_ppo's arguments for tiny GRPO steps (2 rows x 2 answers, 6 tokens a turn) on an environment's episodes, the
+    environment's reward the only one."""
+    return [GRPO_TOOLS, "--actor_model_name_or_path", model, "--output_dir", str(out), "--disable_tqdm",
+            "--environment", environment, "--environment_args", json.dumps(environment_args),
+            "--reward_funcs", "", "--gold_judge", "", "--max_turns", str(max_turns), "--max_new_tokens", "6",
+            "--max_length", "512", "--max_trajectory_tokens", "48", "--num_return_sequences", "2",
+            "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "4", "--max_steps", str(max_steps),
+            "--eval_datasets", "", "--logging_steps", "1", "--save_steps", "0",
+            "--train_datasets", f"prompt-only:1.0:{rows_file}"]
+
+
+def episodes_cancelled(episodes, seconds=20.0):
+    """Whether each episode task (a library's rollout its adapter left waiting) was cancelled within `seconds` and is
+    no longer held by the environments' event loop."""
+    from alignment.envs import event_loop
+
+    deadline = time.time() + seconds
+    while not all(episode.done() for episode in episodes) and time.time() < deadline:
+        time.sleep(0.02)
+    return all(episode.cancelled() for episode in episodes) and not set(episodes) & event_loop._tasks
+
+
 @contextlib.contextmanager
 def served_in_thread(app):
     """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread for the block: yields its base URL."""

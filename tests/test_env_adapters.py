@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -17,9 +16,9 @@ import pytest
 from alignment.envs import EnvironmentFailure, checked_reset, checked_step, environment_factory
 from alignment.envs.adapters.common import PrivateRandom, row_seed
 from alignment.ppo import run_ppo
-from tests.helpers import REPO, read_metrics, served_in_thread
+from tests.helpers import (REPO, environment_run_args, episodes_cancelled, read_metrics,
+                           served_in_thread)
 
-GRPO = os.path.join(REPO, "config", "tiny", "grpo_tools_argument.json")
 
 
 def _verifiers_version():
@@ -31,8 +30,8 @@ def _verifiers_version():
 
 VERIFIERS = _verifiers_version()
 needs_verifiers_03 = pytest.mark.skipif(VERIFIERS is None or VERIFIERS >= (0, 4),
-                                        reason="the verifiers adapter plays the verifiers 0.3 API (requirements.txt "
-                                               f"pins 0.3.1); installed: {VERIFIERS}")
+                                        reason="these play the verifiers 0.3 route (requirements.txt pins "
+                                               f"0.3.1; 0.4's: tests/test_verifiers_v1.py); installed: {VERIFIERS}")
 TRL_CLASS = os.path.join(REPO, "tests", "envlibs", "trl_calc.py") + ":AdditionEnv"
 
 
@@ -245,13 +244,7 @@ def test_each_library_trains_a_tiny_grpo_step(tmp_path, tiny_model_dir, case):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     out = tmp_path / "out"
-    run_ppo.main([GRPO, "--actor_model_name_or_path", tiny_model_dir, "--output_dir", str(out), "--disable_tqdm",
-                  "--environment", environment, "--environment_args", json.dumps(environment_args),
-                  "--reward_funcs", "", "--gold_judge", "", "--max_turns", "3", "--max_new_tokens", "6",
-                  "--max_length", "512", "--max_trajectory_tokens", "48", "--num_return_sequences", "2",
-                  "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "4", "--max_steps", "1",
-                  "--eval_datasets", "", "--logging_steps", "1", "--save_steps", "0",
-                  "--train_datasets", f"prompt-only:1.0:{data}"])
+    run_ppo.main(environment_run_args(out, tiny_model_dir, environment, environment_args, data))
     rows = [row for row in read_metrics(out) if "actor_loss" in row]
     assert len(rows) == 1 and np.isfinite(rows[0]["actor_loss"])
     assert 1 <= rows[0]["env/turns"] <= 3 and np.isfinite(rows[0]["env/reward"])
@@ -261,8 +254,6 @@ def test_each_library_trains_a_tiny_grpo_step(tmp_path, tiny_model_dir, case):
 
 @needs_verifiers_03
 def test_a_verifiers_episode_left_waiting_is_cancelled_when_the_rollout_drops_it():
-    from alignment.envs import event_loop
-
     build = environment_factory("verifiers", {"id": "tests.envlibs.vf_guess"})
     envs = [build() for _ in range(3)]
     for env in envs:
@@ -270,11 +261,7 @@ def test_a_verifiers_episode_left_waiting_is_cancelled_when_the_rollout_drops_it
         assert not checked_step(env, "5").done  # cut here, as by max_turns 1: its rollout waits for a turn
     episodes = [env.episode for env in envs]
     del env, envs
-    deadline = time.time() + 10
-    while not all(episode.done() for episode in episodes) and time.time() < deadline:
-        time.sleep(0.01)
-    assert all(episode.cancelled() for episode in episodes)
-    assert not set(episodes) & event_loop._tasks  # no longer held
+    assert episodes_cancelled(episodes)  # and no longer held by the event loop
 
 
 @needs_verifiers_03
@@ -287,13 +274,9 @@ def test_verifiers_episodes_cut_by_max_turns_or_left_by_a_raising_step_end_clean
     data = tmp_path / "rows.jsonl"
     data.write_text('{"prompt": "Guess.", "answer": "7", "seed": 1}\n{"prompt": "Guess!", "answer": "3", "seed": 2}\n')
     run = subprocess.run(
-        [sys.executable, os.path.join(REPO, "alignment", "ppo", "run_ppo.py"), GRPO, "--actor_model_name_or_path",
-         tiny_model_dir, "--output_dir", str(tmp_path / "out"), "--disable_tqdm", "--environment", "verifiers",
-         "--environment_args", json.dumps({"id": "tests.envlibs.vf_guess", "args": {"kind": kind}}),
-         "--reward_funcs", "", "--gold_judge", "", "--max_turns", str(max_turns), "--max_new_tokens", "6",
-         "--max_length", "512", "--max_trajectory_tokens", "48", "--num_return_sequences", "2",
-         "--per_device_prompt_batch_size", "2", "--per_device_train_batch_size", "4", "--max_steps", "2",
-         "--eval_datasets", "", "--save_steps", "0", "--train_datasets", f"prompt-only:1.0:{data}",
+        [sys.executable, os.path.join(REPO, "alignment", "ppo", "run_ppo.py"),
+         *environment_run_args(tmp_path / "out", tiny_model_dir, "verifiers",
+                               {"id": "tests.envlibs.vf_guess", "args": {"kind": kind}}, data, max_turns, max_steps=2),
          "--max_failed_group_fraction", "0"],  # "breaks": its group, retried and dropped, stops the run
         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
     assert run.returncode == exit_code, run.stderr[-2000:]
@@ -301,11 +284,3 @@ def test_verifiers_episodes_cut_by_max_turns_or_left_by_a_raising_step_end_clean
     if kind == "breaks":
         errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "RuntimeError: the game broke" in errors[0] and "Traceback" not in run.stderr
-
-
-@pytest.mark.skipif(VERIFIERS is None or VERIFIERS < (0, 4), reason=f"needs verifiers >= 0.4 installed ({VERIFIERS})")
-def test_verifiers_04_is_refused_in_one_line_naming_the_supported_api():
-    with pytest.raises(ValueError) as refused:
-        environment_factory("verifiers", {"id": "tests.envlibs.vf_guess"})
-    assert "\n" not in str(refused.value)
-    assert "not 0.4's v1 API (Taskset / Harness / Toolset); install verifiers==0.3.1" in str(refused.value)

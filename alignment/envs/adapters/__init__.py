@@ -7,7 +7,8 @@ which need only the class).
     gem         gym.py            {"id": "game:GuessTheNumber-v0-easy"}  GEM (gem-llm)
     skyrl-gym   skyrl.py          {"id": "gsm8k_multi_turn"}          SkyRL-Gym init / step dicts
     textarena   arena.py          {"id": "TicTacToe-v0", "opponent": "random-move"}
-    verifiers   verifiers_env.py  {"id": "my-env", "args": {...}}     load_environment; the rubric's reward
+    verifiers   verifiers_env.py  {"id": "my-env", "args": {...}}     0.3: load_environment; the rubric's reward
+                verifiers_v1.py   {"id": "my-taskset", "args": {...}} 0.4 (own environment): a taskset's Rollout
     openenv     openenv_env.py    {"env": "module:Class"} or {"base_url": "http://..."}   async
     trl         trl_env.py        {"cls": "module:Class"}             reset(**row); public methods as tools
 
