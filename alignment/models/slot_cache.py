@@ -1,27 +1,31 @@
-"""The decode engine's KV cache: a fixed number of slots (sequences) by a fixed number of columns.
+"""The decode engine's KV cache: a fixed number of slots (sequences) by a number of columns that only grows.
 
-Per layer k and v are [slots, kv_heads, capacity + 1, d]. A slot's tokens sit in columns 0 .. length - 1, in
-order, so a token's column is its RoPE position; the last column is scratch, written by the decode step for the
-slots that have no token to feed and attended by no one. Columns a slot has not written hold zeros.
+Per layer k and v are [slots, kv_heads, width, d], the width at most capacity + 1. A slot's tokens sit in columns
+0 .. length - 1, in order, so a token's column is its RoPE position; the last column is scratch, written by the
+decode step for the slots that have no token to feed and attended by no one. Columns a slot has not written hold
+zeros.
 
-Why fixed shapes: every decode step runs on [slots, 1] tokens against [slots, ..., capacity + 1] keys whatever
-the sequences are doing, and a prefill runs on one sequence's own columns. Paddle's CPU GEMMs give each row the
-same bits for a fixed number of rows whatever the other rows hold (and different bits for other row counts; both
-measured), and its softmax and probs @ v kernels change their rounding with the key width. So with fixed shapes a
-sequence's tokens and log-probs depend on its own tokens only: not on which slot it has, on its neighbours, or on
-when it joined or paused (continuous batching, overlapped episodes, a gateway's requests give the bits a lockstep
-batch gives). Masked columns get weights of ~1e-28 from Paddle's softmax, not 0: that is why they hold zeros.
+Why fixed rows: every decode step runs on [slots, 1] tokens whatever the sequences are doing, and a prefill runs on
+one sequence's own columns. Paddle's CPU GEMMs give each row the same bits for a fixed number of rows whatever the
+other rows hold (and different bits for other row counts; both measured; `step_rows` keeps every row in a full
+block of 8). So a sequence's tokens and log-probs depend on its own tokens only: not on which slot it has, on its
+neighbours, or on when it joined or paused (continuous batching, overlapped episodes, a gateway's requests give the
+bits a lockstep batch gives). Masked columns get weights of ~1e-28 from Paddle's softmax (it clips at -64 before
+exponentiating), not 0: that is why they hold zeros.
 
 Widths from a ladder (`grows=True`): the columns a step attends to cost time (at [64 slots, hidden 256, 4 layers]
-a step over 513 columns took 2x one over 129), so a cache starts at the narrowest width its sequences need and
-grows by whole rungs: multiples of WIDTH_STEP from LADDER_FLOOR, the last rung capacity + 1. A row's bits do not
-depend on which rung it runs at, so on nothing but its own tokens still: Paddle's CPU softmax sums in 8-float lanes
-plus a scalar tail (every rung is a multiple of 8 beyond the row's columns, so the row's columns never move into
-the tail), exponentiates below 128 columns with std::exp and from 128 on with MKL's vsExp (hence the floor: every
-rung on the same side), and probs @ v and q @ k^T add exact zeros for the zero columns past the row. Measured: the
-same logits at every width from 128 to 2100 for a row of 50 columns, and a change at 56 and 128 (Intel Xeon
-family 6 model 207); tests/test_slot_cache.py checks it on the machine it runs on. A cache whose capacity + 1 is
-at most the floor keeps one width.
+a step over 513 columns took 2x one over 129 on an Intel Xeon, family 6 model 207), so a cache starts at the
+narrowest width its sequences need and grows by whole rungs: multiples of WIDTH_STEP from LADDER_FLOOR, the last
+rung capacity + 1. A row's bits do not depend on which rung it runs at, so on nothing but its own tokens still:
+- Paddle's CPU softmax sums in 8-float lanes plus a scalar tail: every rung but the last is a multiple of 64, so a
+  row's columns are never in the tail of one, and a row reaching past the last multiple of 8 below capacity + 1
+  fits the last rung only;
+- it exponentiates below 128 columns with std::exp and from 128 on with MKL's vsExp: hence the floor, every rung on
+  one side;
+- probs @ v and q @ k^T add exact zeros for the zero columns past the row.
+Measured on that Xeon: the same logits at every width from 128 to 2100 for a row of 50 columns, and changes at 56
+and 128; tests/test_slot_cache.py checks it on the machine it runs on. A cache whose capacity + 1 is at most the
+floor keeps one width.
 """
 from __future__ import annotations
 
@@ -32,8 +36,6 @@ import paddle
 
 WIDTH_STEP = 64  # rungs of the width ladder: multiples of this (of 8, the softmax's lanes)
 LADDER_FLOOR = 128  # Paddle's CPU exp switches from std::exp to MKL's vsExp at 128 columns
-
-
 ROW_BLOCK = 8  # MKL's GEMMs round a last, partial block of rows differently from the full ones before it
 
 
