@@ -192,7 +192,7 @@ TABLE: Dict[str, Rule] = {
     "hybrid_parallel_topo_order": Rule(NOTICE, None, COMM, inert=one_of("pp_first")),
     "enable_auto_parallel": Rule(NOTICE, None, "this toolkit runs fleet's hybrid (manual) parallelism; the "
                                                "degrees are honoured, the auto-parallel engine is not used"),
-    "use_expert_parallel": Rule(NOTICE, None, "this toolkit's models have no experts (MoE); nothing to split"),
+    "use_expert_parallel": Rule(NOTICE, None, "expert parallelism is on here when expert_parallel_degree > 1"),
     "expert_max_capacity": Rule(NOTICE, None, "this toolkit's models have no experts (MoE)", inert=one_of(2 ** 32)),
     "expert_min_capacity": Rule(NOTICE, None, "this toolkit's models have no experts (MoE)", inert=one_of(1)),
     "local_rank": Rule(NOTICE, None, "ranks come from paddle.distributed.launch here"),
