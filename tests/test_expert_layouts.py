@@ -4,8 +4,12 @@ experts) and ERNIE 4.5 MoE (score correction, shared experts) with their 8 exper
 ranks that hold them). One step of tests/scripts/ep_step.py on a fixed global batch: logits, replayed logits (MoE
 routing replay), the loss with the load-balancing term, every gradient and the weights after one AdamW step equal
 one process's within 1e-5 of each tensor's largest magnitude (as tests/test_layouts.py); the checkpoint saved under
-ep=2 is whole (the HF layout: it loads in one process), read from the one-process checkpoint. Marked `parallel`."""
+ep=2 is whole (the HF layout: it loads in one process), read from the one-process checkpoint. SFT through its entry
+point under ep2 and ep2 x dp2 (the load-balancing loss on, an evaluation at the end) logs and saves what one process
+does; an RL run and experts that do not split are refused in one line. Marked `parallel`."""
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,7 +18,7 @@ import paddle
 import pytest
 
 from alignment.models import LlamaForCausalLM
-from tests.helpers import REPO
+from tests.helpers import REPO, read_metrics
 from tests.scripts.ep_step import BATCH, batch, named_gradients, optimizer, step
 
 pytestmark = pytest.mark.parallel
@@ -23,13 +27,13 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
 LAYOUTS = {"ep2": 2, "ep2xdp2": 4}  # name: processes (expert_parallel_degree 2)
 
 
-def launch(log_dir, args, nproc):
+def launch(log_dir, args, nproc, expect_ok=True):
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir",
            str(log_dir), *args]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     logs = "".join(open(os.path.join(log_dir, f)).read() for f in sorted(os.listdir(log_dir))
                    if f.startswith("workerlog"))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + logs[-4000:]
+    assert (done.returncode == 0) == expect_ok, done.stdout[-2000:] + done.stderr[-2000:] + logs[-4000:]
     return logs
 
 
@@ -81,3 +85,70 @@ def test_expert_parallel_step_equals_one_process(name, layout, tmp_path):
         assert_close(y.numpy(), x.numpy(), f"weight {key} after one step")
         moved = max(moved, float(np.abs(x.numpy() - start[key].numpy()).max()))
     assert moved > 1e-3  # the step really moved the weights
+
+
+@pytest.fixture(scope="module")
+def moe_sft_model(tiny_model_dir, tmp_path_factory):
+    """The tiny model's shape and tokenizer as Qwen3-MoE: 4 experts (top 2) in every layer, seeded random weights,
+    the load-balancing loss in training (output_router_logits, coefficient 0.01)."""
+    from alignment.models import LlamaConfig
+
+    root = tmp_path_factory.mktemp("moe-sft")
+    shutil.copytree(tiny_model_dir, root / "config")
+    config = json.load(open(root / "config" / "config.json"))
+    config.update(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                  norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01)
+    json.dump(config, open(root / "config" / "config.json", "w"))
+    paddle.seed(3)
+    LlamaForCausalLM(LlamaConfig.from_pretrained(str(root / "config"))).save_pretrained(
+        str(root / "model"), tokenizer_dir=tiny_model_dir)
+    return str(root / "model")
+
+
+def sft_args(model):
+    return [os.path.join(REPO, "alignment", "sft", "run_sft.py"), os.path.join(REPO, "config", "tiny",
+                                                                               "sft_argument.json"),
+            "--model_name_or_path", model, "--max_steps", "3", "--disable_tqdm", "--logging_steps", "1",
+            "--adam_epsilon", "1.0", "--learning_rate", "0.02", "--warmup_steps", "0", "--lr_scheduler_type",
+            "constant", "--eval_steps", "3", "--per_device_eval_batch_size", "3",
+            "--train_datasets", f"alpaca:1.0:{REPO}/data/sft/train.jsonl",
+            "--eval_datasets", f"alpaca:0.4:{REPO}/data/sft/eval.jsonl"]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sft_under_expert_parallelism_equals_one_process(moe_sft_model, tmp_path, layout):
+    """4 samples a step (answers of different lengths on each rank), the load-balancing loss in the loss."""
+    processes = LAYOUTS[layout]
+    subprocess.run([sys.executable, *sft_args(moe_sft_model), "--per_device_train_batch_size", "4",
+                    "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
+    logs = launch(tmp_path / "logs", sft_args(moe_sft_model) + [
+        "--per_device_train_batch_size", str(4 // processes), "--expert_parallel_degree", "2",
+        "--output_dir", str(tmp_path / layout)], processes)
+    assert "experts split over 2" in logs
+    one, other = read_metrics(tmp_path / "one"), read_metrics(tmp_path / layout)
+    for key in ("loss", "grad_norm", "moe/aux_loss", "eval/loss"):
+        x, y = [r[key] for r in one if key in r], [r[key] for r in other if key in r]
+        assert len(x) == len(y) > 0, key
+        np.testing.assert_allclose(y, x, rtol=1e-5, err_msg=key)
+    start = dict(LlamaForCausalLM.from_pretrained(moe_sft_model).named_parameters())
+    trained = LlamaForCausalLM.from_pretrained(str(tmp_path / layout / "model"))
+    moved = []
+    for (key, x), y in zip(LlamaForCausalLM.from_pretrained(str(tmp_path / "one" / "model")).named_parameters(),
+                           trained.parameters()):
+        assert_close(y.numpy(), x.numpy(), f"weight {key}")
+        if ".experts." in key:
+            moved.append(np.abs(x.numpy() - start[key].numpy()).max() > 1e-5)
+    assert len(moved) == 4 * 4 * 3 and np.mean(moved) > 0.5  # most experts trained (some got no token)
+
+
+def test_an_rl_run_and_experts_that_do_not_split_are_refused_in_one_line(moe_sft_model, tiny_reward_dir, tmp_path):
+    ppo = [os.path.join(REPO, "alignment", "ppo", "run_ppo.py"), os.path.join(REPO, "config", "tiny",
+                                                                              "ppo_argument.json"),
+           "--actor_model_name_or_path", moe_sft_model, "--reward_model_name_or_path", tiny_reward_dir,
+           "--output_dir", str(tmp_path / "ppo"), "--expert_parallel_degree", "2"]
+    logs = launch(tmp_path / "logs-ppo", ppo, 2, expect_ok=False)
+    assert "error: key 'expert_parallel_degree': RL runs decode rollouts" in logs and "Traceback" not in logs
+    logs = launch(tmp_path / "logs-sft", sft_args(moe_sft_model) + ["--expert_parallel_degree", "3", "--output_dir",
+                                                                    str(tmp_path / "sft")], 3, expect_ok=False)
+    assert "4 experts are not divisible by expert_parallel_degree 3 (key 'expert_parallel_degree')" in logs
+    assert "Traceback" not in logs and not (tmp_path / "sft" / "model").exists()

@@ -10,7 +10,9 @@ Each expert is a SwiGLU with transformers' checkpoint names (`mlp.experts.3.gate
 convert like the dense layers (a transpose) and LoRA's gate_proj/up_proj/down_proj targets reach the experts too.
 
 Two paths, equal up to float rounding: sparse (each expert runs on the tokens routed to it, gathered, and its
-outputs are added back in expert order, as transformers does) and dense (every expert on every token, the outputs
+outputs are added back in expert order, as transformers does; an expert no token reached runs on a zero row times
+0 while gradients are recorded, so every expert has a gradient every step, as on the dense path and whatever the
+padding of each rank's batch) and dense (every expert on every token, the outputs
 weighted by a [tokens, experts] matrix that is zero off the chosen experts): the reference, and what a compiled
 program runs (no data-dependent shapes). Each forward keeps its router logits and choices on the block, for the
 load-balancing loss (router_aux_loss, as transformers computes it), the expert load, and routing replay: a block
@@ -35,7 +37,7 @@ import paddle.nn.functional as F
 from alignment.models.config import LlamaConfig
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.distributed import data_world_size, expert_parallel_group, sum_over_data_ranks
-from alignment.parallel.expert_parallel import gather_experts, parallel_experts
+from alignment.parallel.expert_parallel import gather_experts, idle_term, parallel_experts
 
 
 class SwiGLU(nn.Layer):
@@ -111,7 +113,7 @@ class MoeBlock(nn.Layer):
                 raise ValueError("the dense expert path (reference, compiled programs) needs every expert on one "
                                  "rank: expert_parallel_degree 1")
             out = parallel_experts(flat, self.chosen, weights, self.local_experts(), self.settings.num_experts,
-                                   self.group, touch_idle=data_world_size() > self.group.nranks)
+                                   self.group)
         elif self.dense or not paddle.in_dynamic_mode():
             out = self.dense_experts(flat, self.chosen, weights)
         else:
@@ -137,11 +139,14 @@ class MoeBlock(nn.Layer):
     def sparse_experts(self, flat, chosen, weights):
         picks = chosen.numpy()
         out = paddle.zeros_like(flat)
-        for e in np.unique(picks):
+        for e, expert in enumerate(self.experts):
             rows, slots = np.nonzero(picks == e)
+            if not len(rows):
+                out = out + idle_term(expert, flat)  # a zero gradient, as on the dense path
+                continue
             index = paddle.to_tensor(rows, dtype="int64")
             weight = paddle.gather_nd(weights, paddle.to_tensor(np.stack([rows, slots], axis=1), dtype="int64"))
-            out = paddle.index_add(out, index, 0, self.experts[int(e)](paddle.gather(flat, index)) * weight[:, None])
+            out = paddle.index_add(out, index, 0, expert(paddle.gather(flat, index)) * weight[:, None])
         return out
 
 
@@ -164,13 +169,13 @@ def use_dense_experts(model: nn.Layer, dense: bool = True) -> None:
         block.dense = dense
 
 
-def router_aux_loss(model: nn.Layer, attention_mask=None) -> paddle.Tensor:
+def router_aux_loss(model: nn.Layer, attention_mask=None, grad_scale: Optional[float] = None) -> paddle.Tensor:
     """transformers' load_balancing_loss_func over the last forward's sparse layers: experts x sum over experts of
     (the share of top-k choices it got) x (its mean router probability), over all layers' tokens together; with
     attention_mask [b, s] only the real tokens count. The choice is the plain top-k of the probabilities (no score
     correction, no replay), as there. Under expert parallelism the counts, probability sums and rows are every data
     rank's (a collective): the value is one process's over the whole batch, and each rank's share of its gradient is
-    scaled by the number of data ranks, whose average the gradients then take."""
+    scaled by `grad_scale` (default: the number of data ranks, whose average the gradients then take)."""
     blocks = moe_blocks(model)
     experts, top_k = blocks[0].settings.num_experts, blocks[0].settings.top_k
     counts = paddle.zeros([experts], "float32")
@@ -191,7 +196,8 @@ def router_aux_loss(model: nn.Layer, attention_mask=None) -> paddle.Tensor:
     if blocks[0].group is not None:
         totals = sum_over_data_ranks(paddle.concat([counts, prob_sum.detach(), rows.reshape([1])]))
         counts, rows = totals[:experts], totals[-1]
-        prob_sum = totals[experts:-1] + (prob_sum - prob_sum.detach()) * data_world_size()
+        scale = data_world_size() if grad_scale is None else grad_scale
+        prob_sum = totals[experts:-1] + (prob_sum - prob_sum.detach()) * scale
     return (counts / rows * (prob_sum / rows)).sum() * experts
 
 
@@ -267,14 +273,20 @@ def routing_mismatch(model: nn.Layer) -> float:
     return differs / total if total else 0.0
 
 
-def moe_training_terms(model: nn.Layer, attention_mask=None):
+def moe_training_terms(model: nn.Layer, attention_mask=None, weight: Optional[float] = None):
     """What a training step adds for an MoE model after its forward: (router_aux_loss_coef x the load-balancing
     loss when the config's output_router_logits is set, as transformers adds it to its loss, else None; metrics:
-    moe/aux_loss and, per sparse layer j, moe/max_expert_load/j, the largest share of choices one expert got)."""
+    moe/aux_loss and, per sparse layer j, moe/max_expert_load/j, the largest share of choices one expert got).
+    weight: this rank's weight of the micro-batch (its tokens), by whose share of the data ranks' weight the
+    trainer scales the loss; under expert parallelism the term's gradient is scaled by the inverse, so the data
+    ranks' gradients add up to one process's (a collective)."""
     blocks = moe_blocks(model)
     if not blocks or blocks[0].router_logits is None:
         return None, {}
-    aux = router_aux_loss(model, attention_mask)
+    scale = None
+    if weight is not None and blocks[0].group is not None:
+        scale = float(sum_over_data_ranks(paddle.to_tensor(float(weight), "float32"))) / max(float(weight), 1e-12)
+    aux = router_aux_loss(model, attention_mask, scale)
     metrics = {"moe/aux_loss": float(aux)}
     metrics.update({f"moe/max_expert_load/{j}": float(share.max()) for j, share in enumerate(expert_load(model))})
     settings = blocks[0].settings

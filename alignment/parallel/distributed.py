@@ -164,8 +164,8 @@ def average_gradients(parameters) -> None:
             if param.grad is not None:
                 # an expert's gradient already holds every token of its expert-parallel group (the exchange's
                 # backward): summed over the ranks that hold the same expert
-                groups = _expert_data_groups() if getattr(param, "expert_parallel", False) else _data_groups()
-                for group in groups:
+                expert = getattr(param, "expert_parallel", False)
+                for group in _expert_data_groups() if expert else _data_groups():
                     dist.all_reduce(param.grad, group=group)
                 param.grad.scale_(1.0 / world)
 

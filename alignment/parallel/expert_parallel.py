@@ -51,18 +51,26 @@ def plan_dispatch(picks: np.ndarray, counts: np.ndarray, me: int) -> Dispatch:
                     received.sum(axis=1).tolist(), local)
 
 
-def run_local_experts(received, plan: Dispatch, experts: Dict[int, paddle.nn.Layer], touch_idle: bool = False):
-    """The outputs of this rank's experts on the rows it received, in the received order. touch_idle: an expert
-    with no rows runs once on a zero row times 0, so it has a (zero) gradient like its copies on the other ranks of
-    its expert-data group (whose gradients are summed: every rank must take part)."""
+def run_local_experts(received, plan: Dispatch, experts: Dict[int, paddle.nn.Layer]):
+    """The outputs of this rank's experts on the rows it received, in the received order."""
     out = paddle.zeros_like(received)
     for expert, rows in plan.local:
         if len(rows):
             index = paddle.to_tensor(rows)
             out = paddle.index_add(out, index, 0, experts[expert](paddle.gather(received, index)))
-        elif touch_idle and paddle.is_grad_enabled():
-            out = out + 0.0 * experts[expert](paddle.zeros([1, received.shape[1]], received.dtype)).sum()
+        else:
+            out = out + idle_term(experts[expert], received)
     return out
+
+
+def idle_term(expert, like):
+    """0 x an expert's output on a zero row when gradients are recorded (a 0 otherwise): an expert no token reached
+    still gets a (zero) gradient, as on the dense path, so which experts the optimizer steps does not depend on
+    which tokens (padding included) each rank happens to route; under expert parallelism the ranks holding the same
+    expert then all take part in summing its gradient."""
+    if not paddle.is_grad_enabled():
+        return 0.0
+    return 0.0 * expert(paddle.zeros([1, like.shape[1]], like.dtype)).sum()
 
 
 def combine(back, plan: Dispatch, weights, tokens: int):
@@ -106,15 +114,14 @@ def expert_counts(picks: np.ndarray, experts: int, group) -> np.ndarray:
     return np.stack([c.numpy() for c in counts])
 
 
-def parallel_experts(flat, chosen, weights, experts: Dict[int, paddle.nn.Layer], num_experts: int, group,
-                     touch_idle: bool = False):
+def parallel_experts(flat, chosen, weights, experts: Dict[int, paddle.nn.Layer], num_experts: int, group):
     """The expert block's routed output [n, h] for this rank's tokens flat [n, h] with choices chosen [n, k] and
     weights [n, k], its local `experts` {global index: layer} (a collective over `group`)."""
     picks = chosen.numpy()
     plan = plan_dispatch(picks, expert_counts(picks, num_experts, group), group.rank)
     rows = paddle.gather(flat, paddle.to_tensor(plan.tokens))
     received = Exchange.apply(rows, plan.send, plan.receive, group)
-    back = Exchange.apply(run_local_experts(received, plan, experts, touch_idle), plan.receive, plan.send, group)
+    back = Exchange.apply(run_local_experts(received, plan, experts), plan.receive, plan.send, group)
     return combine(back, plan, weights, flat.shape[0])
 
 

@@ -61,6 +61,11 @@ def plan(args, world: int) -> Layout:
                              "warns it is not supported with hybrid parallelism); remove 'offload' (PPO-family runs "
                              "offload the sharded optimizer states with offload_level 'optimizer')")
         raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")
+    expert = getattr(args, "expert_parallel_degree", 1)
+    if expert > 1 and (tp > 1 or pp > 1 or stage):
+        raise ValueError(f"key 'expert_parallel_degree' {expert} runs over plain data parallelism only (not built "
+                         "with tensor / pipeline parallelism or sharding yet); set tensor_parallel_degree and "
+                         "pipeline_parallel_degree to 1 and sharding to ''")
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} does not divide the world "
                          f"size {world} (processes started by paddle.distributed.launch)")
@@ -82,14 +87,8 @@ def plan(args, world: int) -> Layout:
         if args.fp16:
             raise ValueError(f"key 'sharding' {stage!r} with fp16: the loss scaling of sharding stage2/3 is not "
                              "built; use bf16, or sharding stage1")
-    expert = getattr(args, "expert_parallel_degree", 1)
-    if expert > 1:
-        if tp > 1 or pp > 1 or stage:
-            raise ValueError(f"key 'expert_parallel_degree' {expert} runs over plain data parallelism only (not "
-                             "built with tensor / pipeline parallelism or sharding yet); set "
-                             "tensor_parallel_degree and pipeline_parallel_degree to 1 and sharding to ''")
-        if world % expert:
-            raise ValueError(f"key 'expert_parallel_degree' {expert} does not divide the data-parallel degree "
-                             f"{world} (processes started by paddle.distributed.launch)")
+    if expert > 1 and world % expert:
+        raise ValueError(f"key 'expert_parallel_degree' {expert} does not divide the data-parallel degree "
+                         f"{world} (processes started by paddle.distributed.launch)")
     return Layout(world, tp, pp, sharding, stage, micro_batch_size=args.per_device_train_batch_size,
                   accumulate_steps=args.gradient_accumulation_steps, expert=expert)
