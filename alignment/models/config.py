@@ -22,7 +22,8 @@ from alignment.models import paddlenlp_checkpoint
 from alignment.models.rope import RopeConfig, check_rope_scaling
 
 CONFIG_NAME = "config.json"
-RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree", "expert_parallel_degree")  # never read from or written to config.json
+# never read from or written to config.json
+RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree", "expert_parallel_degree")
 
 
 @dataclasses.dataclass
