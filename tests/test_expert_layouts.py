@@ -5,8 +5,9 @@ ranks that hold them). One step of tests/scripts/ep_step.py on a fixed global ba
 routing replay), the loss with the load-balancing term, every gradient and the weights after one AdamW step equal
 one process's within 1e-5 of each tensor's largest magnitude (as tests/test_layouts.py); the checkpoint saved under
 ep=2 is whole (the HF layout: it loads in one process), read from the one-process checkpoint. SFT through its entry
-point under ep2 and ep2 x dp2 (the load-balancing loss on, an evaluation at the end) logs and saves what one process
-does; an RL run and experts that do not split are refused in one line. Marked `parallel`."""
+point under ep2 and ep2 x dp2 (the load-balancing loss on, an evaluation at the end) and DPO under ep2 log and save
+what one process does; a step checkpoint written under ep2 resumes in one process; an RL run and experts that do
+not split are refused in one line. Marked `parallel`."""
 import json
 import os
 import shutil
@@ -16,8 +17,10 @@ import sys
 import numpy as np
 import paddle
 import pytest
+from safetensors.numpy import load_file
 
 from alignment.models import LlamaForCausalLM
+from alignment.models.score_model import ScoreModel
 from tests.helpers import REPO, read_metrics
 from tests.scripts.ep_step import BATCH, batch, named_gradients, optimizer, step
 
@@ -59,6 +62,11 @@ def test_expert_parallel_step_equals_one_process(name, layout, tmp_path):
     logs = launch(tmp_path / "logs", [os.path.join(REPO, "tests", "scripts", "ep_step.py"), model_dir,
                                       str(tmp_path), "2"], processes)
     assert f"world {processes} = tensor 1 x pipeline 1 x sharding 1 x data {processes}, experts split over 2" in logs
+    written, read = load_file(str(tmp_path / "loaded" / "model.safetensors")), load_file(
+        os.path.join(model_dir, "model.safetensors"))
+    assert sorted(written) == sorted(read)  # the whole HF layout, every expert
+    for key in read:
+        np.testing.assert_array_equal(written[key], read[key], err_msg=key)  # gathered back bit for bit
     logits, replayed, loss, grads, stepped = one_process_step(model_dir)
     assert np.abs(replayed - logits).max() > 0.1  # the replayed choices changed the routing
     seen_rows, seen_grads = [], set()
@@ -105,40 +113,96 @@ def moe_sft_model(tiny_model_dir, tmp_path_factory):
     return str(root / "model")
 
 
-def sft_args(model):
-    return [os.path.join(REPO, "alignment", "sft", "run_sft.py"), os.path.join(REPO, "config", "tiny",
-                                                                               "sft_argument.json"),
+STAGES = {  # stage: (entry point, argument file, data, keys compared)
+    "sft": ("sft/run_sft.py", "sft_argument.json", ("alpaca:1.0:{}/data/sft/train.jsonl",
+                                                    "alpaca:0.4:{}/data/sft/eval.jsonl"),
+            ("loss", "grad_norm", "moe/aux_loss", "eval/loss")),
+    "dpo": ("dpo/run_dpo.py", "dpo_argument.json", ("PKU-SafeRLHF/train:1.0:{}/data/preference",
+                                                    "PKU-SafeRLHF/test:0.4:{}/data/preference"),
+            ("loss", "grad_norm", "rewards/margin", "eval/loss")),
+    "rm": ("rm/run_reward.py", "rm_argument.json", ("PKU-SafeRLHF/train:1.0:{}/data/preference",
+                                                   "PKU-SafeRLHF/test:0.4:{}/data/preference"),
+           ("loss", "accuracy", "grad_norm", "eval/loss")),
+}
+
+
+def stage_args(stage, model):
+    entry, config, (train, evaluate), _ = STAGES[stage]
+    return [os.path.join(REPO, "alignment", entry), os.path.join(REPO, "config", "tiny", config),
             "--model_name_or_path", model, "--max_steps", "3", "--disable_tqdm", "--logging_steps", "1",
             "--adam_epsilon", "1.0", "--learning_rate", "0.02", "--warmup_steps", "0", "--lr_scheduler_type",
             "constant", "--eval_steps", "3", "--per_device_eval_batch_size", "3",
-            "--train_datasets", f"alpaca:1.0:{REPO}/data/sft/train.jsonl",
-            "--eval_datasets", f"alpaca:0.4:{REPO}/data/sft/eval.jsonl"]
+            "--train_datasets", train.format(REPO), "--eval_datasets", evaluate.format(REPO)]
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_sft_under_expert_parallelism_equals_one_process(moe_sft_model, tmp_path, layout):
-    """4 samples a step (answers of different lengths on each rank), the load-balancing loss in the loss."""
-    processes = LAYOUTS[layout]
-    subprocess.run([sys.executable, *sft_args(moe_sft_model), "--per_device_train_batch_size", "4",
+def sft_args(model):
+    return stage_args("sft", model)
+
+
+def assert_same_run(one, other, keys, start, cls=LlamaForCausalLM):
+    """Every logged key of every step within rtol 1e-5 and every final weight within the tolerance."""
+    a, b = read_metrics(one), read_metrics(other)
+    for key in keys:
+        x, y = [r[key] for r in a if key in r], [r[key] for r in b if key in r]
+        assert len(x) == len(y) > 0, key
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-7, err_msg=key)
+    first = dict(cls.from_pretrained(start).named_parameters())
+    moved = 0.0
+    for (key, x), y in zip(cls.from_pretrained(str(one / "model")).named_parameters(),
+                           cls.from_pretrained(str(other / "model")).parameters()):
+        assert_close(y.numpy(), x.numpy(), f"weight {key}")
+        moved = max(moved, float(np.abs(x.numpy() - first[key].numpy()).max()))
+    assert moved > 1e-3  # the runs really trained
+
+
+@pytest.fixture(scope="module")
+def moe_score_model(moe_sft_model, tmp_path_factory):
+    """A score model on the MoE backbone with a seeded random head (made once, so both runs start from it)."""
+    paddle.seed(11)
+    path = str(tmp_path_factory.mktemp("moe-rm") / "model")
+    ScoreModel.from_pretrained(moe_sft_model).save_pretrained(path, tokenizer_dir=moe_sft_model)
+    return path
+
+
+@pytest.mark.parametrize("stage, layout", [("sft", "ep2"), ("sft", "ep2xdp2"), ("dpo", "ep2"), ("rm", "ep2")])
+def test_the_supervised_stages_under_expert_parallelism_equal_one_process(moe_sft_model, moe_score_model, tmp_path,
+                                                                          stage, layout):
+    """4 samples a step (answers of different lengths on each rank; SFT with the load-balancing loss in its loss,
+    DPO with an expert-parallel reference model too, the reward model on the MoE backbone), an evaluation at the
+    end."""
+    processes, start = LAYOUTS[layout], moe_score_model if stage == "rm" else moe_sft_model
+    subprocess.run([sys.executable, *stage_args(stage, start), "--per_device_train_batch_size", "4",
                     "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
-    logs = launch(tmp_path / "logs", sft_args(moe_sft_model) + [
+    logs = launch(tmp_path / "logs", stage_args(stage, start) + [
         "--per_device_train_batch_size", str(4 // processes), "--expert_parallel_degree", "2",
         "--output_dir", str(tmp_path / layout)], processes)
     assert "experts split over 2" in logs
-    one, other = read_metrics(tmp_path / "one"), read_metrics(tmp_path / layout)
-    for key in ("loss", "grad_norm", "moe/aux_loss", "eval/loss"):
-        x, y = [r[key] for r in one if key in r], [r[key] for r in other if key in r]
-        assert len(x) == len(y) > 0, key
-        np.testing.assert_allclose(y, x, rtol=1e-5, err_msg=key)
-    start = dict(LlamaForCausalLM.from_pretrained(moe_sft_model).named_parameters())
-    trained = LlamaForCausalLM.from_pretrained(str(tmp_path / layout / "model"))
-    moved = []
+    assert_same_run(tmp_path / "one", tmp_path / layout, STAGES[stage][3], start,
+                    ScoreModel if stage == "rm" else LlamaForCausalLM)
+
+
+def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_process(moe_sft_model, tmp_path):
+    """checkpoint-2 of an ep2 SFT run (every expert's weights and AdamW states gathered) resumed by one process
+    ends like the one-process run that never stopped."""
+    subprocess.run([sys.executable, *sft_args(moe_sft_model), "--per_device_train_batch_size", "4",
+                    "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
+    launch(tmp_path / "logs", sft_args(moe_sft_model) + ["--per_device_train_batch_size", "2", "--save_steps", "2",
+                                                         "--expert_parallel_degree", "2", "--output_dir",
+                                                         str(tmp_path / "ep2")], 2)
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "ep2" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    done = subprocess.run([sys.executable, *sft_args(moe_sft_model), "--per_device_train_batch_size", "4",
+                           "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "auto"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0 and "resumed from" in done.stdout + done.stderr, done.stderr[-2000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "resumed") if "loss" in r] == [3]
+    one = [r for r in read_metrics(tmp_path / "one") if r["step"] == 3 and "loss" in r]
+    resumed = [r for r in read_metrics(tmp_path / "resumed") if "loss" in r]
+    for key in ("loss", "grad_norm", "moe/aux_loss"):
+        np.testing.assert_allclose(resumed[0][key], one[0][key], rtol=1e-5, err_msg=key)
     for (key, x), y in zip(LlamaForCausalLM.from_pretrained(str(tmp_path / "one" / "model")).named_parameters(),
-                           trained.parameters()):
+                           LlamaForCausalLM.from_pretrained(str(tmp_path / "resumed" / "model")).parameters()):
         assert_close(y.numpy(), x.numpy(), f"weight {key}")
-        if ".experts." in key:
-            moved.append(np.abs(x.numpy() - start[key].numpy()).max() > 1e-5)
-    assert len(moved) == 4 * 4 * 3 and np.mean(moved) > 0.5  # most experts trained (some got no token)
 
 
 def test_an_rl_run_and_experts_that_do_not_split_are_refused_in_one_line(moe_sft_model, tiny_reward_dir, tmp_path):

@@ -6,7 +6,8 @@ global batch (BATCH rows, each rank its strided share), then the checkpoint save
 
 Writes per rank rank<r>.npz: its rows' logits, replayed logits (every token routed to (own choice + 1) mod E),
 its loss (token mean + AUX_COEF x the load-balancing loss), and the averaged gradients of the parameters it holds
-under their checkpoint names (Paddle orientation); and <output dir>/model, the model after one AdamW step.
+under their checkpoint names (Paddle orientation); <output dir>/loaded, the model saved as it was read, and
+<output dir>/model, the model after one AdamW step.
 tests/test_expert_layouts.py computes the same in one process (one_process_step) and compares.
 """
 import os
@@ -68,6 +69,7 @@ if __name__ == "__main__":
     model = LlamaForCausalLM.from_pretrained(model_dir)
     assert model.config.expert_parallel_degree == ep
     assert len(moe_blocks(model)[0].experts) == model.config.moe.num_experts // ep
+    model.save_pretrained(os.path.join(out, "loaded"))  # as read: every rank's experts gathered back
     rows = list(shard(range(BATCH)))
     logits, replayed, loss = step(model, paddle.to_tensor(batch(model.config.vocab_size)[rows]))
     average_gradients(model.parameters())
