@@ -191,7 +191,7 @@ def _c_softmax_with_cross_entropy(logits, label, group=None, return_softmax=Fals
     return _ParallelCrossEntropy.apply(logits, label, group, ignore_index)
 
 
-def alltoall_single(out_tensor, in_tensor, out_split_sizes, in_split_sizes, group):
+def alltoall_single(out_tensor, in_tensor, in_split_sizes, out_split_sizes, group):
     """paddle.distributed.alltoall_single's meaning over gloo: in_tensor's rows, split over the ranks by
     in_split_sizes, sent; out_tensor gets the rows every rank sent here, in rank order (out_split_sizes)."""
     sizes = []
