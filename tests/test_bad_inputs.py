@@ -160,6 +160,11 @@ CASES = [
     # --- parallel layout (tests/test_parallel.py has the 2-process case: heads not divisible by the degree)
     ("parallel degrees do not match the world size", lambda t, m: sft(t, m, "--tensor_parallel_degree", "2"),
      ["tensor_parallel_degree 2", "world size 1"]),
+    ("expert parallel degree does not divide the data ranks", lambda t, m: sft(t, m, "--expert_parallel_degree", "2"),
+     ["expert_parallel_degree' 2", "data-parallel degree 1"]),
+    ("expert parallelism with tensor parallelism", lambda t, m: sft(t, m, "--expert_parallel_degree", "2",
+                                                                    "--tensor_parallel_degree", "2"),
+     ["expert_parallel_degree' 2", "plain data parallelism only"]),
     ("Paddle's sharding offload", lambda t, m: sft(t, m, "--sharding", "stage3 offload"),
      ["'sharding'", "stage3 offload", "remove 'offload'"]),
     ("unknown offload level", lambda t, m: ppo(t, m, "--offload_level", "everything"),

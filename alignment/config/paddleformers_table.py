@@ -61,8 +61,8 @@ TABLE: Dict[str, Rule] = {
         inert=lambda value, values: not as_flag(get_set(values, "recompute", False)))),
     "_attn_implementation": Rule(NOTICE, None, _fused("attention (flashmask / flash attention)"),
                                  inert=one_of("eager", "sdpa")),
-    "moe_token_dispatcher_type": Rule(NOTICE, None, "this toolkit's models have no experts (MoE)"),
-    "moe_router_bias_update_rate": Rule(NOTICE, None, "this toolkit's models have no experts (MoE)"),
+    "moe_token_dispatcher_type": Rule(NOTICE, None, "tokens are dispatched all-to-all here (expert_parallel_degree)"),
+    "moe_router_bias_update_rate": Rule(NOTICE, None, "the score-correction bias is not updated in training here"),
     "overlap_p2p_comm": Rule(NOTICE, None, COMM),
     "batch_p2p_comm": Rule(NOTICE, None, COMM, inert=lambda value, values: True),
     # ---- checkpoints ----

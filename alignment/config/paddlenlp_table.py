@@ -192,9 +192,9 @@ TABLE: Dict[str, Rule] = {
     "hybrid_parallel_topo_order": Rule(NOTICE, None, COMM, inert=one_of("pp_first")),
     "enable_auto_parallel": Rule(NOTICE, None, "this toolkit runs fleet's hybrid (manual) parallelism; the "
                                                "degrees are honoured, the auto-parallel engine is not used"),
-    "use_expert_parallel": Rule(NOTICE, None, "this toolkit's models have no experts (MoE); nothing to split"),
-    "expert_max_capacity": Rule(NOTICE, None, "this toolkit's models have no experts (MoE)", inert=one_of(2 ** 32)),
-    "expert_min_capacity": Rule(NOTICE, None, "this toolkit's models have no experts (MoE)", inert=one_of(1)),
+    "use_expert_parallel": Rule(NOTICE, None, "expert parallelism is on here when expert_parallel_degree > 1"),
+    "expert_max_capacity": Rule(NOTICE, None, "no token capacity here: every routed token runs", inert=one_of(2 ** 32)),
+    "expert_min_capacity": Rule(NOTICE, None, "no token capacity here: every routed token runs", inert=one_of(1)),
     "local_rank": Rule(NOTICE, None, "ranks come from paddle.distributed.launch here"),
     "ddp_find_unused_parameters": Rule(NOTICE, None, "gradients are averaged over data-parallel ranks after the "
                                                      "backward pass here; no DataParallel wrapper needs it"),

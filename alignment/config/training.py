@@ -106,6 +106,11 @@ class TrainingArguments:
                                                         "/ DPO policy, the reward model) into this many pipeline "
                                                         "stages (1F1B over gradient_accumulation_steps micro-batches "
                                                         "of per_device_train_batch_size).")
+    expert_parallel_degree: int = field(1, ge=1, help="Mixture-of-experts models: split each sparse layer's experts "
+                                                      "over this many data-parallel processes, which send each "
+                                                      "token to the ranks holding its chosen experts and combine "
+                                                      "the results (docs/parallel/expert.md); divides the number "
+                                                      "of processes and each model's expert count; 1 = off.")
     sharding: str = field("", help="ZeRO sharding over the sharding processes (docs/parallel/sharding.md): 'stage1' "
                                    "splits the AdamW states (fleet's sharding optimizer), 'stage2' also the "
                                    "gradients, 'stage3' also the parameters (Paddle's group_sharded_parallel 'os_g' "

@@ -19,10 +19,11 @@ from alignment.fileio import atomic_directory
 from alignment.models import paddlenlp_checkpoint
 from alignment.models.config import check_tensor_split
 from alignment.models.lora import has_lora, load_adapter, save_adapter
+from alignment.models.moe import experts_elsewhere, whole_experts
 from alignment.models.tokenizer import copy_tokenizer_files
 from alignment.models.weight_index import read_weight_map
 from alignment.parallel import tensor_parallel as tp
-from alignment.parallel.distributed import is_main_process, model_parallel_degree
+from alignment.parallel.distributed import expert_parallel_degree, is_main_process, model_parallel_degree
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -36,14 +37,17 @@ def linear_weight_names(model: nn.Layer) -> set:
 
 
 def hf_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
-    """Model parameters under HF names and orientation, whole (tensor-parallel slices gathered: a collective that
-    every rank of the group must call), contiguous, ready for safetensors."""
+    """Model parameters under HF names and orientation, whole (tensor-parallel slices gathered, and under expert
+    parallelism every rank's experts: collectives that every rank of the group must call), contiguous, ready for
+    safetensors."""
     linear = linear_weight_names(model)
     out = {}
     for name, tensor in model.state_dict().items():
         if tp.is_split(tensor):
             tensor = tp.full_tensor(tensor)
         out[name] = tensor.T.contiguous() if name in linear else tensor.contiguous()
+    for name, tensor in whole_experts(model).items():  # experts are Linear layers (weights transposed)
+        out[name] = tensor.T.contiguous() if tensor.ndim == 2 else tensor.contiguous()
     return out
 
 
@@ -104,9 +108,9 @@ def load_weights(model: nn.Layer, path: str, strict: bool = True, ignore_missing
     own = model.state_dict()
     if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
         loaded.pop("lm_head.weight", None)
-    skip = tuple(ignore_unexpected)
+    skip, elsewhere = tuple(ignore_unexpected), experts_elsewhere(model)  # other ranks' experts (expert parallel)
     unexpected = sorted(k for k in loaded if k not in own and not k.endswith(IGNORED_ON_LOAD)
-                        and not (skip and k.startswith(skip)))
+                        and not (skip and k.startswith(skip)) and k not in elsewhere)
     missing = sorted(k for k in own if k not in loaded)
     not_allowed = [k for k in missing if not any(k.startswith(prefix) for prefix in ignore_missing)]
     if strict and (unexpected or not_allowed):
@@ -173,6 +177,7 @@ class PretrainedMixin:
             raise FileNotFoundError(f"{path}: model directory not found")
         config = cls.config_class.from_pretrained(path)
         config_overrides.setdefault("tensor_parallel_degree", model_parallel_degree())  # split under tp > 1
+        config_overrides.setdefault("expert_parallel_degree", expert_parallel_degree())  # experts split (MoE)
         for key, value in config_overrides.items():
             if not hasattr(config, key):
                 raise ValueError(f"{path}: unknown config override {key!r}")
@@ -208,7 +213,7 @@ class PretrainedMixin:
         with LoRA adapters writes only the adapters, in PEFT's layout (as peft's save_pretrained does).
         Under several processes every rank calls it and rank 0 writes; a tensor-parallel model's slices are
         gathered first, so the files are whole whatever the degree."""
-        split = any(tp.is_split(p) for p in self.parameters())
+        split = any(tp.is_split(p) or getattr(p, "expert_parallel", False) for p in self.parameters())
         if not is_main_process() and not split:
             return
         state = hf_state_dict(self) if split else None  # a collective: every rank of the group takes part

@@ -22,7 +22,8 @@ from alignment.models import paddlenlp_checkpoint
 from alignment.models.rope import RopeConfig, check_rope_scaling
 
 CONFIG_NAME = "config.json"
-RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree")  # never read from or written to config.json
+# never read from or written to config.json
+RUNTIME_FIELDS = ("extra", "recompute", "tensor_parallel_degree", "expert_parallel_degree")
 
 
 @dataclasses.dataclass
@@ -50,6 +51,7 @@ class LlamaConfig:
     architectures: Optional[list] = None
     recompute: bool = False  # activation checkpointing per decoder layer; a run-time switch, not saved
     tensor_parallel_degree: int = 1  # ranks one model is split over (run time, not saved: checkpoints are whole)
+    expert_parallel_degree: int = 1  # ranks each MoE layer's experts are split over (run time, not saved)
     extra: dict = dataclasses.field(default_factory=dict)  # unknown keys from config.json, written back unchanged
 
     def __post_init__(self):
@@ -159,7 +161,12 @@ class LlamaConfig:
 
 
 def check_tensor_split(tp: int, config, path: str) -> None:
-    """Tensor parallelism splits attention heads, key/value heads, the MLP and the vocabulary evenly."""
+    """Tensor parallelism splits attention heads, key/value heads, the MLP and the vocabulary evenly; expert
+    parallelism (config.expert_parallel_degree) the experts of an MoE model (a dense model is not split by it)."""
+    ep, moe = getattr(config, "expert_parallel_degree", 1), getattr(config, "moe", None)
+    if ep > 1 and moe is not None and moe.num_experts % ep:
+        raise ValueError(f"{path}: {moe.num_experts} experts are not divisible by expert_parallel_degree {ep} "
+                         "(key 'expert_parallel_degree')")
     if tp == 1:
         return
     if getattr(config, "moe", None) is not None:

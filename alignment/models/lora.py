@@ -107,6 +107,8 @@ def apply_lora(model: nn.Layer, rank: int = 8, alpha: float = 16.0, dropout: flo
     learning-rate multiplier of every B."""
     if getattr(getattr(model, "config", None), "tensor_parallel_degree", 1) > 1:
         raise ValueError("LoRA with tensor_parallel_degree > 1 is not supported: set 'lora' false or the degree to 1")
+    if getattr(getattr(model, "config", None), "expert_parallel_degree", 1) > 1:
+        raise ValueError("LoRA with expert_parallel_degree > 1 is not supported: set 'lora' false or the degree to 1")
     wrapped = []
     for name, layer in list(model.named_sublayers()):
         if isinstance(layer, nn.Linear) and _matches(name, target_modules):

@@ -10,11 +10,19 @@ Each expert is a SwiGLU with transformers' checkpoint names (`mlp.experts.3.gate
 convert like the dense layers (a transpose) and LoRA's gate_proj/up_proj/down_proj targets reach the experts too.
 
 Two paths, equal up to float rounding: sparse (each expert runs on the tokens routed to it, gathered, and its
-outputs are added back in expert order, as transformers does) and dense (every expert on every token, the outputs
+outputs are added back in expert order, as transformers does; an expert no token reached runs on a zero row times
+0 while gradients are recorded, so every expert has a gradient every step, as on the dense path and whatever the
+padding of each rank's batch) and dense (every expert on every token, the outputs
 weighted by a [tokens, experts] matrix that is zero off the chosen experts): the reference, and what a compiled
 program runs (no data-dependent shapes). Each forward keeps its router logits and choices on the block, for the
 load-balancing loss (router_aux_loss, as transformers computes it), the expert load, and routing replay: a block
 given `replay` choices [tokens, k] uses them instead of its own top-k (weights from its own probabilities).
+
+Under expert parallelism (config.expert_parallel_degree > 1) a block holds only its rank's experts, in a LayerDict
+under their global indices (so names stay `mlp.experts.5.up_proj.weight`), and its tokens travel to the ranks that
+hold their chosen experts (alignment/parallel/expert_parallel.py); routing, the shared experts and the router stay
+on the token's rank. The load-balancing loss then counts every data rank's tokens, as one process over the whole
+batch would; saving gathers every expert (whole_experts), loading reads this rank's.
 """
 from __future__ import annotations
 
@@ -28,6 +36,8 @@ import paddle.nn.functional as F
 
 from alignment.models.config import LlamaConfig
 from alignment.parallel import tensor_parallel as tp
+from alignment.parallel.distributed import data_world_size, expert_parallel_group, sum_over_data_ranks
+from alignment.parallel.expert_parallel import gather_experts, idle_term, parallel_experts
 
 
 class SwiGLU(nn.Layer):
@@ -57,7 +67,19 @@ class MoeBlock(nn.Layer):
         moe = config.moe
         self.settings = moe
         self.gate = tp.column_linear(config.hidden_size, moe.num_experts, False, 1)
-        self.experts = nn.LayerList([SwiGLU(config.hidden_size, moe.expert_size) for _ in range(moe.num_experts)])
+        degree = getattr(config, "expert_parallel_degree", 1)
+        self.group = expert_parallel_group() if degree > 1 else None  # expert parallelism: this rank's group
+        if self.group is None:
+            self.experts = nn.LayerList([SwiGLU(config.hidden_size, moe.expert_size) for _ in range(moe.num_experts)])
+        else:
+            if self.group.nranks != degree:
+                raise ValueError(f"expert_parallel_degree {degree}: the process group has {self.group.nranks} "
+                                 "ranks (key 'expert_parallel_degree')")
+            per_rank = moe.num_experts // degree
+            mine = range(self.group.rank * per_rank, (self.group.rank + 1) * per_rank)
+            self.experts = nn.LayerDict({str(e): SwiGLU(config.hidden_size, moe.expert_size) for e in mine})
+            for param in self.experts.parameters():
+                param.expert_parallel = True  # gradients averaged over the ranks holding the same experts
         self.moe_statics = ScoreCorrection(moe.num_experts) if moe.score_correction else None
         self.shared_experts = SwiGLU(config.hidden_size, moe.shared_size, config.mlp_bias) if moe.shared_size else None
         self.dense = False  # the reference path (every expert on every token)
@@ -86,13 +108,25 @@ class MoeBlock(nn.Layer):
         b, s, hidden = x.shape
         flat = x.reshape([-1, hidden])
         self.router_logits, self.chosen, weights = self.route(flat)
-        if self.dense or not paddle.in_dynamic_mode():
+        if self.group is not None:
+            if self.dense or not paddle.in_dynamic_mode():
+                raise ValueError("the dense expert path (reference, compiled programs) needs every expert on one "
+                                 "rank: expert_parallel_degree 1")
+            out = parallel_experts(flat, self.chosen, weights, self.local_experts(), self.settings.num_experts,
+                                   self.group)
+        elif self.dense or not paddle.in_dynamic_mode():
             out = self.dense_experts(flat, self.chosen, weights)
         else:
             out = self.sparse_experts(flat, self.chosen, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.reshape([b, s, hidden])
+
+    def local_experts(self) -> dict:
+        """{global expert index: its layer} of the experts this rank holds (all of them without parallelism)."""
+        if self.group is None:
+            return dict(enumerate(self.experts))
+        return {int(name): layer for name, layer in self.experts.items()}
 
     def dense_experts(self, flat, chosen, weights):
         combine = paddle.put_along_axis(paddle.zeros([flat.shape[0], len(self.experts)], flat.dtype), chosen,
@@ -105,11 +139,14 @@ class MoeBlock(nn.Layer):
     def sparse_experts(self, flat, chosen, weights):
         picks = chosen.numpy()
         out = paddle.zeros_like(flat)
-        for e in np.unique(picks):
+        for e, expert in enumerate(self.experts):
             rows, slots = np.nonzero(picks == e)
+            if not len(rows):
+                out = out + idle_term(expert, flat)  # a zero gradient, as on the dense path
+                continue
             index = paddle.to_tensor(rows, dtype="int64")
             weight = paddle.gather_nd(weights, paddle.to_tensor(np.stack([rows, slots], axis=1), dtype="int64"))
-            out = paddle.index_add(out, index, 0, self.experts[int(e)](paddle.gather(flat, index)) * weight[:, None])
+            out = paddle.index_add(out, index, 0, expert(paddle.gather(flat, index)) * weight[:, None])
         return out
 
 
@@ -118,7 +155,7 @@ def moe_block(config: LlamaConfig, index: int) -> Optional[MoeBlock]:
     moe = config.moe
     if moe is None or index not in moe.sparse_layers:
         return None
-    return MoeBlock(config)  # tensor parallelism refused before (config.check_tensor_split)
+    return MoeBlock(config)  # tensor parallelism refused before, experts checked to split (config.check_tensor_split)
 
 
 def moe_blocks(model) -> List[MoeBlock]:
@@ -132,29 +169,62 @@ def use_dense_experts(model: nn.Layer, dense: bool = True) -> None:
         block.dense = dense
 
 
-def router_aux_loss(model: nn.Layer, attention_mask=None) -> paddle.Tensor:
+def router_aux_loss(model: nn.Layer, attention_mask=None, grad_scale: Optional[float] = None) -> paddle.Tensor:
     """transformers' load_balancing_loss_func over the last forward's sparse layers: experts x sum over experts of
     (the share of top-k choices it got) x (its mean router probability), over all layers' tokens together; with
     attention_mask [b, s] only the real tokens count. The choice is the plain top-k of the probabilities (no score
-    correction, no replay), as there."""
+    correction, no replay), as there. Under expert parallelism the counts, probability sums and rows are every data
+    rank's (a collective): the value is one process's over the whole batch, and each rank's share of its gradient is
+    scaled by `grad_scale` (default: the number of data ranks, whose average the gradients then take)."""
     blocks = moe_blocks(model)
     experts, top_k = blocks[0].settings.num_experts, blocks[0].settings.top_k
     counts = paddle.zeros([experts], "float32")
     prob_sum = paddle.zeros([experts], "float32")
-    rows = 0.0
+    rows = paddle.zeros([], "float32")
     for block in blocks:
         probs = F.softmax(block.router_logits, axis=-1)  # [n, E]
         chosen = paddle.topk(probs, top_k, axis=-1)[1]
         hits = F.one_hot(chosen, experts).sum(axis=1)  # [n, E]
         if attention_mask is None:
-            rows = rows + probs.shape[0]
+            rows = rows + float(probs.shape[0])
         else:
             mask = attention_mask.reshape([-1, 1]).astype("float32")
             hits, probs = hits * mask, probs * mask
             rows = rows + mask.sum()
         counts = counts + hits.sum(axis=0)
         prob_sum = prob_sum + probs.sum(axis=0)
+    if blocks[0].group is not None:
+        totals = sum_over_data_ranks(paddle.concat([counts, prob_sum.detach(), rows.reshape([1])]))
+        counts, rows = totals[:experts], totals[-1]
+        scale = data_world_size() if grad_scale is None else grad_scale
+        prob_sum = totals[experts:-1] + (prob_sum - prob_sum.detach()) * scale
     return (counts / rows * (prob_sum / rows)).sum() * experts
+
+
+def whole_experts(model: nn.Layer) -> dict:
+    """{checkpoint name: whole tensor (Paddle orientation)} of every expert of every expert-parallel block of
+    `model`, gathered from the ranks of its group (a collective; {} without expert parallelism)."""
+    out = {}
+    for prefix, block in _parallel_blocks(model):
+        out.update({f"{prefix}experts.{name}": tensor
+                    for name, tensor in gather_experts(block.local_experts(), block.group).items()})
+    return out
+
+
+def experts_elsewhere(model: nn.Layer) -> set:
+    """The checkpoint names of the expert parameters other ranks of each block's expert-parallel group hold."""
+    names = set()
+    for prefix, block in _parallel_blocks(model):
+        mine = block.local_experts()
+        params = [name for name, _ in next(iter(mine.values())).named_parameters()]
+        names.update(f"{prefix}experts.{e}.{p}" for e in range(block.settings.num_experts) if e not in mine
+                     for p in params)
+    return names
+
+
+def _parallel_blocks(model):
+    return [(f"{name}." if name else "", layer) for name, layer in model.named_sublayers(include_self=True)
+            if isinstance(layer, MoeBlock) and layer.group is not None]
 
 
 def expert_load(model: nn.Layer) -> List[np.ndarray]:
@@ -203,14 +273,20 @@ def routing_mismatch(model: nn.Layer) -> float:
     return differs / total if total else 0.0
 
 
-def moe_training_terms(model: nn.Layer, attention_mask=None):
+def moe_training_terms(model: nn.Layer, attention_mask=None, weight: Optional[float] = None):
     """What a training step adds for an MoE model after its forward: (router_aux_loss_coef x the load-balancing
     loss when the config's output_router_logits is set, as transformers adds it to its loss, else None; metrics:
-    moe/aux_loss and, per sparse layer j, moe/max_expert_load/j, the largest share of choices one expert got)."""
+    moe/aux_loss and, per sparse layer j, moe/max_expert_load/j, the largest share of choices one expert got).
+    weight: this rank's weight of the micro-batch (its tokens), by whose share of the data ranks' weight the
+    trainer scales the loss; under expert parallelism the term's gradient is scaled by the inverse, so the data
+    ranks' gradients add up to one process's (a collective)."""
     blocks = moe_blocks(model)
     if not blocks or blocks[0].router_logits is None:
         return None, {}
-    aux = router_aux_loss(model, attention_mask)
+    scale = None
+    if weight is not None and blocks[0].group is not None:
+        scale = float(sum_over_data_ranks(paddle.to_tensor(float(weight), "float32"))) / max(float(weight), 1e-12)
+    aux = router_aux_loss(model, attention_mask, scale)
     metrics = {"moe/aux_loss": float(aux)}
     metrics.update({f"moe/max_expert_load/{j}": float(share.max()) for j, share in enumerate(expert_load(model))})
     settings = blocks[0].settings

@@ -269,7 +269,8 @@ def hf_config_dict(data: dict, path: str) -> dict:
     if scaling and factor not in (None, 1, 1.0):
         raise ValueError(f"rope scaling {scaling!r} (rope_scaling_factor {factor}) is not supported yet "
                          "(only default RoPE)")
-    out = {k: v for k, v in data.items() if k not in RUNTIME_KEYS and k != "tensor_parallel_degree"}
+    out = {k: v for k, v in data.items()
+           if k not in RUNTIME_KEYS and k not in ("tensor_parallel_degree", "expert_parallel_degree")}
     dtype = out.pop("dtype", None)
     if dtype and "torch_dtype" not in out:
         out["torch_dtype"] = dtype

@@ -49,6 +49,14 @@ below is picked instead of Paddle's on a CPU build only; it builds Paddle's clas
                                    the two methods __init__ calls that record param2dtype (_flatten_layer_params,
                                    _handle_unslice_params); Paddle reads them again only for offload, refused on CPU
 
+Expert parallelism (alignment/parallel/expert_parallel.py) exchanges rows all-to-all, which gloo lacks
+("ProcessGroupGLOO does not support all_to_all"); on a CPU build it calls this module's function instead of
+Paddle's (nothing of Paddle's is replaced):
+
+    alltoall_single                paddle.distributed.alltoall_single with split sizes: every rank's split sizes
+                                   and rows (padded to the longest) all-gathered, then the rows addressed to this
+                                   rank taken from each (P times the traffic of an all-to-all; CPU tests only)
+
 "Runs with": the stand-in is a new function object over Paddle's own code with a copy of its module's namespace
 in which the names above are replaced (`_paddle_code`); Paddle's modules and classes are not changed. Offload
 (Paddle's `offload=True`) is not stood in for: stage 2's asserts float16 parameters (no CPU matmul kernel) and
@@ -60,6 +68,7 @@ import inspect
 import os
 import types
 
+import numpy as np
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
@@ -180,6 +189,31 @@ def _c_softmax_with_cross_entropy(logits, label, group=None, return_softmax=Fals
     if label.ndim == logits.ndim - 1:
         label = label.unsqueeze(-1)
     return _ParallelCrossEntropy.apply(logits, label, group, ignore_index)
+
+
+def alltoall_single(out_tensor, in_tensor, in_split_sizes, out_split_sizes, group):
+    """paddle.distributed.alltoall_single's meaning over gloo: in_tensor's rows, split over the ranks by
+    in_split_sizes, sent; out_tensor gets the rows every rank sent here, in rank order (out_split_sizes)."""
+    sizes = []
+    dist.all_gather(sizes, paddle.to_tensor(list(in_split_sizes), "int64"), group=group)
+    splits = np.stack([size.numpy() for size in sizes])  # [source, destination] rows
+    longest, rows = int(splits.sum(axis=1).max()), in_tensor.shape[0]
+    padded = in_tensor if rows == longest else paddle.concat(
+        [in_tensor, paddle.zeros([longest - rows] + list(in_tensor.shape[1:]), in_tensor.dtype)])
+    parts = []
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    mine = rows_sent_to(parts, splits, group.rank)
+    if list(splits[:, group.rank]) != list(out_split_sizes):
+        raise ValueError(f"alltoall_single: rank {group.rank} expects {list(out_split_sizes)} rows from the ranks, "
+                         f"they send {splits[:, group.rank].tolist()}")
+    paddle.assign(mine, output=out_tensor)
+
+
+def rows_sent_to(parts, splits, me: int):
+    """From each source rank i's rows parts[i], the ones it addresses to rank `me` (splits [source, destination]:
+    rank i's rows go to ranks 0, 1, ... in turn), concatenated in rank order."""
+    starts = np.cumsum(splits, axis=1) - splits
+    return paddle.concat([parts[i][int(starts[i, me]):int(starts[i, me] + splits[i, me])] for i in range(len(parts))])
 
 
 def _private_store(group_rank: int, group_id: int, group_name: str):

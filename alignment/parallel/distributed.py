@@ -21,6 +21,7 @@ from alignment.parallel.stores import wait_until_listening
 _hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up a hybrid layout
 _trainers = None  # asynchronous RL (Layout.rollout > 0): the group of the training ranks; collectives here use it
 _training_world = None  # the number of training ranks (None: every process trains)
+_expert_groups = None  # expert parallelism: (this rank's expert-parallel group, its expert-data group or None)
 STORE_WAIT_SECONDS = 900  # as long as init_parallel_env's own default wait (FLAGS_stop_check_timeout)
 
 
@@ -45,6 +46,8 @@ def init_distributed(layout=None) -> None:
         return
     if layout is None or not layout.hybrid:
         dist.init_parallel_env()
+        if layout is not None and layout.expert > 1:
+            _start_expert_groups(layout.expert)
         return
     from paddle.distributed import fleet
 
@@ -67,6 +70,31 @@ def init_distributed(layout=None) -> None:
         cpu_standins.install()  # before fleet.init: one of the stand-ins is how gloo groups are created
     fleet.init(is_collective=True, strategy=strategy)
     _hybrid = fleet.get_hybrid_communicate_group()
+
+
+def _start_expert_groups(degree: int) -> None:
+    """Expert-parallel groups of `degree` consecutive ranks ([0, 1], [2, 3] for degree 2 on 4 processes), each
+    splitting the experts among its ranks, and expert-data groups of the ranks holding the same experts ([0, 2],
+    [1, 3]), over which those experts' gradients are averaged. Every rank creates every group, in one order."""
+    global _expert_groups
+    if not paddle.is_compiled_with_cuda():
+        from alignment.parallel import cpu_standins
+
+        cpu_standins.install()  # a private rendezvous store per gloo group (groups created back to back)
+    world, me = world_size(), rank()
+    experts = [dist.new_group(list(range(start, start + degree))) for start in range(0, world, degree)]
+    data = [dist.new_group(list(range(first, world, degree))) for first in range(degree)] if world > degree else []
+    dist.barrier()
+    _expert_groups = (experts[me // degree], data[me % degree] if data else None)
+
+
+def expert_parallel_group():
+    """The group that splits each MoE layer's experts among its ranks (None without expert parallelism)."""
+    return None if _expert_groups is None else _expert_groups[0]
+
+
+def expert_parallel_degree() -> int:
+    return 1 if _expert_groups is None else _expert_groups[0].nranks
 
 
 def training_world() -> int:
@@ -144,9 +172,16 @@ def average_gradients(parameters) -> None:
     with paddle.no_grad():
         for param in parameters:
             if param.grad is not None:
-                for group in _data_groups():
+                # an expert's gradient already holds every token of its expert-parallel group (the exchange's
+                # backward): summed over the ranks that hold the same expert
+                expert = getattr(param, "expert_parallel", False)
+                for group in _expert_data_groups() if expert else _data_groups():
                     dist.all_reduce(param.grad, group=group)
                 param.grad.scale_(1.0 / world)
+
+
+def _expert_data_groups() -> list:
+    return [] if _expert_groups is None or _expert_groups[1] is None else [_expert_groups[1]]
 
 
 def sum_over_data_ranks(tensor):
@@ -201,12 +236,17 @@ def grad_norm_squares(parameters, partial=None) -> float:
 def _squares(pairs):
     """Sum of the squares of the gradients of (parameter, gradient) pairs, tensor-parallel slices summed over the
     model-parallel group (a collective there)."""
-    split, whole = [], []
+    split, whole, experts = [], [], []
     for param, grad in pairs:
         if grad is not None and not getattr(param, "tied_copy", False):  # a stage's copy of a tied table
             square = _C_ops.squared_l2_norm(grad if grad.dtype == paddle.float32 else grad.astype("float32"))
-            (split if getattr(param, "is_distributed", False) else whole).append(square.reshape([]))
+            (experts if getattr(param, "expert_parallel", False) else
+             split if getattr(param, "is_distributed", False) else whole).append(square.reshape([]))
     total = paddle.add_n(whole) if whole else paddle.zeros([], "float32")
+    if _expert_groups is not None:  # each rank of an expert-parallel group holds other experts
+        part = paddle.add_n(experts) if experts else paddle.zeros([], "float32")
+        dist.all_reduce(part, group=_expert_groups[0])
+        total = total + part
     if _hybrid is not None and _hybrid.get_model_parallel_world_size() > 1:
         part = paddle.add_n(split) if split else paddle.zeros([], "float32")
         dist.all_reduce(part, group=_hybrid.get_model_parallel_group())

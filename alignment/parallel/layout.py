@@ -4,7 +4,9 @@
 
 Ranks in one tensor-parallel group hold slices of the same model and see the same data; sharding and data-parallel
 ranks see different data (sharding also splits the optimizer states among its ranks, stage 2 the gradients too,
-stage 3 the parameters too: alignment/training/sharding.py). Everything is checked
+stage 3 the parameters too: alignment/training/sharding.py). Expert parallelism (expert_parallel_degree, MoE
+models) splits each sparse layer's experts over groups of that many data ranks, which exchange tokens
+(alignment/parallel/expert_parallel.py); it divides the data-parallel degree. Everything is checked
 by `plan()` before any model is loaded, so a wrong layout fails in a second with the keys to change.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Layout:
     micro_batch_size: int = 1  # pipeline: rows per micro-batch (per_device_train_batch_size)
     accumulate_steps: int = 1  # pipeline: micro-batches per optimizer step (gradient_accumulation_steps)
     rollout: int = 0  # asynchronous RL: ranks world .. world + rollout - 1 generate; `world` ranks train
+    expert: int = 1  # expert_parallel_degree: data ranks that split each MoE layer's experts among them
 
     @property
     def processes(self) -> int:
@@ -43,6 +46,7 @@ class Layout:
     def describe(self) -> str:
         return (f"world {self.world} = tensor {self.tensor} x pipeline {self.pipeline} x sharding {self.sharding}"
                 f"{' (' + self.stage + ')' if self.stage else ''} x data {self.data}"
+                f"{f', experts split over {self.expert}' if self.expert > 1 else ''}"
                 f"{f' training, + {self.rollout} rollout' if self.rollout else ''}")
 
 
@@ -57,6 +61,11 @@ def plan(args, world: int) -> Layout:
                              "warns it is not supported with hybrid parallelism); remove 'offload' (PPO-family runs "
                              "offload the sharded optimizer states with offload_level 'optimizer')")
         raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")
+    expert = getattr(args, "expert_parallel_degree", 1)
+    if expert > 1 and (tp > 1 or pp > 1 or stage):
+        raise ValueError(f"key 'expert_parallel_degree' {expert} runs over plain data parallelism only (not built "
+                         "with tensor / pipeline parallelism or sharding yet); set tensor_parallel_degree and "
+                         "pipeline_parallel_degree to 1 and sharding to ''")
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} does not divide the world "
                          f"size {world} (processes started by paddle.distributed.launch)")
@@ -78,5 +87,8 @@ def plan(args, world: int) -> Layout:
         if args.fp16:
             raise ValueError(f"key 'sharding' {stage!r} with fp16: the loss scaling of sharding stage2/3 is not "
                              "built; use bf16, or sharding stage1")
+    if expert > 1 and world % expert:
+        raise ValueError(f"key 'expert_parallel_degree' {expert} does not divide the data-parallel degree "
+                         f"{world} (processes started by paddle.distributed.launch)")
     return Layout(world, tp, pp, sharding, stage, micro_batch_size=args.per_device_train_batch_size,
-                  accumulate_steps=args.gradient_accumulation_steps)
+                  accumulate_steps=args.gradient_accumulation_steps, expert=expert)

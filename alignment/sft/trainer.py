@@ -10,7 +10,8 @@ from alignment.training.dataset_trainer import DatasetTrainer
 class SupervisedTrainer(DatasetTrainer):
     def compute_loss(self, batch):
         loss, num_tokens = answer_token_loss(self.model, batch["input_ids"], batch["attention_mask"], batch["labels"])
-        aux, metrics = moe_training_terms(self.model, batch["attention_mask"])  # experts: the load-balancing loss
+        aux, metrics = moe_training_terms(self.model, batch["attention_mask"],  # experts: the load-balancing loss
+                                          self.batch_weight(batch))
         return (loss if aux is None else loss + aux), metrics, float(num_tokens)
 
     def batch_weight(self, batch) -> float:

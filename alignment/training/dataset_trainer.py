@@ -24,8 +24,8 @@ from typing import Callable, Dict, List, Optional
 import paddle
 from tqdm import tqdm
 
-from alignment.parallel.distributed import (barrier, data_world_size, mean_over_ranks, shard, step_shares,
-                                            sum_over_data_ranks)
+from alignment.parallel.distributed import (barrier, data_world_size, expert_parallel_degree, gather_objects,
+                                            mean_over_ranks, shard, step_shares, sum_over_data_ranks)
 from alignment.training.batches import batches_per_epoch, epoch_batches, eval_shards, skip_batches, to_tensors
 from alignment.training.logger import hide_progress
 from alignment.training.trainer import Trainer, mean_rows
@@ -166,6 +166,11 @@ class DatasetTrainer(Trainer):
     def _eval_records(self, eager: Callable, pipelined: Callable) -> list:
         records, pending = [], []
         shards = list(eval_shards(len(self.eval_dataset), self.args.per_device_eval_batch_size))
+        owed = 0
+        if expert_parallel_degree() > 1:  # every forward exchanges tokens: the ranks run as many, extras discarded
+            owed = max(gather_objects(len(shards))) - len(shards)
+        for _ in range(owed):
+            eager(to_tensors(self.collate_fn([self.eval_dataset[i] for i in (shards[-1] if shards else [0])])))
         for number, indices in enumerate(tqdm(shards, desc="evaluate", leave=False, dynamic_ncols=True,
                                               disable=hide_progress(self.args))):
             batch = to_tensors(self.collate_fn([self.eval_dataset[i] for i in indices]))

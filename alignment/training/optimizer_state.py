@@ -8,7 +8,8 @@ Every accumulator is stored whole, under the whole model's parameter name and Pa
 Saving gathers tensor-parallel slices along their split axis, takes each pipeline stage's parameters under the
 whole model's names and each sharding rank's own parameters; loading gives every rank the slice of the
 parameters it holds, and under sharding only those its optimizer owns (stage 3: its slice of each). So tp2 x pp2 x
-dp2 -> one process and one process -> tp2 x sharding2 both continue where the checkpoint stopped. What a sharding
+dp2 -> one process and one process -> tp2 x sharding2 both continue where the checkpoint stopped. Under expert
+parallelism each rank holds its experts' states; saving gathers them all, loading keeps this rank's. What a sharding
 stage keeps of a state is its strategy's (training/sharding.py; a bare optimizer counts as unsharded).
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 import paddle
 
 from alignment.parallel import tensor_parallel as tp
-from alignment.parallel.distributed import gather_objects, hybrid_group, split_optimizer_states
+from alignment.parallel.distributed import (expert_parallel_degree, gather_objects, hybrid_group, rank,
+                                            split_optimizer_states)
 from alignment.training.sharding import Replicated
 
 SEPARATOR = "/"
@@ -47,10 +49,13 @@ def whole_optimizer_state(model, optimizer) -> Dict[str, np.ndarray]:
             if tp.is_split(param) and list(tensor.shape) == list(param.shape):
                 tensor = tp.gather_along(tensor, param.split_axis)  # every rank of the tensor-parallel group
             local[f"{name}{SEPARATOR}{key}"] = tensor.numpy()
-    if not split_optimizer_states():
+    if split_optimizer_states():
+        group = hybrid_group()
+        contributes = group.get_data_parallel_rank() == 0 and group.get_model_parallel_rank() == 0
+    elif expert_parallel_degree() > 1:
+        contributes = rank() < expert_parallel_degree()  # the first expert-parallel group holds every expert
+    else:
         return local  # plain data parallelism: every rank holds the same whole state
-    group = hybrid_group()
-    contributes = group.get_data_parallel_rank() == 0 and group.get_model_parallel_rank() == 0
     merged = {}
     for part in gather_objects(local if contributes else {}):
         merged.update(part)
