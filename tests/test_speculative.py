@@ -13,34 +13,12 @@ import pytest
 from alignment.envs import Environment, StepResult
 from alignment.models import GenerationConfig, generate
 from alignment.models.engine import DecodeEngine, Sequence
-from alignment.models.logprobs import gather_log_probs
-from alignment.models.sampling import block_tokens, next_token, sampling_logits, without_tokens
+from alignment.models.sampling import next_token, without_tokens
 from alignment.models.speculative import (acceptance_probability, accepted_lengths, draft_probabilities,
                                           greedy_agreement, point_mass_agreement, position_logits, prompt_lookup,
                                           residual_distribution)
-from tests.test_model import tiny_model
-
-
-def copier(vocab=98, cycle=7, strength=4.0, damp=0.05):
-    """The tiny LLaMA with a bigram boosted in its LM head: token t is mostly followed by the next token of t's
-    cycle (0 -> 1 -> .. -> 6 -> 0, 7 -> ..), so answers repeat the prompt's runs and drafts get accepted; the
-    attention and MLP outputs damped, not removed (they still move the logits)."""
-    model = tiny_model(vocab_size=vocab)
-    emb = model.model.embed_tokens.weight.numpy()
-    follower = np.arange(vocab)
-    for start in range(0, vocab - cycle + 1, cycle):
-        follower[start:start + cycle] = np.roll(np.arange(start, start + cycle), -1)
-    boost = np.zeros([emb.shape[1], vocab], "float32")
-    boost[:, follower] = (emb / np.linalg.norm(emb, axis=1, keepdims=True)).T * strength
-    model.lm_head.weight.set_value(model.lm_head.weight.numpy() + boost)
-    for layer in model.model.layers:
-        for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
-            w.set_value(w.numpy() * damp)
-    return model
-
-
-PROMPTS = [[10, 11, 12, 13, 14, 3, 4, 5, 10], [0, 1, 2, 3, 4, 5, 6, 0, 1], [40, 41, 42, 90, 91, 92, 40, 41],
-           [57, 23, 88, 9, 64, 31]]
+from tests.speculative_helpers import (PROMPTS, assert_log_probs_are_a_full_forwards, chi_square, chi_square_critical,
+                                       copier, full_forward_log_probs, play_turns, sample_counts, sampler_probabilities)
 
 
 def decode(model, prompts, config, fused=True, slots=None, rngs=None, room=4):
@@ -172,22 +150,8 @@ def test_an_eos_in_the_draft_before_min_new_tokens_is_not_accepted():
 
 def test_turns_resumed_after_an_end_inside_a_draft_go_on_as_plain_decoding():
     model = copier()
-
-    def play(k):
-        config = GenerationConfig(max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=k, prompt_lookup_min=1)
-        engine = DecodeEngine(model, 2, 96)
-        seqs = [Sequence(p, config, 90) for p in PROMPTS[:2]]
-        for seq in seqs:
-            engine.add(seq)
-        out = [[], []]
-        for _ in range(4):
-            while engine.busy():
-                engine.step()
-            for i, seq in enumerate(seqs):
-                out[i].append(list(seq.turn))
-                engine.resume(seq, [30, 31, 32])
-        return out, engine
-
+    play = lambda k: play_turns(model, GenerationConfig(  # noqa: E731
+        max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=k, prompt_lookup_min=1))
     plain, _ = play(0)
     fast, engine = play(3)
     assert fast == plain and engine.speculator.stats["accepted"] > 4
@@ -232,18 +196,7 @@ def test_generate_with_prompt_lookup_gives_plain_generates_tokens():
     paddle.seed(1)  # sampled, the rows' numbers from the engine's batch draws (k more per step)
     sampled = generate(model, ids, mask, GenerationConfig(max_new_tokens=12, prompt_lookup_num_tokens=5),
                        log_prob_temperature=1.0)
-    for row in range(2):
-        n = int(sampled.response_mask[row].sum())
-        prompt = ids[row][mask[row] > 0].numpy().tolist()
-        turn = sampled.sequences[row, 7:7 + n].numpy().tolist()
-        np.testing.assert_allclose(sampled.log_probs[row, :n].numpy(),
-                                   full_forward_log_probs(model, prompt, turn, 1.0).squeeze(-1), atol=1e-5)
-
-
-def full_forward_log_probs(model, prompt, turn, temperature):
-    ids = paddle.to_tensor([prompt + turn])
-    logits = model(ids).logits[0, len(prompt) - 1:-1]  # [len(turn), vocab]
-    return gather_log_probs(paddle.scale(logits, 1.0 / temperature), paddle.to_tensor(turn).unsqueeze(-1)).numpy()
+    assert_log_probs_are_a_full_forwards(model, ids, mask, sampled)
 
 
 def test_sampled_log_probs_are_a_plain_forwards_and_a_rows_bits_its_own():
@@ -261,19 +214,6 @@ def test_sampled_log_probs_are_a_plain_forwards_and_a_rows_bits_its_own():
     assert decode(model, PROMPTS, config, fused=False, rngs=rngs(range(4)))[0][2][0] == rows[2][0]
 
 
-def chi_square_critical(dof: int, z: float = 3.09) -> float:
-    """The chi-square quantile at 1 - 0.001 (z: the normal's), Wilson-Hilferty's approximation."""
-    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-
-
-def chi_square(counts: np.ndarray, expected: np.ndarray):
-    """Pearson's statistic over the cells expecting >= 5 draws, the others pooled into one; -> (statistic, dof)."""
-    big = expected >= 5
-    observed = np.append(counts[big], counts[~big].sum())
-    wanted = np.append(expected[big], expected[~big].sum())
-    return float(((observed - wanted) ** 2 / wanted).sum()), len(observed) - 1
-
-
 @pytest.mark.parametrize("k, prompt, filters", [
     (2, [1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3], dict(temperature=0.8, top_k=5, eos_token_id=5, min_new_tokens=2)),
     (1, [1, 2, 3, 1, 2, 3, 4, 1, 2], dict(top_p=0.9, repetition_penalty=1.5))],
@@ -282,31 +222,10 @@ def test_sampled_tokens_are_distributed_as_the_policys(k, prompt, filters):
     vocab, draws = 8, 4000
     model = copier(vocab=vocab, cycle=4, strength=2.0, damp=0.3)
     config = GenerationConfig(max_new_tokens=3, prompt_lookup_num_tokens=k, **filters)
-    # exact: P(t1, t2, t3) from full forwards of every two-token continuation, through the sampler's processing
-    pairs = np.array([[a, b] for a in range(vocab) for b in range(vocab)])  # [64, 2]
-    ids = np.concatenate([np.tile(prompt, [len(pairs), 1]), pairs], axis=1)  # [64, P + 2]
-    logits = model(paddle.to_tensor(ids)).logits[:, -3:].reshape([-1, vocab])  # [64 3, vocab]: after P, t1, t2
-    seen = np.zeros([len(pairs), 3, vocab], bool)  # [64, 3, vocab]: the ids before each position
-    for i, row in enumerate(ids):
-        for j in range(3):
-            seen[i, j, row[:len(prompt) + j]] = True
-    if config.eos_ids:
-        under = np.tile(np.arange(3) < config.min_new_tokens, len(pairs))  # [64 3]
-        logits = block_tokens(logits, config.eos_ids, paddle.to_tensor(under))
-    processed = sampling_logits(logits, config, paddle.to_tensor(seen.reshape([-1, vocab])))
-    probs = paddle.nn.functional.softmax(processed).numpy().reshape([vocab, vocab, 3, vocab])  # [t1, t2, pos, next]
+    probs = sampler_probabilities(model, prompt, config, vocab)  # [t1, t2, pos, next]
     exact = probs[0, 0, 0][:, None, None] * probs[:, 0, 1][:, :, None] * probs[:, :, 2]  # [t1, t2, t3]
-    counts, engine, rng = np.zeros([vocab] * 3), DecodeEngine(model, 100, 16, prefill_together=True), 0
-    while counts.sum() < draws:
-        seqs = [Sequence(prompt, config, 14, rng=np.random.default_rng([11, rng + i])) for i in range(100)]
-        rng += 100
-        for seq in seqs:
-            engine.add(seq)
-        while engine.busy():
-            engine.step()
-        for seq in seqs:
-            counts[tuple(seq.turn)] += 1
-            engine.release(seq)
+    engine = DecodeEngine(model, 100, 16, prefill_together=True)
+    counts = sample_counts(engine, prompt, config, draws, vocab)
     stats = engine.speculator.stats
     assert stats["accepted"] > 300 and stats["drafted"] - stats["accepted"] > 300  # both paths, many times
     statistic, dof = chi_square(counts.reshape(-1), exact.reshape(-1) * draws)

@@ -10,8 +10,9 @@ gateway (gateway/) and the asynchronous rollout ranks all add `Sequence`s to an 
    batch draw), and its turn ends at eos, a stop string, max_new_tokens or its token budget;
 3. decode: the sequences whose turn goes on feed their token in one step of all slots (fused_decode.py's
    decoder for a plain float32 LLaMA, the model's layers otherwise, or a compiled step); with prompt lookup on
-   (GenerationConfig.prompt_lookup_num_tokens), those with a draft feed it too, in one verify step of all slots
-   that keeps the accepted prefix (speculative_step.py; the math in speculative.py).
+   (GenerationConfig.prompt_lookup_num_tokens), or a draft model given as `draft` (num_assistant_tokens;
+   draft_model.py), those with a draft feed it too, in one verify step of all slots that keeps the accepted prefix
+   (speculative_step.py; the math in speculative.py).
 
 A sequence whose turn ended pauses in its slot, cache kept, until the caller `resume`s it with more ids or
 `release`s it; the others go on meanwhile (continuous batching over the carried KV cache). Shapes are fixed
@@ -45,7 +46,7 @@ from alignment.models.multi_lora import routed
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
 from alignment.models.sequence import DECODE, PAUSED, PREFILL, SAMPLE, Sequence, sampler_groups, turn_end
 from alignment.models.slot_cache import SlotCache, step_rows
-from alignment.models.speculative_step import Speculator, rejected_tokens
+from alignment.models.speculative_step import Speculator, rejected_tokens, residual_draws
 from alignment.models.weights_digest import StaleWeights, policy_version
 
 def pick_stepper(model, slots: int, fused: bool = True, static=None):
@@ -113,12 +114,13 @@ class DecodeEngine:
     called before each decode step with the sampling rounds done so far. prefill_together: the prompts of
     sequences that start in the same step run in one padded forward (fewer calls; their bits then depend on which
     prompts start together, so callers whose sequences start at times of their own leave it off). fixed_width: keep
-    the cache at the capacity's width instead of the ladder (the same bits, slower; benchmarks' reference)."""
+    the cache at the capacity's width instead of the ladder (the same bits, slower; benchmarks' reference).
+    draft: a draft_model.DraftModel drafting for speculative decoding (GenerationConfig.num_assistant_tokens)."""
 
     def __init__(self, model, slots: int, capacity: int, fused: bool = True, static=None,
                  draw_uniforms: Optional[Callable[[], paddle.Tensor]] = None,
                  before_decode: Optional[Callable[[int], bool]] = None, prefill_together: bool = False,
-                 fixed_width: bool = False):
+                 fixed_width: bool = False, draft=None):
         rows = slots if static is not None else step_rows(slots)  # a compiled step keeps its own rows
         self.model, self.slots, self.capacity = model, rows, capacity
         self.prefill_together = prefill_together
@@ -134,7 +136,7 @@ class DecodeEngine:
         self.rounds = 0  # sampling rounds done
         self.version = policy_version(model)  # the key of the cache and the weight copy
         self.routing = static is None and bool(moe_blocks(model))  # record each token's experts (MoE)
-        self.speculator = Speculator(self)  # prompt lookup's drafts, verified in one forward (speculative_step.py)
+        self.speculator = Speculator(self, draft)  # drafts verified in one forward (speculative_step.py)
 
     # ------------------------------------------------------------------ the caller's side
 
@@ -266,6 +268,7 @@ class DecodeEngine:
             if config.eos_ids and under.any():
                 logits = block_tokens(logits, config.eos_ids, paddle.to_tensor(under))
             drawn = next_token(logits, config, self.seen, uniform, rejected_tokens(group, self.slots))  # [slots]
+            drawn = residual_draws(group, drawn, uniform)  # a draft model's rejection: from norm(max(0, p - q))
             rows = [s.slot for s in group]
             tokens[rows] = drawn.numpy()[rows]
             if temperature is not None:

@@ -43,7 +43,7 @@ def prompt_rows(input_ids, attention_mask) -> List[List[int]]:
 @paddle.no_grad()
 def generate(model, input_ids, attention_mask, config: GenerationConfig, static=None,
              rows: Optional[SampleRows] = None, log_prob_temperature: Optional[float] = None, fused: bool = True,
-             between_tokens: Optional[Callable[[int], bool]] = None) -> GenerationOutput:
+             between_tokens: Optional[Callable[[int], bool]] = None, draft=None) -> GenerationOutput:
     """input_ids / attention_mask [b, prompt_len], left-padded. Stops per row at eos, or at max_new_tokens.
 
     static: a StaticDecoder (static_decode.py) running the decode steps as a compiled program (the prompts are
@@ -53,7 +53,8 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, static=
     second forward pass is needed to score the response. fused: decode a plain float32 model through FusedDecoder
     (fused_decode.py); False keeps the model's own layers. between_tokens: called with the number of tokens drawn
     before each decode step; True when it changed the model's weights (partial rollouts do, keeping the KV cache
-    of the earlier tokens).
+    of the earlier tokens). draft: a draft model (draft_model.DraftModel) for speculative decoding, drafting
+    config.num_assistant_tokens tokens per verify forward.
     """
     prompts = prompt_rows(input_ids, attention_mask)
     b, longest = len(prompts), max(len(p) for p in prompts)
@@ -64,7 +65,7 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, static=
     if rows is not None:  # one number per row of the whole batch per token, each process keeping its own
         draw = lambda: paddle.gather(paddle.rand([rows.total]), rows.ids)  # noqa: E731
     engine = DecodeEngine(model, b, capacity, fused=fused, static=static, draw_uniforms=draw,
-                          before_decode=between_tokens, prefill_together=True)  # every row starts now
+                          before_decode=between_tokens, prefill_together=True, draft=draft)  # every row starts now
     sequences = [Sequence(p, config, len(p) + config.max_new_tokens, log_prob_temperature=log_prob_temperature)
                  for p in prompts]
     for seq in sequences:

@@ -29,6 +29,9 @@ class GenerationConfig:
     prompt_lookup_num_tokens: int = 0
     prompt_lookup_max: int = 3
     prompt_lookup_min: int = 2
+    # with a draft model given to the engine (generate(..., draft=), DecodeEngine(..., draft=); draft_model.py):
+    # this many tokens drafted by it and verified in one forward (0 = off; HF's name, a constant number here)
+    num_assistant_tokens: int = 5
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -45,6 +48,8 @@ class GenerationConfig:
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
         if self.prompt_lookup_num_tokens < 0:
             raise ValueError(f"prompt_lookup_num_tokens must be >= 0 (0: off), got {self.prompt_lookup_num_tokens}")
+        if self.num_assistant_tokens < 0:
+            raise ValueError(f"num_assistant_tokens must be >= 0 (0: off), got {self.num_assistant_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max, got "
                              f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")

@@ -35,6 +35,7 @@ class Sequence:
         self.turn_log_probs: List[float] = []
         self.ending: Optional[str] = None  # why the last turn ended: eos, stop, length, budget
         self.rejected: Optional[int] = None  # a draft token the next draw must leave out (speculative.py)
+        self.residual = None  # [vocab] after a draft model's rejected token: what the next draw comes from
         self.slot: Optional[int] = None
         self.state = PREFILL
 

@@ -103,11 +103,15 @@ class SlotCache:
 
     def clear(self, slot: int) -> None:
         """Empty a slot for a new sequence: its written columns back to zeros."""
+        self.truncate(slot, 0)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the slot's first `length` tokens: the columns written past them back to zeros."""
         used = int(self.lengths[slot])
-        if used:
+        if used > length:
             for t in self.k + self.v:
-                t[slot, :, :used] = 0.0
-        self.lengths[slot] = 0
+                t[slot, :, length:used] = 0.0
+        self.lengths[slot] = min(used, length)
 
     def past(self, slot: int) -> Optional[list]:
         """The slot's tokens as a one-row KV cache [(k, v) [1, kv_heads, length, d]], None when empty."""

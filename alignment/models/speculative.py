@@ -9,6 +9,8 @@ one forward (speculative_step.py), and position j's logits give the policy's dis
   accepted a bonus token is drawn from p after the last. Each emitted token is then distributed as p exactly.
   A prompt-lookup draft is deterministic, q a point mass on x: x is accepted with probability p(x), and after a
   rejection the token is drawn from p with x left out, renormalised (sampling.next_token's `excluded`).
+  A draft model's tokens are drawn from its own sampling distribution q (draft_model.py), and the general rule
+  applies: accepted with probability min(1, p(x) / q(x)), the next token after a rejection from norm(max(0, p - q)).
 p is the policy's sampling distribution (sampling.sampling_logits: repetition penalty, temperature, top-k, top-p,
 eos blocked before min_new_tokens), so the filters see the same logits a one-token step gives them.
 """
@@ -53,6 +55,37 @@ def residual_distribution(p, q):
     from. With q a point mass on x: p with x left out, renormalised."""
     rest = paddle.clip(p - q, min=0.0)  # [b, vocab]
     return rest / rest.sum(axis=-1, keepdim=True)
+
+
+def filtered_probabilities(logits):
+    """logits [n, vocab] sampling logits (filtered tokens at -inf) -> softmax [n, vocab] with the filtered tokens
+    at 0 exactly (Paddle's softmax gives -inf a weight of ~1e-28), so no draw and no residual can reach them."""
+    return paddle.where(paddle.isfinite(logits), F.softmax(logits, axis=-1), paddle.zeros_like(logits))
+
+
+def rejection_distribution(p, q):
+    """p, q [n, vocab] -> [n, vocab]: norm(max(0, p - q)), what the token after a draft model's rejected token is
+    drawn from; p itself in a row where p <= q everywhere (p equals q up to rounding, so a rejection there had
+    probability ~1e-7 and max(0, p - q) sums to 0)."""
+    rest = paddle.clip(p - q, min=0.0)  # [n, vocab]
+    total = rest.sum(axis=-1, keepdim=True)  # [n, 1]
+    return paddle.where(total > 0, rest / paddle.where(total > 0, total, paddle.ones_like(total)), p)
+
+
+def ratio_agreement(p, q, draft, uniform: np.ndarray) -> np.ndarray:
+    """p, q [b k, vocab] the policy's and the draft model's distributions at each draft position, draft [b k] the
+    tokens drawn from q, uniform [b, k] in [0, 1) -> keep [b, k] bool: True with probability min(1, p(x) / q(x))."""
+    accept = acceptance_probability(p, q, draft).numpy().reshape(uniform.shape)  # [b, k]; NaN at padding (q = 0)
+    return uniform < np.nan_to_num(accept, nan=0.0)
+
+
+def draw_from(probs, uniform):
+    """probs [b, vocab] (rows sum to 1 up to rounding), uniform [b] in [0, 1) -> ids [b]: the first token whose
+    cumulative probability exceeds uniform * total (a token of probability 0 is never the first)."""
+    cdf = paddle.cumsum(probs, axis=-1)  # [b, vocab]
+    target = uniform.unsqueeze(-1) * cdf[:, -1:]  # [b, 1]
+    return paddle.minimum(paddle.searchsorted(cdf, target, right=True).squeeze(-1),
+                          paddle.full([probs.shape[0]], probs.shape[-1] - 1, "int64"))
 
 
 def draft_probabilities(logits, tokens):

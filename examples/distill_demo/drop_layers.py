@@ -9,7 +9,6 @@ the result loads as any checkpoint (fewer layers in config.json).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shutil
 import sys
@@ -28,22 +27,11 @@ def main(argv=None) -> str:
         parser.error(f"--output {args.output} exists (--overwrite replaces it)")
 
     from alignment.models import LlamaForCausalLM
+    from alignment.models.draft_model import layer_dropped
 
     model = LlamaForCausalLM.from_pretrained(args.model)
     kept = list(range(0, model.config.num_hidden_layers, args.keep_every))
-    student = LlamaForCausalLM(dataclasses.replace(model.config, num_hidden_layers=len(kept)))
-    state = {}
-    for name, value in model.state_dict().items():
-        if name.startswith("model.layers."):
-            index, rest = name[len("model.layers."):].split(".", 1)
-            if int(index) not in kept:
-                continue
-            name = f"model.layers.{kept.index(int(index))}.{rest}"
-        state[name] = value
-    missing = set(student.state_dict()) - set(state)
-    if missing:
-        raise SystemExit(f"error: no weights for {sorted(missing)[:3]}")
-    student.set_state_dict(state)
+    student = layer_dropped(model, args.keep_every)  # also speculative decoding's draft model (draft_model.py)
     if os.path.exists(args.output):
         shutil.rmtree(args.output)
     student.save_pretrained(args.output, tokenizer_dir=args.model)
