@@ -10,7 +10,9 @@ give tokens/s and their ratio. Also printed: the width the ladder ended at, and 
 and log-probs (they must: a row's bits are the same at every rung). The default model is a random-init LLaMA of
 TRL's small test shape (benchmarks/peer_shape.py); --model takes a checkpoint directory. The default cases: TRL's
 small shape (capacity below the ladder's floor: one width either way), long responses at 16 and 64 slots, and a
-gateway's large capacity serving short turns. Writes engine_width_<timestamp>.json (benchmarks/record.py:
+gateway's large capacity serving short turns. A third and fourth arm set the engine through the model's layers
+(fused=False) against a lockstep batch through the same layers whose cache grows by concatenation each step (as
+transformers' generate does): what the engine's fixed rows and its cache cost against no engine at all. Writes engine_width_<timestamp>.json (benchmarks/record.py:
 --results-dir, --record, --no-save).
 """
 from __future__ import annotations
@@ -31,13 +33,13 @@ apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imp
 DEFAULT_CASES = "16:32:64:96,16:64:448:512,64:64:448:512,8:50:100:2048"
 
 
-def decode(model, prompts, new: int, capacity: int, fixed_width: bool):
+def decode(model, prompts, new: int, capacity: int, fixed_width: bool, fused: bool = True):
     """Greedy `new` tokens of each prompt in one engine; -> (turns and log-probs, seconds, final width)."""
     from alignment.models import GenerationConfig
     from alignment.models.engine import DecodeEngine, Sequence
 
     config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
-    engine = DecodeEngine(model, len(prompts), capacity, prefill_together=True, fixed_width=fixed_width)
+    engine = DecodeEngine(model, len(prompts), capacity, fused=fused, prefill_together=True, fixed_width=fixed_width)
     seqs = [Sequence(p, config, capacity) for p in prompts]
     start = time.perf_counter()
     for seq in seqs:
@@ -46,6 +48,28 @@ def decode(model, prompts, new: int, capacity: int, fixed_width: bool):
         engine.step()
     seconds = time.perf_counter() - start
     return [(s.turn, s.turn_log_probs) for s in seqs], seconds, engine.cache.width
+
+
+def grown_by_concatenation(model, prompts, new: int):
+    """The reference without the engine: one lockstep batch through the model's layers, its cache grown by
+    concatenation each step (as transformers' generate does), greedy; -> (tokens per row, seconds)."""
+    import paddle
+
+    ids = paddle.to_tensor(prompts, dtype="int64")  # [b, prompt]: equal lengths, no padding
+    b, width = ids.shape
+    start = time.perf_counter()
+    out = model(ids, attention_mask=paddle.ones([b, width], "int64"), use_cache=True, last_only=True)
+    token, tokens = out.logits[:, -1].argmax(-1), []
+    for i in range(new):
+        tokens.append(token)
+        if i == new - 1:
+            break
+        out = model(token.unsqueeze(-1), attention_mask=paddle.ones([b, width + i + 1], "int64"),
+                    position_ids=paddle.full([b, 1], width + i, "int64"), past_key_values=out.past_key_values,
+                    use_cache=True, last_only=True)
+        token = out.logits[:, -1].argmax(-1)
+    seconds = time.perf_counter() - start
+    return paddle.stack(tokens, axis=1).numpy().tolist(), seconds
 
 
 def measure(model, case: str, vocab: int, repeats: int) -> dict:
@@ -57,19 +81,24 @@ def measure(model, case: str, vocab: int, repeats: int) -> dict:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, vocab, prompt).tolist() for _ in range(slots)]
     decode(model, prompts[:1], 2, capacity, False)  # warm-up: allocations, the fused weights' layout
-    times = {False: [], True: []}
+    times = {"ladder": [], "fixed": [], "layers": [], "concatenated": []}
     outputs = {}
     for _ in range(repeats):
-        for fixed in (False, True):
-            outputs[fixed], seconds, width = decode(model, prompts, new, capacity, fixed)
-            times[fixed].append(seconds)
-            if not fixed:
-                ladder_width = width
-    tokens = slots * new
-    ladder_s, fixed_s = statistics.median(times[False]), statistics.median(times[True])
+        for arm in times:
+            if arm == "concatenated":
+                outputs[arm], seconds = grown_by_concatenation(model, prompts, new)
+            else:
+                outputs[arm], seconds, width = decode(model, prompts, new, capacity, arm == "fixed", arm != "layers")
+                if arm == "ladder":
+                    ladder_width = width
+            times[arm].append(seconds)
+    rate = {arm: slots * new / statistics.median(seconds) for arm, seconds in times.items()}
     return {"slots": slots, "prompt": prompt, "new_tokens": new, "capacity": capacity, "ladder_width": ladder_width,
-            "ladder_tokens_per_s": tokens / ladder_s, "fixed_tokens_per_s": tokens / fixed_s,
-            "speedup": fixed_s / ladder_s, "same_bits": outputs[False] == outputs[True]}
+            "ladder_tokens_per_s": rate["ladder"], "fixed_tokens_per_s": rate["fixed"],
+            "speedup": rate["ladder"] / rate["fixed"], "same_bits": outputs["ladder"] == outputs["fixed"],
+            "engine_layers_tokens_per_s": rate["layers"], "concatenated_tokens_per_s": rate["concatenated"],
+            "engine_over_concatenated": rate["layers"] / rate["concatenated"],
+            "same_tokens_as_concatenated": [turn for turn, _ in outputs["layers"]] == outputs["concatenated"]}
 
 
 def main(argv=None) -> list:
@@ -99,10 +128,12 @@ def main(argv=None) -> list:
         rows.append(measure(model, case, model.config.vocab_size, args.repeats))
         print(f"{case}: {rows[-1]['speedup']:.2f}x", flush=True)
     lines = ["| slots | prompt | new tokens | capacity | ladder's last width | ladder tokens/s | fixed width tokens/s "
-             "| speed-up | same bits |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| speed-up | same bits | engine (layers) / cache grown by concatenation | same tokens |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"]
     lines += [f"| {r['slots']} | {r['prompt']} | {r['new_tokens']} | {r['capacity']} | {r['ladder_width']} | "
               f"{r['ladder_tokens_per_s']:.0f} | {r['fixed_tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
-              f"{r['same_bits']} |" for r in rows]
+              f"{r['same_bits']} | {r['engine_over_concatenated']:.2f}x | {r['same_tokens_as_concatenated']} |"
+              for r in rows]
     print("\n".join(lines) + f"\n\n({name}, greedy, {describe_machine(machine_facts())})")
     record.save("engine_width", {"model": name, "repeats": args.repeats, "rows": rows}, record.results_dir(args),
                 machine_facts())

@@ -127,7 +127,8 @@ def _speculative(r: dict) -> List[List[str]]:
 def _engine_width(r: dict) -> List[List[str]]:
     return [[r["model"], str(x["slots"]), str(x["prompt"]), str(x["new_tokens"]), str(x["capacity"]),
              str(x["ladder_width"]), f"{x['ladder_tokens_per_s']:.0f}", f"{x['fixed_tokens_per_s']:.0f}",
-             f"**{_x(x['speedup'])}**", str(x["same_bits"])] for x in r["rows"]]
+             f"**{_x(x['speedup'])}**", str(x["same_bits"]),
+             _x(x["engine_over_concatenated"]) if "engine_over_concatenated" in x else "-"] for x in r["rows"]]
 
 
 def _moe(r: dict) -> List[List[str]]:
@@ -276,7 +277,8 @@ TABLES: Dict[str, Table] = {
                           "accepted per verify step", "drafted accepted", "same tokens"], _speculative),
     "engine_width": Table(["engine_width"], "python benchmarks/bench_engine_width.py",
                           ["model", "slots", "prompt", "new tokens", "capacity", "ladder's last width",
-                           "ladder tokens/s", "fixed width tokens/s", "speed-up", "same bits"], _engine_width),
+                           "ladder tokens/s", "fixed width tokens/s", "speed-up", "same bits",
+                           "engine (layers) / cache grown by concatenation"], _engine_width),
     "moe": Table(["moe"], "python benchmarks/bench_moe.py",
                  ["MoE against", "parameters M (MoE / dense)", "train step s", "MoE / dense step time",
                   "peak RSS MiB", "MoE / dense memory", "decode tokens/s", "MoE / dense decode"], _moe),
