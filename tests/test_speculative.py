@@ -355,7 +355,7 @@ def test_rollouts_take_the_key_from_the_rl_arguments():
     from types import SimpleNamespace
 
     from alignment.config.ppo import PPOArguments
-    from alignment.ppo.samplers import rollout_generation_config
+    from alignment.ppo.rollout.samplers import rollout_generation_config
 
     ppo = PPOArguments(prompt_lookup_num_tokens=6)
     actor = SimpleNamespace(config=SimpleNamespace(eos_token_ids=[2]))

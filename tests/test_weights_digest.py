@@ -1,4 +1,4 @@
-"""Weights that provably moved (models/weights_digest.py, ppo/weight_check.py): every sampled row carries the digest
+"""Weights that provably moved (models/weights_digest.py, ppo/asynchronous/weight_check.py): every sampled row carries the digest
 of the weights that sampled it, and each way a sampler can hold other weights than it claims is caught: a rollout
 rank that skips a sync, a LoRA adapter never applied at sampling, a decode engine kept across a sync. A normal run
 records each version's digest in the ledger."""
@@ -15,9 +15,9 @@ from alignment.models.lora import adapters_disabled, apply_lora
 from alignment.models.sampling import GenerationConfig
 from alignment.models.weights_digest import (StaleWeights, base_digest, policy_version, set_policy_version,
                                              weights_digest)
-from alignment.ppo import wire
-from alignment.ppo.rollout import Rollout
-from alignment.ppo.weight_check import WeightsCheck, stamp
+from alignment.ppo.asynchronous import wire
+from alignment.ppo.rollout.rollout import Rollout
+from alignment.ppo.asynchronous.weight_check import WeightsCheck, stamp
 
 
 def moved(model, amount=0.01):
@@ -139,7 +139,7 @@ def test_a_decode_engine_kept_across_a_sync_is_caught_and_a_new_one_sees_the_new
 
 def test_a_normal_run_records_each_versions_digest_in_the_ledger(tmp_path, tiny_model_dir, tiny_reward_dir):
     from alignment.ppo import run_ppo
-    from alignment.ppo.ledger import read_ledger
+    from alignment.ppo.rollout.ledger import read_ledger
     from tests.helpers import REPO
 
     out = tmp_path / "run"
@@ -159,8 +159,8 @@ def test_a_normal_run_records_each_versions_digest_in_the_ledger(tmp_path, tiny_
 @pytest.mark.parallel
 def test_a_launch_whose_rollout_rank_skips_a_sync_stops_in_one_line_naming_it(tmp_path, tiny_model_dir,
                                                                               tiny_reward_dir, monkeypatch):
-    from alignment.ppo.asynchronous import SKIP_VARIABLE
-    from alignment.ppo.ledger import read_ledger
+    from alignment.ppo.asynchronous.asynchronous import SKIP_VARIABLE
+    from alignment.ppo.rollout.ledger import read_ledger
     from tests.test_async_runs import launch, ppo_args
 
     monkeypatch.setenv("MKL_NUM_THREADS", "1")

@@ -41,7 +41,7 @@ from alignment.envs.base import (
 )
 from alignment.envs.calculator import calculator
 from alignment.envs.formats import HermesFormat, ToolCallFormat, tool_call_format
-from alignment.envs.sandbox import SandboxLimits, SandboxResult, python, python_tool, run_python
+from alignment.envs.sandbox.runner import SandboxLimits, SandboxResult, python, python_tool, run_python
 from alignment.envs.tool_env import BUILTIN_TOOLS, ToolEnvironment
 from alignment.envs.tools import Tool, ToolCall, ToolResult, as_tool, run_tool_call, tool_schema
 from alignment.envs.routed import RoutedEnvironment, environment_factory

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from alignment.envs.base import Environment, Message, StepResult
 from alignment.envs.calculator import calculator
 from alignment.envs.formats import tool_call_format
-from alignment.envs.sandbox import SandboxLimits, SandboxUnavailable, check_tools, python_tool, sandbox_limits
+from alignment.envs.sandbox.runner import SandboxLimits, SandboxUnavailable, check_tools, python_tool, sandbox_limits
 from alignment.envs.tool_specs import resolve_tools
 from alignment.envs.tools import Tool, ToolCall, ToolResult, as_tool, run_tool_call
 

@@ -1,5 +1,5 @@
 """On-policy distillation and GKD: the student samples, a teacher scores each of its tokens, and the policy
-learns the teacher's distributions (alignment/ppo/teacher.py, alignment/ppo/distill.py); no reward needed. The PPO
+learns the teacher's distributions (alignment/ppo/teacher/teacher.py, alignment/ppo/rl_math/distill.py); no reward needed. The PPO
 stage's program with its defaults for distillation (advantage_estimator 'none', kl_coeff 0) and a teacher
 required; rewards, when given, add their advantages (set advantage_estimator).
 
@@ -17,7 +17,7 @@ from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
-import alignment.ppo.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
+import alignment.ppo.rl_math.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.distill import DistillPPOArguments  # noqa: E402
 from alignment.ppo.stage import train  # noqa: E402
 

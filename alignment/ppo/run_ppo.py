@@ -15,7 +15,7 @@ from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
-import alignment.ppo.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
+import alignment.ppo.rl_math.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.asynchronous import AsyncArguments  # noqa: E402,F401  (tests import them from here)
 from alignment.config.data import LoRAArguments  # noqa: E402,F401
 from alignment.config.environment import EnvironmentArguments  # noqa: E402,F401

@@ -28,7 +28,7 @@ def main(argv=None) -> dict:
         return multi_adapter.main(model_args, data_args, lora_args, train_args, run)
 
     from alignment.data.tokenized import SupervisedDataset, collate_supervised
-    from alignment.sft.trainer import SupervisedTrainer
+    from alignment.sft.sft_trainer import SupervisedTrainer
 
     with setup.started(train_args, run):
         tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
