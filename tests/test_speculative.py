@@ -12,7 +12,7 @@ import pytest
 
 from alignment.envs import Environment, StepResult
 from alignment.models import GenerationConfig, generate
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.logprobs import gather_log_probs
 from alignment.models.sampling import block_tokens, next_token, sampling_logits, without_tokens
 from alignment.models.speculative import (acceptance_probability, accepted_lengths, draft_probabilities,
@@ -47,7 +47,7 @@ def decode(model, prompts, config, fused=True, slots=None, rngs=None, room=4):
     """Each prompt a sequence of up to `room` tokens more than the prompt and max_new_tokens. -> (per prompt:
     turn, log-probs, tokens each step appended, ending), the engine."""
     engine = DecodeEngine(model, slots or len(prompts), 96, fused=fused)
-    seqs = [Sequence(p, config, len(p) + config.max_new_tokens + room, log_prob_temperature=1.0,
+    seqs = [DecodeSequence(p, config, len(p) + config.max_new_tokens + room, log_prob_temperature=1.0,
                      rng=None if rngs is None else rngs[i]) for i, p in enumerate(prompts)]
     for seq in seqs:
         engine.add(seq)
@@ -176,7 +176,7 @@ def test_turns_resumed_after_an_end_inside_a_draft_go_on_as_plain_decoding():
     def play(k):
         config = GenerationConfig(max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=k, prompt_lookup_min=1)
         engine = DecodeEngine(model, 2, 96)
-        seqs = [Sequence(p, config, 90) for p in PROMPTS[:2]]
+        seqs = [DecodeSequence(p, config, 90) for p in PROMPTS[:2]]
         for seq in seqs:
             engine.add(seq)
         out = [[], []]
@@ -204,7 +204,7 @@ def test_top_log_probs_and_stop_functions_inside_drafts_are_plain_decodings():
     def run(k):
         config = GenerationConfig(max_new_tokens=30, do_sample=False, prompt_lookup_num_tokens=k)
         engine = DecodeEngine(model, 2, 96)
-        seqs = [Sequence(p, config, 60, stop=stop, top_logprobs=3) for p in PROMPTS[:2]]
+        seqs = [DecodeSequence(p, config, 60, stop=stop, top_logprobs=3) for p in PROMPTS[:2]]
         for seq in seqs:
             engine.add(seq)
         while engine.busy():
@@ -298,7 +298,7 @@ def test_sampled_tokens_are_distributed_as_the_policys(k, prompt, filters):
     exact = probs[0, 0, 0][:, None, None] * probs[:, 0, 1][:, :, None] * probs[:, :, 2]  # [t1, t2, t3]
     counts, engine, rng = np.zeros([vocab] * 3), DecodeEngine(model, 100, 16, prefill_together=True), 0
     while counts.sum() < draws:
-        seqs = [Sequence(prompt, config, 14, rng=np.random.default_rng([11, rng + i])) for i in range(100)]
+        seqs = [DecodeSequence(prompt, config, 14, rng=np.random.default_rng([11, rng + i])) for i in range(100)]
         rng += 100
         for seq in seqs:
             engine.add(seq)

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from alignment.models import LlamaForCausalLM
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.generation import generate
 from alignment.models.lora import adapters_disabled, apply_lora
 from alignment.models.sampling import GenerationConfig
@@ -114,7 +114,7 @@ def test_a_decode_engine_kept_across_a_sync_is_caught_and_a_new_one_sees_the_new
     set_policy_version(model, 0)
     config = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=[], pad_token_id=0)
     engine = DecodeEngine(model, 1, 16)
-    engine.add(Sequence(prompt, config, 16))
+    engine.add(DecodeSequence(prompt, config, 16))
     engine.step()
     wire.unpack_weights(model, *wire.pack_weights(newer, 1))  # the sync
     assert policy_version(model) == 1
@@ -130,7 +130,7 @@ def test_a_decode_engine_kept_across_a_sync_is_caught_and_a_new_one_sees_the_new
             return True
         return False
     moving = DecodeEngine(model, 1, 16, before_decode=partial)
-    seq = Sequence(prompt, config, 16)
+    seq = DecodeSequence(prompt, config, 16)
     moving.add(seq)
     while moving.busy():
         moving.step()

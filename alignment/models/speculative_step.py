@@ -26,7 +26,7 @@ import paddle
 
 from alignment.models.logprobs import top_log_probs
 from alignment.models.sampling import token_log_prob
-from alignment.models.sequence import PAUSED, SAMPLE, Sequence, sampler_groups, turn_end
+from alignment.models.sequence import PAUSED, SAMPLE, DecodeSequence, sampler_groups, turn_end
 from alignment.models.speculative import (accepted_lengths, draft_probabilities, greedy_agreement,
                                           point_mass_agreement, position_logits, prompt_lookup)
 
@@ -41,7 +41,7 @@ class Speculator:
         self.stats = {"forwards": 0, "verified": 0, "drafted": 0, "accepted": 0}
         self.batch_uniforms: Dict[int, np.ndarray] = {}  # draft width -> [slots, k] this step's batch draws
 
-    def drafts(self, feeding: List[Sequence]) -> Dict[Sequence, List[int]]:
+    def drafts(self, feeding: List[DecodeSequence]) -> Dict[DecodeSequence, List[int]]:
         """The draft of each sequence of `feeding` (the step's sampled token pending) that speculates and has one;
         draws the step's batch uniforms for the acceptance tests of sequences without an rng."""
         self.batch_uniforms = {}
@@ -60,14 +60,14 @@ class Speculator:
                 drafts[seq] = draft
         return drafts
 
-    def verify(self, drafts: Dict[Sequence, List[int]]) -> List[Sequence]:
+    def verify(self, drafts: Dict[DecodeSequence, List[int]]) -> List[DecodeSequence]:
         """One verify step per draft width; -> the sequences whose turn ended inside an accepted draft."""
-        widths: Dict[int, List[Sequence]] = {}
+        widths: Dict[int, List[DecodeSequence]] = {}
         for seq in drafts:
             widths.setdefault(seq.config.prompt_lookup_num_tokens, []).append(seq)
         return [seq for k in sorted(widths) for seq in self._verify(k, widths[k], drafts)]
 
-    def _verify(self, k: int, seqs: List[Sequence], drafts) -> List[Sequence]:
+    def _verify(self, k: int, seqs: List[DecodeSequence], drafts) -> List[DecodeSequence]:
         engine, slots = self.engine, self.engine.slots
         tokens = np.zeros([slots, k + 1], "int64")  # [slots, k + 1]: the sampled token, the draft, padding
         lengths = np.zeros([slots], "int64")  # [slots] draft lengths
@@ -94,7 +94,7 @@ class Speculator:
         engine.logits = paddle.where(paddle.to_tensor(going).unsqueeze(-1).expand(nxt.shape), nxt, engine.logits)
         return ended
 
-    def _accept(self, k: int, seqs: List[Sequence], tokens: np.ndarray, lengths: np.ndarray, logits):
+    def _accept(self, k: int, seqs: List[DecodeSequence], tokens: np.ndarray, lengths: np.ndarray, logits):
         """-> (accepted [slots] draft tokens, their log-probs [slots, k], slot -> per position [(id, log-prob)])."""
         engine, slots = self.engine, self.engine.slots
         accepted, log_probs, tops = np.zeros([slots], "int64"), np.zeros([slots, k], "float32"), {}
@@ -126,14 +126,14 @@ class Speculator:
                                              values[s.slot, j, :s.top_logprobs].tolist())) for j in range(k)]
         return accepted, log_probs, tops
 
-    def _uniforms(self, group: List[Sequence], k: int) -> np.ndarray:
+    def _uniforms(self, group: List[DecodeSequence], k: int) -> np.ndarray:
         """[slots, k] uniform numbers for the acceptance tests: a sequence's own rng's, else the step's batch draw."""
         values = np.zeros([self.engine.slots, k], "float32")
         for seq in group:
             values[seq.slot] = seq.rng.random(k) if seq.rng is not None else self.batch_uniforms[k][seq.slot]
         return values
 
-    def _take(self, seq: Sequence, draft: List[int], accepted: int, log_probs: np.ndarray, tops) -> bool:
+    def _take(self, seq: DecodeSequence, draft: List[int], accepted: int, log_probs: np.ndarray, tops) -> bool:
         """Feed seq's sampled token and its draft's first `accepted` tokens, ending the turn where one ends it;
         -> whether it ended."""
         engine = self.engine
@@ -159,7 +159,7 @@ class Speculator:
         return False
 
 
-def rejected_tokens(group: List[Sequence], slots: int) -> Optional[paddle.Tensor]:
+def rejected_tokens(group: List[DecodeSequence], slots: int) -> Optional[paddle.Tensor]:
     """[slots] int64: the draft token each sequence of `group` rejected at its last verify step, which its next
     draw leaves out (-1: none); None when no sequence has one."""
     rejected = [(s.slot, s.rejected) for s in group if s.rejected is not None]
