@@ -13,9 +13,7 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+from alignment import entry  # noqa: E402  first: this CPU's settings before paddle is imported (alignment/entry.py)
 
 import alignment.ppo.rl_math.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.distill import DistillPPOArguments  # noqa: E402
@@ -27,6 +25,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from alignment.exits import run_program
-
-    sys.exit(run_program(main))
+    entry.run(main)
