@@ -1,4 +1,5 @@
-"""Start-up cost of one python-tool call (alignment/envs/sandbox/runner.py), before and after the containment of issue 52.
+"""Start-up cost of one python-tool call (alignment/envs/sandbox/runner.py), before and after the containment of
+issue 52.
 
     python benchmarks/bench_sandbox.py [--calls 40] [--threads 4] [--results-dir DIR | --record | --no-save]
 

@@ -1,7 +1,7 @@
-"""The harness of the split-invariance tests: a tiny LLaMA built from config, a synthetic scored rollout with rows
-of different prompt and response lengths, the real update loop (ppo/learner/update.py: run_update, EagerMicroBatches, and
-PPOTrainer.actor_step itself) run for several micro-batch / gradient-accumulation splits of one optimizer step,
-and an independent float64 reference of every objective on the whole batch.
+"""The harness of the split-invariance tests: a tiny LLaMA built from config, a synthetic scored rollout with rows of
+different prompt and response lengths, the real update loop (ppo/learner/update.py: run_update, EagerMicroBatches, and
+PPOTrainer.actor_step itself) run for several micro-batch / gradient-accumulation splits of one optimizer step, and an
+independent float64 reference of every objective on the whole batch.
 
 The reference is exact in the loss: it takes the per-token log-probs and entropies of one float32 pass over the
 whole batch as float64 leaves, computes the loss in float64 and its gradient with respect to them, and carries

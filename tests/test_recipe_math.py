@@ -1,8 +1,7 @@
-"""Golden tests of the recipes of PaddleNLP's llm/alignment/rl and verl in alignment/ppo/rl_math/surrogate.py, losses.py,
-kl.py and dapo.py:
-loss aggregation modes, clip-higher, GSPO, the entropy bonus, KL as a loss term, dynamic sampling's group filter,
-overlong shaping and truncation masks. Hand-worked numbers and numpy references over padded layouts, eos == pad and
-all-masked rows."""
+"""Golden tests of the recipes of PaddleNLP's llm/alignment/rl and verl in alignment/ppo/rl_math/surrogate.py,
+losses.py, kl.py and dapo.py: loss aggregation modes, clip-higher, GSPO, the entropy bonus, KL as a loss term,
+dynamic sampling's group filter, overlong shaping and truncation masks. Hand-worked numbers and numpy references over
+padded layouts, eos == pad and all-masked rows."""
 import math
 
 import numpy as np

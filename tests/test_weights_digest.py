@@ -1,7 +1,7 @@
-"""Weights that provably moved (models/weights_digest.py, ppo/asynchronous/weight_check.py): every sampled row carries the digest
-of the weights that sampled it, and each way a sampler can hold other weights than it claims is caught: a rollout
-rank that skips a sync, a LoRA adapter never applied at sampling, a decode engine kept across a sync. A normal run
-records each version's digest in the ledger."""
+"""Weights that provably moved (models/weights_digest.py, ppo/asynchronous/weight_check.py): every sampled row
+carries the digest of the weights that sampled it, and each way a sampler can hold other weights than it claims is
+caught: a rollout rank that skips a sync, a LoRA adapter never applied at sampling, a decode engine kept across a
+sync. A normal run records each version's digest in the ledger."""
 import hashlib
 
 import numpy as np

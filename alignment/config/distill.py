@@ -1,5 +1,6 @@
-"""Distillation arguments (alignment/ppo/teacher/teacher.py, alignment/ppo/rl_math/distill.py), under TRL GKDConfig's key names
-where it has them (lmbda, beta, seq_kd; the temperature is PPO's), and the distillation entry point's defaults."""
+"""Distillation arguments (alignment/ppo/teacher/teacher.py, alignment/ppo/rl_math/distill.py), under TRL GKDConfig's
+key names where it has them (lmbda, beta, seq_kd; the temperature is PPO's), and the distillation entry point's
+defaults."""
 from __future__ import annotations
 
 import dataclasses

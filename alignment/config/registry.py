@@ -28,8 +28,8 @@ the name they are written as::
     @REWARD_FUNCTIONS.function("sentiment")
     def sentiment(prompts, completions, **labels): ...
 
-A stage imports its built-ins before it parses its arguments (alignment/ppo/rl_math/registrations.py, alignment/dpo/losses.py);
-a user's class registers when its module is imported.
+A stage imports its built-ins before it parses its arguments (alignment/ppo/rl_math/registrations.py,
+alignment/dpo/losses.py); a user's class registers when its module is imported.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from alignment.parallel.distributed import (data_world_size, gather_lists, is_ma
 from alignment.ppo.rl_math import algorithms as rl
 from alignment.ppo.checkpoints import PPOCheckpoints
 from alignment.ppo.rollout.agent_programs import make_sampler
-from alignment.ppo.rl_math import registrations  # noqa: F401  the estimators, losses and KL estimators the arguments name
+from alignment.ppo.rl_math import registrations  # noqa: F401  the estimators, losses, KL estimators the arguments name
 from alignment.ppo.rl_math import dapo
 from alignment.ppo.rollout import fault_policy, scoring
 from alignment.ppo.rollout import dynamic_sampling as ds

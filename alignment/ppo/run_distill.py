@@ -1,7 +1,7 @@
-"""On-policy distillation and GKD: the student samples, a teacher scores each of its tokens, and the policy
-learns the teacher's distributions (alignment/ppo/teacher/teacher.py, alignment/ppo/rl_math/distill.py); no reward needed. The PPO
-stage's program with its defaults for distillation (advantage_estimator 'none', kl_coeff 0) and a teacher
-required; rewards, when given, add their advantages (set advantage_estimator).
+"""On-policy distillation and GKD: the student samples, a teacher scores each of its tokens, and the policy learns the
+teacher's distributions (alignment/ppo/teacher/teacher.py, alignment/ppo/rl_math/distill.py); no reward needed. The PPO
+stage's program with its defaults for distillation (advantage_estimator 'none', kl_coeff 0) and a teacher required;
+rewards, when given, add their advantages (set advantage_estimator).
 
     python alignment/ppo/run_distill.py config/tiny/distill_argument.json [--key value ...]
 """

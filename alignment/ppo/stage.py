@@ -90,7 +90,8 @@ def async_schedule(ppo_args, data_args, async_args, train_args, layout, prompt_c
 
 def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args, run, tokenizer,
                    prompts, mailbox) -> dict:
-    """A rollout rank of an asynchronous run (ppo/asynchronous/asynchronous.py): only the actor, sampling the prompt stream."""
+    """A rollout rank of an asynchronous run (ppo/asynchronous/asynchronous.py): only the actor, sampling the prompt
+    stream."""
     from alignment.data.tokenized import collate_prompts
     from alignment.launcher import rank
     from alignment.ppo.learner.pipeline_update import PolicyPipeLoss

@@ -38,9 +38,11 @@ def m(name, path, old, new, *tests):
     return Mutation(name, path, old, new, tests)
 
 
-ALG, EST, SUR, KL, DAPO = ("alignment/ppo/rl_math/algorithms.py", "alignment/ppo/rl_math/estimators.py", "alignment/ppo/rl_math/surrogate.py",
-                           "alignment/ppo/rl_math/kl.py", "alignment/ppo/rl_math/dapo.py")
-DPO_LOSSES, ROLLOUT, EPISODES = "alignment/dpo/losses.py", "alignment/ppo/rollout/rollout.py", "alignment/ppo/rollout/episodes.py"
+ALG, EST, SUR, KL, DAPO = ("alignment/ppo/rl_math/algorithms.py", "alignment/ppo/rl_math/estimators.py",
+                           "alignment/ppo/rl_math/surrogate.py", "alignment/ppo/rl_math/kl.py",
+                           "alignment/ppo/rl_math/dapo.py")
+DPO_LOSSES, ROLLOUT, EPISODES = ("alignment/dpo/losses.py", "alignment/ppo/rollout/rollout.py",
+                                  "alignment/ppo/rollout/episodes.py")
 T_ALG, T_RECIPE = "tests/test_algorithms.py", "tests/test_recipe_math.py"
 SAMPLING = "alignment/models/sampling.py"
 T_SAMPLING = ("tests/test_model.py", "tests/test_engine.py", "tests/test_fused_decode.py", "tests/test_multiturn.py")
@@ -221,14 +223,15 @@ MUTATIONS: List[Mutation] = [
       "dpo"),
     m("tool-time-not-measured", "alignment/envs/tool_env.py", "\"tool_time\": float(sum(result.seconds for result in "
       "results))}", "\"tool_time\": 0.0}", "tests/test_envs.py", "-k", "calls_then_ends"),
-    m("env-reward-unweighted", "alignment/ppo/rollout/scoring.py", "paddle.to_tensor((weight * rewards).astype(\"float32\"))",
-      "paddle.to_tensor(rewards.astype(\"float32\"))", "tests/test_multiturn_training.py", "-k", "env_reward_weight"),
+    m("env-reward-unweighted", "alignment/ppo/rollout/scoring.py",
+      "paddle.to_tensor((weight * rewards).astype(\"float32\"))", "paddle.to_tensor(rewards.astype(\"float32\"))",
+      "tests/test_multiturn_training.py", "-k", "env_reward_weight"),
     m("kto-takes-any-loss", "alignment/config/dpo.py", "        if self.loss_type not in PREFERENCE_LOSSES or "
       "self.loss.paired:", "        if False:", "tests/test_algorithm_of_files.py", "-k", "refuses_another"),
     m("ptx-not-trained", "alignment/ppo/learner/ptx.py", "return self.coeff * scale * loss, {",
       "return 0.0 * loss, {", "tests/test_paddlenlp_files.py", "-k", "llama_ppo"),
-    m("reward-never-normalised", "alignment/ppo/ppo_trainer.py", "self.reward_stats if self.ppo.normalize_reward else None",
-      "None", "tests/test_resume.py", "-k", "ppo_killed"),
+    m("reward-never-normalised", "alignment/ppo/ppo_trainer.py",
+      "self.reward_stats if self.ppo.normalize_reward else None", "None", "tests/test_resume.py", "-k", "ppo_killed"),
     m("one-update-pass", "alignment/ppo/learner/update.py", "for _ in range(ppo.update_iters):", "for _ in range(1):",
       "tests/test_ppo.py", "tests/test_split_invariance.py"),
     m("amp-context-skipped", "alignment/training/precision.py", "        if not self.enabled:\n            return "
@@ -254,8 +257,9 @@ MUTATIONS: List[Mutation] = [
       "def fail(error, code: int = 1, prefix", "tests/test_bad_inputs.py", "-k", "clear_error"),
     m("refused-checkpoint-exit-1", "alignment/training/setup.py", "def fail(error, code: int = 2, prefix",
       "def fail(error, code: int = 1, prefix", "tests/test_no_code_loading.py", "-k", "crafted"),
-    m("kl-in-loss-coefficient-doubled", "alignment/ppo/rl_math/objective.py", "loss = loss + ppo.kl_coeff * sur.kl_loss(",
-      "loss = loss + 2 * ppo.kl_coeff * sur.kl_loss(", "tests/test_parity_trl.py"),
+    m("kl-in-loss-coefficient-doubled", "alignment/ppo/rl_math/objective.py",
+      "loss = loss + ppo.kl_coeff * sur.kl_loss(", "loss = loss + 2 * ppo.kl_coeff * sur.kl_loss(",
+      "tests/test_parity_trl.py"),
     m("async-serialised", "alignment/ppo/asynchronous/rollout_worker.py", "times[\"sample_start\"] = time.time()",
       "time.sleep(3); times[\"sample_start\"] = time.time()", "-m", "parallel", "tests/test_async_runs.py", "-k",
       "staleness_1"),

@@ -28,7 +28,8 @@ from alignment.envs import EnvironmentFailure
 from alignment.envs.formats import tool_call_format
 from alignment.gateway.episodes import AgentEpisode, CurrentGateway, capped_sampler, play_episodes
 from alignment.ppo.rollout.fault_policy import attempt_seed, play_with_retries
-from alignment.ppo.rollout.episodes import environment_row, episode_metrics, episode_record, episode_rollout, prompt_only
+from alignment.ppo.rollout.episodes import (environment_row, episode_metrics, episode_record, episode_rollout,
+                                            prompt_only)
 from alignment.ppo.rollout.samplers import Draw, Episodes, SingleTurn
 
 
