@@ -11,7 +11,7 @@ Tools (tools.py, formats.py): plain functions with type hints and a Google-style
 their OpenAI function-calling schema. A `ToolCallFormat` (registry; "hermes" = `<tool_call>{json}</tool_call>`,
 the default) shows tools to the policy and parses its calls. `run_tool_call` never raises: an unknown tool, a call
 that does not parse, bad arguments, a raise or a timeout is an "Error: ..." text the policy reads.
-Built in: `calculator` (arithmetic by walking the syntax tree) and `python` (a sandboxed subprocess; sandbox.py;
+Built in: `calculator` (arithmetic by walking the syntax tree) and `python` (a sandboxed subprocess; sandbox/runner.py;
 `python_tool(SandboxLimits(...))` for other limits).
 `ToolEnvironment` ("tools") answers a row's prompt with tools and ends at the first turn without a call; its final
 reward is 0 unless a `reward_fn(final_answer, row)` hook is given (the caller's reward functions score it).

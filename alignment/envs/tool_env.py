@@ -35,10 +35,10 @@ class ToolEnvironment(Environment):
     Final reward hook: `reward_fn(final_answer, row) -> float` when given; by default 0.0, leaving the final
     answer to the caller's reward functions / reward model (as for single-turn rollouts).
 
-    python_sandbox: SandboxLimits fields for the built-in `python` tool (sandbox.py), e.g. {"wall_seconds": 10} or
-    {"containment": "best-effort"}; an argument file sets them in environment_args. Built with a `python` tool,
-    the environment checks once per process that the sandbox's containment holds on this machine (a
-    ValueError naming what the kernel lacks when it does not).
+    python_sandbox: SandboxLimits fields for the built-in `python` tool (sandbox/runner.py), e.g.
+    {"wall_seconds": 10} or {"containment": "best-effort"}; an argument file sets them in environment_args. Built
+    with a `python` tool, the environment checks once per process that the sandbox's containment holds on this
+    machine (a ValueError naming what the kernel lacks when it does not).
     """
 
     NAME = "tools"
