@@ -69,8 +69,7 @@ class PPOArguments:
         "rollout_decode": "Rollout engine, evaluation and memory",
     }
 
-    advantage_estimator: str = field("gae", help="A registered advantage estimator "
-                                                 "(alignment/ppo/rl_math/estimators.py): "
+    advantage_estimator: str = field("gae", help="A registered advantage estimator (alignment/ppo/rl_math/estimators.py): "
                                                  "gae = PPO. An estimator whose needs_critic is true (gae's, vapo's) "
                                                  "builds and trains a critic model; the others are critic-free.")
     per_device_prompt_batch_size: int = field(8, ge=1, help="Prompts per rollout step on each device.")
@@ -129,8 +128,7 @@ class PPOArguments:
     clip_range_ratio_high: Optional[float] = field(None, gt=0, help="DAPO clip-higher: the ratio's upper clip is "
                                                                     "1 + this (e.g. 0.28 with low 0.2); null = "
                                                                     "clip_range_ratio.")
-    policy_loss_mode: str = field("ppo", help="A registered policy loss (alignment/ppo/rl_math/losses.py): "
-                                              "'ppo' (token "
+    policy_loss_mode: str = field("ppo", help="A registered policy loss (alignment/ppo/rl_math/losses.py): 'ppo' (token "
                                               "ratios) or 'gspo' (one length-normalised ratio per sequence, clipped "
                                               "per sequence; its loss is seq-mean-token-mean).")
     loss_agg_mode: str = field("token-mean", help=f"How per-token losses become one, one of {LOSS_AGG_MODES}: "
@@ -143,8 +141,7 @@ class PPOArguments:
     kl_loss_coeff: float = field(0.0, ge=0, help="Weight of a KL(actor || reference) loss term (GRPO style), "
                                                  "aggregated like the policy loss; independent of kl_coeff.")
     kl_loss_estimator: str = field("low_var_kl", help="Estimator of the KL loss term: any registered in "
-                                                      "alignment/ppo/rl_math/kl.py ('+': the value of the estimator "
-                                                      "with "
+                                                      "alignment/ppo/rl_math/kl.py ('+': the value of the estimator with "
                                                       "k2's gradient).")
     enable_overlong_reward_buffer: bool = field(False, help="DAPO soft overlong punishment: responses longer than "
                                                             "max_new_tokens - overlong_reward_buffer lose reward "
