@@ -26,17 +26,17 @@ _HOMES = {
     "tool_call_format": "alignment.envs.formats",
     "BUILTIN_TOOLS": "alignment.envs.tool_env",
     "MCPServer": "alignment.envs.mcp_tools",
-    "SandboxLimits": "alignment.envs.sandbox",
-    "run_python": "alignment.envs.sandbox",
-    "check_containment": "alignment.envs.sandbox",
+    "SandboxLimits": "alignment.envs.sandbox.runner",
+    "run_python": "alignment.envs.sandbox.runner",
+    "check_containment": "alignment.envs.sandbox.runner",
     # evaluation and tracking
     "EvalTask": "alignment.evaluation.tasks",
     "Tracker": "alignment.training.trackers.base",
     # the RL and preference math (these load Paddle)
-    "AdvantageEstimator": "alignment.ppo.estimators",
-    "PolicyLoss": "alignment.ppo.losses",
-    "KLEstimator": "alignment.ppo.kl",
-    "DistillLoss": "alignment.ppo.distill",
+    "AdvantageEstimator": "alignment.ppo.rl_math.estimators",
+    "PolicyLoss": "alignment.ppo.rl_math.losses",
+    "KLEstimator": "alignment.ppo.rl_math.kl",
+    "DistillLoss": "alignment.ppo.rl_math.distill",
     "PreferenceLoss": "alignment.dpo.losses",
 }
 __all__ = sorted(_HOMES)

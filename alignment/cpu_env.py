@@ -1,8 +1,8 @@
 """CPU settings for Paddle, chosen from the machine; they only take effect before paddle is imported.
 
-Entry points call `apply_cpu_defaults()` first thing (importing `alignment` changes nothing). Measured on 2-core
-AMD EPYC and Intel Xeon machines (docs/performance.md, "CPU settings"; `python benchmarks/bench_cpu_settings.py`
-re-measures any machine):
+Entry points call `apply_cpu_defaults()` first thing (the stages' run_*.py through alignment/entry.py; importing
+`alignment` changes nothing). Measured on 2-core AMD EPYC and Intel Xeon machines (docs/performance.md, "CPU
+settings"; `python benchmarks/bench_cpu_settings.py` re-measures any machine):
 - OMP_NUM_THREADS=1 with MKL_NUM_THREADS = the usable cores: eager training ran 3-4x faster than with OpenMP
   threads competing with MKL's. Under `paddle.distributed.launch` the processes on one host share its cores, so
   each gets the usable cores over their number (at least 1): 8 processes on 2 cores, each on 2 MKL threads, ran

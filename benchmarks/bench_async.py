@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Synchronous vs asynchronous PPO at equal total cores: two data-parallel processes that each generate and train,
-against one rollout rank beside one training rank with max_staleness 1 and 2 (alignment/ppo/asynchronous.py).
+against one rollout rank beside one training rank with max_staleness 1 and 2
+(alignment/ppo/asynchronous/asynchronous.py).
 
     python benchmarks/bench_async.py [--steps 8] [--new-tokens 32] [--prompts 16] [--env-wait 0.25]
 

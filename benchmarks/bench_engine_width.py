@@ -36,11 +36,11 @@ DEFAULT_CASES = "16:32:64:96,16:64:448:512,64:64:448:512,8:50:100:2048"
 def decode(model, prompts, new: int, capacity: int, fixed_width: bool, fused: bool = True):
     """Greedy `new` tokens of each prompt in one engine; -> (turns and log-probs, seconds, final width)."""
     from alignment.models import GenerationConfig
-    from alignment.models.engine import DecodeEngine, Sequence
+    from alignment.models.engine import DecodeEngine, DecodeSequence
 
     config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
     engine = DecodeEngine(model, len(prompts), capacity, fused=fused, prefill_together=True, fixed_width=fixed_width)
-    seqs = [Sequence(p, config, capacity) for p in prompts]
+    seqs = [DecodeSequence(p, config, capacity) for p in prompts]
     start = time.perf_counter()
     for seq in seqs:
         engine.add(seq)

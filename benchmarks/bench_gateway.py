@@ -83,10 +83,10 @@ class EngineAlone:
         seconds)."""
         import numpy as np
 
-        from alignment.models.engine import Sequence
+        from alignment.models.engine import DecodeSequence
 
         seeds = [self.requests[i].seed for i in indices]  # a seeded request's numbers, as the gateway draws them
-        seqs = [Sequence(self.prompts[i], self.samplings[i][0], self.capacity,
+        seqs = [DecodeSequence(self.prompts[i], self.samplings[i][0], self.capacity,
                          rng=None if seed is None else np.random.default_rng([seed, 0]),
                          log_prob_temperature=self.samplings[i][1]) for i, seed in zip(indices, seeds)]
         start = time.perf_counter()

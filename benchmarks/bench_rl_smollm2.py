@@ -134,7 +134,7 @@ def run_ours(plan: dict) -> dict:
     from alignment.data.tokenized import PromptOnlyDataset, collate_prompts
     from alignment.models import Tokenizer
     from alignment.ppo.run_ppo import build_models
-    from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
+    from alignment.ppo.ppo_trainer import PolicyModels, PPOTrainer, PromptData
     from alignment.rewards.scoring import RewardComputer
     from alignment.training.batches import set_seed
     from bench_rl_step import record_rollouts

@@ -143,7 +143,7 @@ def run(args):
     from alignment.config.data import LoRAArguments
     from alignment.data.tokenized import collate_prompts
     from alignment.ppo.run_ppo import build_models
-    from alignment.ppo.trainer import PolicyModels, PPOTrainer, PromptData
+    from alignment.ppo.ppo_trainer import PolicyModels, PPOTrainer, PromptData
     from alignment.rewards.scoring import RewardComputer
     from alignment.training.batches import set_seed
 

@@ -1,4 +1,5 @@
-"""Start-up cost of one python-tool call (alignment/envs/sandbox.py), before and after the containment of issue 52.
+"""Start-up cost of one python-tool call (alignment/envs/sandbox/runner.py), before and after the containment of
+issue 52.
 
     python benchmarks/bench_sandbox.py [--calls 40] [--threads 4] [--results-dir DIR | --record | --no-save]
 
@@ -33,12 +34,12 @@ BASELINE = "ded7fd9"  # the last commit before issue 52's containment
 CODE = "print(sum(range(1000)))"
 
 from alignment.cpu_env import describe_machine, machine_facts  # noqa: E402
-from alignment.envs.sandbox import SandboxLimits, run_python  # noqa: E402
+from alignment.envs.sandbox.runner import SandboxLimits, run_python  # noqa: E402
 
 
 def baseline_sandbox(directory: str):
     """The sandbox module as it was at BASELINE (its runner is a string inside it), imported from `directory`."""
-    source = subprocess.run(["git", "-C", REPO, "show", f"{BASELINE}:alignment/envs/sandbox.py"],
+    source = subprocess.run(["git", "-C", REPO, "show", f"{BASELINE}:alignment/envs/sandbox/runner.py"],
                             capture_output=True, text=True, check=True).stdout
     with open(os.path.join(directory, "baseline_sandbox.py"), "w") as f:
         f.write(source)

@@ -64,11 +64,11 @@ def task_messages(task: str, count: int) -> list:
 
 def decode(model, prompts: list, config) -> tuple:
     """Greedy turns of `prompts` (id lists) in one engine, as generate() runs them; -> (turns, seconds, stats)."""
-    from alignment.models.engine import DecodeEngine, Sequence
+    from alignment.models.engine import DecodeEngine, DecodeSequence
 
     engine = DecodeEngine(model, len(prompts), max(map(len, prompts)) + config.max_new_tokens,
                           prefill_together=True)
-    seqs = [Sequence(p, config, len(p) + config.max_new_tokens, log_prob_temperature=1.0) for p in prompts]
+    seqs = [DecodeSequence(p, config, len(p) + config.max_new_tokens, log_prob_temperature=1.0) for p in prompts]
     start = time.perf_counter()
     for seq in seqs:
         engine.add(seq)

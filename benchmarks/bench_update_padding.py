@@ -41,9 +41,9 @@ def main(argv=None) -> dict:
 
     from alignment.models import LlamaConfig, LlamaForCausalLM
     from alignment.models.score_model import ScoreConfig, ScoreModel
-    from alignment.ppo import algorithms as rl
-    from alignment.ppo import surrogate
-    from alignment.ppo.rollout import Rollout, critic_values, response_log_probs, update_order
+    from alignment.ppo.rl_math import algorithms as rl
+    from alignment.ppo.rl_math import surrogate
+    from alignment.ppo.rollout.rollout import Rollout, critic_values, response_log_probs, update_order
 
     shape = dict(vocab_size=8000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)

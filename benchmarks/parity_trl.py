@@ -50,7 +50,7 @@ def one_rollout(workdir: str):
     weights, saved as the step saw them."""
     from alignment.commands import make_tiny
     from alignment.ppo import run_ppo
-    from alignment.ppo.trainer import PPOTrainer
+    from alignment.ppo.ppo_trainer import PPOTrainer
 
     model = make_tiny.main(["--output", os.path.join(workdir, "init")])
     prompts = os.path.join(workdir, "prompts.jsonl")
@@ -88,12 +88,12 @@ def our_step(model_dir, rollout, recipe: dict, out_dir: str, lr: float = LR) -> 
     from alignment.config.ppo import PPOArguments
     from alignment.config.training import TrainingArguments
     from alignment.models import LlamaForCausalLM
-    from alignment.ppo.critic import make_critic
-    from alignment.ppo.ptx import NoPtx
-    from alignment.ppo.routing_replay import OwnRouting
-    from alignment.ppo.teacher import NoTeacher
-    from alignment.ppo.trainer import PPOTrainer
-    from alignment.ppo.update import EagerMicroBatches, run_update
+    from alignment.ppo.learner.critic import make_critic
+    from alignment.ppo.learner.ptx import NoPtx
+    from alignment.ppo.learner.routing_replay import OwnRouting
+    from alignment.ppo.teacher.teacher import NoTeacher
+    from alignment.ppo.ppo_trainer import PPOTrainer
+    from alignment.ppo.learner.update import EagerMicroBatches, run_update
     from alignment.training.precision import Precision
 
     ppo = PPOArguments(num_return_sequences=GROUP, max_new_tokens=NEW_TOKENS, clip_range_ratio=0.2, **recipe)

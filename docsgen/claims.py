@@ -42,7 +42,7 @@ ALLOWED: Dict[str, str] = {
     "bootstrap 95% CIs": "CONFIDENCE, the evaluation harness's interval (alignment/evaluation/metrics.py)",
     "percentile-bootstrap 95% confidence interval": "CONFIDENCE of alignment/evaluation/metrics.py",
     "at most 1 MiB": "MAX_ARGUMENT_FILE_BYTES, the argument file's size limit (alignment/config/argument_file.py)",
-    "up to 2 s": "how long the sandbox's parent waits for the namespace to empty (alignment/envs/sandbox.py)",
+    "up to 2 s": "how long the sandbox's parent waits for the namespace to empty (alignment/envs/sandbox/runner.py)",
     "1 GiB as 64 files of 16 MiB": "the input of a containment test",
     "`disk_bytes` (64 MiB)": "SandboxLimits.disk_bytes' default",
     "2 GB allocation": "the input of a containment test",

@@ -22,11 +22,11 @@ STAGES = {"alignment-sft": "alignment.sft.run_sft", "alignment-rm": "alignment.r
           "alignment-ppo": "alignment.ppo.run_ppo", "alignment-distill": "alignment.ppo.run_distill",
           "alignment-dpo": "alignment.dpo.run_dpo", "alignment-kto": "alignment.dpo.run_kto"}
 # the modules that register the built-in entries of the registries (alignment/config/registry.py's table)
-BUILTINS = ("alignment.ppo.registrations", "alignment.dpo.losses", "alignment.data", "alignment.envs",
+BUILTINS = ("alignment.ppo.rl_math.registrations", "alignment.dpo.losses", "alignment.data", "alignment.envs",
             "alignment.envs.adapters", "alignment.rewards.judges", "alignment.rewards.rules",
             "alignment.rewards.judge_parsers", "alignment.evaluation.tasks", "alignment.training.trackers")
 # classes users build or subclass that are no registry's base class
-OTHER_CLASSES = ("alignment.envs.tools.Tool", "alignment.envs.sandbox.SandboxLimits")
+OTHER_CLASSES = ("alignment.envs.tools.Tool", "alignment.envs.sandbox.runner.SandboxLimits")
 
 
 def _registry(name: str, where: Optional[Callable[[type], bool]] = None) -> Callable[[], List[str]]:

@@ -21,7 +21,7 @@ def pytest_xdist_auto_num_workers(config):
     return 2 if len(os.sched_getaffinity(0)) >= 2 else 0
 
 import alignment.dpo.losses  # noqa: E402,F401  the preference losses DPO arguments name
-import alignment.ppo.registrations  # noqa: E402,F401  the estimators, losses and KL estimators PPO arguments name
+import alignment.ppo.rl_math.registrations  # noqa: E402,F401  the estimators, losses, KL estimators PPO arguments name
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import paddle
 
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.logprobs import gather_log_probs
 from alignment.models.sampling import block_tokens, sampling_logits
 from tests.test_model import tiny_model
@@ -37,7 +37,7 @@ PROMPTS = [[10, 11, 12, 13, 14, 3, 4, 5, 10], [0, 1, 2, 3, 4, 5, 6, 0, 1], [40, 
 def play_turns(model, config, draft=None):
     """PROMPTS[:2] in a 2-slot engine for 4 turns, each resumed with [30, 31, 32] -> (per prompt the turns, engine)."""
     engine = DecodeEngine(model, 2, 96, draft=draft)
-    seqs = [Sequence(p, config, 90) for p in PROMPTS[:2]]
+    seqs = [DecodeSequence(p, config, 90) for p in PROMPTS[:2]]
     for seq in seqs:
         engine.add(seq)
     out = [[], []]
@@ -102,7 +102,7 @@ def sample_counts(engine, prompt, config, draws, vocab):
     sequence with its own rng."""
     counts, rng = np.zeros([vocab] * 3), 0
     while counts.sum() < draws:
-        seqs = [Sequence(prompt, config, 14, rng=np.random.default_rng([11, rng + i])) for i in range(100)]
+        seqs = [DecodeSequence(prompt, config, 14, rng=np.random.default_rng([11, rng + i])) for i in range(100)]
         rng += 100
         for seq in seqs:
             engine.add(seq)

@@ -1,7 +1,7 @@
-"""The harness of the split-invariance tests: a tiny LLaMA built from config, a synthetic scored rollout with rows
-of different prompt and response lengths, the real update loop (ppo/update.py: run_update, EagerMicroBatches, and
-PPOTrainer.actor_step itself) run for several micro-batch / gradient-accumulation splits of one optimizer step,
-and an independent float64 reference of every objective on the whole batch.
+"""The harness of the split-invariance tests: a tiny LLaMA built from config, a synthetic scored rollout with rows of
+different prompt and response lengths, the real update loop (ppo/learner/update.py: run_update, EagerMicroBatches, and
+PPOTrainer.actor_step itself) run for several micro-batch / gradient-accumulation splits of one optimizer step, and an
+independent float64 reference of every objective on the whole batch.
 
 The reference is exact in the loss: it takes the per-token log-probs and entropies of one float32 pass over the
 whole batch as float64 leaves, computes the loss in float64 and its gradient with respect to them, and carries
@@ -21,13 +21,13 @@ from alignment.config.training import TrainingArguments
 from alignment.models import LlamaForCausalLM
 from alignment.models.config import LlamaConfig
 from alignment.models.score_model import ScoreConfig, ScoreModel
-from alignment.ppo.critic import make_critic
-from alignment.ppo.rollout import Rollout, critic_values, response_log_probs
-from alignment.ppo.ptx import NoPtx
-from alignment.ppo.routing_replay import OwnRouting
-from alignment.ppo.teacher import NoTeacher
-from alignment.ppo.trainer import PPOTrainer
-from alignment.ppo.update import EagerMicroBatches, run_update
+from alignment.ppo.learner.critic import make_critic
+from alignment.ppo.rollout.rollout import Rollout, critic_values, response_log_probs
+from alignment.ppo.learner.ptx import NoPtx
+from alignment.ppo.learner.routing_replay import OwnRouting
+from alignment.ppo.teacher.teacher import NoTeacher
+from alignment.ppo.ppo_trainer import PPOTrainer
+from alignment.ppo.learner.update import EagerMicroBatches, run_update
 from alignment.training.precision import Precision
 
 CONFIG = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,

@@ -1,7 +1,7 @@
-"""Agent programs trained through the gateway (key `agent`, alignment/ppo/agent_programs.py), with the real `openai`
-package: the same episodes written as an Environment and as an OpenAI-client agent train to the same bits;
-agents that raise (retried, then their group dropped), time out or edit their history; the one-line stop when
-too many episodes fail."""
+"""Agent programs trained through the gateway (key `agent`, alignment/ppo/rollout/agent_programs.py), with the real
+`openai` package: the same episodes written as an Environment and as an OpenAI-client agent train to the same bits;
+agents that raise (retried, then their group dropped), time out or edit their history; the one-line stop when too
+many episodes fail."""
 import json
 import os
 import subprocess

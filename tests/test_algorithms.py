@@ -1,4 +1,4 @@
-"""Golden tests of alignment/ppo/algorithms.py: hand-worked numbers (arithmetic in comments) and tiny
+"""Golden tests of alignment/ppo/rl_math/algorithms.py: hand-worked numbers (arithmetic in comments) and tiny
 independent numpy / pure-Python references, over right / left / mid-row padding, eos == pad, truncation,
 all-masked rows and group size 1."""
 import math
@@ -10,9 +10,9 @@ import pytest
 
 from alignment.config.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from alignment.models import logprobs as lp
-from alignment.ppo import algorithms as alg
-from alignment.ppo.distill import log_softmax
-from alignment.ppo.kl import kl_estimate
+from alignment.ppo.rl_math import algorithms as alg
+from alignment.ppo.rl_math.distill import log_softmax
+from alignment.ppo.rl_math.kl import kl_estimate
 from tests.golden import INF, close, ppo_case, response_mask, t
 
 

@@ -11,10 +11,11 @@ import pytest
 from alignment.commands import replay_ledger
 from alignment.config.parser import ArgumentError, ArgumentParser
 from alignment.models import LlamaForCausalLM
-from alignment.ppo import off_policy, wire
-from alignment.ppo.asynchronous import token_version, version_for, versions_needed
-from alignment.ppo.ledger import Ledger, read_ledger
-from alignment.ppo.rollout import Rollout
+from alignment.ppo.rl_math import off_policy
+from alignment.ppo.asynchronous import wire
+from alignment.ppo.asynchronous.asynchronous import token_version, version_for, versions_needed
+from alignment.ppo.rollout.ledger import Ledger, read_ledger
+from alignment.ppo.rollout.rollout import Rollout
 from alignment.ppo.run_ppo import AsyncArguments, EnvironmentArguments, LoRAArguments
 from tests.test_stores import Rendezvous
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
@@ -183,7 +184,7 @@ def test_the_mailbox_answers_two_threads_each_their_own_question():
     import threading
 
     from alignment.parallel.stores import rank_zero_store
-    from alignment.ppo.asynchronous import Mailbox, weights_key
+    from alignment.ppo.asynchronous.asynchronous import Mailbox, weights_key
 
     rendezvous = Rendezvous()
     server = rank_zero_store(0, "/test/mailbox", "127.0.0.1", rendezvous, 30)

@@ -17,8 +17,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from alignment.commands import replay_ledger
-from alignment.ppo.asynchronous import HOLD_VARIABLE, token_version
-from alignment.ppo.ledger import read_ledger
+from alignment.ppo.asynchronous.asynchronous import HOLD_VARIABLE, token_version
+from alignment.ppo.rollout.ledger import read_ledger
 from tests.helpers import REPO, read_metrics
 
 pytestmark = pytest.mark.parallel

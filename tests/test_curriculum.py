@@ -1,4 +1,4 @@
-"""The difficulty-aware prompt pool (alignment/ppo/curriculum.py): the plain stream's order when nothing is set
+"""The difficulty-aware prompt pool (alignment/ppo/rollout/curriculum.py): the plain stream's order when nothing is set
 aside, prompts with equal-reward groups set aside and readmitted when the pool runs short, its state restored
 exactly, and a GRPO run with it resuming to the same bits."""
 import os
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from alignment.ppo import run_ppo
-from alignment.ppo.curriculum import PromptPool
+from alignment.ppo.rollout.curriculum import PromptPool
 from alignment.training.batches import epoch_batches
 from tests.helpers import REPO, read_metrics
 from tests.test_resume import assert_same_weights, without_times

@@ -1,4 +1,4 @@
-"""Distillation end to end on the tiny model (alignment/ppo/teacher.py, run_distill.py): a teacher that differs
+"""Distillation end to end on the tiny model (alignment/ppo/teacher/teacher.py, run_distill.py): a teacher that differs
 from the student, each loss, GKD's data mix, LoRA, the ledger, exact resume, and the arguments' errors."""
 import json
 import os
@@ -225,7 +225,7 @@ class WordTokenizer:
 
 def test_dataset_answers_laid_out_as_a_rollout_with_eos_equal_to_pad_and_truncation():
     from alignment.data.tokenized import collate_prompts
-    from alignment.ppo.distill_sampler import dataset_rollout, on_policy
+    from alignment.ppo.teacher.distill_sampler import dataset_rollout, on_policy
 
     items = [{"input_ids": [5, 6], "prompt": "p1", "answer": "aa bbb"},
              {"input_ids": [7], "prompt": "p2", "answer": "c dddd eeeee ffffff"}]

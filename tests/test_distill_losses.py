@@ -1,4 +1,4 @@
-"""Distillation losses (alignment/ppo/distill.py): against TRL's GKD loss as recorded by
+"""Distillation losses (alignment/ppo/rl_math/distill.py): against TRL's GKD loss as recorded by
 tests/scripts/record_trl_gkd.py (tests/fixtures/trl_gkd.json), and each loss against values computed by hand."""
 import json
 import math
@@ -10,8 +10,8 @@ import numpy as np
 import paddle
 import pytest
 
-from alignment.ppo import distill
-from alignment.ppo.surrogate import aggregate_loss
+from alignment.ppo.rl_math import distill
+from alignment.ppo.rl_math.surrogate import aggregate_loss
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRL_VENV = "/tmp/trlv/bin/python"

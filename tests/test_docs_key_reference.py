@@ -118,7 +118,7 @@ def test_allowed_values_are_the_registries_and_choices():
 
 def test_entries_registered_outside_the_package_are_not_shown():
     from alignment.config.registry import ADVANTAGE_ESTIMATORS
-    from alignment.ppo.estimators import AdvantageEstimator
+    from alignment.ppo.rl_math.estimators import AdvantageEstimator
 
     before = key_reference.registered(ADVANTAGE_ESTIMATORS)
     try:
@@ -145,11 +145,11 @@ def test_the_paddlenlp_and_paddleformers_aliases_are_shown_with_our_key():
 
 @pytest.mark.parametrize("name, path", [
     ("Environment", "alignment/envs/base.py"), ("RawDataset", "alignment/data/raw.py"),
-    ("PreferenceLoss", "alignment/dpo/losses.py"), ("DistillLoss", "alignment/ppo/distill.py"),
+    ("PreferenceLoss", "alignment/dpo/losses.py"), ("DistillLoss", "alignment/ppo/rl_math/distill.py"),
     ("JudgeParser", "alignment/rewards/judge_parsers.py"), ("ToolCallFormat", "alignment/envs/formats.py"),
-    ("AdvantageEstimator", "alignment/ppo/estimators.py"), ("PolicyLoss", "alignment/ppo/losses.py"),
-    ("KLEstimator", "alignment/ppo/kl.py"), ("EvalTask", "alignment/evaluation/tasks.py"),
-    ("SandboxLimits", "alignment/envs/sandbox.py"), ("Tool", "alignment/envs/tools.py")])
+    ("AdvantageEstimator", "alignment/ppo/rl_math/estimators.py"), ("PolicyLoss", "alignment/ppo/rl_math/losses.py"),
+    ("KLEstimator", "alignment/ppo/rl_math/kl.py"), ("EvalTask", "alignment/evaluation/tasks.py"),
+    ("SandboxLimits", "alignment/envs/sandbox/runner.py"), ("Tool", "alignment/envs/tools.py")])
 def test_the_extension_classes_page_names_each_class_its_module_and_docstring(name, path):
     import alignment
 

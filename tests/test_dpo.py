@@ -10,7 +10,7 @@ import pytest
 from alignment.dpo import run_dpo
 from alignment.dpo.data import UnpairedDataset, collate_pairs, collate_unpaired
 from alignment.dpo.losses import kto_kl_estimate, kto_loss, preference_loss
-from alignment.dpo.trainer import sequence_log_probs
+from alignment.dpo.dpo_trainer import sequence_log_probs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "config", "tiny", "dpo_argument.json")

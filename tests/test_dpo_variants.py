@@ -76,7 +76,7 @@ AT_STEP_ONE = {"dpop": math.log(2), "kto_pair": 0.5, "sppo_hard": 50.0, "nca_pai
 def test_each_paddlenlp_loss_type_trains_a_step(loss_type, tmp_path, tiny_model_dir, monkeypatch):
     from safetensors.numpy import load_file
 
-    from alignment.dpo import run_dpo, trainer
+    from alignment.dpo import run_dpo, dpo_trainer as trainer
     from tests.helpers import read_metrics
 
     seen = []

@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (alignment/ppo/dynamic_sampling.py): the accumulation loop on hand-made reward batches
+"""DAPO dynamic sampling (alignment/ppo/rollout/dynamic_sampling.py): the accumulation loop on hand-made reward batches
 (kept rows, tries, the cut to the target, the max_gen_batches bound), then GRPO runs on the tiny model with rule
 rewards that make some groups' rewards all equal, an exact resume, PaddleNLP's grpo file with dynamic_sampling
 true, and the refused settings."""
@@ -11,9 +11,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from alignment.config.parser import ArgumentError, ArgumentParser
-from alignment.ppo import dynamic_sampling as ds
+from alignment.ppo.rollout import dynamic_sampling as ds
 from alignment.ppo import run_ppo
-from alignment.ppo.rollout import Rollout, concat_rollouts
+from alignment.ppo.rollout.rollout import Rollout, concat_rollouts
 from tests.helpers import REPO, read_metrics
 from tests.test_paddlenlp_files import PPO_CLASSES, fixture, one_step
 from tests.test_resume import without_times

@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from alignment.models import GenerationConfig, LlamaConfig, LlamaForCausalLM
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.prompt_groups import distinct_prompts
 from tests.test_model import tiny_model
 
@@ -36,7 +36,7 @@ def play(model, rows, slots=None, turns=3, resume_after=None, fused=True, seeds=
     slots = slots or list(range(len(rows)))
     seeds = seeds or list(range(len(rows)))
     engine = DecodeEngine(model, max(slots) + 1, capacity, fused=fused, fixed_width=fixed_width)
-    seqs = [Sequence(row, SAMPLER, capacity, rng=np.random.default_rng([9, seed])) for row, seed in zip(rows, seeds)]
+    seqs = [DecodeSequence(row, SAMPLER, capacity, rng=np.random.default_rng([9, seed])) for row, seed in zip(rows, seeds)]
     for seq, slot in zip(seqs, slots):
         engine.add(seq, slot)
     tokens, log_probs = [[] for _ in rows], [[] for _ in rows]
@@ -101,14 +101,14 @@ def test_sequences_added_together_with_one_prompt_prefill_it_once():
     counting = Counting(model)
     a, b = prompts(2)
     engine = DecodeEngine(counting, 5, 40)
-    seqs = [Sequence(p, SAMPLER, 40, rng=np.random.default_rng([1, i])) for i, p in enumerate([a, b, a, a, b])]
+    seqs = [DecodeSequence(p, SAMPLER, 40, rng=np.random.default_rng([1, i])) for i, p in enumerate([a, b, a, a, b])]
     for seq in seqs:
         engine.add(seq)
     engine.step()
     assert counting.prefills == [[1, len(a)], [1, len(b)]]
     first = [s.turn_log_probs[0] for s in seqs]
     alone = DecodeEngine(model, 5, 40)
-    single = Sequence(a, SAMPLER, 40, rng=np.random.default_rng([1, 3]))
+    single = DecodeSequence(a, SAMPLER, 40, rng=np.random.default_rng([1, 3]))
     alone.add(single, 3)
     alone.step()
     assert single.turn_log_probs[0] == first[3]  # the copied prefill is the bits of the row's own
@@ -118,13 +118,13 @@ def test_a_reused_slot_starts_from_zeros_and_the_scratch_column_stays_zero():
     model = tiny_model()
     rows = prompts(2)
     engine = DecodeEngine(model, 2, 30)
-    first = Sequence(rows[0] * 2, SAMPLER, 30, rng=np.random.default_rng(0))
+    first = DecodeSequence(rows[0] * 2, SAMPLER, 30, rng=np.random.default_rng(0))
     engine.add(first)
-    engine.add(Sequence(rows[1], SAMPLER, 30, rng=np.random.default_rng(1)))
+    engine.add(DecodeSequence(rows[1], SAMPLER, 30, rng=np.random.default_rng(1)))
     while engine.busy():
         engine.step()
     engine.release(first)
-    engine.add(Sequence(rows[1][:2], SAMPLER, 30, rng=np.random.default_rng(2)), 0)
+    engine.add(DecodeSequence(rows[1][:2], SAMPLER, 30, rng=np.random.default_rng(2)), 0)
     k = engine.cache.k[0].numpy()
     assert not k[0].any()  # what the first sequence wrote is gone
     assert not k[:, :, engine.cache.scratch].any()
@@ -134,12 +134,12 @@ def test_sizes_are_checked():
     model = tiny_model()
     engine = DecodeEngine(model, 1, 10)
     with pytest.raises(ValueError, match="up to 11 tokens does not fit the engine's capacity of 10"):
-        engine.add(Sequence([5, 6], SAMPLER, 11))
-    engine.add(Sequence([5, 6], SAMPLER, 10))
+        engine.add(DecodeSequence([5, 6], SAMPLER, 11))
+    engine.add(DecodeSequence([5, 6], SAMPLER, 10))
     with pytest.raises(RuntimeError, match="no free slot"):
-        engine.add(Sequence([5, 6], SAMPLER, 10))
+        engine.add(DecodeSequence([5, 6], SAMPLER, 10))
     with pytest.raises(ValueError, match="at least one id"):
-        Sequence([], SAMPLER, 10)
+        DecodeSequence([], SAMPLER, 10)
 
 
 def test_rows_are_grouped_by_prompt_ids_and_mask_padding_included():
@@ -161,7 +161,7 @@ def test_prompts_prefilled_together_give_the_tokens_of_prompts_prefilled_alone()
     outs = []
     for together in (False, True):
         engine = DecodeEngine(model, len(rows), 40, prefill_together=together)
-        seqs = [Sequence(r, GenerationConfig(max_new_tokens=6, do_sample=False), 40) for r in rows]
+        seqs = [DecodeSequence(r, GenerationConfig(max_new_tokens=6, do_sample=False), 40) for r in rows]
         for seq in seqs:
             engine.add(seq)
         while engine.busy():

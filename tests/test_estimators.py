@@ -11,10 +11,10 @@ from alignment.config.parser import ArgumentError, ArgumentParser
 from alignment.config.ppo import PPOArguments, PPODataArguments, PPOModelArguments
 from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from alignment.config.training import TrainingArguments
-from alignment.ppo import algorithms as rl
+from alignment.ppo.rl_math import algorithms as rl
 from alignment.ppo import run_ppo
-from alignment.ppo.estimators import AdvantageEstimator
-from alignment.ppo.rollout import Rollout
+from alignment.ppo.rl_math.estimators import AdvantageEstimator
+from alignment.ppo.rollout.rollout import Rollout
 from tests.golden import close, t
 from tests.helpers import REPO, read_metrics
 
@@ -81,7 +81,7 @@ def test_the_built_in_names_and_traits():
 
 
 def test_a_name_cannot_be_registered_twice():
-    with pytest.raises(ValueError, match="'gae' is already registered by alignment.ppo.estimators.GAE"):
+    with pytest.raises(ValueError, match="'gae' is already registered by alignment.ppo.rl_math.estimators.GAE"):
         class AnotherGAE(AdvantageEstimator):  # noqa: F841
             NAME = "gae"
     assert ADVANTAGE_ESTIMATORS["gae"].__name__ == "GAE"
@@ -94,8 +94,8 @@ def test_vapo_decouples_the_critics_and_the_policys_lambda():
     import paddle
 
     from alignment.config.ppo import PPOArguments
-    from alignment.ppo import algorithms as rl
-    from alignment.ppo.estimators import VAPO
+    from alignment.ppo.rl_math import algorithms as rl
+    from alignment.ppo.rl_math.estimators import VAPO
 
     lengths = paddle.to_tensor([40.0, 10.0, 1.0])
     np.testing.assert_allclose(rl.length_adaptive_lambda(lengths, 0.05).numpy(), [0.5, 0.0, 0.0], atol=1e-7)
@@ -125,7 +125,7 @@ def test_vapo_decouples_the_critics_and_the_policys_lambda():
 def test_the_gae_estimator_puts_the_kl_in_the_reward_unless_it_is_a_loss_term_and_whitens_on_request():
     import paddle
 
-    from alignment.ppo.estimators import GAE
+    from alignment.ppo.rl_math.estimators import GAE
 
     class Scored:  # two rows, the second with 2 tokens; k1 KL = old - ref = [[0.5, 0, 0], [0, 0.5, -]]
         response_mask = paddle.to_tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

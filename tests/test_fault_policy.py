@@ -1,4 +1,4 @@
-"""The rollout fault policy (alignment/ppo/fault_policy.py): a failed episode is played again with a fresh
+"""The rollout fault policy (alignment/ppo/rollout/fault_policy.py): a failed episode is played again with a fresh
 environment and a seed of its own, a group whose episode still fails is dropped whole (the other groups' advantages
 as if it had never been drawn), the step goes on and counts it, the ledger names it, and too many failed groups
 stop the run in one line."""
@@ -20,11 +20,11 @@ from alignment.config.registry import ADVANTAGE_ESTIMATORS
 from alignment.envs import Environment, StepResult
 from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
 from alignment.ppo import run_ppo
-from alignment.ppo.episodes import environment_rewards
-from alignment.ppo.fault_policy import (RolloutFaultLimit, StepFaults, attempt_seed, drop_failed_groups,
+from alignment.ppo.rollout.episodes import environment_rewards
+from alignment.ppo.rollout.fault_policy import (RolloutFaultLimit, StepFaults, attempt_seed, drop_failed_groups,
                                         failed_group_indices, intact_rows, play_with_retries)
-from alignment.ppo.ledger import read_ledger
-from alignment.ppo.samplers import Draw, Episodes
+from alignment.ppo.rollout.ledger import read_ledger
+from alignment.ppo.rollout.samplers import Draw, Episodes
 from tests.helpers import REPO, read_metrics, run_args
 
 

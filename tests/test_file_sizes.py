@@ -20,7 +20,7 @@ def test_every_package_module_is_at_most_350_lines():
 
 
 def test_the_trainer_reads_as_a_recipe():
-    with open(os.path.join(REPO, "alignment", "ppo", "trainer.py"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "alignment", "ppo", "ppo_trainer.py"), encoding="utf-8") as f:
         text = f.read()
     assert len(text.splitlines()) < 300
     assert "self.source" not in text and "if self.ppo.dynamic_sampling" not in text  # strategies, not branches

@@ -13,7 +13,7 @@ from alignment.models import LlamaForCausalLM
 from alignment.models.lora import adapters_disabled, apply_lora, has_lora, load_adapter, save_adapter
 from alignment.models.score_model import ScoreModel
 from alignment.ppo import run_ppo
-from alignment.ppo.rollout import response_log_probs
+from alignment.ppo.rollout.rollout import response_log_probs
 from alignment.rm import run_reward
 from alignment.sft import run_sft
 from tests.helpers import REPO, read_metrics

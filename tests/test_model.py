@@ -108,7 +108,7 @@ def test_sampled_log_probs_equal_a_whole_sequence_forward(options):
     """generate(log_prob_temperature=T): each drawn token's log softmax(logits / T) from the sampling pass itself
     equals the trainer's forward pass over prompt + response (left-padded rows, temperature 0.7; penalties, top-k
     and the min-length eos block change what is drawn, not the score; eos == pad pads finished rows)."""
-    from alignment.ppo.rollout import response_log_probs
+    from alignment.ppo.rollout.rollout import response_log_probs
 
     model = tiny_model()
     ids, mask = left_padded_batch()

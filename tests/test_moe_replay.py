@@ -11,8 +11,8 @@ import pytest
 from alignment.models import GenerationConfig, LlamaForCausalLM, generate
 from alignment.models.logprobs import answer_token_loss
 from alignment.models.moe import moe_blocks, moe_training_terms, replayed_routing, router_aux_loss, routing_of
-from alignment.ppo.rollout import response_log_probs
-from alignment.sft.trainer import SupervisedTrainer
+from alignment.ppo.rollout.rollout import response_log_probs
+from alignment.sft.sft_trainer import SupervisedTrainer
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
 MOE = ["qwen3_moe", "ernie4_5_moe"]

@@ -1,4 +1,4 @@
-"""MoE routing replay in the RL recipes (key moe_routing_replay, alignment/ppo/routing_replay.py): the sampler's
+"""MoE routing replay in the RL recipes (key moe_routing_replay, alignment/ppo/learner/routing_replay.py): the sampler's
 expert choices travel with the rollout through every layout the update uses (trimmed, packed, joined), the
 trainer's passes route each token as the sampler did even after the router moved, the ledger keeps the choices and
 a step replayed from it equals the run bit for bit (and changes when the ledger's choices change); an MoE step logs
@@ -19,9 +19,9 @@ from alignment.models.generation import GenerationConfig
 from alignment.models.moe import moe_blocks, replayed_routing
 from alignment.models.tokenizer import Tokenizer
 from alignment.ppo import run_ppo
-from alignment.ppo.rollout import Rollout, concat_rollouts, response_log_probs, sample_rollout
-from alignment.ppo.routing_replay import RolloutRouting
-from alignment.ppo.update import log_probs_as_updated
+from alignment.ppo.rollout.rollout import Rollout, concat_rollouts, response_log_probs, sample_rollout
+from alignment.ppo.learner.routing_replay import RolloutRouting
+from alignment.ppo.learner.update import log_probs_as_updated
 from tests.helpers import read_metrics
 from tests.test_replay_train import assert_bitwise_equal, replay, tiny_run, weights
 
@@ -195,7 +195,7 @@ def test_replay_for_a_dense_actor_is_one_line_and_exit_2(tiny_model_dir, tmp_pat
 def test_a_rollout_rank_sends_the_experts_and_stale_samples_are_replayed(moe_dir, tiny_reward_dir, tmp_path):
     """Asynchronous GRPO (a rollout rank one version behind): the experts cross the wire into the trainer and the
     ledger, and the trainer's router, one update ahead of the sampler's, would have routed some tokens elsewhere."""
-    from alignment.ppo.ledger import read_ledger
+    from alignment.ppo.rollout.ledger import read_ledger
     from tests.test_async_runs import launch, ppo_args
 
     out = tmp_path / "run"

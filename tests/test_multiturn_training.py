@@ -16,13 +16,13 @@ from alignment.commands import judge_policy, show_generations
 from alignment.config.environment import EnvironmentArguments
 from alignment.envs import Environment, StepResult
 from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
-from alignment.ppo import algorithms as rl
+from alignment.ppo.rl_math import algorithms as rl
 from alignment.ppo import run_ppo
-from alignment.ppo.estimators import token_rewards
+from alignment.ppo.rl_math.estimators import token_rewards
 from alignment.config.ppo import PPOArguments
-from alignment.ppo.objective import actor_objective
-from alignment.ppo.rollout import response_log_probs
-from alignment.ppo.samplers import Draw, Episodes
+from alignment.ppo.rl_math.objective import actor_objective
+from alignment.ppo.rollout.rollout import response_log_probs
+from alignment.ppo.rollout.samplers import Draw, Episodes
 from tests.helpers import GUESS, REPO, read_metrics, run_args
 
 
@@ -331,7 +331,7 @@ def test_episodes_train_with_lora_offload_and_dynamic_sampling(tmp_path, tiny_mo
 def test_an_environment_gets_every_column_of_its_jsonl_row(tmp_path, tiny_model_dir):
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset
-    from alignment.ppo.episodes import environment_row
+    from alignment.ppo.rollout.episodes import environment_row
 
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"prompt": "Find it.", "answer": "42", "secret": 7, "tools": ["calculator"]}) + "\n")

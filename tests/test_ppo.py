@@ -10,7 +10,7 @@ from alignment.models import LlamaForCausalLM, Tokenizer
 from alignment.models.score_model import ScoreModel
 from alignment.ppo import run_ppo
 from alignment.rewards.scoring import RewardComputer
-from alignment.ppo.rollout import Rollout, critic_values, response_log_probs
+from alignment.ppo.rollout.rollout import Rollout, critic_values, response_log_probs
 from tests.helpers import REPO, read_metrics
 
 PPO_CONFIG = os.path.join(REPO, "config", "tiny", "ppo_argument.json")
@@ -65,7 +65,7 @@ def test_old_log_probs_from_the_sampling_pass_are_used_and_their_difference_is_l
 def test_the_first_update_pass_is_exactly_on_policy(tmp_path, tiny_model_dir, tiny_reward_dir, monkeypatch):
     """Old log-probs recomputed by the trainer: in the first update pass (one optimizer step over 2 micro-batches,
     before any weight changes) every ratio is exactly 1 and nothing clips; the second pass moves off policy."""
-    from alignment.ppo import trainer
+    from alignment.ppo import ppo_trainer as trainer
 
     objective, calls = trainer.actor_objective, []
 
@@ -119,7 +119,7 @@ def expected_advantages(name, seen):
 def test_every_critic_free_estimator_runs_a_step(tmp_path, tiny_model_dir, estimator, monkeypatch):
     """The estimator the key names is the one the step used: its advantages are the definition's on the step's own
     rewards (and log-probs), and they trained the policy."""
-    from alignment.ppo.trainer import PPOTrainer
+    from alignment.ppo.ppo_trainer import PPOTrainer
 
     compute, seen = PPOTrainer.compute_advantages, {}
 
@@ -214,7 +214,7 @@ def test_broken_reward_functions_are_named_and_nothing_is_written(tmp_path, tiny
 def test_grpo_reusing_the_update_log_probs_matches_a_separate_old_log_prob_pass(tmp_path, tiny_model_dir,
                                                                                monkeypatch):
     """One pass, one optimizer step: the update's own detached log-probs are the old ones (no extra forward)."""
-    from alignment.ppo.trainer import PPOTrainer
+    from alignment.ppo.ppo_trainer import PPOTrainer
 
     args = [GRPO_CONFIG, *common(tmp_path / "reuse", tiny_model_dir, "--reward_funcs", "sentiment",
                                  "--per_device_train_batch_size", "16", "--update_iters", "1")]
@@ -267,7 +267,7 @@ def test_ppo_taking_the_old_values_from_the_critics_update_matches_a_separate_va
                                                                                         tiny_reward_dir, monkeypatch):
     """The first optimizer step takes the whole rollout: the critic's own forward passes in it give the old values
     (Critic.values_in_update), the advantages follow, and the run trains as with a critic pass before the update."""
-    from alignment.ppo.trainer import PPOTrainer
+    from alignment.ppo.ppo_trainer import PPOTrainer
 
     def run(name):
         run_ppo.main([PPO_CONFIG, *common(tmp_path / name, tiny_model_dir, "--reward_model_name_or_path",

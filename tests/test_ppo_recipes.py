@@ -1,7 +1,7 @@
-"""The DAPO / GSPO / Dr.GRPO recipes wired into PPO's update (alignment/ppo/objective.py): the general path equals
-the default one where they coincide, per-sequence aggregation is independent of the micro-batch split, the
-overlong penalty lands in the reward, masked truncated answers teach nothing, and the entropy bonus has a
-gradient. The math itself has golden-value tests in tests/test_algorithms.py."""
+"""The DAPO / GSPO / Dr.GRPO recipes wired into PPO's update (alignment/ppo/rl_math/objective.py): the general path
+equals the default one where they coincide, per-sequence aggregation is independent of the micro-batch split, the
+overlong penalty lands in the reward, masked truncated answers teach nothing, and the entropy bonus has a gradient.
+The math itself has golden-value tests in tests/test_algorithms.py."""
 import numpy as np
 import paddle
 import pytest

@@ -1,8 +1,7 @@
-"""Golden tests of the recipes of PaddleNLP's llm/alignment/rl and verl in alignment/ppo/surrogate.py, losses.py,
-kl.py and dapo.py:
-loss aggregation modes, clip-higher, GSPO, the entropy bonus, KL as a loss term, dynamic sampling's group filter,
-overlong shaping and truncation masks. Hand-worked numbers and numpy references over padded layouts, eos == pad and
-all-masked rows."""
+"""Golden tests of the recipes of PaddleNLP's llm/alignment/rl and verl in alignment/ppo/rl_math/surrogate.py,
+losses.py, kl.py and dapo.py: loss aggregation modes, clip-higher, GSPO, the entropy bonus, KL as a loss term,
+dynamic sampling's group filter, overlong shaping and truncation masks. Hand-worked numbers and numpy references over
+padded layouts, eos == pad and all-masked rows."""
 import math
 
 import numpy as np
@@ -10,9 +9,9 @@ import paddle
 import pytest
 
 from alignment.config.registry import KL_ESTIMATORS, POLICY_LOSSES
-from alignment.ppo import algorithms as alg
-from alignment.ppo import surrogate as sur
-from alignment.ppo.kl import kl_estimate
+from alignment.ppo.rl_math import algorithms as alg
+from alignment.ppo.rl_math import surrogate as sur
+from alignment.ppo.rl_math.kl import kl_estimate
 from tests.golden import INF, close, ppo_case, response_mask, t
 
 
@@ -277,7 +276,7 @@ def test_kl_loss_aggregated_over_layouts_reference():
 
 # ---------------------------------------------------------------- DAPO: dynamic sampling, overlong, truncation
 def test_dynamic_sampling_group_filter():
-    from alignment.ppo import dapo
+    from alignment.ppo.rl_math import dapo
     # groups of 3: all 1 (drop) | 0, 1, 0 (keep) | 0.1 x 3 (drop) | 0.5, 0.501, 0.5: population std 0.000471 (keep
     # at tol 0, drop at tol 1e-3)
     r = [1.0, 1, 1, 0, 1, 0, 0.1, 0.1, 0.1, 0.5, 0.501, 0.5]
@@ -295,7 +294,7 @@ def test_dynamic_sampling_group_filter():
 
 
 def test_overlong_penalty_hand_values_verl_reference_and_errors():
-    from alignment.ppo import dapo
+    from alignment.ppo.rl_math import dapo
     # max 16, buffer 4: 0 up to 12, then -(L - 12) / 4 * factor, -factor at 16 and beyond
     close(dapo.overlong_penalty([0, 12, 13, 14, 16, 20], 16, 4, 1.0), [0, 0, -0.25, -0.5, -1, -1])
     close(dapo.overlong_penalty(t([13, 16], "int64"), 16, 4, 0.5), [-0.125, -0.5])
@@ -308,7 +307,7 @@ def test_overlong_penalty_hand_values_verl_reference_and_errors():
 
 
 def test_truncation_and_overlong_with_eos_equal_to_pad():
-    from alignment.ppo import dapo
+    from alignment.ppo.rl_math import dapo
     pad = eos = 0
     # max_resp_len 4; rows: full length ending with eos (== pad) | full length cut off | short, ended |
     # left-padded full length cut off | all-masked (empty response)

@@ -118,7 +118,7 @@ def test_resume_from_a_path_that_is_not_a_checkpoint_is_a_clear_error(tmp_path, 
 
 
 def nan_on_steps(monkeypatch, steps):
-    from alignment.sft.trainer import SupervisedTrainer
+    from alignment.sft.sft_trainer import SupervisedTrainer
 
     real, calls = SupervisedTrainer.compute_loss, []
 

@@ -5,7 +5,7 @@ import paddle
 
 from alignment.models import LlamaForCausalLM
 from alignment.models.score_model import ScoreModel
-from alignment.ppo.rollout import Rollout, critic_values, response_log_probs, update_order
+from alignment.ppo.rollout.rollout import Rollout, critic_values, response_log_probs, update_order
 
 PAD = 3
 
@@ -112,7 +112,7 @@ def test_a_sampled_rollouts_response_mask_ends_at_each_rows_first_eos(tiny_model
     """sample_rollout's response mask is 1 up to and including each row's first end token and 0 on the padding
     after it (eos is half the vocabulary here, so rows end early, at different lengths)."""
     from alignment.models import GenerationConfig, Tokenizer
-    from alignment.ppo.rollout import sample_rollout
+    from alignment.ppo.rollout.rollout import sample_rollout
 
     actor, tokenizer = LlamaForCausalLM.from_pretrained(tiny_model_dir), Tokenizer.from_pretrained(tiny_model_dir)
     ends = list(range(0, actor.config.vocab_size, 2))

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from alignment.envs import BUILTIN_TOOLS, SandboxLimits, ToolCall, python, run_python, run_tool_call
-from alignment.envs.sandbox import SandboxError, describe_failure
+from alignment.envs.sandbox.runner import SandboxError, describe_failure
 from test_sandbox_containment import LACKS
 
 MODES = ("full", "audit-hook")
@@ -175,7 +175,7 @@ def test_bad_limits_are_refused(kwargs, message):
 
 
 def test_a_python_tool_with_its_own_limits_cannot_be_given_others_by_the_policy():
-    from alignment.envs.sandbox import python_tool
+    from alignment.envs.sandbox.runner import python_tool
 
     tools = {"python": python_tool(SandboxLimits(wall_seconds=0.5))}
     assert tools["python"].schema == BUILTIN_TOOLS["python"].schema and tools["python"].timeout == 5.5

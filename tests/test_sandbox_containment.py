@@ -24,8 +24,8 @@ from types import SimpleNamespace
 import pytest
 
 from alignment.envs import SandboxLimits, ToolEnvironment, run_python
-from alignment.envs.sandbox import check_containment, refusal_message
-from alignment.envs.sandbox_kernel import REQUIRED_LAYERS
+from alignment.envs.sandbox.runner import check_containment, refusal_message
+from alignment.envs.sandbox.kernel import REQUIRED_LAYERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.geteuid() == 0
@@ -166,7 +166,7 @@ def sandbox_processes(marker: str = "") -> list:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        ours = "sandbox_child.py" in cmdline and f'"parent": {os.getpid()}' in cmdline
+        ours = "sandbox/child.py" in cmdline and f'"parent": {os.getpid()}' in cmdline
         if state != "Z" and (ours or (marker and marker in cmdline)):
             found.append(int(pid))
     return found
@@ -439,7 +439,7 @@ NO_NAMESPACES = r'''
 import json, sys, warnings
 sys.path.insert(0, REPO)
 from alignment.envs import ToolEnvironment, run_python, SandboxLimits
-from alignment.envs import sandbox_kernel
+from alignment.envs.sandbox import kernel as sandbox_kernel
 sandbox_kernel.seccomp()  # as a container's seccomp profile does: no unshare, no mount
 out = {}
 try:

@@ -5,7 +5,7 @@ import paddle
 import pytest
 
 from alignment.models import LlamaForCausalLM
-from alignment.ppo.rollout import Rollout, response_log_probs
+from alignment.ppo.rollout.rollout import Rollout, response_log_probs
 
 PAD = 3
 PROMPTS = {"a": [11, 12], "b": [13, 14, 15], "c": [16]}  # widths 2, 3, 1: left padding differs per prompt

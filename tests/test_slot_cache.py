@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from alignment.models import GenerationConfig
-from alignment.models.engine import DecodeEngine, LayerSteps, Sequence
+from alignment.models.engine import DecodeEngine, LayerSteps, DecodeSequence
 from alignment.models.fused_decode import FusedDecoder
 from alignment.models.slot_cache import LADDER_FLOOR, SlotCache, ladder_width
 from tests.test_engine import smollm2_shaped
@@ -76,7 +76,7 @@ def play(model, rows, capacity=300, fixed_width=False, fused=True, lookup=0):
     """Rows in slots 0.. of one engine, 40 sampled tokens each; -> per row (tokens, log-probs), the final width."""
     config = GenerationConfig(max_new_tokens=40, temperature=0.8, top_p=0.95, prompt_lookup_num_tokens=lookup)
     engine = DecodeEngine(model, 2, capacity, fused=fused, fixed_width=fixed_width)
-    seqs = [Sequence(row, config, capacity, rng=np.random.default_rng([4, i])) for i, row in enumerate(rows)]
+    seqs = [DecodeSequence(row, config, capacity, rng=np.random.default_rng([4, i])) for i, row in enumerate(rows)]
     for seq in seqs:
         engine.add(seq)
     while engine.busy():

@@ -12,7 +12,7 @@ import pytest
 
 from alignment.envs import Environment, StepResult
 from alignment.models import GenerationConfig, generate
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.sampling import next_token, without_tokens
 from alignment.models.speculative import (acceptance_probability, accepted_lengths, draft_probabilities,
                                           greedy_agreement, point_mass_agreement, position_logits, prompt_lookup,
@@ -25,7 +25,7 @@ def decode(model, prompts, config, fused=True, slots=None, rngs=None, room=4):
     """Each prompt a sequence of up to `room` tokens more than the prompt and max_new_tokens. -> (per prompt:
     turn, log-probs, tokens each step appended, ending), the engine."""
     engine = DecodeEngine(model, slots or len(prompts), 96, fused=fused)
-    seqs = [Sequence(p, config, len(p) + config.max_new_tokens + room, log_prob_temperature=1.0,
+    seqs = [DecodeSequence(p, config, len(p) + config.max_new_tokens + room, log_prob_temperature=1.0,
                      rng=None if rngs is None else rngs[i]) for i, p in enumerate(prompts)]
     for seq in seqs:
         engine.add(seq)
@@ -168,7 +168,7 @@ def test_top_log_probs_and_stop_functions_inside_drafts_are_plain_decodings():
     def run(k):
         config = GenerationConfig(max_new_tokens=30, do_sample=False, prompt_lookup_num_tokens=k)
         engine = DecodeEngine(model, 2, 96)
-        seqs = [Sequence(p, config, 60, stop=stop, top_logprobs=3) for p in PROMPTS[:2]]
+        seqs = [DecodeSequence(p, config, 60, stop=stop, top_logprobs=3) for p in PROMPTS[:2]]
         for seq in seqs:
             engine.add(seq)
         while engine.busy():
@@ -274,7 +274,7 @@ def test_rollouts_take_the_key_from_the_rl_arguments():
     from types import SimpleNamespace
 
     from alignment.config.ppo import PPOArguments
-    from alignment.ppo.samplers import rollout_generation_config
+    from alignment.ppo.rollout.samplers import rollout_generation_config
 
     ppo = PPOArguments(prompt_lookup_num_tokens=6)
     actor = SimpleNamespace(config=SimpleNamespace(eos_token_ids=[2]))

@@ -10,7 +10,7 @@ import pytest
 
 from alignment.models import GenerationConfig, generate
 from alignment.models.draft_model import DraftModel, common_prefix, layer_dropped
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.speculative import (draw_from, filtered_probabilities, ratio_agreement,
                                           rejection_distribution)
 from tests.speculative_helpers import (PROMPTS, assert_log_probs_are_a_full_forwards, chi_square, chi_square_critical,
@@ -21,7 +21,7 @@ from tests.test_model import tiny_model
 def run(model, prompts, config, draft=None, fused=True, slots=None, rngs=None):
     """Each prompt a sequence of max_new_tokens + 4 tokens more than the prompt -> (sequences, engine)."""
     engine = DecodeEngine(model, slots or len(prompts), 96, fused=fused, draft=draft)
-    seqs = [Sequence(p, config, len(p) + config.max_new_tokens + 4, log_prob_temperature=1.0,
+    seqs = [DecodeSequence(p, config, len(p) + config.max_new_tokens + 4, log_prob_temperature=1.0,
                      rng=None if rngs is None else rngs[i]) for i, p in enumerate(prompts)]
     for seq in seqs:
         engine.add(seq)

@@ -17,7 +17,7 @@ import pytest
 
 from alignment.config.choices import LOSS_AGG_MODES
 from alignment.config.registry import ADVANTAGE_ESTIMATORS, DISTILL_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
-from alignment.ppo.rollout import critic_values
+from alignment.ppo.rollout.rollout import critic_values
 from tests.split_invariance import (N, R, REFERENCE_KL, REFERENCE_LOSSES, SPLITS, Update, aggregate,
                                     assert_matches, f64, ppo_args, reference, tiny_models, tiny_rollout,
                                     with_policy_log_probs)
@@ -160,8 +160,8 @@ def test_every_distillation_loss_term_under_every_aggregation(loss, mode):
     computes it over the whole batch in one pass (float64 from the float32 logits) and its gradient as above."""
     from alignment.config.distill import DistillArguments
     from alignment.config.training import TrainingArguments
-    from alignment.ppo import distill
-    from alignment.ppo.teacher import LocalTeacher, Teacher, response_hidden
+    from alignment.ppo.rl_math import distill
+    from alignment.ppo.teacher.teacher import LocalTeacher, Teacher, response_hidden
 
     ppo = ppo_args(advantage_estimator="none", loss_agg_mode=mode, kl_coeff=0.0, temperature=0.7)
     args = DistillArguments(teacher_model_name_or_path="teacher", distill_loss=loss, distill_coeff=0.5, beta=0.3,

@@ -24,13 +24,13 @@ from alignment.config.training import TrainingArguments
 from alignment.data.tokenized import IGNORE_INDEX, collate_preference, collate_supervised
 from alignment.dpo.data import collate_pairs, collate_unpaired
 from alignment.dpo.losses import kto_loss, preference_loss
-from alignment.dpo.trainer import DPOTrainer, sequence_log_probs
+from alignment.dpo.dpo_trainer import DPOTrainer, sequence_log_probs
 from alignment.models import LlamaForCausalLM
 from alignment.models.config import LlamaConfig
 from alignment.models.score_model import ScoreConfig, ScoreModel
 from alignment.rm.losses import sequence_wise_loss
-from alignment.rm.trainer import RewardTrainer
-from alignment.sft.trainer import SupervisedTrainer
+from alignment.rm.reward_trainer import RewardTrainer
+from alignment.sft.sft_trainer import SupervisedTrainer
 from alignment.training.batches import to_tensors
 from alignment.training.dataset_trainer import DatasetTrainer
 from alignment.training.precision import Precision

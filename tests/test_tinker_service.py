@@ -13,7 +13,7 @@ tinker = pytest.importorskip("tinker", reason="the tinker SDK is not installed (
 from tinker import types  # noqa: E402
 
 from alignment.models import LlamaForCausalLM  # noqa: E402
-from alignment.models.engine import DecodeEngine, Sequence  # noqa: E402
+from alignment.models.engine import DecodeEngine, DecodeSequence  # noqa: E402
 from alignment.models.generation import generate_without_cache  # noqa: E402
 from alignment.models.logprobs import answer_token_loss, gather_log_probs  # noqa: E402
 from alignment.models.lora import apply_lora, load_adapter, lora_layers, merge_lora  # noqa: E402
@@ -192,7 +192,7 @@ def test_samples_from_saved_weights_equal_the_projects_decoding(server, tiny_mod
     config = GenerationConfig(max_new_tokens=8, do_sample=True, temperature=1.0, eos_token_id=eos)
     engine = DecodeEngine(model, 1, len(PROMPT) + 8)
     for i, got in enumerate(seeded):
-        seq = Sequence(PROMPT, config, len(PROMPT) + 8, rng=np.random.default_rng(7 + i))
+        seq = DecodeSequence(PROMPT, config, len(PROMPT) + 8, rng=np.random.default_rng(7 + i))
         engine.add(seq)
         while engine.busy():
             engine.step()

@@ -1,7 +1,7 @@
-"""Weights that provably moved (models/weights_digest.py, ppo/weight_check.py): every sampled row carries the digest
-of the weights that sampled it, and each way a sampler can hold other weights than it claims is caught: a rollout
-rank that skips a sync, a LoRA adapter never applied at sampling, a decode engine kept across a sync. A normal run
-records each version's digest in the ledger."""
+"""Weights that provably moved (models/weights_digest.py, ppo/asynchronous/weight_check.py): every sampled row
+carries the digest of the weights that sampled it, and each way a sampler can hold other weights than it claims is
+caught: a rollout rank that skips a sync, a LoRA adapter never applied at sampling, a decode engine kept across a
+sync. A normal run records each version's digest in the ledger."""
 import hashlib
 
 import numpy as np
@@ -9,15 +9,15 @@ import paddle
 import pytest
 
 from alignment.models import LlamaForCausalLM
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.generation import generate
 from alignment.models.lora import adapters_disabled, apply_lora
 from alignment.models.sampling import GenerationConfig
 from alignment.models.weights_digest import (StaleWeights, base_digest, policy_version, set_policy_version,
                                              weights_digest)
-from alignment.ppo import wire
-from alignment.ppo.rollout import Rollout
-from alignment.ppo.weight_check import WeightsCheck, stamp
+from alignment.ppo.asynchronous import wire
+from alignment.ppo.rollout.rollout import Rollout
+from alignment.ppo.asynchronous.weight_check import WeightsCheck, stamp
 
 
 def moved(model, amount=0.01):
@@ -114,7 +114,7 @@ def test_a_decode_engine_kept_across_a_sync_is_caught_and_a_new_one_sees_the_new
     set_policy_version(model, 0)
     config = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=[], pad_token_id=0)
     engine = DecodeEngine(model, 1, 16)
-    engine.add(Sequence(prompt, config, 16))
+    engine.add(DecodeSequence(prompt, config, 16))
     engine.step()
     wire.unpack_weights(model, *wire.pack_weights(newer, 1))  # the sync
     assert policy_version(model) == 1
@@ -130,7 +130,7 @@ def test_a_decode_engine_kept_across_a_sync_is_caught_and_a_new_one_sees_the_new
             return True
         return False
     moving = DecodeEngine(model, 1, 16, before_decode=partial)
-    seq = Sequence(prompt, config, 16)
+    seq = DecodeSequence(prompt, config, 16)
     moving.add(seq)
     while moving.busy():
         moving.step()
@@ -139,7 +139,7 @@ def test_a_decode_engine_kept_across_a_sync_is_caught_and_a_new_one_sees_the_new
 
 def test_a_normal_run_records_each_versions_digest_in_the_ledger(tmp_path, tiny_model_dir, tiny_reward_dir):
     from alignment.ppo import run_ppo
-    from alignment.ppo.ledger import read_ledger
+    from alignment.ppo.rollout.ledger import read_ledger
     from tests.helpers import REPO
 
     out = tmp_path / "run"
@@ -159,8 +159,8 @@ def test_a_normal_run_records_each_versions_digest_in_the_ledger(tmp_path, tiny_
 @pytest.mark.parallel
 def test_a_launch_whose_rollout_rank_skips_a_sync_stops_in_one_line_naming_it(tmp_path, tiny_model_dir,
                                                                               tiny_reward_dir, monkeypatch):
-    from alignment.ppo.asynchronous import SKIP_VARIABLE
-    from alignment.ppo.ledger import read_ledger
+    from alignment.ppo.asynchronous.asynchronous import SKIP_VARIABLE
+    from alignment.ppo.rollout.ledger import read_ledger
     from tests.test_async_runs import launch, ppo_args
 
     monkeypatch.setenv("MKL_NUM_THREADS", "1")

@@ -95,7 +95,7 @@ def load_rows(spec: str, count: int) -> List[Dict[str, Any]]:
     rows = []
     for i in range(min(count, len(dataset))):
         sample = dict(dataset[i])
-        rows.append({**sample.pop("columns", {}), **sample})  # as ppo/episodes.py: environment_row
+        rows.append({**sample.pop("columns", {}), **sample})  # as ppo/rollout/episodes.py: environment_row
     if not rows:
         raise ValueError(f"--rows {spec}: no rows")
     return rows

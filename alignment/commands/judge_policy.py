@@ -43,8 +43,8 @@ def judge_policy(model_dir: str, prompts_spec: str, judge: str, max_length: int,
     from alignment.data.tokenized import PromptOnlyDataset, collate_prompts
     from alignment.models import GenerationConfig, LlamaForCausalLM, Tokenizer
     from alignment.rewards.functions import gold_scores
-    from alignment.ppo.episodes import sample_episodes
-    from alignment.ppo.rollout import sample_rollout
+    from alignment.ppo.rollout.episodes import sample_episodes
+    from alignment.ppo.rollout.rollout import sample_rollout
 
     tokenizer = Tokenizer.from_pretrained(model_dir)
     model = LlamaForCausalLM.from_pretrained(model_dir)
@@ -83,7 +83,7 @@ def environment_arguments(args):
         return None
     from alignment.config.environment import EnvironmentArguments
     from alignment.envs import load_environment_modules
-    from alignment.ppo.episodes import build_environments
+    from alignment.ppo.rollout.episodes import build_environments
 
     env_args = EnvironmentArguments(environment=args.environment, environment_args=args.environment_args,
                                     user_env_modules=args.env_modules, max_turns=args.max_turns,

@@ -1,4 +1,4 @@
-"""What a run's policy saw when: a report of its rollout ledger (<output_dir>/ledger/, alignment/ppo/ledger.py).
+"""What a run's policy saw when: a report of its rollout ledger (<output_dir>/ledger/, alignment/ppo/rollout/ledger.py).
 
     python tools/replay_ledger.py OUTPUT_DIR [--steps 10]
     python tools/replay_ledger.py OUTPUT_DIR --train --step K --output DIR [--checkpoint CHECKPOINT_DIR]
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Dict, List
 
-from alignment.ppo.ledger import read_ledger
+from alignment.ppo.rollout.ledger import read_ledger
 from alignment.commands.tool_parser import ToolParser, positive_int
 
 

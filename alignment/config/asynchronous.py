@@ -9,7 +9,7 @@ from alignment.config.ppo import PPOArguments
 
 @dataclasses.dataclass
 class AsyncArguments:
-    """Rollout ranks generate while the training ranks train (alignment/ppo/asynchronous.py)."""
+    """Rollout ranks generate while the training ranks train (alignment/ppo/asynchronous/asynchronous.py)."""
     HELP_SECTIONS = {"rollout_ranks": "Asynchronous RL and the rollout ledger"}
 
     rollout_ranks: int = field(0, ge=0, help="Processes of the launch that only generate rollouts (the last ones); "
@@ -22,7 +22,7 @@ class AsyncArguments:
     behaviour_weight_cap: float = field(2.0, gt=0, help="Truncation C of the importance weight min(pi_prox / "
                                                         "pi_behaviour, C) that corrects samples from an older "
                                                         "policy (decoupled PPO with truncated importance "
-                                                        "sampling; alignment/ppo/off_policy.py).")
+                                                        "sampling; alignment/ppo/rl_math/off_policy.py).")
     partial_rollout_tokens: int = field(0, ge=0, help="Partial rollouts: a generation moves to the next policy "
                                                       "version every this many new tokens (keeping its KV cache, "
                                                       "as PipelineRL's in-flight weight updates), up to version "

@@ -9,7 +9,7 @@ SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
 
 EVAL_MODES = (None, "single", "tensor_parallel")
 ROLLOUT_DECODES = ("eager", "static")
-MOE_ROUTING_REPLAYS = ("none", "rollout")  # ppo/routing_replay.py REPLAYS
+MOE_ROUTING_REPLAYS = ("none", "rollout")  # ppo/learner/routing_replay.py REPLAYS
 EPISODE_SCHEDULES = ("continuous", "lockstep")  # envs/multiturn.py SCHEDULES
 OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
 

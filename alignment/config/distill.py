@@ -1,5 +1,6 @@
-"""Distillation arguments (alignment/ppo/teacher.py, alignment/ppo/distill.py), under TRL GKDConfig's key names
-where it has them (lmbda, beta, seq_kd; the temperature is PPO's), and the distillation entry point's defaults."""
+"""Distillation arguments (alignment/ppo/teacher/teacher.py, alignment/ppo/rl_math/distill.py), under TRL GKDConfig's
+key names where it has them (lmbda, beta, seq_kd; the temperature is PPO's), and the distillation entry point's
+defaults."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,7 @@ class DistillArguments:
                                                       "naming the teacher.")
     teacher_server_token: Optional[str] = field(None, help="Served teacher: bearer token; null = the "
                                                            "TEACHER_SERVER_TOKEN environment variable.")
-    distill_loss: str = field("sampled_kl", help="A registered distillation loss (alignment/ppo/distill.py): "
+    distill_loss: str = field("sampled_kl", help="A registered distillation loss (alignment/ppo/rl_math/distill.py): "
                                                  "'sampled_kl' (on-policy distillation: the reverse KL of each "
                                                  "sampled token as a per-token advantage; any teacher), 'jsd' (GKD's "
                                                  "generalised JSD with beta over the whole vocabulary; a local "

@@ -70,7 +70,7 @@ class EnvironmentArguments:
     per_turn_rewards: bool = field(False, help="Place each turn's environment reward on that turn's last token "
                                                "instead of adding the episode's sum at its end: for the estimators "
                                                "that read per-token rewards (their token_level_rewards, "
-                                               "alignment/ppo/estimators.py); the group estimators use the sum "
+                                               "alignment/ppo/rl_math/estimators.py); the group estimators use the sum "
                                                "either way.")
 
     @property

@@ -69,7 +69,7 @@ class PPOArguments:
         "rollout_decode": "Rollout engine, evaluation and memory",
     }
 
-    advantage_estimator: str = field("gae", help="A registered advantage estimator (alignment/ppo/estimators.py): "
+    advantage_estimator: str = field("gae", help="A registered advantage estimator (alignment/ppo/rl_math/estimators.py): "
                                                  "gae = PPO. An estimator whose needs_critic is true (gae's, vapo's) "
                                                  "builds and trains a critic model; the others are critic-free.")
     per_device_prompt_batch_size: int = field(8, ge=1, help="Prompts per rollout step on each device.")
@@ -113,12 +113,12 @@ class PPOArguments:
                                          "when there are none.")
     curriculum: bool = field(False, help="Set aside the prompts whose last curriculum_patience groups had equal "
                                          "rewards (all right or all wrong) and draw the stream's next prompts in "
-                                         "their places (alignment/ppo/curriculum.py); logs curriculum/*. Same "
+                                         "their places (alignment/ppo/rollout/curriculum.py); logs curriculum/*. Same "
                                          "needs as dynamic_sampling, which it does not combine with.")
     curriculum_patience: int = field(1, ge=1, help="Curriculum: equal-reward groups in a row that set a prompt aside.")
     kl_coeff: float = field(0.02, ge=0, help="Weight of the KL(actor || reference) penalty.")
     kl_estimator: str = field("k1", help="KL estimator of the reward, kl_in_loss and the logged kl: one registered "
-                                         "in alignment/ppo/kl.py that is not loss-only.")
+                                         "in alignment/ppo/rl_math/kl.py that is not loss-only.")
     kl_in_loss: bool = field(False, help="Put the KL penalty in the actor loss (GRPO style) instead of the "
                                          "per-token reward; aggregated like the policy loss "
                                          "(loss_agg_mode).")
@@ -128,7 +128,7 @@ class PPOArguments:
     clip_range_ratio_high: Optional[float] = field(None, gt=0, help="DAPO clip-higher: the ratio's upper clip is "
                                                                     "1 + this (e.g. 0.28 with low 0.2); null = "
                                                                     "clip_range_ratio.")
-    policy_loss_mode: str = field("ppo", help="A registered policy loss (alignment/ppo/losses.py): 'ppo' (token "
+    policy_loss_mode: str = field("ppo", help="A registered policy loss (alignment/ppo/rl_math/losses.py): 'ppo' (token "
                                               "ratios) or 'gspo' (one length-normalised ratio per sequence, clipped "
                                               "per sequence; its loss is seq-mean-token-mean).")
     loss_agg_mode: str = field("token-mean", help=f"How per-token losses become one, one of {LOSS_AGG_MODES}: "
@@ -141,7 +141,7 @@ class PPOArguments:
     kl_loss_coeff: float = field(0.0, ge=0, help="Weight of a KL(actor || reference) loss term (GRPO style), "
                                                  "aggregated like the policy loss; independent of kl_coeff.")
     kl_loss_estimator: str = field("low_var_kl", help="Estimator of the KL loss term: any registered in "
-                                                      "alignment/ppo/kl.py ('+': the value of the estimator with "
+                                                      "alignment/ppo/rl_math/kl.py ('+': the value of the estimator with "
                                                       "k2's gradient).")
     enable_overlong_reward_buffer: bool = field(False, help="DAPO soft overlong punishment: responses longer than "
                                                             "max_new_tokens - overlong_reward_buffer lose reward "

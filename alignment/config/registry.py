@@ -2,19 +2,19 @@
 `class Family(Registered, registry=SOME_REGISTRY)`, and a subclass that sets `NAME` (and optionally `ALIASES`) in
 its own body registers itself under that name::
 
-    class Halved(AdvantageEstimator):      # alignment/ppo/estimators.py has the family and the built-ins
+    class Halved(AdvantageEstimator):      # alignment/ppo/rl_math/estimators.py has the family and the built-ins
         NAME = "halved"
         def __call__(self, rollout, ppo, reduce_sum): ...
 
 The registries are plain Python, so the arguments validate names (and read a class's traits, e.g. whether an
 estimator needs a critic) without the framework. The classes live with the paddle code that runs them:
 
-    ADVANTAGE_ESTIMATORS  advantage_estimator   alignment/ppo/estimators.py
-    POLICY_LOSSES         policy_loss_mode      alignment/ppo/losses.py
-    KL_ESTIMATORS         kl_estimator, kl_loss_estimator   alignment/ppo/kl.py
+    ADVANTAGE_ESTIMATORS  advantage_estimator   alignment/ppo/rl_math/estimators.py
+    POLICY_LOSSES         policy_loss_mode      alignment/ppo/rl_math/losses.py
+    KL_ESTIMATORS         kl_estimator, kl_loss_estimator   alignment/ppo/rl_math/kl.py
     ENVIRONMENTS          (multi-turn rollouts)             alignment/envs/base.py
     TOOL_CALL_FORMATS     (multi-turn rollouts)             alignment/envs/formats.py
-    DISTILL_LOSSES        distill_loss                      alignment/ppo/distill.py
+    DISTILL_LOSSES        distill_loss                      alignment/ppo/rl_math/distill.py
     PREFERENCE_LOSSES     loss_type (DPO family, KTO)       alignment/dpo/losses.py
     JUDGE_PARSERS         (a model judge's `parser`)        alignment/rewards/judge_parsers.py
     REWARD_FUNCTIONS      reward_funcs, gold_judge          alignment/rewards/judges.py, rules.py
@@ -28,8 +28,8 @@ the name they are written as::
     @REWARD_FUNCTIONS.function("sentiment")
     def sentiment(prompts, completions, **labels): ...
 
-A stage imports its built-ins before it parses its arguments (alignment/ppo/registrations.py, alignment/dpo/losses.py);
-a user's class registers when its module is imported.
+A stage imports its built-ins before it parses its arguments (alignment/ppo/rl_math/registrations.py,
+alignment/dpo/losses.py); a user's class registers when its module is imported.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 variants on preference pairs, and KTO on unpaired rows. Pure math on paddle tensors.
 
 Inputs are per-sequence log-probabilities, already summed over the response tokens (prompt and padding
-excluded; see `alignment.dpo.trainer.sequence_log_probs`), with the token counts where a variant averages.
+excluded; see `alignment.dpo.dpo_trainer.sequence_log_probs`), with the token counts where a variant averages.
 Every loss gives (losses [b], chosen_rewards [b], rejected_rewards [b]); rewards are the implicit
 rewards beta * (log pi - log pi_ref), detached, for logging.
 

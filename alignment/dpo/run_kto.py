@@ -12,9 +12,7 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+from alignment import entry  # noqa: E402  first: this CPU's settings before paddle is imported (alignment/entry.py)
 
 from alignment.config.dpo import KTOArguments  # noqa: E402
 from alignment.dpo.stage import train  # noqa: E402
@@ -25,6 +23,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from alignment.exits import run_program
-
-    sys.exit(run_program(main))
+    entry.run(main)

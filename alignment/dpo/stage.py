@@ -31,7 +31,7 @@ def train(argv, arguments_class) -> dict:
     model_args, data_args, dpo_args, lora_args, train_args, run = setup.parse_arguments(
         argv, ModelArguments, DataArguments, arguments_class, LoRAArguments, TrainingArguments)
 
-    from alignment.dpo.trainer import DPOTrainer, summarize
+    from alignment.dpo.dpo_trainer import DPOTrainer, summarize
 
     with setup.started(train_args, run):
         tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)

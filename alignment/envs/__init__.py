@@ -11,7 +11,7 @@ Tools (tools.py, formats.py): plain functions with type hints and a Google-style
 their OpenAI function-calling schema. A `ToolCallFormat` (registry; "hermes" = `<tool_call>{json}</tool_call>`,
 the default) shows tools to the policy and parses its calls. `run_tool_call` never raises: an unknown tool, a call
 that does not parse, bad arguments, a raise or a timeout is an "Error: ..." text the policy reads.
-Built in: `calculator` (arithmetic by walking the syntax tree) and `python` (a sandboxed subprocess; sandbox.py;
+Built in: `calculator` (arithmetic by walking the syntax tree) and `python` (a sandboxed subprocess; sandbox/runner.py;
 `python_tool(SandboxLimits(...))` for other limits).
 `ToolEnvironment` ("tools") answers a row's prompt with tools and ends at the first turn without a call; its final
 reward is 0 unless a `reward_fn(final_answer, row)` hook is given (the caller's reward functions score it).
@@ -41,7 +41,7 @@ from alignment.envs.base import (
 )
 from alignment.envs.calculator import calculator
 from alignment.envs.formats import HermesFormat, ToolCallFormat, tool_call_format
-from alignment.envs.sandbox import SandboxLimits, SandboxResult, python, python_tool, run_python
+from alignment.envs.sandbox.runner import SandboxLimits, SandboxResult, python, python_tool, run_python
 from alignment.envs.tool_env import BUILTIN_TOOLS, ToolEnvironment
 from alignment.envs.tools import Tool, ToolCall, ToolResult, as_tool, run_tool_call, tool_schema
 from alignment.envs.routed import RoutedEnvironment, environment_factory

@@ -14,7 +14,7 @@ One connection per server spec per process, held open on the environments' event
 task that owns the client's context managers, and closed with that loop at exit (a stdio server is then
 stopped). A server started over stdio runs under the python sandbox's resource limits (`limits`: SandboxLimits'
 `memory_bytes` and `file_bytes`, by default the sandbox's; `cpu_seconds` only when given, since it counts the
-server's whole life), set by mcp_limits.py before it executes the command; the sandbox's kernel containment
+server's whole life), set by sandbox/mcp_limits.py before it executes the command; the sandbox's kernel containment
 (namespaces, Landlock, seccomp) is not applied to a server, which may need its own files and network.
 Works with the `mcp` package 1.x and 2.x.
 """
@@ -30,10 +30,10 @@ import sys
 from typing import Any, Dict, List, Mapping, Optional
 
 from alignment.envs.event_loop import run_awaitable, start_task
-from alignment.envs.sandbox import sandbox_limits
+from alignment.envs.sandbox.runner import sandbox_limits
 from alignment.envs.tools import DEFAULT_TIMEOUT, Tool
 
-_LIMITS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_limits.py")
+_LIMITS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox", "mcp_limits.py")
 _KEYS = ("command", "args", "env", "cwd", "url", "tools", "limits", "timeout")
 
 

@@ -24,7 +24,7 @@ import paddle
 from alignment.envs.base import (Environment, EnvironmentFailure, Message, StepResult, checked_reset, checked_step,
                                  checked_stop_strings)
 from alignment.envs.chat import continuation_ids, prompt_text
-from alignment.models.engine import DecodeEngine, Sequence as EngineSequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.sampling import GenerationConfig
 
 
@@ -108,7 +108,7 @@ SCHEDULES = {cls.NAME: cls for cls in (Continuous, Lockstep)}
 class _Row:
     """A row's episode: its environment, engine sequence and trajectory."""
     env: Environment
-    seq: EngineSequence
+    seq: DecodeSequence
     trajectory: Trajectory
     budget: int  # tokens after the prompt this row may hold
     text: str = ""  # the last turn as the environment got it
@@ -215,7 +215,7 @@ def _start(env: Environment, messages: List[Message], tokenizer, config: Generat
     trajectory = Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), [], [], messages, {})
     stops = checked_stop_strings(env)
     stop = (lambda turn: _ends_with_stop(turn, stops, tokenizer)) if stops else None
-    seq = EngineSequence(ids, config, len(ids) + budget, stop=stop, log_prob_temperature=log_prob_temperature)
+    seq = DecodeSequence(ids, config, len(ids) + budget, stop=stop, log_prob_temperature=log_prob_temperature)
     return _Row(env, seq, trajectory, budget)
 
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from alignment.envs.base import Environment, Message, StepResult
 from alignment.envs.calculator import calculator
 from alignment.envs.formats import tool_call_format
-from alignment.envs.sandbox import SandboxLimits, SandboxUnavailable, check_tools, python_tool, sandbox_limits
+from alignment.envs.sandbox.runner import SandboxLimits, SandboxUnavailable, check_tools, python_tool, sandbox_limits
 from alignment.envs.tool_specs import resolve_tools
 from alignment.envs.tools import Tool, ToolCall, ToolResult, as_tool, run_tool_call
 
@@ -35,10 +35,10 @@ class ToolEnvironment(Environment):
     Final reward hook: `reward_fn(final_answer, row) -> float` when given; by default 0.0, leaving the final
     answer to the caller's reward functions / reward model (as for single-turn rollouts).
 
-    python_sandbox: SandboxLimits fields for the built-in `python` tool (sandbox.py), e.g. {"wall_seconds": 10} or
-    {"containment": "best-effort"}; an argument file sets them in environment_args. Built with a `python` tool,
-    the environment checks once per process that the sandbox's containment holds on this machine (a
-    ValueError naming what the kernel lacks when it does not).
+    python_sandbox: SandboxLimits fields for the built-in `python` tool (sandbox/runner.py), e.g.
+    {"wall_seconds": 10} or {"containment": "best-effort"}; an argument file sets them in environment_args. Built
+    with a `python` tool, the environment checks once per process that the sandbox's containment holds on this
+    machine (a ValueError naming what the kernel lacks when it does not).
     """
 
     NAME = "tools"

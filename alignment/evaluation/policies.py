@@ -103,7 +103,7 @@ class LocalPolicy:
         is decoded as training decodes a response (special tokens skipped)."""
         import paddle
 
-        from alignment.models.engine import DecodeEngine, Sequence as EngineSequence
+        from alignment.models.engine import DecodeEngine, DecodeSequence
 
         self.model.eval()
         with paddle.no_grad():
@@ -111,7 +111,7 @@ class LocalPolicy:
             seqs = []
             for row, seed in zip(rows, seeds):
                 ids = self.prompt_ids(row)
-                seqs.append(EngineSequence(ids, config, len(ids) + config.max_new_tokens,
+                seqs.append(DecodeSequence(ids, config, len(ids) + config.max_new_tokens,
                                            rng=np.random.default_rng(seed) if config.do_sample else None,
                                            log_prob_temperature=None))
                 engine.add(seqs[-1])

@@ -2,7 +2,7 @@
 (each streamed or not), the model list and OpenAI's legacy completions.
 
 Two uses: serving a model to any OpenAI or Anthropic client (`alignment-serve`, serving.py), and training agent
-programs that call it (ppo/agent_programs.py): each episode's calls go to a session of their own, sampled by the
+programs that call it (ppo/rollout/agent_programs.py): each episode's calls go to a session of their own, sampled by the
 policy being trained, and become that episode's trajectory (backend.py). route.py registers a route per protocol
 (chat_completions.py, responses.py, anthropic_messages.py): each checks its requests into protocol.py's one
 `ChatRequest` and writes the call's `Outcome` (outcome.py) back in its protocol, streamed as server-sent events

@@ -25,7 +25,7 @@ from alignment.envs.multiturn import Trajectory
 from alignment.gateway import completions, live, render
 from alignment.gateway.outcome import Choice, Outcome
 from alignment.gateway.protocol import ChatRequest, GatewayError
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.multi_lora import adapter_routing
 from alignment.models.sampling import GenerationConfig
 
@@ -38,7 +38,7 @@ class Session:
     rng: Optional[np.random.Generator] = None
     budget: Optional[int] = None
     ephemeral: bool = False
-    seq: Optional[Sequence] = None
+    seq: Optional[DecodeSequence] = None
     history: list = dataclasses.field(default_factory=list)  # the live sample's messages, the last reply included
     tools: tuple = ()
     shown: list = dataclasses.field(default_factory=list)  # the template's view of them
@@ -237,7 +237,7 @@ class Gateway:
             call.feed.put(Outcome(call.id, call.model, call.created, (), call.seqs[0].length, 0))
 
     def _new_sample(self, session: Session, request: ChatRequest, config: GenerationConfig, temperature: float,
-                    stops: tuple, rng, adapter: Optional[int] = None) -> Sequence:
+                    stops: tuple, rng, adapter: Optional[int] = None) -> DecodeSequence:
         shown = render.shown(request.messages, request.tools, self.fmt)
         ids = self.tokenizer.encode(prompt_text(self.tokenizer, shown), add_special_tokens=True)
         room = self.capacity - len(ids) if session.budget is None else min(session.budget, self.capacity - len(ids))
@@ -248,7 +248,7 @@ class Gateway:
         session.samples.append(Trajectory(list(ids), [0] * len(ids), [0.0] * len(ids), len(ids), [], [], shown, {}))
         session.calls.append({"sample": len(session.samples) - 1, "fed": list(ids)})
         stop = (lambda turn: self._stopped(turn, stops)) if stops else None
-        seq = Sequence(ids, config, len(ids) + room, rng=rng, stop=stop, log_prob_temperature=temperature,
+        seq = DecodeSequence(ids, config, len(ids) + room, rng=rng, stop=stop, log_prob_temperature=temperature,
                        adapter=adapter)
         self.engine.add(seq)
         return seq
@@ -273,7 +273,7 @@ class Gateway:
         tail = self.tokenizer.decode(turn[-(max(len(s) for s in stops) + 1):], skip_special_tokens=False)
         return any(stop in tail for stop in stops)
 
-    def _turn_ended(self, seq: Sequence) -> None:
+    def _turn_ended(self, seq: DecodeSequence) -> None:
         call = self.running.pop(id(seq), None)
         if call is None:
             return
@@ -299,7 +299,7 @@ class Gateway:
                 self.engine.release(s)
         self._next_of(session)
 
-    def _record_turn(self, session: Session, seq: Sequence, text: str, close: str, message) -> None:
+    def _record_turn(self, session: Session, seq: DecodeSequence, text: str, close: str, message) -> None:
         sample = session.sample
         sample.input_ids.extend(seq.turn)
         sample.action_mask.extend([1] * len(seq.turn))

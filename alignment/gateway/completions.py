@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 
 from alignment.gateway.protocol import GatewayError, Limits, number
-from alignment.models.engine import Sequence
+from alignment.models.engine import DecodeSequence
 from alignment.models.logprobs import gather_log_probs, top_log_probs
 from alignment.models.multi_lora import routed
 
@@ -126,7 +126,7 @@ def start(gateway, call, config, temperature: float) -> list:
     for index, ids in enumerate(call.prompt_ids):
         for choice in range(request.n):
             rng = None if request.seed is None else np.random.default_rng([request.seed, index, choice])
-            seq = Sequence(ids, config, len(ids) + request.max_tokens, rng=rng, stop=stop,
+            seq = DecodeSequence(ids, config, len(ids) + request.max_tokens, rng=rng, stop=stop,
                            log_prob_temperature=temperature, top_logprobs=request.logprobs or 0, adapter=call.adapter)
             gateway.engine.add(seq)
             seqs.append(seq)

@@ -1,6 +1,6 @@
 """Agent programs played through the gateway: each episode an ordinary program `agent(base_url, api_key, row)` in
 a thread of its own, calling the session URL the gateway serves, while this thread pumps the decode engine. Training
-(ppo/agent_programs.py) turns the sessions into a rollout; the evaluation harness scores their final answers.
+(ppo/rollout/agent_programs.py) turns the sessions into a rollout; the evaluation harness scores their final answers.
 
 An agent returns a finite number (its reward) or None (0: the reward functions judge the final answer); an agent
 that raises, returns anything else or outlives `timeout` fails its episode (`error` says how).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-# How a turn ended (models/engine.py, Sequence.ending): the model's end of turn, a stop string, the turn's
+# How a turn ended (models/engine.py, DecodeSequence.ending): the model's end of turn, a stop string, the turn's
 # max_tokens, the episode's token budget (max_trajectory_tokens; the session takes no further call).
 ENDINGS = ("eos", "stop", "length", "budget")
 

@@ -27,7 +27,7 @@ import paddle.nn.functional as F
 from alignment.models.engine import pick_stepper
 from alignment.models.llama import LlamaForCausalLM
 from alignment.models.sampling import block_tokens, sampling_logits
-from alignment.models.sequence import Sequence, sampler_groups
+from alignment.models.sequence import DecodeSequence, sampler_groups
 from alignment.models.slot_cache import SlotCache
 from alignment.models.speculative import draw_from, filtered_probabilities
 
@@ -88,18 +88,18 @@ class Drafter:
         self.stepper = pick_stepper(model, engine.slots, fused)
         self.cache = SlotCache.for_model(model, engine.slots, engine.capacity,
                                          getattr(self.stepper, "grows_cache", False))
-        self.held: List[Tuple[Optional[Sequence], List[int]]] = [(None, [])] * engine.slots
+        self.held: List[Tuple[Optional[DecodeSequence], List[int]]] = [(None, [])] * engine.slots
         self.stats = {"steps": 0, "prefilled": 0}
 
-    def propose(self, rooms: Dict[Sequence, int], uniforms: Dict[Sequence, np.ndarray]):
+    def propose(self, rooms: Dict[DecodeSequence, int], uniforms: Dict[DecodeSequence, np.ndarray]):
         """rooms: each drafting sequence (its sampled token pending) -> the draft tokens it takes (>= 1);
         uniforms: each sampling one's numbers, one per draft position. -> (sequence -> draft ids, sequence ->
         q [room, vocab] the distribution each draft token was drawn from, for the sampling ones)."""
         fed = np.zeros([self.slots], "int64")  # [slots] the token each slot feeds at this step
         for seq in rooms:
             fed[seq.slot] = self._catch_up(seq)
-        drafts: Dict[Sequence, List[int]] = {seq: [] for seq in rooms}
-        qs: Dict[Sequence, list] = {seq: [] for seq in rooms if seq.config.do_sample}
+        drafts: Dict[DecodeSequence, List[int]] = {seq: [] for seq in rooms}
+        qs: Dict[DecodeSequence, list] = {seq: [] for seq in rooms if seq.config.do_sample}
         penalised = any(s.config.repetition_penalty != 1.0 for s in rooms)
         seen = self.engine.seen if penalised else None  # [slots, vocab] bool: the sequence and its draft so far
         for j in range(max(rooms.values())):
@@ -122,7 +122,7 @@ class Drafter:
             self.held[seq.slot] = (seq, seq.history + seq.pending + drafts[seq][:-1])
         return drafts, {seq: paddle.stack(q) for seq, q in qs.items()}
 
-    def _catch_up(self, seq: Sequence) -> int:
+    def _catch_up(self, seq: DecodeSequence) -> int:
         """Bring seq's slot to its tokens but the last: keep the longest prefix it holds, prefill the rest alone;
         -> the last token (fed by the first draft step)."""
         tokens = seq.history + seq.pending
@@ -137,7 +137,7 @@ class Drafter:
         self.held[seq.slot] = (seq, tokens[:-1])
         return tokens[-1]
 
-    def keep(self, seq: Sequence, tokens: List[int]) -> int:
+    def keep(self, seq: DecodeSequence, tokens: List[int]) -> int:
         """Keep the longest prefix of what seq's slot holds that is a prefix of `tokens` (after a verify step, seq's
         tokens: the accepted ones), the columns past it back to zeros; -> its length."""
         holder, held = self.held[seq.slot]
@@ -146,7 +146,7 @@ class Drafter:
         self.held[seq.slot] = (seq, held[:same] if holder is seq else [])
         return same
 
-    def _draw(self, logits, config, group: List[Sequence], j: int, seen, uniforms):
+    def _draw(self, logits, config, group: List[DecodeSequence], j: int, seen, uniforms):
         """Draft position j's token for each sequence of `group` from the draft model's logits [slots, vocab];
         -> (ids [slots], q [slots, vocab] or None when greedy)."""
         under = np.zeros([self.slots], bool)

@@ -1,7 +1,7 @@
 """The one decode engine: every sampled token of the project comes from `DecodeEngine.step`.
 
 Single-turn generation (generation.py: `generate`), multi-turn episodes (envs/multiturn.py), the OpenAI-style
-gateway (gateway/) and the asynchronous rollout ranks all add `Sequence`s to an engine and step it. Each step:
+gateway (gateway/) and the asynchronous rollout ranks all add `DecodeSequence`s to an engine and step it. Each step:
 
 1. prefill: every sequence with ids to feed (a prompt, or after a pause the turn's last token and what the caller
    appends: an observation, a tool result, the next chat turn) runs them over its own cached tokens, alone;
@@ -44,7 +44,7 @@ from alignment.models.logprobs import top_log_probs
 from alignment.models.moe import moe_blocks, routing_of
 from alignment.models.multi_lora import routed
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token, token_log_prob
-from alignment.models.sequence import DECODE, PAUSED, PREFILL, SAMPLE, Sequence, sampler_groups, turn_end
+from alignment.models.sequence import DECODE, PAUSED, PREFILL, SAMPLE, DecodeSequence, sampler_groups, turn_end
 from alignment.models.slot_cache import SlotCache, step_rows
 from alignment.models.speculative_step import Speculator, rejected_tokens, residual_draws
 from alignment.models.weights_digest import StaleWeights, policy_version
@@ -132,7 +132,7 @@ class DecodeEngine:
         self.vocab = model.config.vocab_size
         self.logits = paddle.zeros([rows, self.vocab], "float32")  # [rows, vocab] the next token's
         self.seen = None  # [slots, vocab] bool: tokens fed, for a repetition penalty
-        self.running: List[Optional[Sequence]] = [None] * slots  # the rows past them are never given out
+        self.running: List[Optional[DecodeSequence]] = [None] * slots  # the rows past them are never given out
         self.rounds = 0  # sampling rounds done
         self.version = policy_version(model)  # the key of the cache and the weight copy
         self.routing = static is None and bool(moe_blocks(model))  # record each token's experts (MoE)
@@ -140,7 +140,7 @@ class DecodeEngine:
 
     # ------------------------------------------------------------------ the caller's side
 
-    def add(self, seq: Sequence, slot: Optional[int] = None) -> None:
+    def add(self, seq: DecodeSequence, slot: Optional[int] = None) -> None:
         """Give `seq` a free slot (the lowest, or `slot`); it is prefilled at the next step."""
         if seq.max_len > self.capacity:
             raise ValueError(f"DecodeEngine: a sequence of up to {seq.max_len} tokens does not fit the engine's "
@@ -155,7 +155,7 @@ class DecodeEngine:
         self.running[seq.slot] = seq
         seq.state = PREFILL
 
-    def resume(self, seq: Sequence, ids: Seq[int], config: Optional[GenerationConfig] = None) -> None:
+    def resume(self, seq: DecodeSequence, ids: Seq[int], config: Optional[GenerationConfig] = None) -> None:
         """Go on with a paused sequence: feed its turn's last token and `ids`, then sample a new turn (with
         `config` if given)."""
         if seq.state != PAUSED:
@@ -165,7 +165,7 @@ class DecodeEngine:
         seq.turn, seq.turn_log_probs, seq.turn_top, seq.ending = [], [], [], None
         seq.state = PREFILL
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: DecodeSequence) -> None:
         """Free the slot of a sequence the caller is done with."""
         if seq.slot is not None and self.running[seq.slot] is seq:
             self.running[seq.slot] = None
@@ -178,7 +178,7 @@ class DecodeEngine:
     # ------------------------------------------------------------------ one step
 
     @paddle.no_grad()
-    def step(self) -> List[Sequence]:
+    def step(self) -> List[DecodeSequence]:
         """Prefill, sample, decode once; -> the sequences whose turn ended (now paused), in slot order."""
         if policy_version(self.model) != self.version:
             raise StaleWeights(f"decode engine: its KV cache and weights are policy version {self.version}'s, the "
@@ -194,7 +194,7 @@ class DecodeEngine:
         return sorted(ended, key=lambda s: s.slot)
 
     def _prefill(self) -> None:
-        shared: Dict[tuple, Sequence] = {}  # a prompt prefilled this step -> its sequence
+        shared: Dict[tuple, DecodeSequence] = {}  # a prompt prefilled this step -> its sequence
         waiting = [s for s in self.running if s is not None and s.state == PREFILL]
         if self.prefill_together:
             shared = self._prefill_prompts([s for s in waiting if s.fed == 0])
@@ -213,10 +213,10 @@ class DecodeEngine:
             seq.fed += len(seq.pending)
             seq.pending, seq.state = [], SAMPLE
 
-    def _prefill_prompts(self, seqs: List[Sequence]) -> Dict[tuple, Sequence]:
+    def _prefill_prompts(self, seqs: List[DecodeSequence]) -> Dict[tuple, DecodeSequence]:
         """prefill_together: the distinct prompts of sequences that start now in one left-padded forward, each
         one's keys and values moved to its slot's first columns; -> (adapter, *prompt) -> the sequence holding it."""
-        first: Dict[tuple, Sequence] = {}  # (adapter, *prompt) -> its first sequence
+        first: Dict[tuple, DecodeSequence] = {}  # (adapter, *prompt) -> its first sequence
         for seq in seqs:
             first.setdefault((seq.adapter, *seq.pending), seq)
         if len(first) < 2:
@@ -244,7 +244,7 @@ class DecodeEngine:
             self.logits[slot] = out.logits[i, -1]
         return first
 
-    def _prefill_one(self, seq: Sequence) -> None:
+    def _prefill_one(self, seq: DecodeSequence) -> None:
         start, n = seq.fed, len(seq.pending)
         ids = paddle.to_tensor([seq.pending], dtype="int64")  # [1, n]
         positions = paddle.arange(start, start + n, dtype="int64").unsqueeze(0)  # [1, n]
@@ -255,7 +255,7 @@ class DecodeEngine:
         self.logits[seq.slot] = out.logits[0, -1]
         seq.experts.extend(routing_of(self.model) if self.routing else [])
 
-    def _sample(self, sampling: List[Sequence]) -> List[Sequence]:
+    def _sample(self, sampling: List[DecodeSequence]) -> List[DecodeSequence]:
         """Draw a token for each sequence in `sampling` over all slots' logits (fixed shapes: a row's draw is
         the same bits whatever the others hold); -> the sequences whose turn ended."""
         uniform = self._uniforms(sampling)  # [slots]
@@ -293,7 +293,7 @@ class DecodeEngine:
                 ended.append(seq)
         return ended
 
-    def _uniforms(self, sampling: List[Sequence]) -> Optional[paddle.Tensor]:
+    def _uniforms(self, sampling: List[DecodeSequence]) -> Optional[paddle.Tensor]:
         if not any(s.config.do_sample for s in sampling):
             return None
         own = [s for s in sampling if s.rng is not None]
@@ -305,7 +305,7 @@ class DecodeEngine:
             values[s.slot] = s.rng.random()
         return paddle.to_tensor(values.astype("float32"))
 
-    def _decode(self, feeding: List[Sequence]) -> List[Sequence]:
+    def _decode(self, feeding: List[DecodeSequence]) -> List[DecodeSequence]:
         """Feed the sampled tokens: a verify step for the sequences with a draft (speculative_step.py), a
         one-token step for the others; -> the sequences whose turn ended inside an accepted draft."""
         if self.before_decode is not None and self.before_decode(self.rounds):
@@ -318,7 +318,7 @@ class DecodeEngine:
                 self._step_one([s for s in feeding if s not in drafts])
             return self.speculator.verify(drafts)
 
-    def _step_one(self, feeding: List[Sequence]) -> None:
+    def _step_one(self, feeding: List[DecodeSequence]) -> None:
         mask = np.zeros([self.slots], bool)
         tokens = np.zeros([self.slots], "int64")
         for seq in feeding:
@@ -333,7 +333,7 @@ class DecodeEngine:
             seq.fed += 1
             seq.pending, seq.state = [], SAMPLE
 
-    def mark_fed(self, seq: Sequence, ids: List[int]) -> None:
+    def mark_fed(self, seq: DecodeSequence, ids: List[int]) -> None:
         """`ids` went into seq's cache: its history, and the tokens a repetition penalty applies to."""
         seq.history.extend(ids)
         if seq.config.repetition_penalty == 1.0:

@@ -12,7 +12,7 @@ from typing import Callable, List, NamedTuple, Optional
 import numpy as np
 import paddle
 
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.sampling import GenerationConfig, block_tokens, next_token
 
 __all__ = ["GenerationConfig", "GenerationOutput", "SampleRows", "generate", "generate_without_cache"]
@@ -66,7 +66,7 @@ def generate(model, input_ids, attention_mask, config: GenerationConfig, static=
         draw = lambda: paddle.gather(paddle.rand([rows.total]), rows.ids)  # noqa: E731
     engine = DecodeEngine(model, b, capacity, fused=fused, static=static, draw_uniforms=draw,
                           before_decode=between_tokens, prefill_together=True, draft=draft)  # every row starts now
-    sequences = [Sequence(p, config, len(p) + config.max_new_tokens, log_prob_temperature=log_prob_temperature)
+    sequences = [DecodeSequence(p, config, len(p) + config.max_new_tokens, log_prob_temperature=log_prob_temperature)
                  for p in prompts]
     for seq in sequences:
         engine.add(seq)

@@ -10,7 +10,7 @@ from alignment.models.sampling import GenerationConfig
 PREFILL, SAMPLE, DECODE, PAUSED = "prefill", "sample", "decode", "paused"
 
 
-class Sequence:
+class DecodeSequence:
     """A sequence in the engine: `ids` to feed first, the sampler `config` of its turns (max_new_tokens caps a
     turn), `max_len` tokens it may hold in all (prompt included). rng: a numpy Generator giving its uniform
     numbers, one per sampled token (None: the engine's batch draw); stop(turn ids) -> True when a stop string
@@ -23,7 +23,7 @@ class Sequence:
                  stop: Optional[Callable[[List[int]], bool]] = None, log_prob_temperature: Optional[float] = 1.0,
                  top_logprobs: int = 0, adapter: Optional[int] = None):
         if not ids:
-            raise ValueError("Sequence: at least one id to start from")
+            raise ValueError("DecodeSequence: at least one id to start from")
         self.config, self.max_len, self.rng, self.stop = config, max_len, rng, stop
         self.log_prob_temperature, self.top_logprobs, self.adapter = log_prob_temperature, top_logprobs, adapter
         self.turn_top: List[list] = []
@@ -45,7 +45,7 @@ class Sequence:
         return self.fed + len(self.pending)
 
 
-def turn_end(seq: Sequence, token: int) -> Optional[str]:
+def turn_end(seq: DecodeSequence, token: int) -> Optional[str]:
     """Why `token`, just appended to seq.turn, ends the turn (None: it goes on)."""
     if token in seq.config.eos_ids:
         return "eos"
@@ -56,7 +56,7 @@ def turn_end(seq: Sequence, token: int) -> Optional[str]:
     return "length" if len(seq.turn) >= seq.config.max_new_tokens else None
 
 
-def sampler_groups(sampling: List[Sequence]):
+def sampler_groups(sampling: List[DecodeSequence]):
     """(config, log-prob temperature, sequences) for each distinct sampler among `sampling`."""
     groups: Dict[tuple, list] = {}
     for seq in sampling:

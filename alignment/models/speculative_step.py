@@ -30,7 +30,7 @@ import paddle
 
 from alignment.models.logprobs import top_log_probs
 from alignment.models.sampling import token_log_prob
-from alignment.models.sequence import PAUSED, SAMPLE, Sequence, sampler_groups, turn_end
+from alignment.models.sequence import PAUSED, SAMPLE, DecodeSequence, sampler_groups, turn_end
 from alignment.models.slot_cache import ROW_BLOCK
 from alignment.models.speculative import (accepted_lengths, draft_probabilities, draw_from, filtered_probabilities,
                                           greedy_agreement, point_mass_agreement, position_logits, prompt_lookup,
@@ -51,7 +51,7 @@ class Speculator:
         self.drafter = None if draft is None else draft.drafter(engine)
         self.stats = {"forwards": 0, "verified": 0, "drafted": 0, "accepted": 0}
         self.batch_uniforms: Dict[int, np.ndarray] = {}  # draft width -> [slots, k] this step's batch draws
-        self.q: Dict[Sequence, paddle.Tensor] = {}  # the draft model's [room, vocab] distributions this step
+        self.q: Dict[DecodeSequence, paddle.Tensor] = {}  # the draft model's [room, vocab] distributions this step
         self.residuals: Dict[int, paddle.Tensor] = {}  # slot -> [vocab] norm(max(0, p - q)) after a rejection
 
     def modelled(self, config) -> bool:
@@ -67,7 +67,7 @@ class Speculator:
         """The draft tokens a sequence with `config` feeds at most (0: it does not speculate)."""
         return config.num_assistant_tokens if self.modelled(config) else config.prompt_lookup_num_tokens
 
-    def drafts(self, feeding: List[Sequence]) -> Dict[Sequence, List[int]]:
+    def drafts(self, feeding: List[DecodeSequence]) -> Dict[DecodeSequence, List[int]]:
         """The draft of each sequence of `feeding` (the step's sampled token pending) that speculates and has one;
         draws the step's batch uniforms for the acceptance tests of sequences without an rng."""
         self.batch_uniforms, self.q = {}, {}
@@ -95,7 +95,7 @@ class Speculator:
     def _batch_draws(self, k: int) -> np.ndarray:
         return np.stack([self.engine.draw_uniforms().numpy() for _ in range(k)], axis=1)  # [slots, k]
 
-    def _draft_uniforms(self, rooms) -> Dict[Sequence, np.ndarray]:
+    def _draft_uniforms(self, rooms) -> Dict[DecodeSequence, np.ndarray]:
         """The numbers the draft model's draws take: k per sampling sequence, its rng's or a batch draw's."""
         batch: Dict[int, np.ndarray] = {}
         uniforms = {}
@@ -108,14 +108,14 @@ class Speculator:
             uniforms[seq] = seq.rng.random(k) if seq.rng is not None else batch[k][seq.slot]
         return uniforms
 
-    def verify(self, drafts: Dict[Sequence, List[int]]) -> List[Sequence]:
+    def verify(self, drafts: Dict[DecodeSequence, List[int]]) -> List[DecodeSequence]:
         """One verify step per draft width; -> the sequences whose turn ended inside an accepted draft."""
-        widths: Dict[int, List[Sequence]] = {}
+        widths: Dict[int, List[DecodeSequence]] = {}
         for seq in drafts:
             widths.setdefault(self.width(seq.config), []).append(seq)
         return [seq for k in sorted(widths) for seq in self._verify(k, widths[k], drafts)]
 
-    def _verify(self, k: int, seqs: List[Sequence], drafts) -> List[Sequence]:
+    def _verify(self, k: int, seqs: List[DecodeSequence], drafts) -> List[DecodeSequence]:
         engine, slots = self.engine, self.engine.slots
         width = verify_width(k, slots)
         tokens = np.zeros([slots, width], "int64")  # [slots, width]: the sampled token, the draft, padding
@@ -146,7 +146,7 @@ class Speculator:
         engine.logits = paddle.where(paddle.to_tensor(going).unsqueeze(-1).expand(nxt.shape), nxt, engine.logits)
         return ended
 
-    def _accept(self, k: int, seqs: List[Sequence], tokens: np.ndarray, lengths: np.ndarray, logits):
+    def _accept(self, k: int, seqs: List[DecodeSequence], tokens: np.ndarray, lengths: np.ndarray, logits):
         """-> (accepted [slots] draft tokens, their log-probs [slots, k], slot -> per position [(id, log-prob)])."""
         engine, slots = self.engine, self.engine.slots
         accepted, log_probs, tops = np.zeros([slots], "int64"), np.zeros([slots, k], "float32"), {}
@@ -187,7 +187,7 @@ class Speculator:
                                              values[s.slot, j, :s.top_logprobs].tolist())) for j in range(k)]
         return accepted, log_probs, tops
 
-    def _q_rows(self, group: List[Sequence], k: int):
+    def _q_rows(self, group: List[DecodeSequence], k: int):
         """[slots k, vocab]: the draft model's distributions of `group`'s draft positions, zeros elsewhere."""
         vocab, q = self.engine.vocab, {s.slot: self.q[s] for s in group}
         blocks = []
@@ -196,14 +196,14 @@ class Speculator:
             blocks += ([q[slot]] if drafted else []) + ([paddle.zeros([k - drafted, vocab])] if drafted < k else [])
         return paddle.concat(blocks)
 
-    def _uniforms(self, group: List[Sequence], k: int) -> np.ndarray:
+    def _uniforms(self, group: List[DecodeSequence], k: int) -> np.ndarray:
         """[slots, k] uniform numbers for the acceptance tests: a sequence's own rng's, else the step's batch draw."""
         values = np.zeros([self.engine.slots, k], "float32")
         for seq in group:
             values[seq.slot] = seq.rng.random(k) if seq.rng is not None else self.batch_uniforms[k][seq.slot]
         return values
 
-    def _take(self, seq: Sequence, draft: List[int], accepted: int, log_probs: np.ndarray, tops) -> bool:
+    def _take(self, seq: DecodeSequence, draft: List[int], accepted: int, log_probs: np.ndarray, tops) -> bool:
         """Feed seq's sampled token and its draft's first `accepted` tokens, ending the turn where one ends it;
         -> whether it ended."""
         engine = self.engine
@@ -241,7 +241,7 @@ def verify_width(k: int, slots: int) -> int:
     return width
 
 
-def rejected_tokens(group: List[Sequence], slots: int) -> Optional[paddle.Tensor]:
+def rejected_tokens(group: List[DecodeSequence], slots: int) -> Optional[paddle.Tensor]:
     """[slots] int64: the draft token each sequence of `group` rejected at its last verify step, which its next
     draw leaves out (-1: none); None when no sequence has one."""
     rejected = [(s.slot, s.rejected) for s in group if s.rejected is not None]
@@ -253,7 +253,7 @@ def rejected_tokens(group: List[Sequence], slots: int) -> Optional[paddle.Tensor
     return paddle.to_tensor(tokens)
 
 
-def residual_draws(group: List[Sequence], drawn, uniform):
+def residual_draws(group: List[DecodeSequence], drawn, uniform):
     """drawn [slots] the engine's draws for `group`, uniform [slots] their numbers -> drawn, with each sequence
     whose draft-model token was rejected at its last verify step drawing instead from its residual
     norm(max(0, p - q)) (seq.residual [vocab], taken up) with the same number."""

@@ -3,7 +3,7 @@ shape and bytes, in `named_parameters` order). A LoRA layer whose adapter is swi
 contributes its base weight only, so a sampler that runs without its adapter has the base model's digest.
 
 Computed once per weight sync by each sampler (the local engine at each step, a rollout rank when it loads a
-version) and by the trainer for each policy version (ppo/weight_check.py); never cached across a change of
+version) and by the trainer for each policy version (ppo/asynchronous/weight_check.py); never cached across a change of
 weights. The bytes are read in place (dlpack), not copied: on the 2-core CPU a SmolLM2-135M digest (540 MB of
 float32) took about 0.45 s, against a 42 s PPO step.
 

@@ -1,7 +1,7 @@
 """A TCPStore of one's own: served by rank 0 of a group on a free port of its address, found by the others under
 a key of the launch's rendezvous store. Used where a shared store would mix up its users (gloo group rendezvous,
 alignment/parallel/cpu_standins.py) or share a socket between threads (heartbeats, alignment/parallel/watchdog.py;
-asynchronous RL's mailbox, alignment/ppo/asynchronous.py).
+asynchronous RL's mailbox, alignment/ppo/asynchronous/asynchronous.py).
 
 Paddle's TCPStore client sends a request in several small writes and leaves Nagle's algorithm on, so every write
 after the first waits for the store's delayed ACK (40 ms on Linux): on loopback an `add` took 42 ms and a `get`

@@ -1,6 +1,6 @@
 """What a PPO-family run keeps in a checkpoint beyond the skeleton's (training/trainer.py): the data streams drawn,
 the curriculum's prompt pool, the reward statistics and the asynchronous sources' state; and how it saves, with
-offloaded models brought back first. A mixin of PPOTrainer (ppo/trainer.py), which holds what these read."""
+offloaded models brought back first. A mixin of PPOTrainer (ppo/ppo_trainer.py), which holds what these read."""
 from __future__ import annotations
 
 import os

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
-from alignment.ppo.teacher import NoTeacher
+from alignment.ppo.teacher.teacher import NoTeacher
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from alignment.inputs import json_lines, read_json_object
-from alignment.ppo.ledger import file_for, read_ledger
+from alignment.ppo.rollout.ledger import file_for, read_ledger
 
 ONE_PROCESS = "local engine of rank 0"  # sampled_by of every row of a one-process synchronous run
 
@@ -78,7 +78,7 @@ def _replay_arguments(values: dict, args_path: str, output_dir: str, checkpoint:
     """The run's arguments, writing only to the replay's output_dir and resuming from `checkpoint`, no reward
     server asked and no ledger kept, parsed (ArgumentError names args.json). -> (values, instances)"""
     from alignment.config.parser import ArgumentParser
-    from alignment.ppo import registrations  # noqa: F401  what the arguments name, before they are parsed
+    from alignment.ppo.rl_math import registrations  # noqa: F401  what the arguments name, before they are parsed
     from alignment.ppo.stage import argument_classes
 
     replayed = {**values, "output_dir": output_dir, "resume_from_checkpoint": checkpoint, "rollout_ledger": False,
@@ -159,7 +159,7 @@ def ledger_rollout(rows: List[dict], prompt_pad: int, response_pad: int):
     """The step's batch as the sampler built it (rollout.py's layout) from the ledger's rows."""
     import paddle
 
-    from alignment.ppo.rollout import Rollout
+    from alignment.ppo.rollout.rollout import Rollout
 
     width_p = max(len(row["prompt_ids"]) for row in rows)
     width_r = max(len(row["response_ids"]) for row in rows)
@@ -208,7 +208,7 @@ def replay_update(trainer, rows: List[dict]) -> Dict[str, float]:
     import paddle
 
     from alignment.parallel.distributed import mean_over_ranks
-    from alignment.ppo import scoring
+    from alignment.ppo.rollout import scoring
 
     trainer.start_data_streams()
     rollout = ledger_rollout(rows, trainer.tokenizer.pad_token_id, trainer.gen_config.pad_token_id)

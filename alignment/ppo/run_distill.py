@@ -1,7 +1,7 @@
-"""On-policy distillation and GKD: the student samples, a teacher scores each of its tokens, and the policy
-learns the teacher's distributions (alignment/ppo/teacher.py, alignment/ppo/distill.py); no reward needed. The PPO
-stage's program with its defaults for distillation (advantage_estimator 'none', kl_coeff 0) and a teacher
-required; rewards, when given, add their advantages (set advantage_estimator).
+"""On-policy distillation and GKD: the student samples, a teacher scores each of its tokens, and the policy learns the
+teacher's distributions (alignment/ppo/teacher/teacher.py, alignment/ppo/rl_math/distill.py); no reward needed. The PPO
+stage's program with its defaults for distillation (advantage_estimator 'none', kl_coeff 0) and a teacher required;
+rewards, when given, add their advantages (set advantage_estimator).
 
     python alignment/ppo/run_distill.py config/tiny/distill_argument.json [--key value ...]
 """
@@ -13,11 +13,9 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+from alignment import entry  # noqa: E402  first: this CPU's settings before paddle is imported (alignment/entry.py)
 
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
-
-import alignment.ppo.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
+import alignment.ppo.rl_math.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.distill import DistillPPOArguments  # noqa: E402
 from alignment.ppo.stage import train  # noqa: E402
 
@@ -27,6 +25,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from alignment.exits import run_program
-
-    sys.exit(run_program(main))
+    entry.run(main)

@@ -11,11 +11,9 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+from alignment import entry  # noqa: E402  first: this CPU's settings before paddle is imported (alignment/entry.py)
 
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
-
-import alignment.ppo.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
+import alignment.ppo.rl_math.registrations  # noqa: E402,F401  registers what the arguments name, before they are parsed
 from alignment.config.asynchronous import AsyncArguments  # noqa: E402,F401  (tests import them from here)
 from alignment.config.data import LoRAArguments  # noqa: E402,F401
 from alignment.config.environment import EnvironmentArguments  # noqa: E402,F401
@@ -28,6 +26,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from alignment.exits import run_program
-
-    sys.exit(run_program(main))
+    entry.run(main)

@@ -26,7 +26,7 @@ def build_models(model_args, ppo_args, lora_args, train_args, layout: Layout = L
     pipeline stages, actor and critic are pipeline models (alignment/wrappers/pipeline.py); the frozen reference
     and reward models stay whole (or tensor-parallel)."""
     from alignment.models import Tokenizer
-    from alignment.ppo.pipeline_update import PolicyPipeLoss, ValuePipeLoss
+    from alignment.ppo.learner.pipeline_update import PolicyPipeLoss, ValuePipeLoss
     from alignment.rewards.process import is_process_reward_model
 
     path = model_args.actor_model_name_or_path
@@ -51,7 +51,7 @@ def build_teacher(distill_args, ppo_args, train_args, tokenizer):
     """teacher.py's strategy: NoTeacher; a served teacher (its server answers /models first); or a local model,
     which must have the student's tokenizer (its log-probs are of the student's tokens)."""
     from alignment.models import Tokenizer
-    from alignment.ppo.teacher import make_teacher
+    from alignment.ppo.teacher.teacher import make_teacher
     from alignment.rewards.openai_client import OpenAIEndpoint
     from alignment.rewards.scoring import same_tokenizer
 
@@ -81,7 +81,7 @@ def stream_steps(ppo_args, train_args, layout, prompt_count: int) -> int:
 
 def async_schedule(ppo_args, data_args, async_args, train_args, layout, prompt_count: int):
     """The asynchronous run's schedule (asynchronous.VersionSchedule), the same for training and rollout ranks."""
-    from alignment.ppo.asynchronous import VersionSchedule
+    from alignment.ppo.asynchronous.asynchronous import VersionSchedule
 
     return VersionSchedule(async_args.max_staleness, stream_steps(ppo_args, train_args, layout, prompt_count),
                     async_args.partial_rollout_tokens, ppo_args.max_new_tokens or data_args.max_length,
@@ -90,14 +90,15 @@ def async_schedule(ppo_args, data_args, async_args, train_args, layout, prompt_c
 
 def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_args, train_args, run, tokenizer,
                    prompts, mailbox) -> dict:
-    """A rollout rank of an asynchronous run (ppo/asynchronous.py): only the actor, sampling the prompt stream."""
+    """A rollout rank of an asynchronous run (ppo/asynchronous/asynchronous.py): only the actor, sampling the prompt
+    stream."""
     from alignment.data.tokenized import collate_prompts
     from alignment.launcher import rank
-    from alignment.ppo.pipeline_update import PolicyPipeLoss
-    from alignment.ppo.rollout_worker import WorkerPlan, run_rollout_worker
-    from alignment.ppo.agent_programs import make_sampler
-    from alignment.ppo.routing_replay import routing_for
-    from alignment.ppo.samplers import rollout_generation_config
+    from alignment.ppo.learner.pipeline_update import PolicyPipeLoss
+    from alignment.ppo.asynchronous.rollout_worker import WorkerPlan, run_rollout_worker
+    from alignment.ppo.rollout.agent_programs import make_sampler
+    from alignment.ppo.learner.routing_replay import routing_for
+    from alignment.ppo.rollout.samplers import rollout_generation_config
 
     actor = setup.load_trained_model("causal", model_args.actor_model_name_or_path, run.layout, lora_args,
                                      PolicyPipeLoss(ppo_args))
@@ -154,7 +155,7 @@ def check_user_code(ppo_args, env_args, run) -> None:
     """Import what the arguments name of the user's code (reward functions, the gold judge, environments, an agent
     program), so a typo fails before any model is loaded."""
     from alignment.envs import load_environment_modules
-    from alignment.ppo.episodes import build_environments
+    from alignment.ppo.rollout.episodes import build_environments
     from alignment.rewards.functions import load_reward_function
 
     for spec in ppo_args.reward_funcs + ([ppo_args.gold_judge] if ppo_args.gold_judge else []):
@@ -162,7 +163,7 @@ def check_user_code(ppo_args, env_args, run) -> None:
     if env_args.multi_turn:  # an environment that is not registered or refuses its arguments
         load_environment_modules(env_args.user_env_modules, base_dir=run.argument_dir)
         if env_args.agent is not None:  # or an agent program that does not import
-            from alignment.ppo.agent_programs import load_agent
+            from alignment.ppo.rollout.agent_programs import load_agent
 
             load_agent(env_args.agent)
         else:
@@ -177,7 +178,7 @@ def load_stage_inputs(parsed) -> StageInputs:
     from alignment.data import MixedRawDataset
     from alignment.data.tokenized import PromptOnlyDataset, SupervisedDataset
     from alignment.evaluation.inline import HeldOutTasks
-    from alignment.ppo.asynchronous import open_mailbox
+    from alignment.ppo.asynchronous.asynchronous import open_mailbox
 
     check_user_code(ppo_args, env_args, run)
     eval_tasks = HeldOutTasks.from_args(eval_args, train_args.seed, run.argument_dir)  # a typo fails here too
@@ -245,8 +246,8 @@ def build_trainer(parsed):
 
     from alignment.data.tokenized import collate_prompts, collate_supervised
     from alignment.parallel.distributed import is_rollout_rank
-    from alignment.ppo.asynchronous import RolloutSource
-    from alignment.ppo.trainer import PPOTrainer, PromptData
+    from alignment.ppo.asynchronous.asynchronous import RolloutSource
+    from alignment.ppo.ppo_trainer import PPOTrainer, PromptData
 
     with setup.started(train_args, run):
         inputs = load_stage_inputs(parsed)

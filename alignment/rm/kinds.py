@@ -12,7 +12,7 @@ class PairwiseReward:
 
     def trainer(self, args: SimpleNamespace, tokenizer, train_raw, eval_raw):
         from alignment.data.tokenized import collate_preference, preference_datasets
-        from alignment.rm.trainer import RewardTrainer
+        from alignment.rm.reward_trainer import RewardTrainer
 
         reward, run = args.reward, args.run
         train_set, eval_set = preference_datasets(train_raw, eval_raw, tokenizer, args.data.max_length)

@@ -95,7 +95,7 @@ def prepare(runs: List[AdapterRun], model_args, run):
 
 def main(model_args, data_args, lora_args, train_args, run) -> Dict[str, dict]:
     from alignment.data.tokenized import collate_supervised
-    from alignment.sft.trainer import SupervisedTrainer
+    from alignment.sft.sft_trainer import SupervisedTrainer
 
     try:
         runs = adapter_runs({"train": train_args, "data": data_args, "lora": lora_args})

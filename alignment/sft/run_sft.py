@@ -10,9 +10,7 @@ import sys
 if not __package__:  # run as a script from a checkout: make `alignment` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
-
-apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
+from alignment import entry  # noqa: E402  first: this CPU's settings before paddle is imported (alignment/entry.py)
 
 from alignment.config.data import DataArguments, LoRAArguments, ModelArguments  # noqa: E402
 from alignment.config.training import TrainingArguments  # noqa: E402
@@ -28,7 +26,7 @@ def main(argv=None) -> dict:
         return multi_adapter.main(model_args, data_args, lora_args, train_args, run)
 
     from alignment.data.tokenized import SupervisedDataset, collate_supervised
-    from alignment.sft.trainer import SupervisedTrainer
+    from alignment.sft.sft_trainer import SupervisedTrainer
 
     with setup.started(train_args, run):
         tokenizer, *raw = setup.load_inputs(model_args.tokenizer_path, data_args, train_args.seed, run)
@@ -56,6 +54,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from alignment.exits import run_program
-
-    sys.exit(run_program(main))
+    entry.run(main)

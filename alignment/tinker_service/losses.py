@@ -11,7 +11,7 @@ the datum's tokens (not a mean): Tinker's convention, which the SDK's custom-los
                                                                                 clip_high_threshold (hi, 1.2)
 
 `weights` default to 1 for cross_entropy. The clipped objective is the project's PPO surrogate
-(ppo/surrogate.py: clipped_policy_loss with low = 1 - lo, high = hi - 1), summed over the datum's tokens.
+(ppo/rl_math/surrogate.py: clipped_policy_loss with low = 1 - lo, high = hi - 1), summed over the datum's tokens.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Callable, Dict, Mapping
 import numpy as np
 import paddle
 
-from alignment.ppo.surrogate import clipped_policy_loss, token_ratio
+from alignment.ppo.rl_math.surrogate import clipped_policy_loss, token_ratio
 
 PPO_CLIP_LOW, PPO_CLIP_HIGH = 0.8, 1.2  # Tinker's documented defaults: epsilon 0.2 on both sides
 

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence as Seq, Tuple
 import numpy as np
 
 from alignment.models import LlamaForCausalLM
-from alignment.models.engine import DecodeEngine, Sequence
+from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.lora import apply_lora, load_adapter, merge_lora
 from alignment.models.sampling import GenerationConfig
 from alignment.tinker_service.training import BaseModel, UserError, checkpoint_shape
@@ -65,7 +65,7 @@ def sample(model, prompt: Seq[int], num_samples: int, config: GenerationConfig, 
         raise UserError("num_samples must be in 1..64")
     budget = min(max_length, len(prompt) + config.max_new_tokens)
     temperature = config.temperature if config.do_sample else 1.0
-    seqs = [Sequence(list(prompt), config, budget, rng=np.random.default_rng(seed + i) if seed is not None
+    seqs = [DecodeSequence(list(prompt), config, budget, rng=np.random.default_rng(seed + i) if seed is not None
                      else np.random.default_rng(), log_prob_temperature=temperature) for i in range(num_samples)]
     engine = DecodeEngine(model, num_samples, budget)
     for seq in seqs:

@@ -5,7 +5,7 @@
 
 fleet splits the decoder layers evenly over the stages (the embedding joins the first, the head the last), and runs
 a list of micro-batches 1F1B (`pipeline_step`) or forward only (`pipeline_forward`); the loss function a trainer
-gives (PPO's: alignment/ppo/pipeline_update.py; SFT/RM/DPO set `LastStage.fn`) runs on the last stage. PPO's
+gives (PPO's: alignment/ppo/learner/pipeline_update.py; SFT/RM/DPO set `LastStage.fn`) runs on the last stage. PPO's
 generation and scoring do not go through the pipeline: they use a whole copy of each model
 (alignment/wrappers/reshard.py), refreshed from the stages once per step.
 Checkpoints are whole HF-layout directories: a stage's parameter `3.self_attn.q_proj.weight` is

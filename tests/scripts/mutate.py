@@ -38,9 +38,11 @@ def m(name, path, old, new, *tests):
     return Mutation(name, path, old, new, tests)
 
 
-ALG, EST, SUR, KL, DAPO = ("alignment/ppo/algorithms.py", "alignment/ppo/estimators.py", "alignment/ppo/surrogate.py",
-                           "alignment/ppo/kl.py", "alignment/ppo/dapo.py")
-DPO_LOSSES, ROLLOUT, EPISODES = "alignment/dpo/losses.py", "alignment/ppo/rollout.py", "alignment/ppo/episodes.py"
+ALG, EST, SUR, KL, DAPO = ("alignment/ppo/rl_math/algorithms.py", "alignment/ppo/rl_math/estimators.py",
+                           "alignment/ppo/rl_math/surrogate.py", "alignment/ppo/rl_math/kl.py",
+                           "alignment/ppo/rl_math/dapo.py")
+DPO_LOSSES, ROLLOUT, EPISODES = ("alignment/dpo/losses.py", "alignment/ppo/rollout/rollout.py",
+                                  "alignment/ppo/rollout/episodes.py")
 T_ALG, T_RECIPE = "tests/test_algorithms.py", "tests/test_recipe_math.py"
 SAMPLING = "alignment/models/sampling.py"
 T_SAMPLING = ("tests/test_model.py", "tests/test_engine.py", "tests/test_fused_decode.py", "tests/test_multiturn.py")
@@ -207,29 +209,30 @@ MUTATIONS: List[Mutation] = [
     m("min-new-tokens-off-by-one", "alignment/models/engine.py", "under[s.slot] = len(s.turn) < config.min_new_tokens",
       "under[s.slot] = len(s.turn) < config.min_new_tokens - 1", *T_SAMPLING),
     # ---- the features the weak tests of issue 57 name: each of these passed the test as it was
-    m("dpo-step-loss-type", "alignment/dpo/trainer.py", "counts[:b], counts[b:], dpo.loss_type, dpo.beta,",
+    m("dpo-step-loss-type", "alignment/dpo/dpo_trainer.py", "counts[:b], counts[b:], dpo.loss_type, dpo.beta,",
       "counts[:b], counts[b:], \"sigmoid\", dpo.beta,", "tests/test_dpo_variants.py", "-k", "trains_a_step"),
-    m("kto-desirable-weight", "alignment/dpo/trainer.py", "dpo.beta, dpo.desirable_weight,",
+    m("kto-desirable-weight", "alignment/dpo/dpo_trainer.py", "dpo.beta, dpo.desirable_weight,",
       "dpo.beta, 1.0,", "tests/test_algorithm_of_files.py", "-k", "kto_rows"),
     m("group-estimators-as-dr-grpo", EST, "per_response = self.per_response(rollout.end_rewards, "
       "ppo.num_return_sequences)  # [N]", "per_response = DrGRPO.per_response(rollout.end_rewards, "
       "ppo.num_return_sequences)  # [N]", "tests/test_ppo.py", "-k", "critic_free"),
     m("prm-mean-of-steps", "alignment/rewards/process.py", "out[i] = float(good[start: start + count].min())",
       "out[i] = float(good[start: start + count].mean())", "tests/test_process_reward.py", "-k", "grpo"),
-    m("dpo-reference-dropped", "alignment/dpo/trainer.py", "        if self.reference is None:  # reference-free",
+    m("dpo-reference-dropped", "alignment/dpo/dpo_trainer.py", "        if self.reference is None:  # reference-free",
       "        if True:  # reference-free", "tests/test_paddlenlp_data.py", "tests/test_paddleformers_files.py", "-k",
       "dpo"),
     m("tool-time-not-measured", "alignment/envs/tool_env.py", "\"tool_time\": float(sum(result.seconds for result in "
       "results))}", "\"tool_time\": 0.0}", "tests/test_envs.py", "-k", "calls_then_ends"),
-    m("env-reward-unweighted", "alignment/ppo/scoring.py", "paddle.to_tensor((weight * rewards).astype(\"float32\"))",
-      "paddle.to_tensor(rewards.astype(\"float32\"))", "tests/test_multiturn_training.py", "-k", "env_reward_weight"),
+    m("env-reward-unweighted", "alignment/ppo/rollout/scoring.py",
+      "paddle.to_tensor((weight * rewards).astype(\"float32\"))", "paddle.to_tensor(rewards.astype(\"float32\"))",
+      "tests/test_multiturn_training.py", "-k", "env_reward_weight"),
     m("kto-takes-any-loss", "alignment/config/dpo.py", "        if self.loss_type not in PREFERENCE_LOSSES or "
       "self.loss.paired:", "        if False:", "tests/test_algorithm_of_files.py", "-k", "refuses_another"),
-    m("ptx-not-trained", "alignment/ppo/ptx.py", "return self.coeff * scale * loss, {",
+    m("ptx-not-trained", "alignment/ppo/learner/ptx.py", "return self.coeff * scale * loss, {",
       "return 0.0 * loss, {", "tests/test_paddlenlp_files.py", "-k", "llama_ppo"),
-    m("reward-never-normalised", "alignment/ppo/trainer.py", "self.reward_stats if self.ppo.normalize_reward else None",
-      "None", "tests/test_resume.py", "-k", "ppo_killed"),
-    m("one-update-pass", "alignment/ppo/update.py", "for _ in range(ppo.update_iters):", "for _ in range(1):",
+    m("reward-never-normalised", "alignment/ppo/ppo_trainer.py",
+      "self.reward_stats if self.ppo.normalize_reward else None", "None", "tests/test_resume.py", "-k", "ppo_killed"),
+    m("one-update-pass", "alignment/ppo/learner/update.py", "for _ in range(ppo.update_iters):", "for _ in range(1):",
       "tests/test_ppo.py", "tests/test_split_invariance.py"),
     m("amp-context-skipped", "alignment/training/precision.py", "        if not self.enabled:\n            return "
       "contextlib.nullcontext()", "        if True:\n            return contextlib.nullcontext()",
@@ -246,7 +249,7 @@ MUTATIONS: List[Mutation] = [
       "disjoint"),
     m("tool-heldout-wrong-answer", "data/tool_arithmetic/heldout.jsonl", "\"answer\": \"7402583\"",
       "\"answer\": \"7402584\"", "tests/test_tool_arithmetic_data.py", "-k", "disjoint"),
-    m("env-metrics-lost-with-dynamic-sampling", "alignment/ppo/trainer.py",
+    m("env-metrics-lost-with-dynamic-sampling", "alignment/ppo/ppo_trainer.py",
       "metrics.update(self.policy_sampler.metrics(rollout))",
       "metrics.update({} if self.ppo.dynamic_sampling else self.policy_sampler.metrics(rollout))",
       "tests/test_multiturn_training.py", "-k", "lora_offload"),
@@ -254,9 +257,10 @@ MUTATIONS: List[Mutation] = [
       "def fail(error, code: int = 1, prefix", "tests/test_bad_inputs.py", "-k", "clear_error"),
     m("refused-checkpoint-exit-1", "alignment/training/setup.py", "def fail(error, code: int = 2, prefix",
       "def fail(error, code: int = 1, prefix", "tests/test_no_code_loading.py", "-k", "crafted"),
-    m("kl-in-loss-coefficient-doubled", "alignment/ppo/objective.py", "loss = loss + ppo.kl_coeff * sur.kl_loss(",
-      "loss = loss + 2 * ppo.kl_coeff * sur.kl_loss(", "tests/test_parity_trl.py"),
-    m("async-serialised", "alignment/ppo/rollout_worker.py", "times[\"sample_start\"] = time.time()",
+    m("kl-in-loss-coefficient-doubled", "alignment/ppo/rl_math/objective.py",
+      "loss = loss + ppo.kl_coeff * sur.kl_loss(", "loss = loss + 2 * ppo.kl_coeff * sur.kl_loss(",
+      "tests/test_parity_trl.py"),
+    m("async-serialised", "alignment/ppo/asynchronous/rollout_worker.py", "times[\"sample_start\"] = time.time()",
       "time.sleep(3); times[\"sample_start\"] = time.time()", "-m", "parallel", "tests/test_async_runs.py", "-k",
       "staleness_1"),
 ]

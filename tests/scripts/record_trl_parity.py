@@ -36,7 +36,7 @@ def rollout_from_json(data: dict):
     import numpy as np
     import paddle
 
-    from alignment.ppo.rollout import Rollout
+    from alignment.ppo.rollout.rollout import Rollout
 
     dtypes = {"input_ids": "int64", "attention_mask": "int64"}
     tensors = {name: paddle.to_tensor(np.asarray(data[name], dtype=dtypes.get(name, "float32")))
