@@ -71,3 +71,17 @@ def served_in_thread(app):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def benchmark_result(script: str, args, results_dir, timeout=600) -> dict:
+    """Run benchmarks/`script` with `args`, writing into `results_dir`; -> its one result file, read."""
+    import glob
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), *args, "--results-dir",
+                          str(results_dir)], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path, = glob.glob(os.path.join(str(results_dir), f"{script[len('bench_'):-len('.py')]}_*.json"))
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

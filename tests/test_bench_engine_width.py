@@ -1,24 +1,16 @@
 """benchmarks/bench_engine_width.py with tiny settings: it writes its result through benchmarks/record.py, the
 ladder and the fixed width give the same bits, the ladder ends at the rung its sequences need, and the docs' table
 renders it."""
-import glob
-import json
 import os
 import subprocess
 import sys
 
 from docsgen import results_tables
-from tests.helpers import REPO
+from tests.helpers import REPO, benchmark_result
 
 
 def test_a_tiny_run_writes_a_result_the_docs_table_renders(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_engine_width.py"), "--cases",
-                          "2:8:4:60,2:100:40:400", "--repeats", "1", "--results-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-2000:]
-    path, = glob.glob(str(tmp_path / "engine_width_*.json"))
-    with open(path, encoding="utf-8") as f:
-        result = json.load(f)
+    result = benchmark_result("bench_engine_width.py", ["--cases", "2:8:4:60,2:100:40:400", "--repeats", "1"], tmp_path)
     assert result["benchmark"] == "engine_width" and result["machine"]["model"]
     rows = result["rows"]
     assert [(r["capacity"], r["ladder_width"]) for r in rows] == [(60, 61), (400, 192)]  # 140 columns: rung 192

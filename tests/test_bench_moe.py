@@ -1,26 +1,15 @@
 """benchmarks/bench_moe.py with tiny settings: each model runs in its own process, the MoE has the parameters of
 the wide dense model and more than the narrow one, the ratios are the figures' own, a result is written through
 benchmarks/record.py and the docs' table renders it."""
-import glob
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from docsgen import results_tables
-from tests.helpers import REPO
+from tests.helpers import benchmark_result
 
 
 def test_a_tiny_run_writes_a_result_the_docs_table_renders(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_moe.py"), "--batch", "2", "--seq",
-                          "16", "--steps", "1", "--new-tokens", "4", "--results-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-2000:]
-    path, = glob.glob(str(tmp_path / "moe_*.json"))
-    with open(path, encoding="utf-8") as f:
-        result = json.load(f)
+    result = benchmark_result("bench_moe.py", ["--batch", "2", "--seq", "16", "--steps", "1", "--new-tokens", "4"],
+                              tmp_path)
     assert result["benchmark"] == "moe" and result["machine"]["model"]
     models, ratios = result["models"], result["ratios"]
     assert models["moe"]["parameters_m"] == pytest.approx(models["dense_same_parameters"]["parameters_m"], rel=0.01)
