@@ -142,7 +142,8 @@ class MoeBlock(nn.Layer):
         for e, expert in enumerate(self.experts):
             rows, slots = np.nonzero(picks == e)
             if not len(rows):
-                out = out + idle_term(expert, flat)  # a zero gradient, as on the dense path
+                if paddle.is_grad_enabled():  # decoding adds nothing
+                    out = out + idle_term(expert, flat)  # a zero gradient, as on the dense path
                 continue
             index = paddle.to_tensor(rows, dtype="int64")
             weight = paddle.gather_nd(weights, paddle.to_tensor(np.stack([rows, slots], axis=1), dtype="int64"))

@@ -155,20 +155,12 @@ def shard(indices, num_shards: int = None, index: int = None):
 
 
 def average_gradients(parameters) -> None:
-    """All-reduce every gradient over the data ranks and divide by their number (no-op for one data rank). A
-    parameter with a gradient on some rank but not on this one (an expert none of this rank's tokens chose: MoE)
-    gets a zero gradient first, so every rank reduces the same tensors in the same order, and the mean is the one
-    process's over all the tokens; one with a gradient on no rank keeps none, as in one process."""
+    """All-reduce every gradient over the data ranks and divide by their number (no-op for one data rank). Every
+    rank must hold the same gradients: an MoE expert no token of a rank chose still gets a zero one there
+    (expert_parallel.idle_term)."""
     world = data_world_size()
     if world == 1:
         return
-    parameters = [param for param in parameters if not param.stop_gradient]
-    held = paddle.to_tensor([int(param.grad is not None) for param in parameters], dtype="int32")  # [params]
-    for group in _data_groups():
-        dist.all_reduce(held, group=group)
-    missing = [param for param, ranks in zip(parameters, held.numpy()) if ranks and param.grad is None]
-    if missing:
-        paddle.autograd.backward([(param * 0.0).sum() for param in missing])
     with paddle.no_grad():
         for param in parameters:
             if param.grad is not None:

@@ -58,18 +58,16 @@ def run_local_experts(received, plan: Dispatch, experts: Dict[int, paddle.nn.Lay
         if len(rows):
             index = paddle.to_tensor(rows)
             out = paddle.index_add(out, index, 0, experts[expert](paddle.gather(received, index)))
-        else:
+        elif paddle.is_grad_enabled():
             out = out + idle_term(experts[expert], received)
     return out
 
 
 def idle_term(expert, like):
-    """0 x an expert's output on a zero row when gradients are recorded (a 0 otherwise): an expert no token reached
-    still gets a (zero) gradient, as on the dense path, so which experts the optimizer steps does not depend on
+    """0 x an expert's output on a zero row, added while gradients are recorded: an expert no token reached still
+    gets a (zero) gradient, as on the dense path, so which experts the optimizer steps does not depend on
     which tokens (padding included) each rank happens to route; under expert parallelism the ranks holding the same
     expert then all take part in summing its gradient."""
-    if not paddle.is_grad_enabled():
-        return 0.0
     return 0.0 * expert(paddle.zeros([1, like.shape[1]], like.dtype)).sum()
 
 
