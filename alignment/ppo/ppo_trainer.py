@@ -74,14 +74,14 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         self.policy = self.add_trained("policy", self.actor, optimizer_steps)
         if models.critic is not None:
             self.add_trained("value", models.critic, optimizer_steps, ppo_args.critic_training(train_args))
-        pipelined, self.estimator = isinstance(self.actor, PipelineModel), ppo_args.estimator()
+        pipelined = isinstance(self.actor, PipelineModel)
+        self.estimator = self.teacher.estimator(ppo_args.estimator())  # sampled_kl adds the teacher's term
         # the update's first optimizer step takes the whole rollout, at the weights that sampled and scored it
         one_step = not pipelined and micro_batches <= train_args.gradient_accumulation_steps
         # ... and is its only one, and the advantages do not use the old log-probs: old log-probs = the update's
         # own (detached); score() skips that forward pass (as TRL's GRPO does with num_iterations 1)
         self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None  # samples here
-                                       and one_step and ppo_args.update_iters == 1
-                                       and not self.teacher.needs_old_log_probs)
+                                       and one_step and ppo_args.update_iters == 1)
         self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model,
                                                            *self.teacher.models("frozen")],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
@@ -155,8 +155,7 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
             if not self.critic.values_in_update:  # else the update computes them after its critic passes
                 metrics.update(self.compute_advantages(rollout))
             if self.ledger is not None:
-                self.ledger.write(gather_lists(self.teacher.annotate(ledger_rows(self.global_step + 1, rollout,
-                                                                                 self.ppo), rollout)))
+                self.ledger.write(gather_lists(ledger_rows(self.global_step + 1, rollout, self.ppo)))
         self.show_phase(phase="train", **speed)
         with timer.phase("train"):
             with self.offload.phase("train", [self.actor, self.critic.model, *self.teacher.models("train")],
@@ -205,7 +204,6 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
     def compute_advantages(self, rollout) -> Dict[str, float]:
         mask = rollout.response_mask
         rollout.advantages, rollout.returns = self.estimator(rollout, self.ppo, sum_over_data_ranks)  # [N, R]
-        self.teacher.add_advantages(rollout)  # sampled_kl: the teacher's per-token advantage
         out = scoring.off_policy_correction(rollout, self.global_step, self.cap)  # samples of older policies
         out["advantage/mean"] = float(rl.masked_mean(rollout.advantages, mask))
         if rollout.old_log_probs is not None:  # else actor_step reports it (reuse_update_log_probs)

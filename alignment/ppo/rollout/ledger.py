@@ -42,7 +42,8 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
     prompt_attention = rollout.attention_mask.numpy()[:, :rollout.prompt_len] > 0
     mask = rollout.response_mask.numpy() > 0
     attention = rollout.attention_mask.numpy()[:, rollout.prompt_len:] > 0
-    behaviour = rollout.behaviour_log_probs.numpy() if rollout.behaviour_log_probs is not None else None
+    per_token = {name: getattr(rollout, name).numpy() for name in ("behaviour_log_probs", "teacher_log_probs")
+                 if getattr(rollout, name) is not None}  # [N, R] each
     token_versions = rollout.token_versions.numpy() if rollout.token_versions is not None else None
     experts = rollout.experts.numpy() if rollout.experts is not None else None  # [N, P + R, layers, k]
     end = rollout.end_rewards.numpy()
@@ -60,8 +61,8 @@ def ledger_rows(step: int, rollout, ppo) -> List[dict]:
                "policy_token": mask[i][attention[i]].astype(int).tolist(),
                "reward": float(end[i]), "reward_parts": parts, "sampling": sampling, **(
                    {"judges": judges} if judges else {})}
-        if behaviour is not None:
-            row["behaviour_log_probs"] = [float(x) for x in behaviour[i][mask[i]]]
+        for name, values in per_token.items():  # each policy token's
+            row[name] = [float(x) for x in values[i][mask[i]]]
         if token_versions is not None:  # partial rollouts: the version of each policy token
             row["token_versions"] = token_versions[i][mask[i]].tolist()
         if experts is not None:  # MoE routing replay: each prompt and response token's experts, [layers][k] each

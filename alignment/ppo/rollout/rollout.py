@@ -46,6 +46,7 @@ class Rollout:
     sample_ids: Optional[List[str]] = None  # "batch:row" of each row in the prompt stream (the rollout ledger)
     versions: Optional[List[int]] = None  # asynchronous RL: the policy version that sampled each row
     behaviour_log_probs: Optional[paddle.Tensor] = None  # [N, R] asynchronous RL: the sampler's log-probs
+    teacher_log_probs: Optional[paddle.Tensor] = None  # [N, R] distillation: the teacher's (teacher.py's score)
     token_versions: Optional[paddle.Tensor] = None  # [N, R] int64 partial rollouts: the version that drew each token
     reward_rows: Optional[List[dict]] = None  # each row's reward parts (the rollout ledger)
     prompt_groups: Optional[paddle.Tensor] = None  # [N] int64 micro-batches sharing prompts: see micro_batch

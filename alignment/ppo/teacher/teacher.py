@@ -2,13 +2,16 @@
 source of the teacher's numbers (`LocalTeacher`: a model in this process; `ServedTeacher`: an OpenAI-style server,
 openai_client.py) and a registered loss (distill.py), so the trainer never asks which it has.
 
-Each step, on the training ranks (also of an asynchronous run): `score` takes the teacher's log-prob of every
-response token (logged as distill/reverse_kl, written to the ledger) and, from a server, its top-k; with
-`sampled_kl`, `add_advantages` adds distill_coeff x -(log p_old - log p_teacher) to the estimator's advantages;
-with the other losses, `student_pass` computes the student's logits once per micro-batch and returns the
-per-token divergence the objective adds (objective.py), with a local teacher's logits of the same micro-batch.
-`models(phase)` says which of its models each phase of the trainer uses (offload moves them), `sampler` wraps the
-trainer's sampler (GKD's mix), `sources` and `annotate` add to the rollout ledger.
+Its seam with the trainer is this class's six members, one per place of the step's recipe:
+- building: `sampler` wraps the trainer's sampler (GKD's mix of on- and off-policy answers), `estimator` wraps the
+  advantage estimator (sampled_kl's per-token term; the old log-probs always scored), `sources` adds to the
+  rollout ledger's sources.json;
+- each phase: `models(phase)` names the teacher's models the phase uses (offload moves them);
+- score: `score` puts the teacher's log-prob of every response token on the rollout (`Rollout.teacher_log_probs`:
+  logged as distill/reverse_kl, written to the ledger, read by sampled_kl's advantages) and, from a server, keeps
+  its top-k;
+- update: `student_pass` computes the student's logits once per micro-batch and returns the per-token divergence
+  the objective adds (objective.py), with a local teacher's logits of the same micro-batch.
 """
 from __future__ import annotations
 
@@ -49,7 +52,6 @@ def real_tokens(input_ids: np.ndarray, attention_mask: np.ndarray) -> List[Tuple
 
 class NoTeacher:
     model = None
-    needs_old_log_probs = False
 
     def models(self, phase: str) -> tuple:
         """The teacher's models that a phase of the trainer uses ("generate", "score", "train"; "frozen": every
@@ -59,8 +61,9 @@ class NoTeacher:
     def score(self, rollout, step: int) -> Dict[str, float]:
         return {}
 
-    def add_advantages(self, rollout) -> None:
-        pass
+    def estimator(self, inner):
+        """The advantage estimator the trainer uses: `inner` (estimators.py), or it with the teacher's term."""
+        return inner
 
     def student_pass(self, actor, batch, temperature: float, entropy_grad: bool):
         """(log-probs [n, R], entropies [n, R], (distill_coeff, divergence [n, R]) or None) of a micro-batch."""
@@ -68,9 +71,6 @@ class NoTeacher:
                                                 temperature, with_entropy=True, response_index=batch.response_index,
                                                 prompt_groups=batch.prompt_groups, entropy_grad=entropy_grad)
         return log_probs, entropy, None
-
-    def annotate(self, rows: List[dict], rollout) -> List[dict]:
-        return rows
 
     def sources(self) -> dict:
         return {}
@@ -143,12 +143,10 @@ class Teacher(NoTeacher):
         self.source, self.args, self.ppo, self.train_args = source, distill_args, ppo, train_args
         self.loss = distill_args.loss()
         self.model = getattr(source, "model", None)
-        self.needs_old_log_probs = True  # distill/reverse_kl and sampled_kl's advantage read them at score time
         self.phase_models = {"frozen": (self.model,), "score": (self.model,),
                              "generate": (self.model,) if distill_args.seq_kd else (),  # it samples answers
                              "train": (self.model,) if not self.loss.as_advantage and self.model is not None
                              else ()}  # its logits of each micro-batch
-        self.rows: Optional[np.ndarray] = None
 
     def models(self, phase: str) -> tuple:
         return self.phase_models[phase]
@@ -156,20 +154,19 @@ class Teacher(NoTeacher):
     @paddle.no_grad()
     def score(self, rollout, step: int) -> Dict[str, float]:
         start = time.perf_counter()
-        self.log_probs = self.source.token_log_probs(rollout, self.ppo, self.train_args, step)  # [N, R]
+        teacher = rollout.teacher_log_probs = self.source.token_log_probs(rollout, self.ppo, self.train_args,
+                                                                           step)  # [N, R]
         mask = rollout.response_mask
         out = {"time/teacher": time.perf_counter() - start,
-               "distill/teacher_log_prob": float(rl.masked_mean(self.log_probs, mask))}
+               "distill/teacher_log_prob": float(rl.masked_mean(teacher, mask))}
         if rollout.old_log_probs is not None:  # the sampled tokens' reverse KL, per token
-            out["distill/reverse_kl"] = float(rl.masked_mean(rollout.old_log_probs - self.log_probs, mask))
+            out["distill/reverse_kl"] = float(rl.masked_mean(rollout.old_log_probs - teacher, mask))
         if getattr(self.source, "retries", None) is not None:  # a served teacher's
             out["distill/teacher_retries"] = float(self.source.retries)
         return out
 
-    def add_advantages(self, rollout) -> None:
-        if self.loss.as_advantage:
-            rollout.advantages = rollout.advantages + self.args.distill_coeff * sampled_kl_advantages(
-                rollout.old_log_probs, self.log_probs, rollout.response_mask)  # [N, R]
+    def estimator(self, inner):
+        return TeacherAdvantages(inner, self.args.distill_coeff if self.loss.as_advantage else None)
 
     def student_pass(self, actor, batch, temperature: float, entropy_grad: bool):
         if self.loss.as_advantage:
@@ -190,16 +187,32 @@ class Teacher(NoTeacher):
             return inner
         return MixedSampler(inner, self.args, self.model, max_length, self.ppo.max_new_tokens)
 
-    def annotate(self, rows: List[dict], rollout) -> List[dict]:
-        """The ledger rows with each policy token's teacher log-prob."""
-        values, mask = self.log_probs.numpy(), rollout.response_mask.numpy() > 0
-        for i, row in enumerate(rows):
-            row["teacher_log_probs"] = [float(x) for x in values[i][mask[i]]]
-        return rows
-
     def sources(self) -> dict:
         return {**self.source.sources(), "distill_loss": self.args.distill_loss, "distill_coeff":
                 self.args.distill_coeff, "beta": self.args.beta, "lmbda": self.args.lmbda}
+
+
+class TeacherAdvantages:
+    """An advantage estimator (estimators.py) as a teacher changes it: its traits are the inner one's, except that
+    the rollout's old log-probs are always scored (distill/reverse_kl reads them); with sampled_kl (coeff not None)
+    the advantages gain coeff x -(log p_old - log p_teacher) per token."""
+
+    uses_old_log_probs = True
+
+    def __init__(self, inner, coeff: Optional[float]):
+        self.inner, self.coeff = inner, coeff
+
+    def __getattr__(self, name: str):  # needs_critic, critic_returns, min_group_size, ...
+        if name == "inner":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __call__(self, rollout, ppo, reduce_sum):
+        advantages, returns = self.inner(rollout, ppo, reduce_sum)  # [N, R] each
+        if self.coeff is not None:
+            advantages = advantages + self.coeff * sampled_kl_advantages(
+                rollout.old_log_probs, rollout.teacher_log_probs, rollout.response_mask)  # [N, R]
+        return advantages, returns
 
 
 def make_teacher(distill_args, ppo, train_args, model=None, endpoint=None):
