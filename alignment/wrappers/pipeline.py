@@ -90,10 +90,36 @@ class TiedEmbedding(nn.Layer):
         input_ids, attention_mask = args
         return F.embedding(input_ids, self.weight), attention_mask
 
+    def logits(self, hidden):
+        return paddle.matmul(hidden, self.weight, transpose_y=True)  # [b, s, vocab]
 
-def tied_lm_head(embedding: TiedEmbedding, hidden):
-    """The last stage's use of the shared table: normed hidden [b, s, h] -> logits [b, s, vocab]."""
-    return paddle.matmul(hidden, embedding.weight, transpose_y=True).astype("float32")
+
+class VocabSplitTiedEmbedding(nn.Layer):
+    """TiedEmbedding under tensor parallelism: each rank's table is its vocabulary slice [V/n, h] (fleet's
+    VocabParallelEmbedding, as EmbeddingStage's), and the head's logits are that slice's [b, s, V/n], as the
+    column-parallel head's are. SharedLayerDesc pairs each rank with the same tensor-parallel rank of the other
+    stage, so the slices it syncs are the same slice."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.table = tp.embedding(config.vocab_size, config.hidden_size, config.tensor_parallel_degree)
+
+    @property
+    def weight(self):  # SharedLayerDesc's shared_weight_attr
+        return self.table.weight
+
+    def forward(self, args):
+        input_ids, attention_mask = args
+        return self.table(input_ids), attention_mask
+
+    def logits(self, hidden):
+        return tp.vocab_logits(hidden, self.weight)  # [b, s, V/n]; the hidden state's gradient summed over ranks
+
+
+def tied_lm_head(embedding, hidden):
+    """The last stage's use of the shared table: normed hidden [b, s, h] -> logits [b, s, vocab (this rank's
+    slice under tensor parallelism)]."""
+    return embedding.logits(hidden).astype("float32")
 
 
 class NormStage(nn.Layer):
@@ -245,9 +271,6 @@ def load_pipeline_model(config_class, path: str, head: str, num_stages: int, los
 def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn):
     """A PipelineLayer holding this rank's stage of the model at `path` (head 'causal' or 'score')."""
     tied = config.tie_word_embeddings and head == "causal"
-    if tied and config.tensor_parallel_degree > 1:
-        raise ValueError(f"{path}: tie_word_embeddings models are not supported under pipeline and tensor "
-                         "parallelism together yet; use one of them")
     check_tensor_split(config.tensor_parallel_degree, config, f"{path}/config.json")
     if config.moe is not None and config.moe.output_router_logits:  # the stages' losses have no auxiliary term
         raise ValueError(f"{path}/config.json: key 'output_router_logits' true (the load-balancing loss) is not "
@@ -257,8 +280,9 @@ def build_pipeline_model(config, path: str, head: str, num_stages: int, loss_fn)
 
     decoders = [LayerDesc(DecoderStage, config, index) for index in range(config.num_hidden_layers)]
     if tied:
-        layers = [SharedLayerDesc("embed", TiedEmbedding, None, "weight", config), *decoders,
-                  LayerDesc(NormStage, config), SharedLayerDesc("embed", TiedEmbedding, tied_lm_head, "weight", config)]
+        table = TiedEmbedding if config.tensor_parallel_degree == 1 else VocabSplitTiedEmbedding
+        layers = [SharedLayerDesc("embed", table, None, "weight", config), *decoders,
+                  LayerDesc(NormStage, config), SharedLayerDesc("embed", table, tied_lm_head, "weight", config)]
     else:
         layers = [LayerDesc(EmbeddingStage, config), *decoders,
                   LayerDesc(CausalHeadStage if head == "causal" else ScoreHeadStage, config)]
