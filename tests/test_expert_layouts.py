@@ -6,8 +6,9 @@ routing replay), the loss with the load-balancing term, every gradient and the w
 one process's within 1e-5 of each tensor's largest magnitude (as tests/test_layouts.py); the checkpoint saved under
 ep=2 is whole (the HF layout: it loads in one process), read from the one-process checkpoint. SFT through its entry
 point under ep2 and ep2 x dp2 (the load-balancing loss on, an evaluation at the end) and DPO under ep2 log and save
-what one process does; a step checkpoint written under ep2 resumes in one process; an RL run and experts that do
-not split are refused in one line. Marked `parallel`."""
+what one process does; a step checkpoint written under ep2 resumes in one process; RLOO and PPO under ep2 log and
+save what one process does; rollout ranks with expert parallelism and experts that do not split are refused in one
+line. Marked `parallel`."""
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from alignment.models import LlamaForCausalLM
 from alignment.models.score_model import ScoreModel
 from tests.helpers import REPO, read_metrics
 from tests.scripts.ep_step import BATCH, batch, named_gradients, optimizer, step
+from tests.test_layouts import rl_args, rl_run_matches
 
 pytestmark = pytest.mark.parallel
 
@@ -205,13 +207,40 @@ def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_proce
         assert_close(y.numpy(), x.numpy(), f"weight {key}")
 
 
-def test_an_rl_run_and_experts_that_do_not_split_are_refused_in_one_line(moe_sft_model, tiny_reward_dir, tmp_path):
+@pytest.fixture(scope="module")
+def moe_rl_model(moe_sft_model, tmp_path_factory):
+    """moe_sft_model without the load-balancing loss: an update's micro-batches are drawn from each rank's rows,
+    so the ranks' micro-batches together are other rows than one process's, and the loss, a product of counts and
+    probabilities over a micro-batch's tokens, differs with the grouping under any data-parallel layout."""
+    path = tmp_path_factory.mktemp("moe-rl") / "model"
+    shutil.copytree(moe_sft_model, path)
+    config = json.load(open(path / "config.json"))
+    config.update(output_router_logits=False)
+    json.dump(config, open(path / "config.json", "w"))
+    return str(path)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "gae"])
+def test_an_rl_run_under_expert_parallelism_equals_one_process(moe_rl_model, tiny_reward_dir, tmp_path, estimator):
+    """RLOO and PPO with a critic (3 steps, 8 rollouts a step) under ep2: the actor, the reference and the critic
+    expert-parallel, rollouts decoded by a whole copy refreshed each step."""
+    one = tmp_path / "one"
+    done = subprocess.run([sys.executable, *rl_args(estimator, moe_rl_model, tiny_reward_dir, 1, one)], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, logs = rl_run_matches(one, tmp_path, (moe_rl_model, tiny_reward_dir), estimator, "ep2", 2,
+                             ["--expert_parallel_degree", "2"], 2)
+    assert "experts split over 2" in logs
+
+
+def test_rollout_ranks_and_experts_that_do_not_split_are_refused_in_one_line(moe_sft_model, tiny_reward_dir,
+                                                                             tmp_path):
     ppo = [os.path.join(REPO, "alignment", "ppo", "run_ppo.py"), os.path.join(REPO, "config", "tiny",
                                                                               "ppo_argument.json"),
            "--actor_model_name_or_path", moe_sft_model, "--reward_model_name_or_path", tiny_reward_dir,
-           "--output_dir", str(tmp_path / "ppo"), "--expert_parallel_degree", "2"]
-    logs = launch(tmp_path / "logs-ppo", ppo, 2, expect_ok=False)
-    assert "error: key 'expert_parallel_degree': RL runs decode rollouts" in logs and "Traceback" not in logs
+           "--output_dir", str(tmp_path / "ppo"), "--expert_parallel_degree", "2", "--rollout_ranks", "1"]
+    logs = launch(tmp_path / "logs-ppo", ppo, 3, expect_ok=False)
+    assert "error: key 'expert_parallel_degree' with rollout_ranks > 0" in logs and "Traceback" not in logs
     logs = launch(tmp_path / "logs-sft", sft_args(moe_sft_model) + ["--expert_parallel_degree", "3", "--output_dir",
                                                                     str(tmp_path / "sft")], 3, expect_ok=False)
     assert "4 experts are not divisible by expert_parallel_degree 3 (key 'expert_parallel_degree')" in logs

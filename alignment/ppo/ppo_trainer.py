@@ -87,7 +87,8 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1  # sharding stage 3: decoding reads whole weights
-        self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or (
+        experts_split = self.actor.config.expert_parallel_degree > 1  # each rank decodes its own lengths
+        self.generation_copy = WholeCopy(self.actor, LlamaForCausalLM) if pipelined or experts_split or (
             split and ppo_args.eval_mode == "single") or self.policy.sharding.slices_parameters else None
         ds.check_layout(ppo_args, data_world_size(), pipelined)
         if pipelined:

@@ -126,9 +126,9 @@ def train(argv, ppo_class=PPOArguments) -> dict:
     """Parse the arguments (PPO's under `ppo_class`: PPOArguments, or the distillation entry point's
     DistillPPOArguments, which also require a teacher), then load, build, run: train, save, summarise."""
     parsed = setup.parse_arguments(argv, *argument_classes(ppo_class))
-    if parsed[-1].layout.expert > 1:
-        setup.fail("key 'expert_parallel_degree': RL runs decode rollouts, and expert-parallel ranks would have to "
-                   "decode in step (not built yet); use it with sft, rm or dpo, or set it to 1")
+    if parsed[-1].layout.expert > 1 and parsed[5].asynchronous:  # the training ranks' forwards are collectives
+        setup.fail("key 'expert_parallel_degree' with rollout_ranks > 0: rollout ranks are not part of the "
+                   "expert-parallel groups (not built); set one of them to 0 / 1")
     if parsed[6].lora_adapters:  # LoRAArguments: several adapters on one base (ppo/multi_adapter.py)
         from alignment.ppo.multi_adapter import train_adapters
 

@@ -1,5 +1,6 @@
 """eval_mode 'single': generate with a whole copy of a tensor- or pipeline-parallel actor (PaddleNLP's
-export_evaluate_model); under sharding stage 3 too. Under pipeline parallelism the critic's old values come from a
+export_evaluate_model); under sharding stage 3 and expert parallelism too (an expert-parallel model's every
+forward is a collective of its group, so ranks that decode rollouts of their own lengths decode with every expert). Under pipeline parallelism the critic's old values come from a
 whole copy too.
 
 Token-by-token decoding under tensor parallelism pays collectives at every layer of every token; a whole copy on
@@ -12,6 +13,7 @@ import dataclasses
 
 import paddle
 
+from alignment.models.moe import whole_experts
 from alignment.models.weights_digest import set_policy_version
 from alignment.parallel import sharded
 from alignment.parallel import tensor_parallel as tp
@@ -22,7 +24,7 @@ class WholeCopy:
     counterpart is `cls` (LlamaForCausalLM / ScoreModel)."""
 
     def __init__(self, model, cls=None):
-        config = dataclasses.replace(model.config, tensor_parallel_degree=1)
+        config = dataclasses.replace(model.config, tensor_parallel_degree=1, expert_parallel_degree=1)
         self.model = (cls or type(model))(config)
         for param in self.model.parameters():
             param.stop_gradient = True
@@ -41,6 +43,8 @@ class WholeCopy:
                 for name, param in source.named_parameters():
                     value = sharded.whole_value(param)
                     own[name].set_value(tp.gather_along(value, param.split_axis) if tp.is_split(param) else value)
+                for name, tensor in whole_experts(source).items():  # expert parallelism: the group's experts
+                    own[name].set_value(tensor)
             self.version = version
             set_policy_version(self.model, version)
         return self.model
