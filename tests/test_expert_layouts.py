@@ -166,33 +166,41 @@ def moe_score_model(moe_sft_model, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("stage, layout", [("sft", "ep2"), ("sft", "ep2xdp2"), ("dpo", "ep2"), ("rm", "ep2")])
+ENTRY_LAYOUTS = {"ep2": (2, []), "ep2xdp2": (4, []),  # name: (processes, flags besides expert_parallel_degree 2)
+                 "ep2xsharding2": (4, ["--sharding", "stage1", "--sharding_parallel_degree", "2"])}
+
+
+@pytest.mark.parametrize("stage, layout", [("sft", "ep2"), ("sft", "ep2xdp2"), ("sft", "ep2xsharding2"),
+                                           ("dpo", "ep2"), ("rm", "ep2")])
 def test_the_supervised_stages_under_expert_parallelism_equal_one_process(moe_sft_model, moe_score_model, tmp_path,
                                                                           stage, layout):
     """4 samples a step (answers of different lengths on each rank; SFT with the load-balancing loss in its loss,
     DPO with an expert-parallel reference model too, the reward model on the MoE backbone), an evaluation at the
-    end."""
-    processes, start = LAYOUTS[layout], moe_score_model if stage == "rm" else moe_sft_model
+    end. Under sharding stage1 each expert-parallel group takes one rank of each sharding group, whose ranks hold
+    the same experts and split their AdamW states."""
+    (processes, flags), start = ENTRY_LAYOUTS[layout], moe_score_model if stage == "rm" else moe_sft_model
     subprocess.run([sys.executable, *stage_args(stage, start), "--per_device_train_batch_size", "4",
                     "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
     logs = launch(tmp_path / "logs", stage_args(stage, start) + [
-        "--per_device_train_batch_size", str(4 // processes), "--expert_parallel_degree", "2",
+        "--per_device_train_batch_size", str(4 // processes), "--expert_parallel_degree", "2", *flags,
         "--output_dir", str(tmp_path / layout)], processes)
     assert "experts split over 2" in logs
     assert_same_run(tmp_path / "one", tmp_path / layout, STAGES[stage][3], start,
                     ScoreModel if stage == "rm" else LlamaForCausalLM)
 
 
-def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_process(moe_sft_model, tmp_path):
-    """checkpoint-2 of an ep2 SFT run (every expert's weights and AdamW states gathered) resumed by one process
-    ends like the one-process run that never stopped."""
+@pytest.mark.parametrize("layout", ["ep2", "ep2xsharding2"])
+def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_process(moe_sft_model, tmp_path, layout):
+    """checkpoint-2 of an SFT run under ep2 or ep2 x sharding stage1 (every expert's weights and AdamW states
+    gathered) resumed by one process ends like the one-process run that never stopped."""
+    processes, flags = ENTRY_LAYOUTS[layout]
     subprocess.run([sys.executable, *sft_args(moe_sft_model), "--per_device_train_batch_size", "4",
                     "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
-    launch(tmp_path / "logs", sft_args(moe_sft_model) + ["--per_device_train_batch_size", "2", "--save_steps", "2",
-                                                         "--expert_parallel_degree", "2", "--output_dir",
-                                                         str(tmp_path / "ep2")], 2)
+    launch(tmp_path / "logs", sft_args(moe_sft_model) + [
+        "--per_device_train_batch_size", str(4 // processes), "--save_steps", "2", "--expert_parallel_degree", "2",
+        *flags, "--output_dir", str(tmp_path / layout)], processes)
     (tmp_path / "resumed").mkdir()
-    shutil.copytree(tmp_path / "ep2" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    shutil.copytree(tmp_path / layout / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
     done = subprocess.run([sys.executable, *sft_args(moe_sft_model), "--per_device_train_batch_size", "4",
                            "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "auto"],
                           cwd=REPO, capture_output=True, text=True)
@@ -220,16 +228,18 @@ def moe_rl_model(moe_sft_model, tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("estimator", ["rloo", "gae"])
-def test_an_rl_run_under_expert_parallelism_equals_one_process(moe_rl_model, tiny_reward_dir, tmp_path, estimator):
-    """RLOO and PPO with a critic (3 steps, 8 rollouts a step) under ep2: the actor, the reference and the critic
-    expert-parallel, rollouts decoded by a whole copy refreshed each step."""
+@pytest.mark.parametrize("estimator, layout", [("rloo", "ep2"), ("gae", "ep2"), ("rloo", "ep2xsharding2")])
+def test_an_rl_run_under_expert_parallelism_equals_one_process(moe_rl_model, tiny_reward_dir, tmp_path, estimator,
+                                                               layout):
+    """RLOO and PPO with a critic (3 steps, 8 rollouts a step) under ep2 (and RLOO under ep2 x sharding stage1):
+    the actor, the reference and the critic expert-parallel, rollouts decoded by a whole copy refreshed each step."""
     one = tmp_path / "one"
     done = subprocess.run([sys.executable, *rl_args(estimator, moe_rl_model, tiny_reward_dir, 1, one)], cwd=REPO,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    _, logs = rl_run_matches(one, tmp_path, (moe_rl_model, tiny_reward_dir), estimator, "ep2", 2,
-                             ["--expert_parallel_degree", "2"], 2)
+    processes, flags = ENTRY_LAYOUTS[layout]
+    _, logs = rl_run_matches(one, tmp_path, (moe_rl_model, tiny_reward_dir), estimator, layout, processes,
+                             ["--expert_parallel_degree", "2", *flags], processes)
     assert "experts split over 2" in logs
 
 

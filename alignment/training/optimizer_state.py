@@ -51,7 +51,10 @@ def whole_optimizer_state(model, optimizer) -> Dict[str, np.ndarray]:
             local[f"{name}{SEPARATOR}{key}"] = tensor.numpy()
     if split_optimizer_states():
         group = hybrid_group()
-        contributes = group.get_data_parallel_rank() == 0 and group.get_model_parallel_rank() == 0
+        # the first data rank of each sharding rank (with expert parallelism the first expert-parallel group's,
+        # which holds every expert)
+        contributes = group.get_data_parallel_rank() < expert_parallel_degree() and \
+            group.get_model_parallel_rank() == 0
     elif expert_parallel_degree() > 1:
         contributes = rank() < expert_parallel_degree()  # the first expert-parallel group holds every expert
     else:
