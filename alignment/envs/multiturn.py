@@ -42,6 +42,8 @@ class Trajectory:
     num_turns: int = 0  # assistant turns given to the environment (a turn cut by the budget is not)
     truncated: bool = False  # ended by max_turns or the token budget rather than by the environment
     error: Optional[str] = None  # isolate_failures: the EnvironmentFailure that ended the episode
+    experts: Optional[List[np.ndarray]] = None  # MoE routing replay: per fed token of input_ids (all but the last,
+    # sampled and never fed), the [sparse layers, k] experts the sampler routed it to (keep_experts)
 
     @property
     def reward(self) -> float:
@@ -123,7 +125,8 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
                        config: GenerationConfig, max_turns: int, max_total_tokens: int,
                        log_prob_temperature: float = 1.0, max_length: Optional[int] = None,
                        row_seeds: Optional[Sequence[Sequence[int]]] = None, workers: int = 16,
-                       schedule: str = "continuous", isolate_failures: bool = False) -> List[Trajectory]:
+                       schedule: str = "continuous", isolate_failures: bool = False,
+                       keep_experts: bool = False) -> List[Trajectory]:
     """Run one episode per (environment, row) with `model` (LlamaForCausalLM) and return their Trajectories.
 
     config: the sampler (do_sample, temperature, top-k/p, repetition penalty, eos_token_id, pad_token_id);
@@ -139,7 +142,9 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
     several give the same trajectories); None: paddle's generator for the whole batch. workers: environment
     steps (and resets) run at once; schedule: a SCHEDULES name. isolate_failures: an EnvironmentFailure of one
     row's reset or step ends that row's episode alone (its Trajectory's `error`; one failed in reset holds no
-    tokens) and the other rows go on; else it is raised.
+    tokens) and the other rows go on; else it is raised. keep_experts: an MoE model's record of the experts each
+    fed token was routed to goes on its Trajectory (`experts`), each token's from the forward that fed it: a turn's
+    last token and the observation after it from the next turn's prefill.
     """
     if len(envs) != len(rows) or not rows:
         raise ValueError(f"multi_turn_rollout: {len(envs)} environments for {len(rows)} rows (one each, >= 1)")
@@ -188,6 +193,8 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
                     engine.release(row.seq)
                 else:
                     engine.resume(row.seq, observation)
+        for row in batch if keep_experts and engine.routing else ():
+            row.trajectory.experts = list(row.seq.experts)  # one per token of input_ids but the last
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     return [row if isinstance(row, Trajectory) else row.trajectory for row in every]
@@ -265,11 +272,14 @@ def _apply_step(row: _Row, result: StepResult, tokenizer, max_turns: int) -> Opt
     return observation
 
 
-def pad_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Dict[str, Any]:
+def pad_trajectories(trajectories: Sequence[Trajectory], pad_id: int,
+                     experts_shape: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """Trajectories as one batch in the single-turn rollout layout (prompts left-padded to the widest P, what
     follows right-padded to the longest R): numpy arrays input_ids, attention_mask [N, P + R]; response_mask
     [N, R] (1 on every token after the prompt: turns, observations, template text), action_mask and log_probs
-    [N, R] (the policy's tokens only); prompt_len P."""
+    [N, R] (the policy's tokens only); prompt_len P. experts_shape (sparse layers, k): also experts
+    [N, P + R, layers, k], each Trajectory's record in its tokens' columns, -1 where none is (padding, the last
+    token, an episode without a record)."""
     width_p = max(t.prompt_len for t in trajectories)
     width_r = max(1, max(len(t.input_ids) - t.prompt_len for t in trajectories))
     n = len(trajectories)
@@ -284,4 +294,11 @@ def pad_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> Dict[st
         out["response_mask"][i, :r] = 1
         out["action_mask"][i, :r] = t.action_mask[p:]
         out["log_probs"][i, :r] = t.log_probs[p:]
+    if experts_shape is not None:
+        out["experts"] = np.full([n, width_p + width_r, *experts_shape], -1, dtype="int64")
+        for i, t in enumerate(trajectories):
+            record = (t.experts or [])[: len(t.input_ids)]  # an episode cut mid-turn (a failure) fed more
+            if record:
+                start = width_p - t.prompt_len
+                out["experts"][i, start: start + len(record)] = np.stack(record)
     return out

@@ -5,8 +5,9 @@ Without replay the sampler and the trainer each route every token for themselves
 between them (float rounding at the sampler, weights moved by an update or by asynchrony) makes the ratio compare
 two routings as well as two policies. Rollout routing replay (R3; Ma et al. 2025, "Stabilizing MoE Reinforcement
 Learning by Aligning Training and Inference Routers"; verl's router replay) records the sampler's choices (generate's
-GenerationOutput.experts, kept as Rollout.experts [N, P + R, sparse layers, k]) and routes the trainer's passes over
-the rollout (the old log-probs and the update) to them; the gate's probabilities still weigh the chosen experts, so
+GenerationOutput.experts, or a multi-turn episode's Trajectory.experts: its prompt, turns and observations; kept as
+Rollout.experts [N, P + R, sparse layers, k]) and routes the trainer's passes over the rollout (the old log-probs
+and the update) to them; the gate's probabilities still weigh the chosen experts, so
 the router keeps its gradient. The reference model routes for itself.
 """
 from __future__ import annotations

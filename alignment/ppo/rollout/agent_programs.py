@@ -29,7 +29,7 @@ from alignment.envs.formats import tool_call_format
 from alignment.gateway.episodes import AgentEpisode, CurrentGateway, capped_sampler, play_episodes
 from alignment.ppo.rollout.fault_policy import attempt_seed, play_with_retries
 from alignment.ppo.rollout.episodes import (environment_row, episode_metrics, episode_record, episode_rollout,
-                                            prompt_only)
+                                            prompt_only, routing_shape)
 from alignment.ppo.rollout.samplers import Draw, Episodes, SingleTurn
 
 
@@ -45,8 +45,8 @@ def load_agent(spec: str):
 class Agents(Episodes):
     """The sampler strategy of an `agent` run (samplers.py's interface)."""
 
-    def __init__(self, ppo, max_length: int, collate_prompts, env_args):
-        super().__init__(ppo, max_length, collate_prompts, env_args)
+    def __init__(self, ppo, max_length: int, collate_prompts, env_args, keep_experts: bool = False):
+        super().__init__(ppo, max_length, collate_prompts, env_args, keep_experts)
         self.spec, self.agent = env_args.agent, load_agent(env_args.agent)
         self.fmt = tool_call_format(env_args.environment_args.get("format", "hermes"))
         self.key = secrets.token_urlsafe(24)
@@ -86,9 +86,11 @@ class Agents(Episodes):
             return episodes
 
         episodes, retries = play_with_retries(play, len(rows), self.env_args.episode_retries)
-        return self._rollout(episodes, retries, sessions, draw, tokenizer)
+        return self._rollout(episodes, retries, sessions, draw, tokenizer,
+                             routing_shape(actor) if self.keep_experts else None)
 
-    def _rollout(self, episodes: List[AgentEpisode], retries: List[int], sessions: dict, draw: Draw, tokenizer):
+    def _rollout(self, episodes: List[AgentEpisode], retries: List[int], sessions: dict, draw: Draw, tokenizer,
+                 experts_shape=None):
         failed = [e for e in episodes if e.error is not None]
         if failed and not self.reported:
             print(f"agent {self.spec!r}: episode {failed[0].session_id} failed: {failed[0].error} (later failures "
@@ -103,6 +105,8 @@ class Agents(Episodes):
         for episode, item in zip(episodes, items):
             session = sessions[episode.session_id]
             trajectory = session.sample if session.samples else prompt_only(item)
+            if experts_shape is not None and session.samples:  # the live sample: its sequence fed its tokens
+                trajectory.experts = list(session.seq.experts)
             if episode.error is None and trajectory.turn_rewards:
                 trajectory.turn_rewards[-1] = episode.reward
             trajectory.error = episode.error  # the trainer drops its group (fault_policy.py)
@@ -110,7 +114,8 @@ class Agents(Episodes):
             records.append({"calls": session.calls, "prefix_breaks": session.prefix_breaks,
                             "agent_error": episode.error})
         rollout = episode_rollout(trajectories, items, tokenizer.pad_token_id, draw.log_prob_temperature is not None,
-                                  self.env_args.env_reward_weight if self.env_args.per_turn_rewards else None)
+                                  self.env_args.env_reward_weight if self.env_args.per_turn_rewards else None,
+                                  experts_shape)
         for episode, extra, count in zip(rollout.episodes, records, retries):
             episode.update(extra, retries=count)
         return rollout
@@ -128,10 +133,10 @@ class Agents(Episodes):
 
 def make_sampler(ppo, max_length: int, collate_prompts, env_args=None, keep_experts: bool = False):
     """The run's sampler strategy: samplers.SingleTurn, samplers.Episodes (an environment's) or Agents (an agent
-    program's, through the gateway); keep_experts: single-turn rollouts carry an MoE sampler's expert choices
-    (routing_replay.py; the arguments refuse replay with an environment)."""
+    program's, through the gateway); keep_experts: the rollouts carry an MoE sampler's expert choice for each token
+    (routing_replay.py)."""
     if env_args is not None and env_args.agent is not None:
-        return Agents(ppo, max_length, collate_prompts, env_args)
+        return Agents(ppo, max_length, collate_prompts, env_args, keep_experts)
     if env_args is not None and env_args.multi_turn:
-        return Episodes(ppo, max_length, collate_prompts, env_args)
+        return Episodes(ppo, max_length, collate_prompts, env_args, keep_experts)
     return SingleTurn(ppo, max_length, collate_prompts, keep_experts)

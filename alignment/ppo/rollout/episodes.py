@@ -13,7 +13,7 @@ last token (`Rollout.turn_rewards`, read by the token-level estimators).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -21,6 +21,7 @@ import paddle
 from alignment.envs.base import Environment, EnvironmentFailure, make_environment
 from alignment.envs.multiturn import (Trajectory, environment_row, final_answer,  # noqa: F401 (agents.py's)
                                      multi_turn_rollout, pad_trajectories)
+from alignment.models.moe import moe_blocks
 from alignment.ppo.rollout.fault_policy import attempt_seed, play_with_retries
 from alignment.ppo.rollout.rollout import Rollout
 
@@ -42,13 +43,15 @@ def build_environments(env_args, count: int) -> List[Environment]:
 @paddle.no_grad()
 def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args, max_length: int,
                     num_return_sequences: int = 1, row_seeds: Optional[List[List[int]]] = None,
-                    log_prob_temperature: Optional[float] = None, keep_failed: bool = False) -> Rollout:
+                    log_prob_temperature: Optional[float] = None, keep_failed: bool = False,
+                    keep_experts: bool = False) -> Rollout:
     """One episode per (item, return sequence), rows of one item contiguous, as a Rollout. config: the
     GenerationConfig of one turn; row_seeds: each row's own sampling seed (see multi_turn_rollout);
     log_prob_temperature: set old_log_probs from the sampling pass (None leaves them unset). An episode whose
     environment fails is played again with a fresh one up to episode_retries times (fault_policy.py); one that
     still fails is, with keep_failed, the prompt alone with its record's "error" set (the trainer drops its
-    group), else its EnvironmentFailure raised."""
+    group), else its EnvironmentFailure raised. keep_experts: an MoE actor's expert choice per token on the
+    rollout (Rollout.experts, in the columns of input_ids; routing_replay.py)."""
     rows = [environment_row(item) for item in items for _ in range(num_return_sequences)]
     row_items = [item for item in items for _ in range(num_return_sequences)]
     budget = env_args.max_trajectory_tokens or max_length
@@ -61,7 +64,7 @@ def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args
         return multi_turn_rollout(actor, tokenizer, build_environments(env_args, len(indices)),
                                   [rows[i] for i in indices], config, env_args.max_turns, budget,
                                   log_prob_temperature or 1.0, max_length, seeds, env_args.env_workers, schedule,
-                                  isolate_failures=True)
+                                  isolate_failures=True, keep_experts=keep_experts)
 
     trajectories, retries = play_with_retries(play, len(rows), env_args.episode_retries)
     failed = next((t.error for t in trajectories if t.error is not None), None)
@@ -69,7 +72,8 @@ def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args
         raise EnvironmentFailure(f"{failed} (after {env_args.episode_retries} retries, key 'episode_retries')")
     trajectories = [t if t.error is None else prompt_only(item, t.error) for t, item in zip(trajectories, row_items)]
     rollout = episode_rollout(trajectories, row_items, config.pad_token_id, log_prob_temperature is not None,
-                              env_args.env_reward_weight if env_args.per_turn_rewards else None)
+                              env_args.env_reward_weight if env_args.per_turn_rewards else None,
+                              routing_shape(actor) if keep_experts else None)
     for record, count in zip(rollout.episodes, retries):
         record["retries"] = count
     return rollout
@@ -82,11 +86,19 @@ def prompt_only(item: Mapping, error: Optional[str] = None) -> Trajectory:
     return Trajectory(ids, [0] * len(ids), [0.0] * len(ids), len(ids), [], [], [], {}, error=error)
 
 
+def routing_shape(actor) -> Optional[Tuple[int, int]]:
+    """(sparse layers, k) of an MoE actor's routing record; None for a dense one."""
+    blocks = moe_blocks(actor)
+    return (len(blocks), blocks[0].settings.top_k) if blocks else None
+
+
 def episode_rollout(trajectories: Sequence[Trajectory], items: Sequence[Mapping], pad_id: int,
-                    with_log_probs: bool, per_turn_weight: Optional[float] = None) -> Rollout:
+                    with_log_probs: bool, per_turn_weight: Optional[float] = None,
+                    experts_shape: Optional[Tuple[int, int]] = None) -> Rollout:
     """The trajectories (one per item) as a Rollout; per_turn_weight: set turn_rewards [N, R] (each turn's
-    environment reward times the weight, on its last token)."""
-    batch = pad_trajectories(trajectories, pad_id)
+    environment reward times the weight, on its last token); experts_shape (sparse layers, k): set experts
+    [N, P + R, layers, k] from the trajectories' records (pad_trajectories)."""
+    batch = pad_trajectories(trajectories, pad_id, experts_shape)
     turn_rewards = None
     if per_turn_weight is not None:
         turn_rewards = np.zeros(batch["action_mask"].shape, dtype="float32")  # [N, R]
@@ -104,7 +116,8 @@ def episode_rollout(trajectories: Sequence[Trajectory], items: Sequence[Mapping]
         labels={"answer": [item.get("answer") for item in items]},
         old_log_probs=paddle.to_tensor(batch["log_probs"]) if with_log_probs else None,  # [N, R]
         turn_rewards=turn_rewards,
-        episodes=[episode_record(t) for t in trajectories])
+        episodes=[episode_record(t) for t in trajectories],
+        experts=paddle.to_tensor(batch["experts"]) if experts_shape is not None else None)  # [N, P + R, layers, k]
 
 
 def episode_record(trajectory: Trajectory) -> Dict:

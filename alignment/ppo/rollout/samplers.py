@@ -69,8 +69,8 @@ class Episodes(SingleTurn):
     episodes. An episode still failing after its retries is kept with its error (the trainer drops its group;
     an evaluation scores its empty answer)."""
 
-    def __init__(self, ppo, max_length: int, collate_prompts: Callable, env_args):
-        super().__init__(ppo, max_length, collate_prompts)
+    def __init__(self, ppo, max_length: int, collate_prompts: Callable, env_args, keep_experts: bool = False):
+        super().__init__(ppo, max_length, collate_prompts, keep_experts)
         self.env_args = env_args
 
     def config(self, base: GenerationConfig, draw: Draw) -> GenerationConfig:
@@ -84,7 +84,8 @@ class Episodes(SingleTurn):
             positions = range(len(draw.items)) if draw.positions is None else draw.positions
             seeds = [[draw.seed, p * draw.n + s] for p in positions for s in range(draw.n)]
         return sample_episodes(actor, tokenizer, draw.items, self.config(base, draw), self.env_args,
-                               self.max_length, draw.n, seeds, draw.log_prob_temperature, keep_failed=True)
+                               self.max_length, draw.n, seeds, draw.log_prob_temperature, keep_failed=True,
+                               keep_experts=self.keep_experts)
 
     @staticmethod
     def metrics(rollout) -> dict:
