@@ -29,3 +29,18 @@ def test_a_family_under_a_layout_equals_one_process(family, layout, tiny_model_d
     assert done.returncode == 0, done.stderr[-3000:]
     processes, flags, data_degree = LAYOUTS[layout]
     rl_run_matches(one, tmp_path, (actor, tiny_reward_dir), "rloo", layout, processes, flags, data_degree)
+
+
+def test_moe_routing_replay_through_pipeline_stages_equals_one_process(tiny_model_dir, tiny_reward_dir, tmp_path):
+    """RLOO on tiny Qwen3-MoE with moe_routing_replay 'rollout' and two update passes (the second routes with moved
+    weights, where replay decides) under pp2 x dp2: the recorded experts travel with the hidden states from stage to
+    stage and each sparse layer routes to its column, as the one-process run's actor does."""
+    actor = family_checkpoint("qwen3_moe", tiny_model_dir, str(tmp_path / "qwen3_moe"), num_hidden_layers=4)
+    replay = ["--moe_routing_replay", "rollout", "--update_iters", "2"]
+    one = tmp_path / "one"
+    done = subprocess.run([sys.executable, *rl_args("rloo", actor, tiny_reward_dir, 1, one), *replay], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    processes, flags, data_degree = LAYOUTS["pp2xdp2"]
+    rl_run_matches(one, tmp_path, (actor, tiny_reward_dir), "rloo", "pp2xdp2", processes, flags + replay,
+                   data_degree)

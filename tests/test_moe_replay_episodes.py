@@ -248,12 +248,12 @@ def test_replay_with_a_compiled_decode_step_is_refused_in_one_line(moe_dir, tmp_
     assert run_program(lambda: run_ppo.main(single_turn)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: "), err
-    assert ("key 'moe_routing_replay' needs 'rollout_decode': 'eager' and pipeline_parallel_degree 1 (a compiled "
-            "static decode step records no routing; pipeline stages do not replay it)") in err
+    assert ("key 'moe_routing_replay' needs 'rollout_decode': 'eager' (a compiled static decode step records no "
+            "routing)") in err
     assert not (tmp_path / "out").exists()
 
 
-def test_replay_is_accepted_with_an_environment_and_still_refused_under_pipeline_parallelism():
+def test_replay_is_accepted_with_an_environment_and_under_pipeline_parallelism():
     from types import SimpleNamespace
 
     from alignment.config.ppo import PPOArguments
@@ -262,6 +262,6 @@ def test_replay_is_accepted_with_an_environment_and_still_refused_under_pipeline
     environment = SimpleNamespace(multi_turn=True)
     ppo = PPOArguments(moe_routing_replay="rollout")
     ppo.validate_with(model, data, environment)
-    with pytest.raises(ValueError, match="key 'moe_routing_replay' needs 'rollout_decode': 'eager' and "
-                                         "pipeline_parallel_degree 1"):
-        ppo.validate_with(model, data, environment, SimpleNamespace(pipeline_parallel_degree=2))
+    ppo.validate_with(model, data, environment, SimpleNamespace(pipeline_parallel_degree=2))
+    with pytest.raises(ValueError, match="key 'moe_routing_replay' needs 'rollout_decode': 'eager'"):
+        PPOArguments(moe_routing_replay="rollout", rollout_decode="static").validate_with(model, data, environment)

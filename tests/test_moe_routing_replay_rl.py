@@ -173,7 +173,7 @@ def test_the_ledger_keeps_each_tokens_experts_and_a_replayed_step_equals_the_run
 @pytest.mark.parametrize("extra, message", [
     (["--moe_routing_replay", "always"], "key 'moe_routing_replay' must be one of ('none', 'rollout'), got 'always'"),
     (["--moe_routing_replay", "rollout", "--rollout_decode", "static"],
-     "key 'moe_routing_replay' needs 'rollout_decode': 'eager' and pipeline_parallel_degree 1"),
+     "key 'moe_routing_replay' needs 'rollout_decode': 'eager' (a compiled static decode step records no routing)"),
 ])
 def test_bad_replay_settings_are_one_line_and_exit_2(moe_dir, tmp_path, capsys, extra, message):
     assert run_program(lambda: tiny_run(tmp_path / "out", "grpo_argument.json", moe_dir, *extra)) == 2

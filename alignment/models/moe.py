@@ -122,6 +122,15 @@ class MoeBlock(nn.Layer):
             out = out + self.shared_experts(flat)
         return out.reshape([b, s, hidden])
 
+    @contextlib.contextmanager
+    def replaying(self, choices: paddle.Tensor):
+        """Forwards inside route their tokens to choices [tokens, k] (-1: the token's own) instead of the top-k."""
+        self.replay = choices
+        try:
+            yield
+        finally:
+            self.replay = self.own_choice = None
+
     def local_experts(self) -> dict:
         """{global expert index: its layer} of the experts this rank holds (all of them without parallelism)."""
         if self.group is None:

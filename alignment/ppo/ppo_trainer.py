@@ -94,7 +94,8 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         if pipelined:
             check_pipeline_run(ppo_args, train_args, rollouts, data.ptx)
             self.micro_batches = PipelineMicroBatches(self.actor, models.critic, ppo_args, train_args,
-                                                      self.precision, self.policy.optimizer.get_lr)
+                                                      self.precision, self.policy.optimizer.get_lr,
+                                                      self.routing.records)
         critic_copy = WholeCopy(models.critic, ScoreModel) if pipelined and models.critic is not None else None
         returns_of = functools.partial(self.estimator.critic_returns, ppo=ppo_args) if (  # its values: the old ones
             one_step and self.estimator.critic_returns is not None) else None

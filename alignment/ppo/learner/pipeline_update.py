@@ -86,8 +86,9 @@ class PipelineMicroBatches:
     """update.py's strategy for pipeline models: one optimizer step's micro-batches (per_device_train_batch_size
     rows each) as one 1F1B run of gradient_accumulation_steps micro-batches."""
 
-    def __init__(self, actor, critic, ppo_args, train_args, precision, lr):
+    def __init__(self, actor, critic, ppo_args, train_args, precision, lr, replay: bool = False):
         self.actor, self.critic, self.ppo, self.args = actor, critic, ppo_args, train_args
+        self.replay = replay  # MoE routing replay: the actor's stages route to the rollout's recorded experts
         self.precision, self.lr = precision, lr  # lr(): the actor's learning rate
         self.actor_pipe = fleet.distributed_model(actor)
         self.critic_pipe = fleet.distributed_model(critic) if critic is not None else None
@@ -103,7 +104,8 @@ class PipelineMicroBatches:
         weight = paddle.full([len(batch), 1], ranks * accum / max(total, 1e-12), dtype="float32")  # [n, 1]:
         # fleet slices every label along a second axis
         inputs = (batch.input_ids, batch.attention_mask)
-        stats = pipeline_step(self.actor_pipe, inputs, (
+        replayed = (*inputs, batch.experts) if self.replay and batch.experts is not None else inputs
+        stats = pipeline_step(self.actor_pipe, replayed, (
             batch.input_ids[:, batch.prompt_len:], batch.old_log_probs, batch.advantages,
             batch.response_mask, batch.ref_log_probs, weight), self.actor._loss_fn[0], accum, scaler)
         stats["lr"] = self.lr()
