@@ -150,6 +150,15 @@ def test_bad_rope_scaling_is_a_value_error_naming_the_key(scaling, fragment):
     assert fragment in str(err.value)
 
 
+def test_mistral_sliding_window_shorter_than_the_positions_is_refused_naming_the_key():
+    shape = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+                 model_type="mistral", max_position_embeddings=32768)
+    with pytest.raises(ValueError, match="^key 'sliding_window' 4096: sliding-window attention is not supported"):
+        LlamaConfig.from_dict(dict(shape, sliding_window=4096))  # Mistral 7B v0.1
+    assert LlamaConfig.from_dict(dict(shape, sliding_window=None)).model_type == "mistral"  # v0.3
+    assert LlamaConfig.from_dict(dict(shape, model_type="qwen2", sliding_window=4096)).model_type == "qwen2"  # off
+
+
 def with_config(key, value):
     """generate.py on a copy of the tiny model whose config.json has `key` set to `value`."""
     def build(t, m):

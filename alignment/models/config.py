@@ -122,6 +122,11 @@ class LlamaConfig:
         check_rope_scaling(data.get("rope_scaling"))
         if data.pop("use_sliding_window", False):
             raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+        window = data.get("sliding_window") if data.get("model_type") == "mistral" else None  # Mistral: on if set
+        if window is not None and window < data.get("max_position_embeddings", window + 1):
+            raise ValueError(f"key 'sliding_window' {window}: sliding-window attention is not supported (attention "
+                             f"here is full, so sequences over {window} tokens would differ); set it to null if "
+                             "your sequences stay within it")
         data = family_keys(data)
         names = {f.name for f in dataclasses.fields(cls)} - set(RUNTIME_FIELDS)
         known = {k: v for k, v in data.items() if k in names}
