@@ -71,35 +71,34 @@ def init_distributed(layout=None) -> None:
     fleet.init(is_collective=True, strategy=strategy)
     _hybrid = fleet.get_hybrid_communicate_group()
     if layout.expert > 1:  # with sharding stage1 (layout.plan refuses the other hybrid layouts)
-        _start_expert_groups(layout.expert, layout.sharding)
+        _start_expert_groups(layout.expert)
 
 
-def _start_expert_groups(degree: int, sharding: int = 1) -> None:
-    """Expert-parallel groups of `degree` ranks, each splitting the experts among its ranks, and expert-data groups
-    of the ranks holding the same experts, over which those experts' gradients are averaged. Without sharding the
-    groups are consecutive ranks ([0, 1], [2, 3] for degree 2 on 4 processes; expert-data [0, 2], [1, 3]). With
-    sharding stage1 (fleet's rank = data index x sharding + sharding index) a group takes one rank of every
-    sharding group ([0, 2], [1, 3] for sharding 2), so the ranks of a sharding group hold the same experts and
-    its optimizer's broadcasts stay among copies of one tensor (expert-data [0, 1], [2, 3]). Every rank creates
-    every group, in one order."""
+def _start_expert_groups(degree: int) -> None:
+    """Expert-parallel groups of `degree` ranks, each splitting the experts among its ranks: consecutive ranks of
+    one data-parallel line (the ranks that differ only in their data index: [0, 1], [2, 3] for degree 2 on 4
+    processes; [0, 2], [1, 3] under sharding 2, fleet numbering ranks data-major). Expert-data groups of the ranks
+    holding the same experts (the same place in their group, any sharding index: [0, 2], [1, 3]; under sharding
+    [0, 1], [2, 3]), over which those experts' gradients are averaged, so a sharding group's ranks hold the same
+    experts and its optimizer's broadcasts stay among copies of one tensor. Every rank creates every group, in one
+    order."""
     global _expert_groups
     if not paddle.is_compiled_with_cuda():
         from alignment.parallel import cpu_standins
 
         cpu_standins.install()  # a private rendezvous store per gloo group (groups created back to back)
     world, me = world_size(), rank()
-    blocks = world // sharding // degree  # expert-parallel groups per sharding index
-
-    def member(block: int, position: int, shard: int) -> int:
-        return (block * degree + position) * sharding + shard
-
-    experts = [dist.new_group([member(b, j, s) for j in range(degree)]) for s in range(sharding)
-               for b in range(blocks)]
-    data = [dist.new_group([member(b, j, s) for b in range(blocks) for s in range(sharding)])
-            for j in range(degree)] if world > degree else []
+    experts, holders = {}, {}  # key: ranks (ascending, so a group's rank is the place in it)
+    for r in range(world):
+        coord = _hybrid.topology().get_coord(r)._asdict() if _hybrid is not None else {"data": r}
+        others = tuple((axis, index) for axis, index in coord.items() if axis not in ("data", "sharding"))
+        experts.setdefault((others, coord.get("sharding", 0), coord["data"] // degree), []).append(r)
+        holders.setdefault((others, coord["data"] % degree), []).append(r)
+    groups = {key: dist.new_group(ranks) for key, ranks in experts.items()}
+    data = {key: dist.new_group(ranks) for key, ranks in holders.items()} if world > degree else {}
     dist.barrier()
-    shard, position = me % sharding, (me // sharding) % degree
-    _expert_groups = (experts[shard * blocks + me // sharding // degree], data[position] if data else None)
+    mine = lambda table: next(key for key, ranks in table.items() if me in ranks)  # noqa: E731
+    _expert_groups = (groups[mine(experts)], data[mine(holders)] if data else None)
 
 
 def expert_parallel_group():
