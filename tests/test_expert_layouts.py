@@ -166,38 +166,48 @@ def moe_score_model(moe_sft_model, tmp_path_factory):
     return path
 
 
-ENTRY_LAYOUTS = {"ep2": (2, []), "ep2xdp2": (4, []),  # name: (processes, flags besides expert_parallel_degree 2)
-                 "ep2xsharding2": (4, ["--sharding", "stage1", "--sharding_parallel_degree", "2"])}
+ENTRY_LAYOUTS = {  # name: (processes, data ranks, flags besides expert_parallel_degree 2)
+    "ep2": (2, 2, []), "ep2xdp2": (4, 4, []),
+    "ep2xsharding2": (4, 4, ["--sharding", "stage1", "--sharding_parallel_degree", "2"]),
+    "ep2xpp2": (4, 2, ["--pipeline_parallel_degree", "2"])}
 
 
 @pytest.mark.parametrize("stage, layout", [("sft", "ep2"), ("sft", "ep2xdp2"), ("sft", "ep2xsharding2"),
-                                           ("dpo", "ep2"), ("rm", "ep2")])
-def test_the_supervised_stages_under_expert_parallelism_equal_one_process(moe_sft_model, moe_score_model, tmp_path,
-                                                                          stage, layout):
+                                           ("sft", "ep2xpp2"), ("dpo", "ep2"), ("rm", "ep2")])
+def test_the_supervised_stages_under_expert_parallelism_equal_one_process(moe_sft_model, moe_rl_model, moe_score_model,
+                                                                          tmp_path, stage, layout):
     """4 samples a step (answers of different lengths on each rank; SFT with the load-balancing loss in its loss,
     DPO with an expert-parallel reference model too, the reward model on the MoE backbone), an evaluation at the
     end. Under sharding stage1 each expert-parallel group takes one rank of each sharding group, whose ranks hold
-    the same experts and split their AdamW states."""
-    (processes, flags), start = ENTRY_LAYOUTS[layout], moe_score_model if stage == "rm" else moe_sft_model
+    the same experts and split their AdamW states; under pipeline parallelism (which refuses the load-balancing
+    loss) each stage's experts are split over the data ranks of that stage."""
+    processes, ranks, flags = ENTRY_LAYOUTS[layout]
+    start = moe_score_model if stage == "rm" else moe_rl_model if "pp2" in layout else moe_sft_model
+    keys = tuple(key for key in STAGES[stage][3] if not ("pp2" in layout and key.startswith("moe/")))
     subprocess.run([sys.executable, *stage_args(stage, start), "--per_device_train_batch_size", "4",
                     "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
     logs = launch(tmp_path / "logs", stage_args(stage, start) + [
-        "--per_device_train_batch_size", str(4 // processes), "--expert_parallel_degree", "2", *flags,
+        "--per_device_train_batch_size", str(4 // ranks), "--expert_parallel_degree", "2", *flags,
         "--output_dir", str(tmp_path / layout)], processes)
     assert "experts split over 2" in logs
-    assert_same_run(tmp_path / "one", tmp_path / layout, STAGES[stage][3], start,
+    layers = 2 if "pp2" in layout else 4  # a pipeline stage holds half the layers
+    assert all(f"experts {held} of 4 in each of its {layers} sparse layers" in logs for held in ("0-1", "2-3"))
+    assert_same_run(tmp_path / "one", tmp_path / layout, keys, start,
                     ScoreModel if stage == "rm" else LlamaForCausalLM)
 
 
-@pytest.mark.parametrize("layout", ["ep2", "ep2xsharding2"])
-def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_process(moe_sft_model, tmp_path, layout):
-    """checkpoint-2 of an SFT run under ep2 or ep2 x sharding stage1 (every expert's weights and AdamW states
-    gathered) resumed by one process ends like the one-process run that never stopped."""
-    processes, flags = ENTRY_LAYOUTS[layout]
+@pytest.mark.parametrize("layout", ["ep2", "ep2xsharding2", "ep2xpp2"])
+def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_process(moe_sft_model, moe_rl_model,
+                                                                                   tmp_path, layout):
+    """checkpoint-2 of an SFT run under ep2, ep2 x sharding stage1 or ep2 x pp2 (every expert's weights and AdamW
+    states gathered) resumed by one process ends like the one-process run that never stopped."""
+    processes, ranks, flags = ENTRY_LAYOUTS[layout]
+    if "pp2" in layout:  # pipelines refuse the load-balancing loss
+        moe_sft_model = moe_rl_model
     subprocess.run([sys.executable, *sft_args(moe_sft_model), "--per_device_train_batch_size", "4",
                     "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
     launch(tmp_path / "logs", sft_args(moe_sft_model) + [
-        "--per_device_train_batch_size", str(4 // processes), "--save_steps", "2", "--expert_parallel_degree", "2",
+        "--per_device_train_batch_size", str(4 // ranks), "--save_steps", "2", "--expert_parallel_degree", "2",
         *flags, "--output_dir", str(tmp_path / layout)], processes)
     (tmp_path / "resumed").mkdir()
     shutil.copytree(tmp_path / layout / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
@@ -208,7 +218,7 @@ def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_proce
     assert [r["step"] for r in read_metrics(tmp_path / "resumed") if "loss" in r] == [3]
     one = [r for r in read_metrics(tmp_path / "one") if r["step"] == 3 and "loss" in r]
     resumed = [r for r in read_metrics(tmp_path / "resumed") if "loss" in r]
-    for key in ("loss", "grad_norm", "moe/aux_loss"):
+    for key in ("loss", "grad_norm") + (("moe/aux_loss",) if "pp2" not in layout else ()):
         np.testing.assert_allclose(resumed[0][key], one[0][key], rtol=1e-5, err_msg=key)
     for (key, x), y in zip(LlamaForCausalLM.from_pretrained(str(tmp_path / "one" / "model")).named_parameters(),
                            LlamaForCausalLM.from_pretrained(str(tmp_path / "resumed" / "model")).parameters()):
@@ -228,7 +238,8 @@ def moe_rl_model(moe_sft_model, tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("estimator, layout", [("rloo", "ep2"), ("gae", "ep2"), ("rloo", "ep2xsharding2")])
+@pytest.mark.parametrize("estimator, layout", [("rloo", "ep2"), ("gae", "ep2"), ("rloo", "ep2xsharding2"),
+                                               ("rloo", "ep2xpp2")])
 def test_an_rl_run_under_expert_parallelism_equals_one_process(moe_rl_model, tiny_reward_dir, tmp_path, estimator,
                                                                layout):
     """RLOO and PPO with a critic (3 steps, 8 rollouts a step) under ep2 (and RLOO under ep2 x sharding stage1):
@@ -237,9 +248,9 @@ def test_an_rl_run_under_expert_parallelism_equals_one_process(moe_rl_model, tin
     done = subprocess.run([sys.executable, *rl_args(estimator, moe_rl_model, tiny_reward_dir, 1, one)], cwd=REPO,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    processes, flags = ENTRY_LAYOUTS[layout]
+    processes, ranks, flags = ENTRY_LAYOUTS[layout]
     _, logs = rl_run_matches(one, tmp_path, (moe_rl_model, tiny_reward_dir), estimator, layout, processes,
-                             ["--expert_parallel_degree", "2", *flags], processes)
+                             ["--expert_parallel_degree", "2", *flags], ranks)
     assert "experts split over 2" in logs
 
 

@@ -80,6 +80,7 @@ class MoeBlock(nn.Layer):
             self.experts = nn.LayerDict({str(e): SwiGLU(config.hidden_size, moe.expert_size) for e in mine})
             for param in self.experts.parameters():
                 param.expert_parallel = True  # gradients averaged over the ranks holding the same experts
+                param.no_sync = True  # fleet's start-up broadcast over data ranks skips it (Paddle's MoE mark)
         self.moe_statics = ScoreCorrection(moe.num_experts) if moe.score_correction else None
         self.shared_experts = SwiGLU(config.hidden_size, moe.shared_size, config.mlp_bias) if moe.shared_size else None
         self.dense = False  # the reference path (every expert on every token)
@@ -219,6 +220,16 @@ def whole_experts(model: nn.Layer) -> dict:
         out.update({f"{prefix}experts.{name}": tensor
                     for name, tensor in gather_experts(block.local_experts(), block.group).items()})
     return out
+
+
+def held_experts(model: nn.Layer) -> str:
+    """What this rank holds of an expert-parallel model's experts, for the log ('' without expert parallelism)."""
+    blocks = _parallel_blocks(model)
+    if not blocks:
+        return ""
+    mine = sorted(blocks[0][1].local_experts())
+    return f"experts {mine[0]}-{mine[-1]} of {blocks[0][1].settings.num_experts} in each of its {len(blocks)} " \
+           "sparse layers"
 
 
 def experts_elsewhere(model: nn.Layer) -> set:

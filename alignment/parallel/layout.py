@@ -6,8 +6,9 @@ Ranks in one tensor-parallel group hold slices of the same model and see the sam
 ranks see different data (sharding also splits the optimizer states among its ranks, stage 2 the gradients too,
 stage 3 the parameters too: alignment/training/sharding.py). Expert parallelism (expert_parallel_degree, MoE
 models) splits each sparse layer's experts over groups of that many data ranks, which exchange tokens
-(alignment/parallel/expert_parallel.py); it divides the data-parallel degree, and with sharding stage1 each group
-takes one rank of every sharding group, so a sharding group's ranks hold the same experts. Everything is checked
+(alignment/parallel/expert_parallel.py); it divides the data-parallel degree, and a group takes ranks that differ
+only in their data index (so a sharding group's ranks hold the same experts, and a pipeline stage's experts are
+split among that stage's ranks). Everything is checked
 by `plan()` before any model is loaded, so a wrong layout fails in a second with the keys to change.
 """
 from __future__ import annotations
@@ -63,10 +64,10 @@ def plan(args, world: int) -> Layout:
                              "offload the sharded optimizer states with offload_level 'optimizer')")
         raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")
     expert = getattr(args, "expert_parallel_degree", 1)
-    if expert > 1 and (tp > 1 or pp > 1 or stage not in ("", "stage1")):
-        raise ValueError(f"key 'expert_parallel_degree' {expert} runs over data parallelism and sharding stage1 "
-                         "only (not built with tensor / pipeline parallelism or sharding stage2/3 yet); set "
-                         "tensor_parallel_degree and pipeline_parallel_degree to 1 and sharding to '' or 'stage1'")
+    if expert > 1 and (tp > 1 or stage not in ("", "stage1")):
+        raise ValueError(f"key 'expert_parallel_degree' {expert} runs with data and pipeline parallelism and "
+                         "sharding stage1 (not built with tensor parallelism or sharding stage2/3 yet); set "
+                         "tensor_parallel_degree to 1 and sharding to '' or 'stage1'")
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} does not divide the world "
                          f"size {world} (processes started by paddle.distributed.launch)")
@@ -88,9 +89,10 @@ def plan(args, world: int) -> Layout:
         if args.fp16:
             raise ValueError(f"key 'sharding' {stage!r} with fp16: the loss scaling of sharding stage2/3 is not "
                              "built; use bf16, or sharding stage1")
-    if expert > 1 and (world // sharding) % expert:  # each expert-parallel group within one sharding rank's
-        raise ValueError(f"key 'expert_parallel_degree' {expert} does not divide the data-parallel degree "
-                         f"{world // sharding} (processes started by paddle.distributed.launch"
-                         f"{f' / sharding_parallel_degree {sharding}' if sharding > 1 else ''})")
+    data = world // (tp * pp * sharding)
+    if expert > 1 and data % expert:  # each expert-parallel group within one line of data-parallel ranks
+        raise ValueError(f"key 'expert_parallel_degree' {expert} does not divide the data-parallel degree {data} "
+                         "(processes started by paddle.distributed.launch / the tensor, pipeline and sharding "
+                         "degrees)")
     return Layout(world, tp, pp, sharding, stage, micro_batch_size=args.per_device_train_batch_size,
                   accumulate_steps=args.gradient_accumulation_steps, expert=expert)

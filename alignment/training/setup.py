@@ -251,15 +251,17 @@ def load_trained_model(head: str, path: str, layout: Layout, lora_args, pipe_los
     when the layout has pipeline stages, else the whole model with LoRA adapters when `lora_args.lora` is on
     (`trainable`: what trains besides the adapters). The arguments' validation refuses LoRA with pipelines."""
     from alignment.models.lora import with_lora
+    from alignment.models.moe import held_experts
     from alignment.wrappers.pipeline import load_pipeline_model
 
     if getattr(lora_args, "lora_adapters", None):  # several adapters a run: the SFT and RL stages
         raise ValueError("key 'lora_adapters' is for SFT and RL: this stage trains one adapter a run ('lora': true)")
     config_class, model_class = _model_classes(head)
-    if layout.pipeline > 1:
-        return load_pipeline_model(config_class, path, head, layout.pipeline, pipe_loss, **config)
-    model = model_class.from_pretrained(path, **config)
-    return with_lora(model, lora_args, trainable)
+    model = load_pipeline_model(config_class, path, head, layout.pipeline, pipe_loss, **config) \
+        if layout.pipeline > 1 else with_lora(model_class.from_pretrained(path, **config), lora_args, trainable)
+    if held_experts(model):  # every rank's log says which experts it trains
+        print(f"rank {launcher.rank()}: {held_experts(model)}")
+    return model
 
 
 def load_frozen_model(head: str, path: str):
@@ -288,10 +290,8 @@ def datasets_line(unit: str, train, evaluation) -> str:
 
 def load_raw(data_args, seed: int, argument_dir: Optional[str]):
     """(train, eval or None) raw datasets from the argument specs; user modules are imported first (relative
-    paths from `argument_dir`).
-
-    Bad specs or files raise DataFormatError / FileNotFoundError / ValueError: call it inside `user_errors()`.
-    """
+    paths from `argument_dir`). Bad specs or files raise DataFormatError / FileNotFoundError / ValueError: call it
+    inside `user_errors()`."""
     import_user_modules(data_args.user_dataset_modules, base_dir=argument_dir)
     options = data_args.dataset_options()
     train = MixedRawDataset(data_args.train_datasets, seed=seed, options=options)

@@ -24,6 +24,7 @@ from alignment.fileio import atomic_directory
 from alignment.models import checkpoint as ckpt
 from alignment.models.config import check_tensor_split
 from alignment.models.llama import init_weights
+from alignment.models.moe import whole_experts
 from alignment.models.normalizer import load_normalizer, make_normalizer
 from alignment.models.tokenizer import copy_tokenizer_files
 from alignment.parallel import tensor_parallel as tp
@@ -83,6 +84,8 @@ class PipelineModel:
         hcg = fleet.get_hybrid_communicate_group()
         group = hcg.get_pipe_parallel_group()
         own = {name: (tp.full_tensor(p) if tp.is_split(p) else p.detach()) for name, p in self.hf_names().items()}
+        own.update({hf_name(name, self.config.num_hidden_layers): tensor  # expert parallelism: the group's experts
+                    for name, tensor in whole_experts(self).items()})
         if getattr(self, "_stage_shapes", None) is None:  # which stage holds what: exchanged once
             self._stage_shapes = []
             shapes = {name: (list(t.shape), str(t.dtype).replace("paddle.", "")) for name, t in own.items()}
@@ -145,13 +148,15 @@ def is_last_stage() -> bool:
 
 
 def load_pipeline_model(config_class, path: str, head: str, num_stages: int, loss_fn=None, **config_overrides):
-    """build_pipeline_model for the checkpoint at `path`, split over this run's tensor-parallel degree."""
-    from alignment.parallel.distributed import model_parallel_degree
+    """build_pipeline_model for the checkpoint at `path`, split over this run's tensor-parallel degree (and an MoE
+    model's experts over its expert-parallel degree)."""
+    from alignment.parallel.distributed import expert_parallel_degree, model_parallel_degree
 
     config = config_class.from_pretrained(path)
     for key, value in config_overrides.items():
         setattr(config, key, value)
     config.tensor_parallel_degree = model_parallel_degree()
+    config.expert_parallel_degree = expert_parallel_degree()
     return build_pipeline_model(config, path, head, num_stages, loss_fn if loss_fn is not None else LastStage())
 
 
