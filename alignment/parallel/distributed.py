@@ -70,18 +70,18 @@ def init_distributed(layout=None) -> None:
         cpu_standins.install()  # before fleet.init: one of the stand-ins is how gloo groups are created
     fleet.init(is_collective=True, strategy=strategy)
     _hybrid = fleet.get_hybrid_communicate_group()
-    if layout.expert > 1:  # with sharding stage1 (layout.plan refuses the other hybrid layouts)
+    if layout.expert > 1:  # with pipelines or sharding stage1 (layout.plan refuses the other hybrid layouts)
         _start_expert_groups(layout.expert)
 
 
 def _start_expert_groups(degree: int) -> None:
     """Expert-parallel groups of `degree` ranks, each splitting the experts among its ranks: consecutive ranks of
     one data-parallel line (the ranks that differ only in their data index: [0, 1], [2, 3] for degree 2 on 4
-    processes; [0, 2], [1, 3] under sharding 2, fleet numbering ranks data-major). Expert-data groups of the ranks
-    holding the same experts (the same place in their group, any sharding index: [0, 2], [1, 3]; under sharding
-    [0, 1], [2, 3]), over which those experts' gradients are averaged, so a sharding group's ranks hold the same
-    experts and its optimizer's broadcasts stay among copies of one tensor. Every rank creates every group, in one
-    order."""
+    processes; [0, 2], [1, 3] under sharding 2 or pipeline 2, fleet numbering ranks data-major). Expert-data groups
+    of the ranks holding the same experts (the same place in their group and pipeline stage, any sharding index:
+    [0, 2], [1, 3]; under sharding [0, 1], [2, 3]), over which those experts' gradients are averaged, so a sharding
+    group's ranks hold the same experts and its optimizer's broadcasts stay among copies of one tensor. Every rank
+    creates every group, in one order."""
     global _expert_groups
     if not paddle.is_compiled_with_cuda():
         from alignment.parallel import cpu_standins
