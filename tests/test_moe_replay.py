@@ -11,6 +11,7 @@ import pytest
 from alignment.models import GenerationConfig, LlamaForCausalLM, generate
 from alignment.models.logprobs import answer_token_loss
 from alignment.models.moe import moe_blocks, moe_training_terms, replayed_routing, router_aux_loss, routing_of
+from alignment.models.static_decode import StaticDecoder
 from alignment.ppo.rollout.rollout import response_log_probs
 from alignment.sft.sft_trainer import SupervisedTrainer
 
@@ -41,6 +42,19 @@ def test_the_record_covers_every_fed_token_and_nothing_else(name):
     fed[np.arange(2), last] = False
     np.testing.assert_array_equal(recorded, fed)
     assert ((experts < 0).all(axis=(2, 3)) | (experts >= 0).all(axis=(2, 3))).all()
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_the_compiled_decode_step_records_the_experts_the_layers_do(name):
+    """rollout_decode static: the compiled step (dense experts inside the program) returns the same record."""
+    model = LlamaForCausalLM.from_pretrained(os.path.join(FIXTURES, name))
+    ids = paddle.to_tensor(np.random.RandomState(5).randint(1, 100, size=(2, 10)).astype("int64"))
+    config = GenerationConfig(max_new_tokens=8, do_sample=False)
+    eager = generate(model, ids, paddle.ones_like(ids), config)
+    static = generate(model, ids, paddle.ones_like(ids), config, static=StaticDecoder(model))
+    np.testing.assert_array_equal(static.sequences.numpy(), eager.sequences.numpy())
+    assert (eager.experts.numpy()[:, :-1] >= 0).all()
+    np.testing.assert_array_equal(static.experts.numpy(), eager.experts.numpy())
 
 
 @pytest.mark.parametrize("name", MOE)

@@ -240,19 +240,6 @@ def test_an_agent_program_records_and_replays_the_same_routing_as_the_environmen
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def test_replay_with_a_compiled_decode_step_is_refused_in_one_line(moe_dir, tmp_path, capsys):
-    args = run_args(tmp_path / "out", moe_dir, "grpo", "--moe_routing_replay", "rollout")
-    i = args.index("--environment")
-    single_turn = args[:i] + ["--environment", ""] + args[i + 2:] + ["--reward_funcs", "arithmetic",
-                                                                     "--rollout_decode", "static"]
-    assert run_program(lambda: run_ppo.main(single_turn)) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: "), err
-    assert ("key 'moe_routing_replay' needs 'rollout_decode': 'eager' (a compiled static decode step records no "
-            "routing)") in err
-    assert not (tmp_path / "out").exists()
-
-
 def test_replay_is_accepted_with_an_environment_and_under_pipeline_parallelism():
     from types import SimpleNamespace
 
@@ -263,5 +250,3 @@ def test_replay_is_accepted_with_an_environment_and_under_pipeline_parallelism()
     ppo = PPOArguments(moe_routing_replay="rollout")
     ppo.validate_with(model, data, environment)
     ppo.validate_with(model, data, environment, SimpleNamespace(pipeline_parallel_degree=2))
-    with pytest.raises(ValueError, match="key 'moe_routing_replay' needs 'rollout_decode': 'eager'"):
-        PPOArguments(moe_routing_replay="rollout", rollout_decode="static").validate_with(model, data, environment)

@@ -170,10 +170,21 @@ def test_the_ledger_keeps_each_tokens_experts_and_a_replayed_step_equals_the_run
     assert "tensors differ from the run's" in capsys.readouterr().out
 
 
+def test_with_the_compiled_decode_step_the_ledger_holds_every_fed_tokens_experts(moe_dir, tmp_path):
+    """rollout_decode static: the compiled step returns each row's experts, so replay needs no eager decoding; one
+    optimizer step over the rollout starts exactly on policy."""
+    out = tiny_run(tmp_path / "run", "grpo_argument.json", moe_dir, "--per_device_prompt_batch_size", "2",
+                   "--num_return_sequences", "2", "--per_device_train_batch_size", "4", "--update_iters", "1",
+                   "--moe_routing_replay", "rollout", "--rollout_decode", "static")
+    row = read_metrics(out)[0]
+    assert row["moe/routing_mismatch"] == 0.0 and row["clip_frac"] == 0.0
+    for line in (out / "ledger" / "steps-000001.jsonl").read_text().splitlines():
+        experts = np.asarray(json.loads(line)["experts"])
+        assert (experts[:-1] >= 0).all() and (experts[-1] == -1).all()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--moe_routing_replay", "always"], "key 'moe_routing_replay' must be one of ('none', 'rollout'), got 'always'"),
-    (["--moe_routing_replay", "rollout", "--rollout_decode", "static"],
-     "key 'moe_routing_replay' needs 'rollout_decode': 'eager' (a compiled static decode step records no routing)"),
 ])
 def test_bad_replay_settings_are_one_line_and_exit_2(moe_dir, tmp_path, capsys, extra, message):
     assert run_program(lambda: tiny_run(tmp_path / "out", "grpo_argument.json", moe_dir, *extra)) == 2

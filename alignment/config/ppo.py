@@ -314,9 +314,6 @@ class PPOArguments:
                 or teacher):
             raise ValueError("nothing gives a reward: set 'reward_model_name_or_path', 'use_rm_server', "
                              "'reward_funcs', 'environment' or 'teacher_model_name_or_path'")
-        if self.moe_routing_replay != "none" and self.rollout_decode == "static":
-            raise ValueError("key 'moe_routing_replay' needs 'rollout_decode': 'eager' (a compiled static decode "
-                             "step records no routing)")
         if self.pretrain_critic_steps and not self.uses_critic:
             raise ValueError(f"key 'pretrain_critic_steps': advantage_estimator {self.advantage_estimator!r} has no "
                              "critic to pretrain")

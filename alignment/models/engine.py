@@ -135,7 +135,9 @@ class DecodeEngine:
         self.running: List[Optional[DecodeSequence]] = [None] * slots  # the rows past them are never given out
         self.rounds = 0  # sampling rounds done
         self.version = policy_version(model)  # the key of the cache and the weight copy
-        self.routing = static is None and bool(moe_blocks(model))  # record each token's experts (MoE)
+        self.routing = bool(moe_blocks(model))  # record each token's experts (MoE)
+        # a compiled step returns its experts; the layers leave theirs on the expert blocks
+        self.step_routing = getattr(self.stepper, "step_routing", lambda: routing_of(self.model))
         self.speculator = Speculator(self, draft)  # drafts verified in one forward (speculative_step.py)
 
     # ------------------------------------------------------------------ the caller's side
@@ -326,7 +328,7 @@ class DecodeEngine:
         column, attention, position = self.cache.step_inputs(mask)
         self.logits = self.stepper.step(paddle.to_tensor(tokens), self.cache, column, attention, position)
         self.cache.after_step(mask)
-        routing = routing_of(self.model) if self.routing else None  # [slots, sparse layers, k]
+        routing = self.step_routing() if self.routing else None  # [slots, sparse layers, k]
         for seq in feeding:
             seq.experts.extend(routing[seq.slot:seq.slot + 1] if routing is not None else [])
             self.mark_fed(seq, seq.pending)

@@ -88,6 +88,7 @@ class MoeBlock(nn.Layer):
         self.router_logits: Optional[paddle.Tensor] = None  # [tokens, experts] of the last forward
         self.chosen: Optional[paddle.Tensor] = None  # [tokens, k] of the last forward
         self.own_choice: Optional[paddle.Tensor] = None  # [tokens, k] the router's own top-k under replay
+        self.trace: Optional[list] = None  # a compiled program's list its choices go to (static_decode.py)
 
     def route(self, flat):
         """flat [n, hidden] -> (router logits [n, E] float32, chosen experts [n, k] int64, their weights [n, k])."""
@@ -108,17 +109,21 @@ class MoeBlock(nn.Layer):
     def forward(self, x):
         b, s, hidden = x.shape
         flat = x.reshape([-1, hidden])
-        self.router_logits, self.chosen, weights = self.route(flat)
+        logits, chosen, weights = self.route(flat)
+        if self.trace is not None:  # inside a program being compiled: its choices become one of its outputs
+            self.trace.append(chosen)
+        else:
+            self.router_logits, self.chosen = logits, chosen
         if self.group is not None:
             if self.dense or not paddle.in_dynamic_mode():
                 raise ValueError("the dense expert path (reference, compiled programs) needs every expert on one "
                                  "rank: expert_parallel_degree 1")
-            out = parallel_experts(flat, self.chosen, weights, self.local_experts(), self.settings.num_experts,
+            out = parallel_experts(flat, chosen, weights, self.local_experts(), self.settings.num_experts,
                                    self.group)
         elif self.dense or not paddle.in_dynamic_mode():
-            out = self.dense_experts(flat, self.chosen, weights)
+            out = self.dense_experts(flat, chosen, weights)
         else:
-            out = self.sparse_experts(flat, self.chosen, weights)
+            out = self.sparse_experts(flat, chosen, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
         return out.reshape([b, s, hidden])

@@ -12,10 +12,13 @@ The cache grows by concatenation, so one set of weights serves both phases.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
+import numpy as np
 import paddle
 import paddle.nn as nn
+
+from alignment.models.moe import moe_blocks
 
 CACHE_BUCKET = 32
 
@@ -23,7 +26,8 @@ CACHE_BUCKET = 32
 class DecodeStep(nn.Layer):
     """token [b, 1], position_ids [b, 1], attention_mask [b, L], column [b] int64 (the cache column each row's
     token is written at), caches: a list of 2 x layers tensors [b, kv_heads, L, d] -> (logits [b, vocab], updated
-    list)."""
+    list, and for an MoE model the experts each row's token was routed to [b, sparse layers, k] (routing replay's
+    record; a dense model: none))."""
 
     def __init__(self, model):
         super().__init__()
@@ -31,9 +35,15 @@ class DecodeStep(nn.Layer):
 
     def forward(self, token, position_ids, attention_mask, column, caches):
         past = [(caches[2 * i], caches[2 * i + 1]) for i in range(len(caches) // 2)]
+        blocks = moe_blocks(self.model)
+        for block in blocks:
+            block.trace = []  # the program's choices, as outputs (not the blocks' attributes)
         out = self.model(token, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past,
                          use_cache=True, last_only=True, cache_column=column)
-        return out.logits[:, -1], [t for kv in out.past_key_values for t in kv]
+        routing = [paddle.stack([block.trace.pop() for block in blocks], axis=1)] if blocks else []  # [b, layers, k]
+        for block in blocks:
+            block.trace = None
+        return out.logits[:, -1], [t for kv in out.past_key_values for t in kv], *routing
 
 
 class CachedForward(nn.Layer):
@@ -71,6 +81,10 @@ class StaticDecoder:
         self.model = model
         self.step_layer = DecodeStep(model)
         self._compiled: Dict[Tuple[int, int], object] = {}
+        self.routing: Optional[np.ndarray] = None  # MoE: the last step's experts [slots, sparse layers, k]
+
+    def step_routing(self) -> Optional[np.ndarray]:
+        return self.routing
 
     def cache_width(self, prompt_width: int, max_new_tokens: int) -> int:
         """The cache width for prompts of up to `prompt_width` tokens: rounded up so nearby widths share a
@@ -95,6 +109,8 @@ class StaticDecoder:
     def step(self, token, cache, column, mask, position):
         """The engine's decode step (see FusedDecoder.step) through the compiled program."""
         flat = [t for kv in cache.pairs() for t in kv]
-        logits, flat = self.compiled(cache.slots, cache.width)(token.unsqueeze(-1), position, mask, column, flat)
+        logits, flat, *routing = self.compiled(cache.slots, cache.width)(token.unsqueeze(-1), position, mask, column,
+                                                                        flat)
+        self.routing = routing[0].numpy() if routing else None
         cache.set_pairs([(flat[2 * i], flat[2 * i + 1]) for i in range(len(flat) // 2)])
         return logits
