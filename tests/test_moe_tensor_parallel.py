@@ -13,7 +13,7 @@ per expert block, against one process.
 - SFT through its entry point (3 steps, the load-balancing loss in the loss, an evaluation at the end) and RLOO
   (tests/test_layouts.py's critic-free recipe, 3 steps; the split actor decodes, and with moe_routing_replay: rollout
   replays its recorded routing) under tensor_parallel_degree 2 log the same values and save the same weights as one
-  process, for both families.
+  process, for both families; so does RLOO under tensor x pipeline parallelism (4 processes, untied heads).
 - A moe_intermediate_size the degree does not divide: one line naming the key, before anything is built (default
   suite), and through the entry point.
 Marked `parallel` except the first refusal."""
@@ -31,7 +31,7 @@ from alignment.models import LlamaForCausalLM
 from tests.helpers import REPO, read_metrics
 from tests.test_expert_layouts import STAGES, assert_close, assert_same_run, launch, one_process_step, stage_args
 from tests.test_family_stages import family_checkpoint
-from tests.test_layouts import rl_args, rl_run_matches
+from tests.test_layouts import LAYOUTS, rl_args, rl_run_matches
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
 FAMILIES = ["qwen3_moe", "ernie4_5_moe"]
@@ -137,6 +137,20 @@ def test_rloo_under_tensor_parallelism_equals_one_process(name, replay, moe_dirs
         rows = [row for row in read_metrics(tmp_path / "tp2") if "moe/routing_mismatch" in row]
         assert [row["moe/routing_mismatch"] for row in rows] == [
             row["moe/routing_mismatch"] for row in read_metrics(one) if "moe/routing_mismatch" in row] and rows
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("name", FAMILIES)
+def test_rloo_under_tensor_x_pipeline_parallelism_equals_one_process(name, tiny_model_dir, tiny_reward_dir, tmp_path):
+    """tp2 x pp2 (4 processes) on a 4-layer checkpoint with an untied head (tied embeddings are refused there)."""
+    actor = family_checkpoint(name, tiny_model_dir, str(tmp_path / name), num_hidden_layers=4,
+                              tie_word_embeddings=False)
+    one = tmp_path / "one"
+    done = subprocess.run([sys.executable, *rl_args("rloo", actor, tiny_reward_dir, 1, one)], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    processes, flags, data_degree = LAYOUTS["tp2xpp2"]
+    rl_run_matches(one, tmp_path, (actor, tiny_reward_dir), "rloo", "tp2xpp2", processes, flags, data_degree)
 
 
 @pytest.mark.parallel
