@@ -14,6 +14,7 @@ per expert block, against one process.
   (tests/test_layouts.py's critic-free recipe, 3 steps; the split actor decodes, and with moe_routing_replay: rollout
   replays its recorded routing) under tensor_parallel_degree 2 log the same values and save the same weights as one
   process, for both families; so does RLOO under tensor x pipeline parallelism (4 processes, untied heads).
+- checkpoint-2 of a tp2 SFT run resumes in one process to the end of the run that never stopped.
 - A moe_intermediate_size the degree does not divide: one line naming the key, before anything is built (default
   suite), and through the entry point.
 Marked `parallel` except the first refusal."""
@@ -122,6 +123,30 @@ def test_sft_under_tensor_parallelism_equals_one_process(name, moe_dirs, tmp_pat
         "--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "tp2")], 2)
     assert "world 2 = tensor 2 x" in logs
     assert_same_run(tmp_path / "one", tmp_path / "tp2", STAGES["sft"][3], start)
+
+
+@pytest.mark.parallel
+def test_a_step_checkpoint_written_under_tensor_parallelism_resumes_in_one_process(moe_dirs, tmp_path):
+    """checkpoint-2 of a tp2 SFT run of ERNIE 4.5 MoE (the experts' and shared experts' slices and their AdamW states
+    gathered whole) resumed by one process ends like the one-process run that never stopped."""
+    start = moe_dirs["ernie4_5_moe"]
+    args = stage_args("sft", start) + ["--per_device_train_batch_size", "4"]
+    subprocess.run([sys.executable, *args, "--output_dir", str(tmp_path / "one")], cwd=REPO, check=True,
+                   capture_output=True)
+    launch(tmp_path / "logs", args + TP2 + ["--save_steps", "2", "--output_dir", str(tmp_path / "tp2")], 2)
+    (tmp_path / "resumed").mkdir()
+    shutil.copytree(tmp_path / "tp2" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    done = subprocess.run([sys.executable, *args, "--output_dir", str(tmp_path / "resumed"),
+                           "--resume_from_checkpoint", "auto"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0 and "resumed from" in done.stdout + done.stderr, done.stderr[-2000:]
+    one = [r for r in read_metrics(tmp_path / "one") if r["step"] == 3 and "loss" in r]
+    resumed = [r for r in read_metrics(tmp_path / "resumed") if "loss" in r]
+    assert [r["step"] for r in resumed] == [3]
+    for key in ("loss", "grad_norm", "moe/aux_loss"):
+        np.testing.assert_allclose(resumed[0][key], one[0][key], rtol=1e-5, err_msg=key)
+    for (key, x), y in zip(LlamaForCausalLM.from_pretrained(str(tmp_path / "one" / "model")).named_parameters(),
+                           LlamaForCausalLM.from_pretrained(str(tmp_path / "resumed" / "model")).parameters()):
+        assert_close(y.numpy(), x.numpy(), f"weight {key}")
 
 
 @pytest.mark.parallel
