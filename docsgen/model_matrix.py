@@ -98,7 +98,8 @@ verified("export", FIXTURED, Test("tests/test_family_export.py",
 verified("layouts", ["llama"], Test("tests/test_layouts.py", "test_combined_layout_equals_one_process", TINY))
 verified("layouts", DENSE_NEW + MOE, Test("tests/test_family_layouts.py",
                                           "test_a_family_under_a_layout_equals_one_process"))
-verified("layouts", MOE, Test("tests/test_expert_layouts.py", "test_expert_parallel_step_equals_one_process"))
+verified("layouts", MOE, Test("tests/test_expert_layouts.py", "test_expert_parallel_step_equals_one_process"),
+         Test("tests/test_moe_tensor_parallel.py", "test_a_tensor_parallel_step_equals_one_process"))
 verified("replay", MOE, Test("tests/test_moe_replay.py",
                              "test_replay_routes_the_training_forward_as_the_sampler_did"))
 verified("replay", ["qwen3_moe"], Test("tests/test_moe_replay_episodes.py",

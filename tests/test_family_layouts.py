@@ -3,8 +3,8 @@ tests/test_layouts.py) for 3 steps on tiny Qwen3, ERNIE 4.5, Qwen3-MoE and ERNIE
 tied embeddings) under tensor parallelism with sharding or data parallelism and under pipeline x data parallelism, and
 Qwen3 under tensor x pipeline parallelism (its tied table split over the vocabulary on the first and the last stage)
 (4 processes), against the same run in one process: every logged metric and final weight within
-tests/test_layouts.py's tolerances. (MoE models under tensor parallelism are refused in one line.) Marked
-`parallel`."""
+tests/test_layouts.py's tolerances. (MoE models under tensor parallelism alone: tests/test_moe_tensor_parallel.py.)
+Marked `parallel`."""
 import subprocess
 import sys
 
@@ -16,8 +16,9 @@ from tests.test_layouts import LAYOUTS, rl_args, rl_run_matches
 
 pytestmark = pytest.mark.parallel
 
-CASES = [("qwen3", "tp2xsharding2"), ("qwen3", "tp2xpp2"), ("ernie4_5", "tp2xdp2"), ("ernie4_5", "pp2xdp2"), ("qwen3_moe", "pp2xdp2"),
-         ("ernie4_5_moe", "pp2xdp2")]
+CASES = [("qwen3", "tp2xsharding2"), ("qwen3", "tp2xpp2"), ("ernie4_5", "tp2xdp2"), ("ernie4_5", "pp2xdp2"),
+         ("qwen3_moe", "pp2xdp2"), ("ernie4_5_moe", "pp2xdp2"), ("qwen3_moe", "tp2xsharding2"),
+         ("ernie4_5_moe", "tp2xdp2")]
 
 
 @pytest.mark.parametrize("family, layout", CASES)

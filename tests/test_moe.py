@@ -201,12 +201,6 @@ def test_a_moe_key_we_cannot_use_is_one_line_naming_it(keys, fragment, tmp_path,
              tiny_model_dir, capsys)
 
 
-def test_tensor_parallelism_is_refused_before_anything_is_built():
-    with pytest.raises(ValueError, match=r"config.json: model_type 'ernie4_5_moe' \(mixture of experts\) runs with "
-                                         r"tensor_parallel_degree 1 only, got 2 \(key 'tensor_parallel_degree'\)"):
-        LlamaForCausalLM.from_pretrained(os.path.join(FIXTURES, "ernie4_5_moe"), tensor_parallel_degree=2)
-
-
 def test_the_load_balancing_loss_under_pipeline_stages_is_refused_in_one_line():
     """The pipeline's stage losses have no auxiliary term: a config asking for it stops before fleet is touched."""
     from alignment.models import LlamaConfig

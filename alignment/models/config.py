@@ -166,19 +166,19 @@ class LlamaConfig:
 
 
 def check_tensor_split(tp: int, config, path: str) -> None:
-    """Tensor parallelism splits attention heads, key/value heads, the MLP and the vocabulary evenly; expert
-    parallelism (config.expert_parallel_degree) the experts of an MoE model (a dense model is not split by it)."""
+    """Tensor parallelism splits attention heads, key/value heads, the MLP, each MoE expert and the vocabulary
+    evenly; expert parallelism (config.expert_parallel_degree) the experts of an MoE model (a dense model is not
+    split by it)."""
     ep, moe = getattr(config, "expert_parallel_degree", 1), getattr(config, "moe", None)
     if ep > 1 and moe is not None and moe.num_experts % ep:
         raise ValueError(f"{path}: {moe.num_experts} experts are not divisible by expert_parallel_degree {ep} "
                          "(key 'expert_parallel_degree')")
     if tp == 1:
         return
-    if getattr(config, "moe", None) is not None:
-        raise ValueError(f"{path}: model_type {config.model_type!r} (mixture of experts) runs with "
-                         f"tensor_parallel_degree 1 only, got {tp} (key 'tensor_parallel_degree')")
     sizes = {"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
              "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
+    if moe is not None:  # each expert split like the MLP; the shared experts' size is a multiple of it (ERNIE)
+        sizes["moe_intermediate_size"] = moe.expert_size
     for name, size in sizes.items():
         if size % tp:
             raise ValueError(f"{path}: {name} {size} is not divisible by tensor_parallel_degree {tp} "

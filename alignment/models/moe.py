@@ -23,6 +23,10 @@ under their global indices (so names stay `mlp.experts.5.up_proj.weight`), and i
 hold their chosen experts (alignment/parallel/expert_parallel.py); routing, the shared experts and the router stay
 on the token's rank. The load-balancing loss then counts every data rank's tokens, as one process over the whole
 batch would; saving gathers every expert (whole_experts), loading reads this rank's.
+
+Under tensor parallelism (config.tensor_parallel_degree > 1) every rank holds a slice of every expert and of the
+shared experts (moe_experts.py), the router whole; the block's output is one sum over the group (MoeBlock.forward).
+Expert parallelism with tensor parallelism is refused (alignment/parallel/layout.py).
 """
 from __future__ import annotations
 
@@ -35,30 +39,10 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from alignment.models.config import LlamaConfig
+from alignment.models.moe_experts import ScoreCorrection, SwiGLU
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.distributed import data_world_size, expert_parallel_group, sum_over_data_ranks
 from alignment.parallel.expert_parallel import gather_experts, idle_term, parallel_experts
-
-
-class SwiGLU(nn.Layer):
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
-        super().__init__()
-        self.gate_proj = tp.column_linear(hidden, intermediate, bias, 1)
-        self.up_proj = tp.column_linear(hidden, intermediate, bias, 1)
-        self.down_proj = tp.row_linear(intermediate, hidden, bias, 1)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class ScoreCorrection(nn.Layer):
-    """ERNIE's `moe_statics.e_score_correction_bias` [1, experts]: set by its training, not by gradients."""
-
-    def __init__(self, experts: int):
-        super().__init__()
-        self.e_score_correction_bias = self.create_parameter(
-            [1, experts], default_initializer=nn.initializer.Constant(0.0))
-        self.e_score_correction_bias.stop_gradient = True
 
 
 class MoeBlock(nn.Layer):
@@ -66,11 +50,13 @@ class MoeBlock(nn.Layer):
         super().__init__()
         moe = config.moe
         self.settings = moe
-        self.gate = tp.column_linear(config.hidden_size, moe.num_experts, False, 1)
+        self.degree = config.tensor_parallel_degree  # each expert split over the ranks (moe_experts.py)
+        self.gate = tp.column_linear(config.hidden_size, moe.num_experts, False, 1)  # replicated
         degree = getattr(config, "expert_parallel_degree", 1)
         self.group = expert_parallel_group() if degree > 1 else None  # expert parallelism: this rank's group
         if self.group is None:
-            self.experts = nn.LayerList([SwiGLU(config.hidden_size, moe.expert_size) for _ in range(moe.num_experts)])
+            self.experts = nn.LayerList([SwiGLU(config.hidden_size, moe.expert_size, False, self.degree)
+                                         for _ in range(moe.num_experts)])
         else:
             if self.group.nranks != degree:
                 raise ValueError(f"expert_parallel_degree {degree}: the process group has {self.group.nranks} "
@@ -82,7 +68,8 @@ class MoeBlock(nn.Layer):
                 param.expert_parallel = True  # gradients averaged over the ranks holding the same experts
                 param.no_sync = True  # fleet's start-up broadcast over data ranks skips it (Paddle's MoE mark)
         self.moe_statics = ScoreCorrection(moe.num_experts) if moe.score_correction else None
-        self.shared_experts = SwiGLU(config.hidden_size, moe.shared_size, config.mlp_bias) if moe.shared_size else None
+        self.shared_experts = SwiGLU(config.hidden_size, moe.shared_size, config.mlp_bias, self.degree) \
+            if moe.shared_size else None
         self.dense = False  # the reference path (every expert on every token)
         self.replay: Optional[paddle.Tensor] = None  # [tokens, k] int64 expert choices to use instead of top-k
         self.router_logits: Optional[paddle.Tensor] = None  # [tokens, experts] of the last forward
@@ -107,6 +94,14 @@ class MoeBlock(nn.Layer):
         return logits, chosen, weights.astype(flat.dtype)
 
     def forward(self, x):
+        """x [b, s, hidden] -> [b, s, hidden]. Under tensor parallelism every rank routes the same (replicated)
+        tokens with the same (replicated) router, so the choices and weights are the same on every rank; each rank
+        runs its slice of the chosen experts and the partial outputs, weighted, are summed over the group once.
+        Each rank's gradient of the weights holds only its slices' part, so it is summed over the group
+        (gradient_summed_over_group), and then the router's gradient is whole and the same on every rank; the
+        load-balancing loss reads the router logits directly (its gradient already whole: not summed again, which
+        is why the router's weight is not summed as Qwen3's q/k norms are). The experts' input likewise gets its
+        gradient summed over the group, as a column-parallel layer's does."""
         b, s, hidden = x.shape
         flat = x.reshape([-1, hidden])
         logits, chosen, weights = self.route(flat)
@@ -114,19 +109,23 @@ class MoeBlock(nn.Layer):
             self.trace.append(chosen)
         else:
             self.router_logits, self.chosen = logits, chosen
+        weights = tp.gradient_summed_over_group(weights, self.degree)  # [n, k]
+        inputs = tp.gradient_summed_over_group(flat, self.degree)  # [n, hidden], the experts' input
         if self.group is not None:
             if self.dense or not paddle.in_dynamic_mode():
                 raise ValueError("the dense expert path (reference, compiled programs) needs every expert on one "
                                  "rank: expert_parallel_degree 1")
-            out = parallel_experts(flat, chosen, weights, self.local_experts(), self.settings.num_experts,
+            out = parallel_experts(inputs, chosen, weights, self.local_experts(), self.settings.num_experts,
                                    self.group)
         elif self.dense or not paddle.in_dynamic_mode():
-            out = self.dense_experts(flat, chosen, weights)
+            out = self.dense_experts(inputs, chosen, weights)
         else:
-            out = self.sparse_experts(flat, chosen, weights)
+            out = self.sparse_experts(inputs, chosen, weights)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
-        return out.reshape([b, s, hidden])
+            out = out + self.shared_experts(inputs)
+        out = tp.summed_over_group(out, self.degree)  # [n, hidden]: one all-reduce for every expert's slices
+        late = self.shared_experts.deferred_bias() if self.shared_experts is not None else None
+        return (out if late is None else out + late).reshape([b, s, hidden])
 
     @contextlib.contextmanager
     def replaying(self, choices: paddle.Tensor):
@@ -171,7 +170,7 @@ def moe_block(config: LlamaConfig, index: int) -> Optional[MoeBlock]:
     moe = config.moe
     if moe is None or index not in moe.sparse_layers:
         return None
-    return MoeBlock(config)  # tensor parallelism refused before, experts checked to split (config.check_tensor_split)
+    return MoeBlock(config)  # the sizes checked to split before (config.check_tensor_split)
 
 
 def moe_blocks(model) -> List[MoeBlock]:

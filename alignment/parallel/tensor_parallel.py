@@ -4,6 +4,8 @@
     o, down          RowParallelLinear     (input features split; outputs summed over the group)
     embed_tokens     VocabParallelEmbedding (vocabulary split)
     lm_head          ColumnParallelLinear over the vocabulary; logits stay split for the parallel cross-entropy
+    MoE experts      SlicedLinear: split as gate/up and down, no collective of their own; the expert block sums
+                     its experts' partial outputs over the group once (alignment/models/moe.py)
 
 With degree 1 every builder returns the plain Paddle layer, so a one-process model has no fleet code in it.
 Split parameters carry fleet's `is_distributed` / `split_axis` attributes; checkpoints are always whole (HF
@@ -44,6 +46,52 @@ class Linear(nn.Linear):
 
     def forward(self, x):
         return paddle.matmul(x, self.weight) if self.bias is None else super().forward(x)
+
+
+def summed_over_group(tensor, degree: int):
+    """The element-wise sum of `tensor` over the model-parallel group, its gradient passed to every rank unchanged:
+    fleet's mp_allreduce, as RowParallelLinear sums its partial outputs (an MoE block sums its experts' slices
+    once, cpu_standins.py on CPU)."""
+    if degree == 1:
+        return tensor
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    return mp_ops._mp_allreduce(tensor, group=model_parallel_group(), use_calc_stream=True, use_model_parallel=True)
+
+
+class SlicedLinear(Linear):
+    """This rank's slice of a whole Linear [in, out] along `axis` (1: its output features, as ColumnParallelLinear
+    holds them; 0: its input features, as RowParallelLinear), with no collective of its own: the caller sums the
+    gradient of the input over the group (gradient_summed_over_group) and the partial outputs of an input slice
+    (summed_over_group), once for many such layers (an MoE block's experts). An input slice leaves its bias
+    (replicated) to the caller, to add once after that sum (`deferred_bias`)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, axis: int, degree: int):
+        shape = [in_features, out_features]
+        if shape[axis] % degree:
+            raise ValueError(f"a Linear of {shape[axis]} features does not split over tensor_parallel_degree "
+                             f"{degree} (key 'tensor_parallel_degree')")
+        shape[axis] //= degree
+        super().__init__(shape[0], shape[1], bias_attr=None if bias else False)
+        self.axis = axis
+        self.weight.is_distributed, self.weight.split_axis = True, axis
+        if self.bias is not None and axis == 1:
+            self.bias.is_distributed, self.bias.split_axis = True, 0
+
+    @property
+    def deferred_bias(self):
+        """The bias the caller adds after the sum (an input slice's; None for an output slice or no bias)."""
+        return self.bias if self.axis == 0 else None
+
+    def forward(self, x):
+        return paddle.matmul(x, self.weight) if self.axis == 0 else super().forward(x)
+
+
+def sliced_linear(in_features: int, out_features: int, bias: bool, axis: int, degree: int) -> nn.Layer:
+    """SlicedLinear, or the plain Linear for degree 1."""
+    if degree == 1:
+        return Linear(in_features, out_features, bias_attr=None if bias else False)
+    return SlicedLinear(in_features, out_features, bias, axis, degree)
 
 
 def column_linear(in_features: int, out_features: int, bias: bool, degree: int) -> nn.Layer:
