@@ -169,11 +169,11 @@ def moe_score_model(moe_sft_model, tmp_path_factory):
 ENTRY_LAYOUTS = {  # name: (processes, data ranks, flags besides expert_parallel_degree 2)
     "ep2": (2, 2, []), "ep2xdp2": (4, 4, []),
     "ep2xsharding2": (4, 4, ["--sharding", "stage1", "--sharding_parallel_degree", "2"]),
-    "ep2xpp2": (4, 2, ["--pipeline_parallel_degree", "2"])}
+    "ep2xpp2": (4, 2, ["--pipeline_parallel_degree", "2"]), "ep2xtp2": (4, 2, ["--tensor_parallel_degree", "2"])}
 
 
 @pytest.mark.parametrize("stage, layout", [("sft", "ep2"), ("sft", "ep2xdp2"), ("sft", "ep2xsharding2"),
-                                           ("sft", "ep2xpp2"), ("dpo", "ep2"), ("rm", "ep2")])
+                                           ("sft", "ep2xpp2"), ("sft", "ep2xtp2"), ("dpo", "ep2"), ("rm", "ep2")])
 def test_the_supervised_stages_under_expert_parallelism_equal_one_process(moe_sft_model, moe_rl_model, moe_score_model,
                                                                           tmp_path, stage, layout):
     """4 samples a step (answers of different lengths on each rank; SFT with the load-balancing loss in its loss,
@@ -196,7 +196,7 @@ def test_the_supervised_stages_under_expert_parallelism_equal_one_process(moe_sf
                     ScoreModel if stage == "rm" else LlamaForCausalLM)
 
 
-@pytest.mark.parametrize("layout", ["ep2", "ep2xsharding2", "ep2xpp2"])
+@pytest.mark.parametrize("layout", ["ep2", "ep2xsharding2", "ep2xpp2", "ep2xtp2"])
 def test_a_step_checkpoint_written_under_expert_parallelism_resumes_in_one_process(moe_sft_model, moe_rl_model,
                                                                                    tmp_path, layout):
     """checkpoint-2 of an SFT run under ep2, ep2 x sharding stage1 or ep2 x pp2 (every expert's weights and AdamW
@@ -239,7 +239,7 @@ def moe_rl_model(moe_sft_model, tmp_path_factory):
 
 
 @pytest.mark.parametrize("estimator, layout", [("rloo", "ep2"), ("gae", "ep2"), ("rloo", "ep2xsharding2"),
-                                               ("rloo", "ep2xpp2")])
+                                               ("rloo", "ep2xpp2"), ("rloo", "ep2xtp2")])
 def test_an_rl_run_under_expert_parallelism_equals_one_process(moe_rl_model, tiny_reward_dir, tmp_path, estimator,
                                                                layout):
     """RLOO and PPO with a critic (3 steps, 8 rollouts a step) under ep2 (and RLOO under ep2 x sharding stage1):

@@ -63,7 +63,8 @@ class MoeBlock(nn.Layer):
                                  "ranks (key 'expert_parallel_degree')")
             per_rank = moe.num_experts // degree
             mine = range(self.group.rank * per_rank, (self.group.rank + 1) * per_rank)
-            self.experts = nn.LayerDict({str(e): SwiGLU(config.hidden_size, moe.expert_size) for e in mine})
+            self.experts = nn.LayerDict({str(e): SwiGLU(config.hidden_size, moe.expert_size, False, self.degree)
+                                         for e in mine})  # (and each a tensor-parallel slice under tp > 1)
             for param in self.experts.parameters():
                 param.expert_parallel = True  # gradients averaged over the ranks holding the same experts
                 param.no_sync = True  # fleet's start-up broadcast over data ranks skips it (Paddle's MoE mark)

@@ -251,6 +251,8 @@ def _squares(pairs):
     if _expert_groups is not None:  # each rank of an expert-parallel group holds other experts
         part = paddle.add_n(experts) if experts else paddle.zeros([], "float32")
         dist.all_reduce(part, group=_expert_groups[0])
+        if _hybrid is not None and _hybrid.get_model_parallel_world_size() > 1:  # and each of them in slices
+            dist.all_reduce(part, group=_hybrid.get_model_parallel_group())
         total = total + part
     if _hybrid is not None and _hybrid.get_model_parallel_world_size() > 1:
         part = paddle.add_n(split) if split else paddle.zeros([], "float32")

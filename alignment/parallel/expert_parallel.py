@@ -24,6 +24,8 @@ import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 
+from alignment.parallel import tensor_parallel as tp
+
 
 class Dispatch(NamedTuple):
     """One rank's plan for one forward: its copies in expert order and the rows it exchanges."""
@@ -130,7 +132,8 @@ def gather_experts(experts: Dict[int, paddle.nn.Layer], group) -> Dict[str, padd
     names = [name for name, _ in experts[local[0]].named_parameters()]
     out = {}
     for name in names:
-        stacked = paddle.stack([dict(experts[e].named_parameters())[name].detach() for e in local])
+        params = [dict(experts[e].named_parameters())[name] for e in local]  # tensor-parallel slices made whole
+        stacked = paddle.stack([tp.full_tensor(p) if tp.is_split(p) else p.detach() for p in params])
         parts = []
         dist.all_gather(parts, stacked, group=group)
         for rank, part in enumerate(parts):

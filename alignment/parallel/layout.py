@@ -7,8 +7,8 @@ ranks see different data (sharding also splits the optimizer states among its ra
 stage 3 the parameters too: alignment/training/sharding.py). Expert parallelism (expert_parallel_degree, MoE
 models) splits each sparse layer's experts over groups of that many data ranks, which exchange tokens
 (alignment/parallel/expert_parallel.py); it divides the data-parallel degree, and a group takes ranks that differ
-only in their data index (so a sharding group's ranks hold the same experts, and a pipeline stage's experts are
-split among that stage's ranks). Everything is checked
+only in their data index (so a sharding group's ranks hold the same experts, a pipeline stage's experts are split
+among that stage's ranks, and a tensor-parallel index's ranks split the experts' slices). Everything is checked
 by `plan()` before any model is loaded, so a wrong layout fails in a second with the keys to change.
 """
 from __future__ import annotations
@@ -64,10 +64,9 @@ def plan(args, world: int) -> Layout:
                              "offload the sharded optimizer states with offload_level 'optimizer')")
         raise ValueError(f"key 'sharding' must be one of {SHARDING_STAGES[1:]} or empty, got {args.sharding!r}")
     expert = getattr(args, "expert_parallel_degree", 1)
-    if expert > 1 and (tp > 1 or stage not in ("", "stage1")):
-        raise ValueError(f"key 'expert_parallel_degree' {expert} runs with data and pipeline parallelism and "
-                         "sharding stage1 (not built with tensor parallelism or sharding stage2/3 yet); set "
-                         "tensor_parallel_degree to 1 and sharding to '' or 'stage1'")
+    if expert > 1 and stage not in ("", "stage1"):
+        raise ValueError(f"key 'expert_parallel_degree' {expert} runs with data, tensor and pipeline parallelism "
+                         "and sharding stage1 (not built with sharding stage2/3 yet); set sharding to '' or 'stage1'")
     if world % (tp * pp):
         raise ValueError(f"tensor_parallel_degree {tp} x pipeline_parallel_degree {pp} does not divide the world "
                          f"size {world} (processes started by paddle.distributed.launch)")
