@@ -4,7 +4,8 @@ Importing it changes no process settings; entry points call `alignment.cpu_env.a
 
 The extension points are the public API, imported from here (`from alignment import RawDataset, Environment`):
 each is loaded on first use, so `import alignment` stays cheap and loads no Paddle. A name's home module (below)
-is where its docstring and built-ins live; the docs and examples import from `alignment` (tests/test_public_api.py).
+is where its docstring and built-ins live; the docs and examples import from `alignment`
+(tests/repo/test_public_api.py).
 """
 import importlib
 

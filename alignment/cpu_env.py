@@ -6,7 +6,7 @@ settings"; `python benchmarks/bench_cpu_settings.py` re-measures any machine):
 - OMP_NUM_THREADS=1 with MKL_NUM_THREADS = the usable cores: eager training ran 3-4x faster than with OpenMP
   threads competing with MKL's. Under `paddle.distributed.launch` the processes on one host share its cores, so
   each gets the usable cores over their number (at least 1): 8 processes on 2 cores, each on 2 MKL threads, ran
-  a tiny 3-step PPO 1.7x slower than on 1 thread each (tests/test_layouts.py, tp2xpp2xdp2).
+  a tiny 3-step PPO 1.7x slower than on 1 thread each (tests/parallel/test_layouts.py, tp2xpp2xdp2).
 - MKL_DEBUG_CPU_TYPE (AMD only, `mkl_code_path`): the MKL bundled with paddle runs its generic code on AMD CPUs
   unless told which of its paths to take. 5, the AVX2 path: SmolLM2 training 73 -> 137 tokens/s. 7, the AVX-512
   (Skylake-SP) path: on Zen 5 fp32 GEMM 237 -> 434 GFLOP/s, a SmolLM2 GRPO step 18.8 -> 13.1 s. Where a CPU has

@@ -3,8 +3,8 @@ same header (benchmark, UTC date, commit, the machine of `alignment.cpu_env.mach
 its figures. Where: `add_arguments()` gives every benchmark `--results-dir DIR` (default `default_results_dir()`,
 outside the repository), `--record` (into `benchmarks/results/`, the files the docs' tables are made from: run
 `python -m docsgen` after) and `--no-save`; `results_dir(args)` resolves them. `runs()` reads a directory back, files
-of older formats included, and `files_to_keep()` is the retention rule `tests/test_results_retention.py` enforces
-on benchmarks/results/: the latest run of each benchmark per CPU model, plus every file a documentation page
+of older formats included, and `files_to_keep()` is the retention rule `tests/benchmarks/test_results_retention.py`
+enforces on benchmarks/results/: the latest run of each benchmark per CPU model, plus every file a documentation page
 (docs/, README.md) names. No paddle import: the docs build reads these files."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from the argument classes, the stages' parsers and the registries (`key_referenc
 a build whose generated parts are stale (`hooks.py`), the reader of the runnable shell blocks the docs test runs
 (`runnable.py`), and the check of the docs' claims against the repository (`claims.py`: flags, keys, paths,
 hand-typed figures, cut paragraphs, machine paths, peer versions; `python -m docsgen.claims`,
-tests/test_docs_claims.py).
+tests/docs/test_docs_claims.py).
 `python -m docsgen` rewrites the generated parts; `python -m docsgen --check` only reports stale ones."""
 
 

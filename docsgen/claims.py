@@ -1,4 +1,4 @@
-"""The docs' claims checked against the repository (tests/test_docs_claims.py): every `--flag` is one some parser
+"""The docs' claims checked against the repository (tests/docs/test_docs_claims.py): every `--flag` is one some parser
 takes, every argument key a key table or a `key: value` names is a field of an argument dataclass (or a PaddleNLP /
 PaddleFormers key the parser maps), every repository path exists, no measured figure is typed outside a generated
 part (docsgen/blocks.py), prose paragraphs start with a capital and end with punctuation, no page names a machine's

@@ -1,5 +1,5 @@
 """The Models page's table of what the tests verify per model family. Each cell names the test file and function
-that checks it; generating the table fails (so `python -m docsgen --check`, the site build and tests/test_docs.py
+that checks it; generating the table fails (so `python -m docsgen --check`, the site build and tests/docs/test_docs.py
 fail) when that function is gone from its file or the file no longer names the family, so the table cannot claim
 a check that is not there. An empty cell is a check no test makes."""
 from __future__ import annotations
@@ -70,39 +70,39 @@ def verified(check: str, families: List[str], *tests: Test) -> None:
 
 
 TINY = "tiny_model_dir"  # the tiny LLaMA the suites build (tests/conftest.py)
-STAGE_FAMILIES = "tests/test_family_stages.py"  # FAMILIES: llama3, qwen3, ernie4_5 and the MoE families
-verified("logits", ["llama", "qwen2"], Test("tests/test_hf_parity.py", "test_logits_match_transformers"))
-verified("logits", FIXTURED, Test("tests/test_model_families.py", "test_logits_match_transformers", '"llama3"'))
+STAGE_FAMILIES = "tests/training/test_family_stages.py"  # FAMILIES: llama3, qwen3, ernie4_5 and the MoE families
+verified("logits", ["llama", "qwen2"], Test("tests/models/test_hf_parity.py", "test_logits_match_transformers"))
+verified("logits", FIXTURED, Test("tests/models/test_model_families.py", "test_logits_match_transformers", '"llama3"'))
 for family in ALL:
-    verified("live", [family], *(Test("tests/test_transformers_live.py", function,
+    verified("live", [family], *(Test("tests/models/test_transformers_live.py", function,
                                       '"llama3"' if family == "llama" else None)
                                  for function in ("test_logits_equal_transformers",
                                                   "test_greedy_tokens_through_the_decode_engine_are_transformers",
                                                   "test_what_we_save_loads_in_transformers_with_our_logits")))
-verified("greedy", ["llama", "qwen2"], Test("tests/test_hf_parity.py", "test_greedy_tokens_match_transformers"))
-verified("greedy", FIXTURED, Test("tests/test_model_families.py",
+verified("greedy", ["llama", "qwen2"], Test("tests/models/test_hf_parity.py", "test_greedy_tokens_match_transformers"))
+verified("greedy", FIXTURED, Test("tests/models/test_model_families.py",
                                   "test_greedy_tokens_through_the_decode_engine_match_transformers", '"llama3"'))
-verified("gguf", ["llama"], Test("tests/test_import_gguf.py", "test_weights_are_unpermuted_hf_layout", "llama"))
-verified("gguf", ["qwen2"] + DENSE_NEW + MOE, Test("tests/test_import_gguf_families.py",
+verified("gguf", ["llama"], Test("tests/models/test_import_gguf.py", "test_weights_are_unpermuted_hf_layout", "llama"))
+verified("gguf", ["qwen2"] + DENSE_NEW + MOE, Test("tests/models/test_import_gguf_families.py",
                                                    "test_imported_logits_are_the_checkpoints"))
-verified("lora", ["llama"], Test("tests/test_lora.py", "test_lora_sft_trains_adapters_and_merges_to_the_same_logits",
-                                 TINY))
-verified("lora", FIXTURED, Test("tests/test_family_lora.py", "test_lora_trains_saves_and_merges_on_every_family",
+verified("lora", ["llama"], Test("tests/models/test_lora.py",
+                                 "test_lora_sft_trains_adapters_and_merges_to_the_same_logits", TINY))
+verified("lora", FIXTURED, Test("tests/models/test_family_lora.py", "test_lora_trains_saves_and_merges_on_every_family",
                                 '"llama3"', STAGE_FAMILIES))
-verified("lora", ["qwen3_moe"], Test("tests/test_moe.py", "test_lora_wraps_every_expert_and_not_the_router"))
-verified("stages", FIXTURED, Test("tests/test_family_stages.py", "test_every_stage_trains_every_family",
+verified("lora", ["qwen3_moe"], Test("tests/models/test_moe.py", "test_lora_wraps_every_expert_and_not_the_router"))
+verified("stages", FIXTURED, Test("tests/training/test_family_stages.py", "test_every_stage_trains_every_family",
                                   '"llama3"'))
-verified("export", FIXTURED, Test("tests/test_family_export.py",
+verified("export", FIXTURED, Test("tests/inference/test_family_export.py",
                                   "test_the_exported_program_gives_the_dynamic_models_logits", '"llama3"',
                                   STAGE_FAMILIES))
-verified("layouts", ["llama"], Test("tests/test_layouts.py", "test_combined_layout_equals_one_process", TINY))
-verified("layouts", DENSE_NEW + MOE, Test("tests/test_family_layouts.py",
+verified("layouts", ["llama"], Test("tests/parallel/test_layouts.py", "test_combined_layout_equals_one_process", TINY))
+verified("layouts", DENSE_NEW + MOE, Test("tests/parallel/test_family_layouts.py",
                                           "test_a_family_under_a_layout_equals_one_process"))
-verified("layouts", MOE, Test("tests/test_expert_layouts.py", "test_expert_parallel_step_equals_one_process"),
-         Test("tests/test_moe_tensor_parallel.py", "test_a_tensor_parallel_step_equals_one_process"))
-verified("replay", MOE, Test("tests/test_moe_replay.py",
+verified("layouts", MOE, Test("tests/parallel/test_expert_layouts.py", "test_expert_parallel_step_equals_one_process"),
+         Test("tests/parallel/test_moe_tensor_parallel.py", "test_a_tensor_parallel_step_equals_one_process"))
+verified("replay", MOE, Test("tests/models/test_moe_replay.py",
                              "test_replay_routes_the_training_forward_as_the_sampler_did"))
-verified("replay", ["qwen3_moe"], Test("tests/test_moe_replay_episodes.py",
+verified("replay", ["qwen3_moe"], Test("tests/ppo/test_moe_replay_episodes.py",
                                        "test_with_replay_the_first_ratio_is_exactly_one_and_no_routing_differs",
                                        "qwen3_moe"))
 

@@ -1,6 +1,6 @@
 """The shell blocks of the docs that a test runs: a ```bash fence whose first line is `# runnable` (quick: the
-default suite), `# runnable: slow` (the slow suite) or `# runnable: by tests/<file>.py` (that test runs the block
-itself, through `block_on(page)`, as part of a check of its own: the smoke run that the reproducibility test runs
+default suite), `# runnable: slow` (the slow suite) or `# runnable: by tests/<folder>/<file>.py` (that test runs the
+block itself, through `block_on(page)`, as part of a check of its own: the smoke run that the reproducibility test runs
 twice is not run a third time). Other shell blocks are shown, not run."""
 from __future__ import annotations
 

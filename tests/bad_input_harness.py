@@ -1,4 +1,4 @@
-"""How the bad-input catalogues (tests/test_bad_inputs_*.py) run a case: build its inputs under tmp_path, run the
+"""How the bad-input catalogues (tests/config/test_bad_inputs_*.py) run a case: build its inputs under tmp_path, run the
 program in this process as its console command would (alignment/exits.py's run_program), and check what the
 house rule asks of every bad input: exit 2, one `error:` line naming the input, no traceback, and nothing written
 (no file or directory under tmp_path created, changed or removed). A case that could crash or hang the process

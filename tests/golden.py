@@ -1,4 +1,5 @@
-"""Shared pieces of the golden-value tests of the RL math (tests/test_algorithms.py, tests/test_recipe_math.py)."""
+"""Shared pieces of the golden-value tests of the RL math (tests/ppo/test_algorithms.py,
+tests/ppo/test_recipe_math.py)."""
 import numpy as np
 import paddle
 

@@ -1,5 +1,5 @@
-"""Helpers of the speculative decoding tests (tests/test_speculative.py, tests/test_speculative_draft.py): a tiny
-model that copies runs of its prompt, prompts for it, the exact law of three sampled tokens from full forwards,
+"""Helpers of the speculative decoding tests (tests/models/test_speculative.py, tests/models/test_speculative_draft.py):
+a tiny model that copies runs of its prompt, prompts for it, the exact law of three sampled tokens from full forwards,
 counts of sampled continuations, and Pearson's chi-square against them."""
 import math
 
@@ -9,7 +9,7 @@ import paddle
 from alignment.models.engine import DecodeEngine, DecodeSequence
 from alignment.models.logprobs import gather_log_probs
 from alignment.models.sampling import block_tokens, sampling_logits
-from tests.test_model import tiny_model
+from tests.models.test_model import tiny_model
 
 
 def copier(vocab=98, cycle=7, strength=4.0, damp=0.05):

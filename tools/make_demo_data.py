@@ -322,7 +322,7 @@ All text comes from the templates in `tools/make_demo_data.py` (no third-party t
 **Licence:** CC0-1.0 (public-domain dedication), like the generator's templates.
 
 **Made with:** `python tools/make_demo_data.py --seed {seed}` (deterministic: the same seed gives
-byte-identical files; `tests/test_raw_data.py` checks the committed files match).
+byte-identical files; `tests/data/test_raw_data.py` checks the committed files match).
 **Regenerate** after editing the generator with the same command, then commit `data/`.
 
 Tasks are kept simple for a ~135M-parameter model: arithmetic (`What is 7 + 5?`), one-sentence word

@@ -1,4 +1,5 @@
-"""Make the HF-transformers reference fixtures of the model families and RoPE scalings (tests/test_model_families.py).
+"""Make the HF-transformers reference fixtures of the model families and RoPE scalings
+(tests/models/test_model_families.py).
 
 What it makes
     tests/fixtures/models/<name>/ for each name in FIXTURES:

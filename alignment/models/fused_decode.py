@@ -4,7 +4,7 @@ the model's own layers with a KV cache, in fewer calls.
 A decode step of the layer path issues ~50 Paddle calls and 12 `nn.Layer` calls per decoder layer; here one
 function per layer issues 36: q, k and v come from one GEMM over [q_proj | k_proj | v_proj] (MKL computes each
 output column as the same dot product whatever the other columns: bit-identical, checked in
-tests/test_fused_decode.py), RoPE rotates q, k and v in one pass with cos 1 and sin 0 for v (v * 1 +
+tests/models/test_fused_decode.py), RoPE rotates q, k and v in one pass with cos 1 and sin 0 for v (v * 1 +
 (v @ rotate) * 0 is v), the norm weights are expanded over the batch once, and the step's rotary tables and
 attention bias are built once for all layers. Every other operation is the one `LlamaModel` runs, in the same
 order: generated tokens, logits and log-probs are the same bits, except for tied embeddings at batch < 16 (below).

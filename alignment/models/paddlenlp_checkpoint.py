@@ -19,7 +19,7 @@ checks. PaddleFormers
 `load_state_dict` returns {HF name: (tensor in HF's [out, in] layout, file)}, what checkpoint.load_hf_state_dict
 returns for an HF checkpoint; `hf_config_dict` turns PaddleNLP's config.json keys into ours. Tested on checkpoints
 PaddleNLP itself wrote (tests/fixtures/paddlenlp_checkpoints/, tools/make_paddlenlp_fixture.py) and, for ERNIE 4.5,
-on transformers' fixture renamed to PaddleFormers' layout (tests/test_ernie4_5.py).
+on transformers' fixture renamed to PaddleFormers' layout (tests/models/test_ernie4_5.py).
 """
 from __future__ import annotations
 

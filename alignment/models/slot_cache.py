@@ -24,7 +24,7 @@ rung capacity + 1. A row's bits do not depend on which rung it runs at, so on no
   one side;
 - probs @ v and q @ k^T add exact zeros for the zero columns past the row.
 Measured on that Xeon: the same logits at every width from 128 to 2100 for a row of 50 columns, and changes at 56
-and 128; tests/test_slot_cache.py checks it on the machine it runs on. A cache whose capacity + 1 is at most the
+and 128; tests/models/test_slot_cache.py checks it on the machine it runs on. A cache whose capacity + 1 is at most the
 floor keeps one width.
 """
 from __future__ import annotations

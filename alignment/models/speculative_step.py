@@ -15,7 +15,7 @@ What a sequence gets depends on its own tokens only: its draft is a function of 
 shape whatever the other slots feed, and its uniform numbers come from its own rng or from batch draws made at
 every step it decodes (k more per step; with a draft model 2k, k for the draft's draws). The verify step's logits
 differ from one-token steps' by float rounding (other GEMM shapes): greedy tokens are plain decoding's unless two
-logits tie to rounding; log-probs agree to rounding (tests/test_speculative.py holds them to 1e-5 of a full
+logits tie to rounding; log-probs agree to rounding (tests/models/test_speculative.py holds them to 1e-5 of a full
 forward's).
 
 Steppers with a `verify` method take part (the fused decoder, the model's layers); an exported program, a

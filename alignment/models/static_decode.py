@@ -4,7 +4,8 @@ Eager decoding pays Python dispatch for every op of every step (~235 calls per s
 (slots, cache width), the step runs as one program over the engine's SlotCache: each row's token is written at its
 own column (`put_along_axis`), a [b, L] mask hides the columns not written yet. The width is the prompt width
 plus the new tokens, rounded up to a multiple of CACHE_BUCKET so nearby prompt widths share a program. Same model,
-same weights, same RoPE positions as the eager step; `tests/test_static_decode.py` checks the tokens are the same.
+same weights, same RoPE positions as the eager step; `tests/models/test_static_decode.py` checks the tokens are the
+same.
 
 For export (tools/export_model.py) `CachedForward` is one program for both phases, with dynamic batch, width and
 cache length: the prefill is the call with an empty (length 0) cache, a decode step the call with one new token.

@@ -6,7 +6,7 @@
 The step's loss is one mean over every micro-batch of its gradient accumulation on every data rank (each
 micro-batch's mean is weighted by its share of the weight, step_shares), never a mean of per-micro-batch means: N
 processes and any accumulation count train exactly as one process with the global batch in one micro-batch
-(tests/test_split_invariance_offline.py).
+(tests/training/test_split_invariance_offline.py).
 
 Pipeline-parallel models (alignment/wrappers/pipeline.py) run the same micro-batches through fleet's 1F1B schedule;
 a stage then also defines what its last pipeline stage computes:

@@ -11,8 +11,8 @@ gradients are averaged over data ranks, unscaled, checked and clipped, in that o
 
 Paddle's CPU build has no bf16/fp16 matmul kernels: there auto_cast and decorate leave everything in float32, and
 Paddle disables the GradScaler (it only acts on CUDA / XPU / custom devices), and the run says so once. The same
-calls run, so the path is exercised on CPU (tests/test_precision.py); the low dtype and the loss scaling act on a
-GPU only. The GradScaler's state is part of step checkpoints.
+calls run, so the path is exercised on CPU (tests/training/test_precision.py); the low dtype and the loss scaling act on
+a GPU only. The GradScaler's state is part of step checkpoints.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Writes per rank rank<r>.npz: its rows' logits, replayed logits (every token rout
 its loss (token mean + AUX_COEF x the load-balancing loss), and the averaged gradients of the parameters it holds
 under their checkpoint names (Paddle orientation); <output dir>/loaded, the model saved as it was read, and
 <output dir>/model, the model after one AdamW step.
-tests/test_expert_layouts.py computes the same in one process (one_process_step) and compares.
+tests/parallel/test_expert_layouts.py computes the same in one process (one_process_step) and compares.
 """
 import os
 import sys

@@ -1,5 +1,6 @@
 """Records TRL's GKD loss (GKDTrainer.generalized_jsd_loss) and its gradient for one batch of logits, every beta and
-temperature of the grid, into tests/fixtures/trl_gkd.json; tests/test_distill_losses.py checks our losses against it.
+temperature of the grid, into tests/fixtures/trl_gkd.json; tests/ppo/test_distill_losses.py checks our losses against
+it.
 
 Run with the real TRL (torch; not installable beside paddle), e.g. the peer venv of /work/shared/peers:
 

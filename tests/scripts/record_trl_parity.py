@@ -1,7 +1,7 @@
 """Record TRL's side of benchmarks/parity_trl.py once, for the default suite (issue 57): the replayed rollout and,
 per recipe, the loss and gradient norm of TRL's own loss on it, with the TRL, torch and transformers versions. CI
-then checks our side against these numbers without TRL installed (tests/test_parity_trl.py); the live comparison
-stays a slow test for machines with the peer.
+then checks our side against these numbers without TRL installed (tests/benchmarks/test_parity_trl.py); the live
+comparison stays a slow test for machines with the peer.
 
     python tests/scripts/record_trl_parity.py --python /tmp/trlv/bin/python [--output tests/fixtures/trl_parity.json]
 

@@ -7,8 +7,8 @@ then the checkpoints saved (rank 0 writes them whole).
 Writes per rank rank<r>.npz: the logits, the logits under replayed routing (every token routed to (own choice + 1)
 mod E), the routing ([tokens, sparse layers, k]), the loss (token mean + AUX_COEF x the load-balancing loss) and
 every gradient gathered whole (Paddle orientation) under its checkpoint name; <output dir>/loaded, the model saved as
-it was read, and <output dir>/model, the model after one AdamW step. tests/test_moe_tensor_parallel.py computes the
-same in one process (tests/scripts/ep_step.py's step) and compares.
+it was read, and <output dir>/model, the model after one AdamW step. tests/parallel/test_moe_tensor_parallel.py
+computes the same in one process (tests/scripts/ep_step.py's step) and compares.
 """
 import os
 import sys

@@ -11,8 +11,9 @@
 - a character outside the vocabulary is its UTF-8 bytes as `<0xNN>` pieces (byte fallback) when the vocabulary
   has them, else the unknown token; decoding reverses both.
 
-Encodings equal sentencepiece's own on a model trained with identity normalisation (tests/test_import_gguf_spm.py):
-SentencePiece's normaliser (NFKC, collapsing whitespace) is not in a GGUF, and llama.cpp does not apply it either.
+Encodings equal sentencepiece's own on a model trained with identity normalisation
+(tests/models/test_import_gguf_spm.py): SentencePiece's normaliser (NFKC, collapsing whitespace) is not in a GGUF, and
+llama.cpp does not apply it either.
 """
 from __future__ import annotations
 

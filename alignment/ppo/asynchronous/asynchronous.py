@@ -183,7 +183,7 @@ HOLD_VARIABLE = "ALIGNMENT_HOLD_WEIGHT_SYNC"
 
 
 def hold_mid_transfer(version: int) -> None:
-    """With ALIGNMENT_HOLD_WEIGHT_SYNC=VERSION:PATH (tests/test_async_runs.py), the sender of that version stops
+    """With ALIGNMENT_HOLD_WEIGHT_SYNC=VERSION:PATH (tests/ppo/test_async_runs.py), the sender of that version stops
     between the header and the weights, creates PATH and waits to be killed: a kill during a weight transfer."""
     held, _, path = os.environ.get(HOLD_VARIABLE, "").partition(":")
     if held == str(version) and path:
@@ -195,7 +195,7 @@ SKIP_VARIABLE = "ALIGNMENT_SKIP_WEIGHT_SYNC"
 
 
 def skips_sync(version: int) -> bool:
-    """With ALIGNMENT_SKIP_WEIGHT_SYNC=VERSION (tests/test_weights_digest.py), a rollout rank receives that version
+    """With ALIGNMENT_SKIP_WEIGHT_SYNC=VERSION (tests/ppo/test_weights_digest.py), a rollout rank receives that version
     and never loads it: a sampler that silently keeps older weights, which the training ranks' check must catch."""
     return os.environ.get(SKIP_VARIABLE, "") == str(version)
 
