@@ -7,7 +7,7 @@
 Three tasks as GRPO runs them: `tool` (the tools environment with the calculator, multi-turn episodes on the tool
 demo's held-out questions), `reasoning` (held-out chain-sum problems, single turn, accuracy reward) and `dialogue`
 (the quickstart's held-out prompts, single turn, sentiment reward). Each mode is one run of alignment-ppo for one
-step (--prompts prompts, --group sampled answers each, temperature 1, seed 42): `plain`, `lookup`
+step, in a process of its own (its first-call costs included, alike for every mode) (--prompts prompts, --group sampled answers each, temperature 1, seed 42): `plain`, `lookup`
 (prompt_lookup_num_tokens = --lookup) and `draft` (speculative_draft_keep_every = --keep-every,
 num_assistant_tokens = --assistant-tokens). The modes alternate, --repeats times per task; the step's own timers
 (time/generate, time/score, time/train: the run's metrics.jsonl) give medians, the generate phase's tokens/s and
@@ -20,12 +20,11 @@ the GGUF package when missing (bench_smollm2.py's ensure_checkpoint). Writes spe
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -57,9 +56,8 @@ def mode_flags(args) -> dict:
 
 
 def one_step(args, task: str, flags: list, where: str) -> dict:
-    """One GRPO step of `task` with `flags`; -> its metrics row (the step's timers)."""
-    from alignment.ppo import run_ppo
-
+    """One GRPO step of `task` with `flags`, in a process of its own (the models of one run freed with it); -> its
+    metrics row (the step's timers)."""
     out = os.path.join(where, "out")
     shutil.rmtree(out, ignore_errors=True)
     argv = ["--actor_model_name_or_path", args.model, "--output_dir", out, "--disable_tqdm", "--eval_datasets", "",
@@ -68,13 +66,10 @@ def one_step(args, task: str, flags: list, where: str) -> dict:
             "--per_device_train_batch_size", str(args.prompts * args.group), "--max_new_tokens",
             str(args.new_tokens), "--temperature", "1.0", "--kl_coeff", "0.0", "--learning_rate", "1e-6",
             "--seed", "42", *TASKS[task], *flags]
-    cwd = os.getcwd()
-    try:
-        os.chdir(ROOT)  # the tasks' data paths are the checkout's
-        with contextlib.redirect_stdout(io.StringIO()):
-            run_ppo.main(argv)
-    finally:
-        os.chdir(cwd)
+    done = subprocess.run([sys.executable, "-m", "alignment.ppo.run_ppo", *argv], cwd=ROOT,  # the tasks' data paths
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"{task} {' '.join(flags)}: the run failed: {done.stderr.strip().splitlines()[-1:]}")
     with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
         return [json.loads(line) for line in f][-1]
 
@@ -112,12 +107,15 @@ def main(argv=None) -> list:
     where = tempfile.mkdtemp(prefix="bench-speculative-rl-")
     rows = []
     try:
-        one_step(args, tasks[0], flags[modes[0]], where)  # warm-up: the process's first allocations, MKL's plans
         for task in tasks:
             runs = {mode: [] for mode in modes}
             for _ in range(args.repeats):
                 for mode in modes:
                     runs[mode].append(one_step(args, task, flags[mode], where))
+                    row = runs[mode][-1]
+                    print(f"  {task} {mode}: generate {row['time/generate']:.1f} s, "
+                          f"{row['time/generated_tokens_per_s']:.1f} tokens/s, step "
+                          f"{row['time/generate'] + row['time/score'] + row['time/train']:.1f} s", flush=True)
             base = summary(runs[modes[0]])
             for mode in modes:
                 row = {"task": task, "mode": mode, **summary(runs[mode])}
