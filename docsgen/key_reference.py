@@ -127,7 +127,11 @@ def argument_classes() -> List[type]:
         name = f"alignment.config.{module.name}"
         defined += [value for value in vars(importlib.import_module(name)).values()
                     if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == name]
-    ordered = [cls for classes in stage_classes().values() for cls in classes]
+    taken = list(dict.fromkeys(cls for classes in stage_classes().values() for cls in classes))
+    mixins = [cls for cls in defined if cls not in taken and any(issubclass(t, cls) for t in taken)]
+    ordered = []
+    for cls in taken:  # a mixin (a base no stage takes itself) just before the first class built on it
+        ordered += [m for m in mixins if m in cls.__mro__ and m not in ordered] + [cls]
     ordered = list(dict.fromkeys(ordered + sorted(defined, key=lambda cls: cls.__name__)))
     return [cls for cls in ordered if cls in defined]
 
@@ -210,7 +214,9 @@ HEADER = ["| key | type | default | allowed | help | PaddleNLP / PaddleFormers k
 
 
 def class_section(cls: type, alias: Dict[str, List[str]]) -> List[str]:
-    takes = [f"`{command}`" for command, classes in stage_classes().items() if cls in classes]
+    takes = [f"`{command}`" for command, classes in stage_classes().items() if cls in classes] or [
+        f"`{command}`" for command, classes in stage_classes().items()  # a mixin: the stages of its classes
+        if any(issubclass(taken, cls) for taken in classes)]
     module = cls.__module__.replace(".", "/") + ".py"
     doc = " ".join((cls.__doc__ or "").split())
     lines = ["", f"## {cls.__name__}", "", f"{text(doc)} Defined in `{module}`; taken by "

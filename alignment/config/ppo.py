@@ -11,6 +11,7 @@ from alignment.config.choices import (EVAL_MODES, LOSS_AGG_MODES, LR_SCHEDULERS,
 from alignment.config.data import DataArguments
 from alignment.config.parser import field
 from alignment.config.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+from alignment.config.speculative import SpeculativeKeys
 from alignment.config.training import DatasetSpecs, pipelined
 
 
@@ -57,9 +58,10 @@ class PPODataArguments(DataArguments):
 
 
 @dataclasses.dataclass
-class PPOArguments:
-    """The RL algorithm: rollout, rewards, advantages, losses, critic."""
-    HELP_SECTIONS = {  # --help headings: the key that opens each section
+class PPOArguments(SpeculativeKeys):
+    """The RL algorithm: rollout, rewards, advantages, losses, critic; speculative decoding's keys: speculative.py."""
+    HELP_SECTIONS = {  # --help headings: the key that opens each section (the first: SpeculativeKeys')
+        "prompt_lookup_num_tokens": "Speculative decoding of rollouts",
         "advantage_estimator": "Algorithm and rollout",
         "kl_coeff": "KL to the reference",
         "clip_range_ratio": "Policy loss (PPO clipping, DAPO / GSPO options, entropy, KL loss)",
@@ -81,11 +83,6 @@ class PPOArguments:
     top_p: float = field(1.0, gt=0, le=1, help="Nucleus sampling threshold for rollouts (1.0 = off).")
     top_k: int = field(0, ge=0, help="Top-k sampling for rollouts (0 = off).")
     repetition_penalty: float = field(1.0, gt=0, help="Repetition penalty for rollouts (1.0 = off).")
-    prompt_lookup_num_tokens: int = field(0, ge=0, help="Speculative decoding of rollouts: up to this many tokens "
-                                                        "drafted by prompt lookup (what followed the sequence's "
-                                                        "last n-gram earlier in it) and verified in one forward of "
-                                                        "the policy; the tokens are distributed as plain decoding's "
-                                                        "(greedy: the same tokens). 0 = off.")
     min_new_tokens: int = field(0, ge=0, help="No response ends (eos) before this many tokens, in rollouts and "
                                               "evaluation; 0 = off (PaddleNLP: min_dec_len).")
     update_iters: int = field(1, ge=1, help="Passes (PPO epochs) over each rollout batch.")
@@ -277,9 +274,7 @@ class PPOArguments:
             raise ValueError("key 'use_fusemt': fused rollout kernels are not available in this build; set it to false")
         if self.rollout_decode not in ROLLOUT_DECODES:
             raise ValueError(f"key 'rollout_decode' must be one of {ROLLOUT_DECODES}, got {self.rollout_decode!r}")
-        if self.prompt_lookup_num_tokens and self.rollout_decode == "static":
-            raise ValueError("key 'prompt_lookup_num_tokens' needs 'rollout_decode': 'eager' (a compiled static step "
-                             "feeds one token a step)")
+        self.validate_speculative(self.rollout_decode)
         if self.moe_routing_replay not in MOE_ROUTING_REPLAYS:
             raise ValueError(f"key 'moe_routing_replay' must be one of {MOE_ROUTING_REPLAYS}, got "
                              f"{self.moe_routing_replay!r}")

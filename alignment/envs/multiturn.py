@@ -126,7 +126,7 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
                        log_prob_temperature: float = 1.0, max_length: Optional[int] = None,
                        row_seeds: Optional[Sequence[Sequence[int]]] = None, workers: int = 16,
                        schedule: str = "continuous", isolate_failures: bool = False,
-                       keep_experts: bool = False) -> List[Trajectory]:
+                       keep_experts: bool = False, draft=None) -> List[Trajectory]:
     """Run one episode per (environment, row) with `model` (LlamaForCausalLM) and return their Trajectories.
 
     config: the sampler (do_sample, temperature, top-k/p, repetition penalty, eos_token_id, pad_token_id);
@@ -144,7 +144,8 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
     row's reset or step ends that row's episode alone (its Trajectory's `error`; one failed in reset holds no
     tokens) and the other rows go on; else it is raised. keep_experts: an MoE model's record of the experts each
     fed token was routed to goes on its Trajectory (`experts`), each token's from the forward that fed it: a turn's
-    last token and the observation after it from the next turn's prefill.
+    last token and the observation after it from the next turn's prefill. draft: a draft model
+    (models/draft_model.DraftModel) the engine speculates with (config.num_assistant_tokens per verify forward).
     """
     if len(envs) != len(rows) or not rows:
         raise ValueError(f"multi_turn_rollout: {len(envs)} environments for {len(rows)} rows (one each, >= 1)")
@@ -167,7 +168,7 @@ def multi_turn_rollout(model, tokenizer, envs: Sequence[Environment], rows: Sequ
         if not batch:  # every reset failed
             return every
         capacity = max_length or max(len(r.trajectory.input_ids) + r.budget for r in batch)
-        engine = DecodeEngine(model, len(batch), capacity)
+        engine = DecodeEngine(model, len(batch), capacity, draft=draft)
         by_seq = {}
         for row in batch:
             engine.add(row.seq)

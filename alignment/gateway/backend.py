@@ -76,8 +76,8 @@ class Gateway:
     adapters (multi_lora.load_adapters) answers serving requests under the base's name and each adapter's."""
 
     def __init__(self, model, tokenizer, slots: int, capacity: int, fmt: ToolCallFormat,
-                 sampler: Callable[[ChatRequest], tuple], model_name: str = "policy"):
-        self.engine = DecodeEngine(model, slots, capacity)
+                 sampler: Callable[[ChatRequest], tuple], model_name: str = "policy", draft=None):
+        self.engine = DecodeEngine(model, slots, capacity, draft=draft)  # draft: a DraftModel (speculative)
         self.tokenizer, self.fmt, self.sampler, self.model_name = tokenizer, fmt, sampler, model_name
         self.capacity, self.vocab_size = capacity, model.config.vocab_size
         self.inbox: "queue.Queue[Call]" = queue.Queue()

@@ -32,11 +32,10 @@ from alignment.models.slot_cache import SlotCache
 from alignment.models.speculative import draw_from, filtered_probabilities
 
 
-def layer_dropped(model: LlamaForCausalLM, keep_every: int = 2) -> LlamaForCausalLM:
-    """A copy of `model` with decoder layers 0, keep_every, 2 keep_every, ... kept (SmolLM2-135M at 2: 15 of 30),
-    the embeddings, final norm and head copied; the distillation demo's student (examples/distill_demo)."""
+def dropped_state(model: LlamaForCausalLM, keep_every: int) -> Dict[str, paddle.Tensor]:
+    """`model`'s weights with decoder layers 0, keep_every, 2 keep_every, ... kept, renumbered 0, 1, 2, ...
+    (the embeddings, final norm and head as they are): the state of layer_dropped's copy."""
     kept = list(range(0, model.config.num_hidden_layers, keep_every))
-    smaller = LlamaForCausalLM(dataclasses.replace(model.config, num_hidden_layers=len(kept)))
     state = {}
     for name, value in model.state_dict().items():
         if name.startswith("model.layers."):
@@ -45,12 +44,28 @@ def layer_dropped(model: LlamaForCausalLM, keep_every: int = 2) -> LlamaForCausa
                 continue
             name = f"model.layers.{kept.index(int(index))}.{rest}"
         state[name] = value
-    missing = set(smaller.state_dict()) - set(state)
+    return state
+
+
+def layer_dropped(model: LlamaForCausalLM, keep_every: int = 2) -> LlamaForCausalLM:
+    """A copy of `model` with decoder layers 0, keep_every, 2 keep_every, ... kept (SmolLM2-135M at 2: 15 of 30),
+    the embeddings, final norm and head copied; the distillation demo's student (examples/distill_demo)."""
+    layers = len(range(0, model.config.num_hidden_layers, keep_every))
+    smaller = LlamaForCausalLM(dataclasses.replace(model.config, num_hidden_layers=layers))
+    copy_dropped(smaller, model, keep_every)
+    smaller.eval()
+    return smaller
+
+
+def copy_dropped(smaller: LlamaForCausalLM, model: LlamaForCausalLM, keep_every: int) -> None:
+    """Copy `model`'s weights into its layer-dropped copy `smaller` (layer_dropped's), in place: a draft that
+    follows the policy's updates is refreshed this way. A LoRA model's adapters are left out (its base weights)."""
+    own = smaller.state_dict()
+    state = {name: value for name, value in dropped_state(model, keep_every).items() if name in own}  # LoRA: base
+    missing = set(own) - set(state)
     if missing:
         raise ValueError(f"layer_dropped: no weights for {sorted(missing)[:3]}")
     smaller.set_state_dict(state)
-    smaller.eval()
-    return smaller
 
 
 class DraftModel:

@@ -14,6 +14,7 @@ class PolicyModels:
     critic: Optional[object]  # ScoreModel (or stages) when the estimator needs_critic; else None
     reward: object  # alignment.rewards.scoring.RewardComputer: reward model score + reward functions
     teacher: object = dataclasses.field(default_factory=NoTeacher)  # teacher.py: a Teacher or NoTeacher
+    draft: Optional[object] = None  # rollout/drafts.py: the draft model rollouts speculate with (None: none)
 
 
 @dataclasses.dataclass

@@ -82,8 +82,9 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         # own (detached); score() skips that forward pass (as TRL's GRPO does with num_iterations 1)
         self.reuse_update_log_probs = (not self.estimator.uses_old_log_probs and source is None  # samples here
                                        and one_step and ppo_args.update_iters == 1)
+        self.draft_models = models.draft.models if models.draft is not None else ()  # frozen; generate uses them
         self.offload = Offloader(ppo_args.offload_levels, [self.reference, self.reward.model,
-                                                           *self.teacher.models("frozen")],
+                                                           *self.teacher.models("frozen"), *self.draft_models],
                                  [self.actor, models.critic], [t.optimizer for t in self.trained.values()])
         self.offload.offload_all()
         split = self.actor.config.tensor_parallel_degree > 1  # sharding stage 3: decoding reads whole weights
@@ -105,7 +106,7 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         # rollout_log_probs: the sampler-vs-trainer gap from the update's own first forward passes (not pipelined)
         self.sampler_gap = scoring.SamplerGap() if ppo_args.rollout_log_probs and not pipelined else None
         strategy = self.teacher.sampler(make_sampler(ppo_args, data_args.max_length, data.collate_prompts,
-                                                     env_args, self.routing.records),
+                                                     env_args, self.routing.records, models.draft),
                                         data_args.max_length)  # multi-turn? GKD's mix?
         self.reward_stats = RunningMeanStd()
         self.gen_config = rollout_generation_config(ppo_args, self.actor, tokenizer)
@@ -118,7 +119,8 @@ class PPOTrainer(PPOCheckpoints, MonitoredRun, Trainer):
         self.policy_sampler = PolicySampler(
             self.actor, self.generation_copy, strategy, tokenizer, self.gen_config, ppo_args,
             ppo_args.rollout_log_probs and not self.reuse_update_log_probs,  # old log-probs from the sampling pass
-            self.show_phase, self.offload, [self.actor, *self.teacher.models("generate")], self.precision)
+            self.show_phase, self.offload, [self.actor, *self.teacher.models("generate"), *self.draft_models],
+            self.precision)
         self.rollouts = rollout_source(source, self.prompt_stream, self.policy_sampler, group, pad_id)  # sources.py
         self.step_rollouts = fault_policy.GroupFaults(ds.step_rollouts(ppo_args, self.prompt_stream, self.ledger,
                                                                        pad_id), env_args, pipelined, group, self.ledger)

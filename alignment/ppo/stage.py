@@ -71,6 +71,36 @@ def build_teacher(distill_args, ppo_args, train_args, tokenizer):
     return make_teacher(distill_args, ppo_args, train_args, model=setup.load_frozen_model("causal", path))
 
 
+def build_draft(ppo_args, actor, tokenizer):
+    """The draft model rollouts speculate with (ppo/rollout/drafts.py): speculative_draft_model's checkpoint, which
+    must have the policy's vocabulary (loaded frozen), or the policy with layers dropped (speculative_draft_keep_every,
+    following its weights); None when neither key is set."""
+    key = ppo_args.draft_key
+    if not key:
+        return None
+    from alignment.models import LlamaForCausalLM, Tokenizer
+    from alignment.models.moe import moe_blocks
+    from alignment.ppo.rollout.drafts import DroppedLayersDraft, FrozenDraft
+    from alignment.rewards.scoring import same_vocabulary
+
+    if not isinstance(actor, LlamaForCausalLM) or actor.config.tensor_parallel_degree > 1 or moe_blocks(actor):
+        raise ValueError(f"key '{key}': a draft model needs a whole dense policy on each rank (not pipeline or "
+                         "tensor-parallel layouts nor an MoE policy, whose decode steps do not verify drafts)")
+    if key == "speculative_draft_keep_every":
+        return DroppedLayersDraft(actor, ppo_args.speculative_draft_keep_every)
+    path = ppo_args.speculative_draft_model
+    if not os.path.isdir(path):
+        raise ValueError(f"key 'speculative_draft_model': {path} is not a checkpoint directory")
+    if not same_vocabulary(Tokenizer.from_pretrained(path), tokenizer):
+        raise ValueError(f"key 'speculative_draft_model': {path} has another vocabulary than the policy's; its "
+                         "draft tokens are the policy's ids, so the two must share one tokenizer")
+    model = setup.load_frozen_model("causal", path)
+    if model.config.vocab_size != actor.config.vocab_size:
+        raise ValueError(f"key 'speculative_draft_model': {path} has a vocabulary of {model.config.vocab_size} "
+                         f"tokens, the policy's has {actor.config.vocab_size}")
+    return FrozenDraft(model)
+
+
 def stream_steps(ppo_args, train_args, layout, prompt_count: int) -> int:
     """The run's steps: batches of per_device_prompt_batch_size prompts per training data rank."""
     from alignment.training.batches import planned_steps
@@ -108,7 +138,8 @@ def serve_rollouts(model_args, data_args, ppo_args, env_args, async_args, lora_a
                       train_args.output_dir, async_schedule(ppo_args, data_args, async_args, train_args, layout,
                                                              len(prompts)))
     sampler = make_sampler(ppo_args, data_args.max_length, lambda items: collate_prompts(items, tokenizer.pad_token_id),
-                           env_args, routing_for(ppo_args.moe_routing_replay, actor).records)  # MoE: the experts
+                           env_args, routing_for(ppo_args.moe_routing_replay, actor).records,  # MoE: the experts
+                           build_draft(ppo_args, actor, tokenizer))
     posted = run_rollout_worker(plan, actor, tokenizer, sampler, rollout_generation_config(ppo_args, actor, tokenizer),
                                 mailbox, layout)
     print(f"rollout rank {rank()}: {posted} prompt batches sampled")
@@ -219,7 +250,7 @@ def build_policy_models(parsed, tokenizer):
     setup.template_as_asked(reward_tokenizer, data_args)  # chat_template none: the reward model reads raw text too
     reward = RewardComputer(reward_model, reward_tokenizer, tokenizer, ppo_args.reward_funcs,
                             ppo_args.reward_weights, ppo_args.clip_range_score, server)
-    return PolicyModels(actor, reference, critic, reward, teacher), server
+    return PolicyModels(actor, reference, critic, reward, teacher, build_draft(ppo_args, actor, tokenizer)), server
 
 
 def describe_run(parsed, models, server) -> None:

@@ -26,6 +26,11 @@ def same_tokenizer(a, b) -> bool:
     return a._tok.to_str() == b._tok.to_str() and a.chat_template == b.chat_template
 
 
+def same_vocabulary(a, b) -> bool:
+    """Whether two tokenizers give every token the same id (a draft model's tokens are the policy's ids)."""
+    return a._tok.get_vocab() == b._tok.get_vocab()
+
+
 def conversation_ids(tokenizer, prompts: Sequence, completions: Sequence[str]) -> List[List[int]]:
     """Each (prompt, completion) as the reward model reads it: the conversation in its own chat template."""
     return [tokenize_conversation(tokenizer, tokenizer.chat_messages(prompt) +

@@ -30,6 +30,7 @@ from alignment.gateway.episodes import AgentEpisode, CurrentGateway, capped_samp
 from alignment.ppo.rollout.fault_policy import attempt_seed, play_with_retries
 from alignment.ppo.rollout.episodes import (environment_row, episode_metrics, episode_record, episode_rollout,
                                             prompt_only, routing_shape)
+from alignment.ppo.rollout.drafts import draft_for
 from alignment.ppo.rollout.samplers import Draw, Episodes, SingleTurn
 
 
@@ -45,8 +46,8 @@ def load_agent(spec: str):
 class Agents(Episodes):
     """The sampler strategy of an `agent` run (samplers.py's interface)."""
 
-    def __init__(self, ppo, max_length: int, collate_prompts, env_args, keep_experts: bool = False):
-        super().__init__(ppo, max_length, collate_prompts, env_args, keep_experts)
+    def __init__(self, ppo, max_length: int, collate_prompts, env_args, keep_experts: bool = False, draft=None):
+        super().__init__(ppo, max_length, collate_prompts, env_args, keep_experts, draft)
         self.spec, self.agent = env_args.agent, load_agent(env_args.agent)
         self.fmt = tool_call_format(env_args.environment_args.get("format", "hermes"))
         self.key = secrets.token_urlsafe(24)
@@ -69,10 +70,11 @@ class Agents(Episodes):
         budget = self.env_args.max_trajectory_tokens or self.max_length
         sessions = {}
         actor.eval()
+        draft = draft_for(self.draft, actor)  # the gateway's engine speculates with it (drafts.py)
 
         def play(indices: List[int], attempt: int) -> List[AgentEpisode]:  # fresh sessions every attempt
             gateway = Gateway(actor, tokenizer, len(indices), self.max_length, self.fmt,
-                              capped_sampler(config, temperature))
+                              capped_sampler(config, temperature), draft=draft)
             self.current.gateway = gateway
             rngs = [None if seeds is None else np.random.default_rng(attempt_seed(seeds[i], attempt))
                     for i in indices]
@@ -131,12 +133,12 @@ class Agents(Episodes):
         return out
 
 
-def make_sampler(ppo, max_length: int, collate_prompts, env_args=None, keep_experts: bool = False):
+def make_sampler(ppo, max_length: int, collate_prompts, env_args=None, keep_experts: bool = False, draft=None):
     """The run's sampler strategy: samplers.SingleTurn, samplers.Episodes (an environment's) or Agents (an agent
     program's, through the gateway); keep_experts: the rollouts carry an MoE sampler's expert choice for each token
-    (routing_replay.py)."""
+    (routing_replay.py); draft: the draft model they speculate with (drafts.py; None: none)."""
     if env_args is not None and env_args.agent is not None:
-        return Agents(ppo, max_length, collate_prompts, env_args, keep_experts)
+        return Agents(ppo, max_length, collate_prompts, env_args, keep_experts, draft)
     if env_args is not None and env_args.multi_turn:
-        return Episodes(ppo, max_length, collate_prompts, env_args, keep_experts)
-    return SingleTurn(ppo, max_length, collate_prompts, keep_experts)
+        return Episodes(ppo, max_length, collate_prompts, env_args, keep_experts, draft)
+    return SingleTurn(ppo, max_length, collate_prompts, keep_experts, draft)

@@ -44,14 +44,15 @@ def build_environments(env_args, count: int) -> List[Environment]:
 def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args, max_length: int,
                     num_return_sequences: int = 1, row_seeds: Optional[List[List[int]]] = None,
                     log_prob_temperature: Optional[float] = None, keep_failed: bool = False,
-                    keep_experts: bool = False) -> Rollout:
+                    keep_experts: bool = False, draft=None) -> Rollout:
     """One episode per (item, return sequence), rows of one item contiguous, as a Rollout. config: the
     GenerationConfig of one turn; row_seeds: each row's own sampling seed (see multi_turn_rollout);
     log_prob_temperature: set old_log_probs from the sampling pass (None leaves them unset). An episode whose
     environment fails is played again with a fresh one up to episode_retries times (fault_policy.py); one that
     still fails is, with keep_failed, the prompt alone with its record's "error" set (the trainer drops its
     group), else its EnvironmentFailure raised. keep_experts: an MoE actor's expert choice per token on the
-    rollout (Rollout.experts, in the columns of input_ids; routing_replay.py)."""
+    rollout (Rollout.experts, in the columns of input_ids; routing_replay.py). draft: a draft model
+    (models/draft_model.DraftModel) the episodes' engine speculates with."""
     rows = [environment_row(item) for item in items for _ in range(num_return_sequences)]
     row_items = [item for item in items for _ in range(num_return_sequences)]
     budget = env_args.max_trajectory_tokens or max_length
@@ -64,7 +65,7 @@ def sample_episodes(actor, tokenizer, items: Sequence[Mapping], config, env_args
         return multi_turn_rollout(actor, tokenizer, build_environments(env_args, len(indices)),
                                   [rows[i] for i in indices], config, env_args.max_turns, budget,
                                   log_prob_temperature or 1.0, max_length, seeds, env_args.env_workers, schedule,
-                                  isolate_failures=True, keep_experts=keep_experts)
+                                  isolate_failures=True, keep_experts=keep_experts, draft=draft)
 
     trajectories, retries = play_with_retries(play, len(rows), env_args.episode_retries)
     failed = next((t.error for t in trajectories if t.error is not None), None)

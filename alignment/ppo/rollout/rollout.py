@@ -211,7 +211,8 @@ def update_order(rng, lengths: np.ndarray, unit: int, group_by_length: bool, tog
 def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig, num_return_sequences: int,
                    collate, positions: Optional[List[int]] = None, total: Optional[int] = None,
                    static=None, log_prob_temperature: Optional[float] = None,
-                   between_tokens: Optional[Callable[[int], bool]] = None, keep_experts: bool = False) -> Rollout:
+                   between_tokens: Optional[Callable[[int], bool]] = None, keep_experts: bool = False,
+                   draft=None) -> Rollout:
     """Generate `num_return_sequences` responses per prompt item; rows of one prompt are contiguous.
 
     positions / total: the items' positions in a global batch of `total` prompts shared by several processes;
@@ -220,6 +221,7 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
     log_prob_temperature: set old_log_probs from the sampling pass (see generate); None leaves them unset.
     between_tokens: called with the number of tokens drawn before each decode step (see generate).
     keep_experts: an MoE actor's expert choice per token on the rollout (routing_replay.py).
+    draft: a draft model (models/draft_model.DraftModel) the engine speculates with (drafts.py).
     """
     items = [item for item in prompt_items for _ in range(num_return_sequences)]
     positions = list(range(len(prompt_items))) if positions is None else positions
@@ -231,7 +233,7 @@ def sample_rollout(actor, tokenizer, prompt_items, gen_config: GenerationConfig,
     prompt_mask = paddle.to_tensor(batch["attention_mask"])  # [N, P]
     actor.eval()
     out = generate(actor, prompt_ids, prompt_mask, gen_config, static=static, rows=rows,
-                   log_prob_temperature=log_prob_temperature, between_tokens=between_tokens)
+                   log_prob_temperature=log_prob_temperature, between_tokens=between_tokens, draft=draft)
     response_mask = out.response_mask  # [N, R]
     responses = out.sequences[:, prompt_ids.shape[1]:].numpy()
     completions = [tokenizer.decode(row[: int(n)]) for row, n in zip(responses, response_mask.sum(axis=1).numpy())]

@@ -13,6 +13,7 @@ import paddle
 from alignment.models.generation import GenerationConfig
 from alignment.models.static_decode import StaticDecoder
 from alignment.parallel.distributed import gather_objects
+from alignment.ppo.rollout.drafts import draft_for
 from alignment.ppo.rollout.episodes import env_metric_names, episode_metrics, sample_episodes
 from alignment.ppo.rollout.rollout import Rollout, sample_rollout
 
@@ -35,10 +36,11 @@ class Draw:
 class SingleTurn:
     """One response per row, at most max_new_tokens (or what max_length leaves after the longest prompt)."""
 
-    def __init__(self, ppo, max_length: int, collate_prompts: Callable, keep_experts: bool = False):
+    def __init__(self, ppo, max_length: int, collate_prompts: Callable, keep_experts: bool = False, draft=None):
         self.ppo, self.max_length, self.collate = ppo, max_length, collate_prompts
         self.static_decoders = {}  # rollout_decode static: compiled decode steps per generating model
         self.keep_experts = keep_experts  # MoE routing replay: each token's experts on the rollout
+        self.draft = draft  # speculative decoding with a draft model (drafts.py; None: none)
 
     def config(self, base: GenerationConfig, draw: Draw) -> GenerationConfig:
         budget = self.max_length - max(len(item["input_ids"]) for item in draw.items)
@@ -55,7 +57,7 @@ class SingleTurn:
             static = self.static_decoders[id(actor)]
         return sample_rollout(actor, tokenizer, draw.items, self.config(base, draw), draw.n, self.collate,
                               draw.positions, draw.total, static, draw.log_prob_temperature, draw.between_tokens,
-                              self.keep_experts)
+                              self.keep_experts, draft_for(self.draft, actor))
 
     @staticmethod
     def metrics(rollout) -> dict:
@@ -69,8 +71,9 @@ class Episodes(SingleTurn):
     episodes. An episode still failing after its retries is kept with its error (the trainer drops its group;
     an evaluation scores its empty answer)."""
 
-    def __init__(self, ppo, max_length: int, collate_prompts: Callable, env_args, keep_experts: bool = False):
-        super().__init__(ppo, max_length, collate_prompts, keep_experts)
+    def __init__(self, ppo, max_length: int, collate_prompts: Callable, env_args, keep_experts: bool = False,
+                 draft=None):
+        super().__init__(ppo, max_length, collate_prompts, keep_experts, draft)
         self.env_args = env_args
 
     def config(self, base: GenerationConfig, draw: Draw) -> GenerationConfig:
@@ -85,7 +88,7 @@ class Episodes(SingleTurn):
             seeds = [[draw.seed, p * draw.n + s] for p in positions for s in range(draw.n)]
         return sample_episodes(actor, tokenizer, draw.items, self.config(base, draw), self.env_args,
                                self.max_length, draw.n, seeds, draw.log_prob_temperature, keep_failed=True,
-                               keep_experts=self.keep_experts)
+                               keep_experts=self.keep_experts, draft=draft_for(self.draft, actor))
 
     @staticmethod
     def metrics(rollout) -> dict:
@@ -146,5 +149,6 @@ def rollout_generation_config(ppo, actor, tokenizer) -> GenerationConfig:
     return GenerationConfig(max_new_tokens=1, do_sample=True, temperature=ppo.temperature, top_p=ppo.top_p,
                             top_k=ppo.top_k, repetition_penalty=ppo.repetition_penalty,
                             prompt_lookup_num_tokens=ppo.prompt_lookup_num_tokens,
+                            num_assistant_tokens=ppo.num_assistant_tokens if ppo.draft_key else 0,
                             eos_token_id=actor.config.eos_token_ids or tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id)
