@@ -5,7 +5,8 @@ source, Paddle's version, the CPU's model and flags, the compiler and its flags 
 $ALIGNMENT_CACHE_DIR, else $XDG_CACHE_HOME/alignment, else ~/.cache/alignment). Processes starting together build
 once (a file lock); the others load what it built. Without a C++ compiler ($CXX, else c++), on a build that fails,
 or on a CUDA build of Paddle nothing is built: `load_kernels` returns None, and the first time says so in one line on
-stderr; the model code then runs Paddle's own operations. Nothing is downloaded.
+stdout (stderr is kept for a program's one error line); the model code then runs Paddle's own operations. Nothing
+is downloaded.
 """
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def _build_and_load(cxx: str):
 
 def load_kernels():
     """The module of compiled operators, or None (no compiler, a CUDA build, the build failed): tried once per
-    process, and a None says why once on stderr."""
+    process, and a None says why once on stdout."""
     if _state["tried"]:
         return _state["module"]
     _state["tried"] = True
@@ -117,7 +118,8 @@ def load_kernels():
         except RuntimeError as error:
             _state["why"] = f"the build failed: {error}"
     if _state["module"] is None:
-        print(f"cpu kernels: not built ({_state['why']}); Paddle's operations instead", file=sys.stderr)
+        # on stdout, as the entry points' other `cpu:` lines: stderr is kept for a program's one error line
+        print(f"cpu kernels: not built ({_state['why']}); Paddle's operations instead", flush=True)
     return _state["module"]
 
 
