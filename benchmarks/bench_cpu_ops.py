@@ -8,7 +8,9 @@ intermediate 1536, 9 heads, vocabulary 49,152), on the same numbers in both libr
 torch in blocks of --repeats calls (3 rounds, a warm-up call and an idle half second before each block); medians
 are reported. Paddle runs under alignment/cpu_env.py's settings (OpenMP 1 thread, MKL the usable cores), torch
 with `torch.set_num_threads(usable cores)`, both in this process. "Paddle / torch" is a ratio of times: above 1, Paddle's kernel is slower. torch is skipped, with a note,
-where it is not installed.
+where it is not installed. The operations our kernels replace (alignment/kernels' C++ operators, built here if
+this machine has a C++ compiler) also time the kernel, alternating with the other two, forward + backward where the
+row says so; the Paddle column is then the composition the model runs without them, called directly.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if not __package__:  # run as a script from a checkout: make `alignment` and `benchmarks` importable
@@ -33,8 +35,10 @@ SETTLE_S, ROUNDS = 0.5, 3
 TOKENS, HIDDEN, INTER, HEADS, SEQ, VOCAB, EPS = 1024, 576, 1536, 9, 128, 49152, 1e-5
 
 
-def operations(paddle, torch) -> Dict[str, Tuple[str, Callable, Callable]]:
-    """name -> (shape, Paddle call, torch call) over the same random numbers (torch None: no torch calls)."""
+def operations(paddle, torch, kernels: Optional[Dict[str, Callable]] = None
+               ) -> Dict[str, Tuple[str, Callable, Callable]]:
+    """name -> (shape, Paddle call, torch call) over the same random numbers (torch None: no torch calls); for the
+    operations our kernels replace, `kernels` (when given) receives name -> our kernel's call."""
     import numpy as np
     import paddle.nn.functional as F
     from paddle.incubate.nn.functional import fused_rms_norm
@@ -63,7 +67,7 @@ def operations(paddle, torch) -> Dict[str, Tuple[str, Callable, Callable]]:
         return tnorm_w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS))
 
     tF = torch.nn.functional if torch else None
-    return {
+    ops = {
         "GEMM (MLP up)": (f"{TOKENS}x{HIDDEN} @ {HIDDEN}x{INTER}", lambda: paddle.matmul(x, w),
                           lambda: torch.matmul(tx, tw)),
         "GEMM (LM head)": (f"{TOKENS}x{HIDDEN} @ {HIDDEN}x{VOCAB}", lambda: paddle.matmul(x, emb),
@@ -86,7 +90,83 @@ def operations(paddle, torch) -> Dict[str, Tuple[str, Callable, Callable]]:
         "RMSNorm, Paddle's fused_rms_norm (no backward on CPU)": (
             f"{TOKENS}x{HIDDEN}", lambda: fused_rms_norm(x, norm.weight, None, EPS, 1), lambda: torch_rms(tx)),
     }
+    for name, (shape, ours, theirs, kernel) in kernel_operations(paddle, torch, pair, pids, tids).items():
+        ops[name] = (shape, ours, theirs)  # the forward rows keep their place
+        if kernels is not None:
+            kernels[name] = kernel
+    return ops
 
+
+def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
+    """Our kernels (alignment/kernels): name -> (shape, Paddle's composition, torch, our kernel), the forward rows
+    of `operations` and forward + backward of each, the calls returning what the tests compare (an output or the
+    first input's gradient); {} where the library cannot be built."""
+    import paddle.nn.functional as F
+    from paddle import _C_ops
+
+    from alignment.kernels import build, threads
+
+    lib = build.load_kernels()
+    if lib is None:
+        return {}
+    n = threads()
+    tF = torch.nn.functional if torch else None
+
+    def leaves(*shape):
+        p, t = pair(*shape)
+        p.stop_gradient = False
+        return p, t.requires_grad_() if torch else None
+
+    logits, tlogits = leaves(TOKENS, VOCAB)
+    x, tx = leaves(TOKENS, HIDDEN)
+    w, tw = leaves(HIDDEN)
+    gate, tgate = leaves(TOKENS, INTER)
+    up, tup = leaves(TOKENS, INTER)
+
+    def back(leaf, out):  # -> the leaf's gradient of out.sum()
+        leaf.clear_gradient()
+        out.sum().backward()
+        return leaf.grad
+
+    def tback(leaf, out):
+        leaf.grad = None
+        out.sum().backward()
+        return leaf.grad
+
+    def nll(z):  # [N, 1]: what F.cross_entropy runs
+        return _C_ops.cross_entropy_with_softmax(z, pids.unsqueeze(-1), False, True, True, -100, -1)[1]
+
+    def rms(a, b):  # RMSNorm.forward's composition
+        normed = a * paddle.rsqrt(paddle.square(a).mean(axis=-1, keepdim=True) + EPS)
+        return normed * paddle.expand(b, normed.shape)
+
+    def trms(a, b):  # transformers' LlamaRMSNorm
+        return b * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + EPS))
+
+    def t_nll(z):
+        return tF.cross_entropy(z, tids, reduction="none")
+
+    lp, nm, sw = f"{TOKENS}x{VOCAB}", f"{TOKENS}x{HIDDEN}", f"{TOKENS}x{INTER}"
+    return {
+        "token log-probs over the vocabulary": (
+            lp, lambda: nll(logits.detach()), lambda: t_nll(tlogits.detach()),
+            lambda: -lib.alignment_token_logprobs(logits.detach(), pids, n)[0]),
+        "token log-probs, forward + backward": (
+            lp, lambda: back(logits, nll(logits)), lambda: tback(tlogits, t_nll(tlogits)),
+            lambda: back(logits, -lib.alignment_token_logprobs(logits, pids, n)[0])),
+        "SwiGLU, silu(gate) * up": (
+            sw, lambda: F.silu(gate.detach()) * up.detach(), lambda: tF.silu(tgate.detach()) * tup.detach(),
+            lambda: lib.alignment_swiglu(gate.detach(), up.detach(), n)),
+        "SwiGLU, forward + backward": (
+            sw, lambda: back(gate, F.silu(gate) * up), lambda: tback(tgate, tF.silu(tgate) * tup),
+            lambda: back(gate, lib.alignment_swiglu(gate, up, n))),
+        "RMSNorm (ours)": (
+            nm, lambda: rms(x.detach(), w.detach()), lambda: trms(tx.detach(), tw.detach()),
+            lambda: lib.alignment_rms_norm(x.detach(), w.detach(), EPS, n)[0]),
+        "RMSNorm, forward + backward": (
+            nm, lambda: back(x, rms(x, w)), lambda: tback(tx, trms(tx, tw)),
+            lambda: back(x, lib.alignment_rms_norm(x, w, EPS, n)[0])),
+    }
 
 def once_ms(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
@@ -104,24 +184,26 @@ def measure(repeats: int) -> List[dict]:
     except ImportError:
         torch = None
         print("torch is not installed: Paddle's times only", file=sys.stderr)
-    rows = []
-    for name, (shape, ours, theirs) in operations(paddle, torch).items():
-        ours_ms, torch_ms = [], []
-        for _ in range(ROUNDS):  # blocks of calls, alternating, each after the other side's threads went idle
-            time.sleep(SETTLE_S)
-            ours()
-            ours_ms += [once_ms(ours) for _ in range(repeats)]
-            if torch:
+    rows, kernel_calls = [], {}
+    for name, (shape, ours, theirs) in operations(paddle, torch, kernel_calls).items():
+        kernel = [kernel_calls[name]] if name in kernel_calls else []
+        sides = {"paddle_ms": ours, **({"torch_ms": theirs} if torch else {}), **({"kernel_ms": kernel[0]} if kernel
+                                                                                  else {})}
+        times = {key: [] for key in sides}
+        for _ in range(ROUNDS):  # blocks of calls, alternating, each after the other sides' threads went idle
+            for key, fn in sides.items():
                 time.sleep(SETTLE_S)
-                theirs()
-                torch_ms += [once_ms(theirs) for _ in range(repeats)]
-        row = {"operation": name, "shape": shape, "paddle_ms": statistics.median(ours_ms)}
+                fn()
+                times[key] += [once_ms(fn) for _ in range(repeats)]
+        row = {"operation": name, "shape": shape, **{key: statistics.median(t) for key, t in times.items()}}
         if torch:
-            row["torch_ms"] = statistics.median(torch_ms)
             row["paddle_over_torch"] = row["paddle_ms"] / row["torch_ms"]
+        if kernel:
+            row["kernel_over_paddle"] = row["kernel_ms"] / row["paddle_ms"]
+            if torch:
+                row["kernel_over_torch"] = row["kernel_ms"] / row["torch_ms"]
         rows.append(row)
     return rows
-
 
 def main(argv=None) -> None:
     from benchmarks import record
@@ -132,11 +214,16 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     print(describe_machine(machine_facts()))
     rows = measure(args.repeats)
-    print("| operation | shape | Paddle ms | torch ms | Paddle / torch |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| operation | shape | Paddle ms | torch ms | Paddle / torch | our kernel ms | kernel / Paddle | "
+          "kernel / torch |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         theirs = f"{r['torch_ms']:.2f} | {r['paddle_over_torch']:.2f}x" if "torch_ms" in r else "- | -"
-        print(f"| {r['operation']} | {r['shape']} | {r['paddle_ms']:.2f} | {theirs} |")
+        kernel = "- | - | -"
+        if "kernel_ms" in r:
+            versus_torch = f"{r['kernel_over_torch']:.2f}x" if "kernel_over_torch" in r else "-"
+            kernel = f"{r['kernel_ms']:.2f} | {r['kernel_over_paddle']:.2f}x | {versus_torch}"
+        print(f"| {r['operation']} | {r['shape']} | {r['paddle_ms']:.2f} | {theirs} | {kernel} |")
     if not args.no_save:
         record.save("cpu_ops", {"threads": usable_cores(), "rows": rows}, record.results_dir(args),
                     machine=machine_facts())

@@ -1,6 +1,7 @@
 """SmolLM2-135M: our Paddle model next to Hugging Face transformers (torch) on the same checkpoint, tokens/s.
 
-    python benchmarks/bench_smollm2.py [--model DIR] [--repeats 5] [--no-torch] [--torch-in-process] [--json out.json]
+    python benchmarks/bench_smollm2.py [--model DIR] [--repeats 5] [--no-torch] [--torch-in-process]
+        [--without-kernels] [--json out.json]
 
 Three workloads, each run for ours and then for transformers, alternating, --repeats times (after one warm-up
 each, with an untimed 0.5 s pause before each call); medians are reported with the ratio ours / transformers:
@@ -16,7 +17,8 @@ installed. Each side runs as its users get it: ours with alignment/cpu_env.py's 
 ALIGNMENT_MALLOC), transformers in a child process with glibc's default allocator, answering one call at a time so
 the two still alternate; --torch-in-process runs transformers in this process instead, under our allocator setting
 (set ALIGNMENT_MALLOC=system to give both glibc's defaults). The CPU, ISA flags, cores and settings are printed
-with the figures.
+with the figures. --without-kernels adds our model with ALIGNMENT_CPU_KERNELS=off (alignment/kernels), the same
+model and optimizer, alternating with the others.
 """
 from __future__ import annotations
 
@@ -116,6 +118,36 @@ class Ours:
         out = generate(self.model, self.prompt, self.paddle.ones_like(self.prompt), config, fused=fused)
         assert out.sequences.shape[1] == PROMPT + new_tokens
         return out.sequences[0, PROMPT:].tolist()
+
+
+class OursWithoutKernels:
+    """The same model and optimizer as `Ours` with ALIGNMENT_CPU_KERNELS=off during its calls: Paddle's operations
+    where our CPU kernels (alignment/kernels) would run."""
+
+    name = "ours, Paddle's operations"
+
+    def __init__(self, ours: Ours):
+        self.ours = ours
+
+    def _off(self, workload: str):
+        before = os.environ.get("ALIGNMENT_CPU_KERNELS")
+        os.environ["ALIGNMENT_CPU_KERNELS"] = "off"
+        try:
+            return getattr(self.ours, workload)()
+        finally:
+            if before is None:
+                os.environ.pop("ALIGNMENT_CPU_KERNELS")
+            else:
+                os.environ["ALIGNMENT_CPU_KERNELS"] = before
+
+    def train_step(self):
+        return self._off("train_step")
+
+    def score(self):
+        return self._off("score")
+
+    def generate(self):
+        return self._off("generate")
 
 
 class Transformers:
@@ -258,20 +290,23 @@ def table(times: Dict[str, Dict[str, List[float]]]) -> List[dict]:
             median = statistics.median(seconds)
             row[name] = {"s": median, "tokens_per_s": WORKLOADS[workload] / median}
         names = list(per_runner)
-        if len(names) == 2:
-            row["ratio"] = row[names[0]]["tokens_per_s"] / row[names[1]]["tokens_per_s"]
+        if Transformers.name in names:
+            row["ratio"] = row[names[0]]["tokens_per_s"] / row[Transformers.name]["tokens_per_s"]
+        if OursWithoutKernels.name in names:
+            row["kernels_ratio"] = row[names[0]]["tokens_per_s"] / row[OursWithoutKernels.name]["tokens_per_s"]
         rows.append(row)
     return rows
 
 
 def markdown(rows: List[dict], names: List[str]) -> str:
-    header = "| workload | " + " | ".join(f"{n} tokens/s (s)" for n in names) + (
-        " | ours / transformers |" if len(names) == 2 else " |")
-    lines = [header, "|" + " --- |" * (len(names) + 1 + (len(names) == 2))]
+    ratios = [(key, title) for key, title in (("ratio", "ours / transformers"),
+                                              ("kernels_ratio", "our kernels / Paddle's operations"))
+              if rows and key in rows[0]]
+    header = "| workload | " + " | ".join([f"{n} tokens/s (s)" for n in names] + [t for _, t in ratios]) + " |"
+    lines = [header, "|" + " --- |" * (len(names) + 1 + len(ratios))]
     for row in rows:
         cells = [f"{row[n]['tokens_per_s']:.1f} ({row[n]['s']:.3f})" for n in names]
-        ratio = [f"{row['ratio']:.2f}x"] if "ratio" in row else []
-        lines.append("| " + " | ".join([row["workload"], *cells, *ratio]) + " |")
+        lines.append("| " + " | ".join([row["workload"], *cells, *(f"{row[k]:.2f}x" for k, _ in ratios)]) + " |")
     return "\n".join(lines)
 
 
@@ -284,6 +319,8 @@ def main(argv=None) -> dict:
                    help="torch intra-op threads (default: the MKL threads Paddle uses)")
     p.add_argument("--torch-in-process", action="store_true",
                    help="run transformers in this process, under our allocator setting, instead of a child process")
+    p.add_argument("--without-kernels", action="store_true",
+                   help="also time our model with ALIGNMENT_CPU_KERNELS=off (Paddle's operations), alternating")
     p.add_argument("--serve-torch", action="store_true", help=argparse.SUPPRESS)  # the child process's side
     p.add_argument("--json", help="also write the figures here")
     from benchmarks import record
@@ -301,7 +338,8 @@ def main(argv=None) -> dict:
     theirs, why = load_transformers(args.model, args.torch_threads, not args.no_torch, args.torch_in_process)
     if theirs is None:
         print(f"transformers skipped: {why}")
-    runners = [ours] + ([theirs] if theirs is not None else [])
+    runners = [ours] + ([OursWithoutKernels(ours)] if args.without_kernels else []) + (
+        [theirs] if theirs is not None else [])
     rows = table(measure(runners, args.repeats))
     if isinstance(theirs, TransformersProcess):
         theirs.close()

@@ -36,7 +36,8 @@ from typing import List, NamedTuple
 import paddle
 import paddle.nn.functional as F
 
-from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias
+from alignment import kernels
+from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, swiglu
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
 from alignment.parallel import tensor_parallel as tp
@@ -105,7 +106,12 @@ def vocab_slices(weight, axis: int, count: int) -> List[paddle.Tensor]:
 
 
 def rms_norm(x, weight, eps: float):
-    """RMSNorm.forward for float32 x with its weight already expanded to x's shape."""
+    """RMSNorm.forward for float32 x with its weight already expanded to x's shape (our CPU kernel where chosen,
+    as RMSNorm.forward: the same bits as the layers)."""
+    if kernels.chosen("rms_norm"):
+        fused = kernels.rms_norm(x, weight.reshape([-1, weight.shape[-1]])[0], eps)  # the weight's first row [H]
+        if fused is not None:
+            return fused
     normed = x * paddle.rsqrt(paddle.square(x).mean(axis=-1, keepdim=True) + eps)
     return normed * weight
 
@@ -188,7 +194,7 @@ class FusedDecoder:
         """The layer's second half: x plus the SwiGLU MLP of its post-attention norm."""
         h = rms_norm(x, w.post_norm, self.eps)
         gate, up = paddle.matmul(h, w.gate), paddle.matmul(h, w.up)
-        return x + paddle.matmul(F.silu(gate) * up, w.down)
+        return x + paddle.matmul(swiglu(gate, up), w.down)
 
     def verify(self, tokens, cache, columns, mask, positions):
         """Feed tokens [b, s] at columns [b, s] of `cache` (written in place), query j attending to the columns of

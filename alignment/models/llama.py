@@ -16,6 +16,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.distributed.fleet.utils import recompute
 
+from alignment import kernels
 from alignment.models.checkpoint import PretrainedMixin
 from alignment.models.config import LlamaConfig
 from alignment.models.moe import moe_block
@@ -40,13 +41,17 @@ class RMSNorm(nn.Layer):
         self.eps = eps
 
     def forward(self, x):
+        weight = self.scale()  # [H]
+        fused = kernels.rms_norm(x, weight, self.eps)  # our CPU kernel where chosen (alignment/kernels)
+        if fused is not None:
+            return fused
         # paddle.square is ~3x faster than x.pow(2) on CPU (measured)
         x32 = x if x.dtype == paddle.float32 else x.astype("float32")
         variance = paddle.square(x32).mean(axis=-1, keepdim=True)
         normed = x32 * paddle.rsqrt(variance + self.eps)
         normed = normed if normed.dtype == x.dtype else normed.astype(x.dtype)
         # expanded first: a broadcasting multiply's forward and backward are several times slower on CPU (measured)
-        return normed * paddle.expand(self.scale(), normed.shape)
+        return normed * paddle.expand(weight, normed.shape)
 
     def scale(self):
         return self.weight
@@ -169,7 +174,13 @@ class MLP(nn.Layer):
         self.down_proj = tp.row_linear(config.intermediate_size, config.hidden_size, bias, degree)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def swiglu(gate, up):
+    """silu(gate) * up: our CPU kernel where chosen (alignment/kernels), else Paddle's two operations."""
+    fused = kernels.swiglu(gate, up)
+    return F.silu(gate) * up if fused is None else fused
 
 
 class DecoderLayer(nn.Layer):

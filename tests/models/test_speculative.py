@@ -300,6 +300,7 @@ class Turns(Environment):
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 def test_episodes_with_prompt_lookup(tiny_model_dir, sample):
+    from alignment import kernels
     from alignment.envs.multiturn import multi_turn_rollout
     from alignment.models import LlamaForCausalLM, Tokenizer
 
@@ -322,5 +323,7 @@ def test_episodes_with_prompt_lookup(tiny_model_dir, sample):
         np.testing.assert_allclose(np.asarray(b.log_probs)[actions], forced[actions - 1, ids[actions]], atol=1e-5)
         if not sample:
             assert b.input_ids == a.input_ids and b.num_turns == a.num_turns
-    if not sample:  # the same tokens, log-probs from other (verify) forwards: not all the same bits
+    if not sample and not any(kernels.chosen(name) for name in kernels.REPLACES):
+        # the same tokens, log-probs from other (verify) forwards: not all the same bits with Paddle's operations
+        # (our CPU kernels compute each row alike in any batch, alignment/kernels)
         assert any(a.log_probs != b.log_probs for a, b in zip(plain, fast))

@@ -1,0 +1,114 @@
+"""Our CPU kernels, and what each replaces: C++ custom operators (csrc/cpu_kernels.cc, built by build.py) for the
+element-wise and row-reduction steps whose Paddle CPU kernels run 3-5x slower than torch's on one thread
+(docs/performance.md, "Where the time goes"). Each runs its rows on the usable cores (std::threads, whatever
+OMP_NUM_THREADS says) with loops the compiler vectorises for this CPU.
+
+| function | replaces (the Paddle composition the model code runs otherwise) |
+| --- | --- |
+| `token_log_probs` | logprobs.py: `cross_entropy_with_softmax` (log p(label)) and the entropy's pass over its softmax |
+| `rms_norm` | llama.py `RMSNorm.forward`, fused_decode.py `rms_norm`: square, mean, rsqrt and two multiplies |
+| `swiglu` | llama.py `MLP.forward`, fused_decode.py `_mlp`: `F.silu(gate) * up` |
+
+Each function returns the kernel's result, or None when it does not apply: the caller then runs its composition.
+It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
+without our library), when the library is built and the kernel is chosen. ALIGNMENT_CPU_KERNELS chooses: `auto`
+(the entry points' default, alignment/cpu_env.py) takes each kernel that ran faster than its composition when this
+CPU was measured (choice.py, once per CPU, kept); `on` takes all three, `off` (the default when the variable is
+unset, as for a library user) none. Gradients flow through each kernel's backward operator. Token log-probs clip
+z - max(z) at -64 before the log, as Paddle's cross-entropy kernel does (log p >= -64 - log S); the entropy is exact.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Tuple
+
+import paddle
+
+from alignment import cpu_env
+from alignment.kernels import build
+
+REPLACES: Dict[str, str] = {
+    "token_log_probs": "cross_entropy_with_softmax (log p of the label) and the entropy over its softmax",
+    "rms_norm": "RMSNorm: square, mean, rsqrt, multiply by the normed input and by the expanded weight",
+    "swiglu": "SwiGLU: F.silu(gate) * up",
+}
+MODES = ("auto", "on", "off")
+_chosen: Dict[str, bool] = {}
+
+
+def mode() -> str:
+    value = os.environ.get("ALIGNMENT_CPU_KERNELS", "off") or "off"
+    if value not in MODES:
+        raise ValueError(f"ALIGNMENT_CPU_KERNELS must be one of {', '.join(MODES)}, got {value!r}")
+    return value
+
+
+def threads() -> int:
+    """The kernels' thread count: the usable cores over the processes on this host, as MKL's (cpu_env)."""
+    return cpu_env.cores_per_process()
+
+
+def _library(name: str):
+    """The compiled module when kernel `name` is chosen, else None."""
+    current = mode()
+    if current == "off":
+        return None
+    module = build.load_kernels()
+    if module is None or current == "on":
+        return module
+    if name not in _chosen:
+        from alignment.kernels import choice
+
+        _chosen.update(choice.measured_choice(module))
+    return module if _chosen.get(name) else None
+
+
+@paddle.jit.not_to_static
+def chosen(name: str) -> bool:
+    """Whether kernel `name` runs where its inputs fit (builds and measures on the first call)."""
+    return _library(name) is not None
+
+
+def _fits(*tensors) -> bool:
+    return paddle.in_dynamic_mode() and all(t.dtype == paddle.float32 and t.place.is_cpu_place() for t in tensors)
+
+
+@paddle.jit.not_to_static  # under to_static: not converted, and in_dynamic_mode() is False
+def token_log_probs(logits, labels) -> Optional[Tuple[paddle.Tensor, paddle.Tensor]]:
+    """(log p(label) [N], differentiable; entropy [N], no gradient) of logits [N, V] and int labels [N] (a label
+    < 0 gives log p 0 and no gradient), or None."""
+    if not _fits(logits) or logits.ndim != 2:
+        return None
+    module = _library("token_log_probs")
+    if module is None:
+        return None
+    log_p, entropy, _ = module.alignment_token_logprobs(logits, labels.astype("int64").reshape([-1]), threads())
+    entropy.stop_gradient = True
+    return log_p, entropy
+
+
+@paddle.jit.not_to_static
+def rms_norm(x, weight, eps: float) -> Optional[paddle.Tensor]:
+    """x * rsqrt(mean(x^2) + eps) * weight of x [..., H] and weight [H] -> [..., H], or None."""
+    if not _fits(x, weight) or weight.ndim != 1:
+        return None
+    module = _library("rms_norm")
+    if module is None:
+        return None
+    y, _ = module.alignment_rms_norm(x, weight, float(eps), threads())
+    return y
+
+
+@paddle.jit.not_to_static
+def swiglu(gate, up) -> Optional[paddle.Tensor]:
+    """silu(gate) * up, gate and up of one shape, or None."""
+    if not _fits(gate, up) or gate.shape != up.shape:
+        return None
+    module = _library("swiglu")
+    return None if module is None else module.alignment_swiglu(gate, up, threads())
+
+
+def reset() -> None:
+    """Forget this process's build attempt and choice (tests)."""
+    _chosen.clear()
+    build.reset()

@@ -1,0 +1,128 @@
+"""Builds csrc/cpu_kernels.cc just in time with `paddle.utils.cpp_extension.load`, once per machine, and loads it.
+
+The library is built with -O3 -march=native, so it is kept per CPU: in <cache>/kernels/<hash>, the hash over the
+source, Paddle's version, the CPU's model and flags, the compiler and its flags (<cache> as for alignment/mkl_path.py:
+$ALIGNMENT_CACHE_DIR, else $XDG_CACHE_HOME/alignment, else ~/.cache/alignment). Processes starting together build
+once (a file lock); the others load what it built. Without a C++ compiler ($CXX, else c++), on a build that fails,
+or on a CUDA build of Paddle nothing is built: `load_kernels` returns None, and the first time says so in one line on
+stdout (stderr is kept for a program's one error line); the model code then runs Paddle's own operations. Nothing
+is downloaded.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+from alignment import cpu_env, mkl_path
+
+NAME = "alignment_cpu_kernels"
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "cpu_kernels.cc")
+# -fopenmp-simd: the `omp simd` reductions only, no OpenMP runtime; no trapping math lets the selects vectorise
+CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno"]
+_state = {"tried": False, "module": None, "why": ""}
+
+
+def compiler() -> Optional[str]:
+    """The C++ compiler's path ($CXX, else c++), or None when there is none."""
+    return shutil.which(os.environ.get("CXX") or "c++")
+
+
+def build_dir(cxx: str) -> str:
+    """<cache>/kernels/<hash of what the library depends on>."""
+    cpu = cpu_env.cpuinfo_fields()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    digest = hashlib.sha256()
+    with open(SOURCE, "rb") as f:
+        digest.update(f.read())
+    for part in (importlib.metadata.version("paddlepaddle"), cpu.get("model name", ""), cpu.get("flags", ""),
+                 cxx, version, " ".join(CFLAGS)):
+        digest.update(part.encode() + b"\0")
+    return os.path.join(os.path.dirname(mkl_path.cache_file()), "kernels", digest.hexdigest()[:16])
+
+
+@contextlib.contextmanager
+def _quiet(log_path: str):
+    """File descriptors 1 and 2 go to log_path inside the block (the compiler's and setuptools' output)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return ""
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [""])[-1][:200]
+
+
+def _build_and_load(cxx: str):
+    """The compiled module (built now unless the cache has it); raises on failure."""
+    from paddle.utils.cpp_extension import load
+
+    where = build_dir(cxx)
+    os.makedirs(where, exist_ok=True)
+    env = {"CC": os.environ.get("CC"), "CXX": os.environ.get("CXX")}
+    os.environ["CXX"] = os.environ["CC"] = cxx  # setuptools compiles .cc files with CC
+    log = os.path.join(where, "build.log")
+    try:
+        with mkl_path._locked(os.path.join(where, "build")), _quiet(log):
+            return load(name=NAME, sources=[SOURCE], extra_cxx_cflags=list(CFLAGS), build_directory=where)
+    except Exception as error:  # noqa: BLE001 - any failure of the build means: Paddle's operations instead
+        raise RuntimeError(_last_line(log) or str(error).splitlines()[0]) from error
+    finally:
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def load_kernels():
+    """The module of compiled operators, or None (no compiler, a CUDA build, the build failed): tried once per
+    process, and a None says why once on stdout."""
+    if _state["tried"]:
+        return _state["module"]
+    _state["tried"] = True
+    cxx = compiler()
+    if cpu_env.has_cuda_paddle():
+        _state["why"] = "a CUDA build of Paddle"
+    elif cxx is None:
+        _state["why"] = f"no C++ compiler ({os.environ.get('CXX') or 'c++'} not found)"
+    else:
+        try:
+            _state["module"] = _build_and_load(cxx)
+        except RuntimeError as error:
+            _state["why"] = f"the build failed: {error}"
+    if _state["module"] is None:
+        # on stdout, as the entry points' other `cpu:` lines: stderr is kept for a program's one error line
+        print(f"cpu kernels: not built ({_state['why']}); Paddle's operations instead", flush=True)
+    return _state["module"]
+
+
+def reset() -> None:
+    """Forget this process's attempt (tests)."""
+    _state.update(tried=False, module=None, why="")

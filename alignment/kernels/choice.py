@@ -1,0 +1,105 @@
+"""Which kernels run faster than the Paddle compositions they replace on this CPU: measured once per CPU, kept.
+
+Each kernel and its composition run forward and backward at SmolLM2-135M's shapes (hidden 576, intermediate 1536,
+vocabulary 49,152; 256 rows of logits, 1024 of the rest) on the same random numbers, alternating in blocks of
+REPEATS calls, ROUNDS times; a kernel is chosen when its fastest call beats the composition's fastest (the fastest,
+not the median: a neighbour's load at that moment slows calls, never speeds them). It takes a few seconds. The
+choice is kept in `cpu_kernels.json` beside mkl_path's cache (the same directory), keyed by the CPU
+(mkl_path.cpu_key: vendor, family, model, flags, Paddle's version) and the library's build directory (its hash
+covers the source and the compiler); processes starting together measure once (a file lock).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable, Dict
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+from paddle import _C_ops
+
+from alignment import cpu_env, mkl_path
+
+CACHE_FILE = "cpu_kernels.json"
+REPEATS, ROUNDS = 3, 5
+METHOD = "fastest of 15 calls"  # part of the cache key: a kept choice made another way is measured again
+LOGIT_ROWS, ROWS, HIDDEN, INTER, VOCAB, EPS = 256, 1024, 576, 1536, 49152, 1e-5
+
+
+def cache_file() -> str:
+    return os.path.join(os.path.dirname(mkl_path.cache_file()), CACHE_FILE)
+
+
+def _leaf(array):
+    tensor = paddle.to_tensor(array)
+    tensor.stop_gradient = False
+    return tensor
+
+
+def candidates(module, threads: int) -> Dict[str, tuple]:
+    """name -> (kernel's forward + backward, the composition's) over the same inputs."""
+    rng = np.random.default_rng(0)
+    logits = _leaf(rng.standard_normal([LOGIT_ROWS, VOCAB]).astype("float32") * 3)  # [N, V]
+    labels = paddle.to_tensor(rng.integers(0, VOCAB, [LOGIT_ROWS]))  # [N]
+    x = _leaf(rng.standard_normal([ROWS, HIDDEN]).astype("float32"))  # [R, H]
+    weight = _leaf(np.ones([HIDDEN], "float32"))  # [H]
+    gate, up = (_leaf(rng.standard_normal([ROWS, INTER]).astype("float32")) for _ in range(2))  # [R, I]
+
+    def run(*outputs):
+        paddle.autograd.backward([o.sum() for o in outputs])
+
+    def composed_log_probs():
+        _, nll = _C_ops.cross_entropy_with_softmax(logits, labels.reshape([-1, 1]), False, True, True, -100, -1)
+        run(-nll)
+
+    def composed_rms_norm():
+        normed = x * paddle.rsqrt(paddle.square(x).mean(axis=-1, keepdim=True) + EPS)
+        run(normed * paddle.expand(weight, normed.shape))
+
+    return {
+        "token_log_probs": (lambda: run(module.alignment_token_logprobs(logits, labels, threads)[0]),
+                            composed_log_probs),
+        "rms_norm": (lambda: run(module.alignment_rms_norm(x, weight, EPS, threads)[0]), composed_rms_norm),
+        "swiglu": (lambda: run(module.alignment_swiglu(gate, up, threads)), lambda: run(F.silu(gate) * up)),
+    }
+
+
+def _time_ms(fn: Callable[[], None], times: list) -> None:
+    fn()
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+
+
+def measure(module, threads: int) -> Dict[str, Dict[str, float]]:
+    """name -> {"kernel_ms", "paddle_ms"} (the fastest calls) and their medians, alternating blocks."""
+    figures = {}
+    for name, (kernel, composed) in candidates(module, threads).items():
+        ours, theirs = [], []
+        for _ in range(ROUNDS):
+            _time_ms(kernel, ours)
+            _time_ms(composed, theirs)
+        figures[name] = {"kernel_ms": min(ours), "paddle_ms": min(theirs),
+                         "kernel_median_ms": statistics.median(ours), "paddle_median_ms": statistics.median(theirs)}
+    return figures
+
+
+def measured_choice(module, remeasure: bool = False) -> Dict[str, bool]:
+    """name -> whether the kernel is chosen on this CPU (measured once, kept)."""
+    from alignment.kernels import build
+
+    path = cache_file()
+    library = os.path.basename(build.build_dir(build.compiler()))
+    key = f"{mkl_path.cpu_key(cpu_env.cpuinfo_fields())} build {library} {METHOD}"
+    with mkl_path._locked(path):
+        kept = mkl_path.read_cache(path)
+        if key in kept and not remeasure:
+            return dict(kept[key]["chosen"])
+        figures = measure(module, cpu_env.cores_per_process())
+        chosen = {name: f["kernel_ms"] < f["paddle_ms"] for name, f in figures.items()}
+        kept[key] = {"chosen": chosen, "ms": figures}
+        mkl_path._write_cache(path, kept)  # not kept when the directory is not writable: measured again next time
+    return chosen
