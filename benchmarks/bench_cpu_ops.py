@@ -8,7 +8,7 @@ intermediate 1536, 9 heads, vocabulary 49,152), on the same numbers in both libr
 torch in blocks of --repeats calls (3 rounds, a warm-up call and an idle half second before each block); medians
 are reported. Paddle runs under alignment/cpu_env.py's settings (OpenMP 1 thread, MKL the usable cores), torch
 with `torch.set_num_threads(usable cores)`, both in this process. "Paddle / torch" is a ratio of times: above 1, Paddle's kernel is slower. torch is skipped, with a note,
-where it is not installed. The operations our kernels replace (alignment/kernels' C++ operators, built here if
+where it is not installed. The operations our kernels replace (alignment/cpu_kernels' C++ operators, built here if
 this machine has a C++ compiler) also time the kernel, alternating with the other two, forward + backward where the
 row says so; the Paddle column is then the composition the model runs without them, called directly.
 """
@@ -98,13 +98,13 @@ def operations(paddle, torch, kernels: Optional[Dict[str, Callable]] = None
 
 
 def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
-    """Our kernels (alignment/kernels): name -> (shape, Paddle's composition, torch, our kernel), the forward rows
+    """Our kernels (alignment/cpu_kernels): name -> (shape, Paddle's composition, torch, our kernel), the forward rows
     of `operations` and forward + backward of each, the calls returning what the tests compare (an output or the
     first input's gradient); {} where the library cannot be built."""
     import paddle.nn.functional as F
     from paddle import _C_ops
 
-    from alignment.kernels import build, threads
+    from alignment.cpu_kernels import build, threads
 
     lib = build.load_kernels()
     if lib is None:

@@ -36,7 +36,7 @@ from typing import List, NamedTuple
 import paddle
 import paddle.nn.functional as F
 
-from alignment import kernels
+from alignment import cpu_kernels as kernels
 from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, swiglu
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix

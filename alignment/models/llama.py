@@ -16,7 +16,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.distributed.fleet.utils import recompute
 
-from alignment import kernels
+from alignment import cpu_kernels as kernels
 from alignment.models.checkpoint import PretrainedMixin
 from alignment.models.config import LlamaConfig
 from alignment.models.moe import moe_block
@@ -42,7 +42,7 @@ class RMSNorm(nn.Layer):
 
     def forward(self, x):
         weight = self.scale()  # [H]
-        fused = kernels.rms_norm(x, weight, self.eps)  # our CPU kernel where chosen (alignment/kernels)
+        fused = kernels.rms_norm(x, weight, self.eps)  # our CPU kernel where chosen (alignment/cpu_kernels)
         if fused is not None:
             return fused
         # paddle.square is ~3x faster than x.pow(2) on CPU (measured)
@@ -178,7 +178,7 @@ class MLP(nn.Layer):
 
 
 def swiglu(gate, up):
-    """silu(gate) * up: our CPU kernel where chosen (alignment/kernels), else Paddle's two operations."""
+    """silu(gate) * up: our CPU kernel where chosen (alignment/cpu_kernels), else Paddle's two operations."""
     fused = kernels.swiglu(gate, up)
     return F.silu(gate) * up if fused is None else fused
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import paddle
 from paddle import _C_ops
 
-from alignment import kernels
+from alignment import cpu_kernels as kernels
 from alignment.data.tokenized import IGNORE_INDEX
 from alignment.parallel import tensor_parallel as tp
 from alignment.parallel.distributed import model_parallel_degree
@@ -34,7 +34,7 @@ def gather_log_probs(logits, labels):
     """log softmax(logits)[label]  = logits[label] - logsumexp(logits), per token. [B,T,V], [B,T] -> [B,T].
 
     Computed as -cross_entropy (fast on CPU, unlike F.log_softmax over a big vocabulary); differentiable.
-    Labels equal to -100 (paddle's ignore_index) give 0. Our CPU kernel where it is chosen (alignment/kernels).
+    Labels equal to -100 (paddle's ignore_index) give 0. Our CPU kernel where it is chosen (alignment/cpu_kernels).
     """
     flat, flat_labels = _flat(logits, labels)  # [N, V], [N, 1]
     fused = kernels.token_log_probs(flat, flat_labels)

@@ -300,7 +300,7 @@ class Turns(Environment):
 
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 def test_episodes_with_prompt_lookup(tiny_model_dir, sample):
-    from alignment import kernels
+    from alignment import cpu_kernels as kernels
     from alignment.envs.multiturn import multi_turn_rollout
     from alignment.models import LlamaForCausalLM, Tokenizer
 
@@ -325,5 +325,5 @@ def test_episodes_with_prompt_lookup(tiny_model_dir, sample):
             assert b.input_ids == a.input_ids and b.num_turns == a.num_turns
     if not sample and not any(kernels.chosen(name) for name in kernels.REPLACES):
         # the same tokens, log-probs from other (verify) forwards: not all the same bits with Paddle's operations
-        # (our CPU kernels compute each row alike in any batch, alignment/kernels)
+        # (our CPU kernels compute each row alike in any batch, alignment/cpu_kernels)
         assert any(a.log_probs != b.log_probs for a, b in zip(plain, fast))

@@ -1,4 +1,4 @@
-"""Our CPU kernels (alignment/kernels) against the Paddle compositions they replace: forward values, gradients by
+"""Our CPU kernels (alignment/cpu_kernels) against the Paddle compositions they replace: forward values, gradients by
 Paddle's autograd of the composition, the same bits on any thread count and batch, and the fallback to Paddle's
 operations without a compiler. The kernel tests skip where no library can be built (no C++ compiler)."""
 import json
@@ -11,8 +11,8 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
-from alignment import kernels
-from alignment.kernels import build
+from alignment import cpu_kernels as kernels
+from alignment.cpu_kernels import build
 from alignment.models import LlamaConfig, LlamaForCausalLM
 from alignment.models.llama import RMSNorm
 from alignment.models.logprobs import gather_log_probs, log_probs_and_entropy
@@ -194,7 +194,7 @@ FALLBACK = """
 import json, sys
 import paddle
 from alignment.models.logprobs import gather_log_probs
-from alignment import kernels
+from alignment import cpu_kernels as kernels
 logits = paddle.to_tensor([[[0.0, 1.0, 2.0]]])
 print(json.dumps([float(gather_log_probs(logits, paddle.to_tensor([[2]]))[0, 0]), kernels.chosen("swiglu")]))
 """

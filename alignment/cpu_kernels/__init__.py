@@ -25,7 +25,7 @@ from typing import Dict, Optional, Tuple
 import paddle
 
 from alignment import cpu_env
-from alignment.kernels import build
+from alignment.cpu_kernels import build
 
 REPLACES: Dict[str, str] = {
     "token_log_probs": "cross_entropy_with_softmax (log p of the label) and the entropy over its softmax",
@@ -57,7 +57,7 @@ def _library(name: str):
     if module is None or current == "on":
         return module
     if name not in _chosen:
-        from alignment.kernels import choice
+        from alignment.cpu_kernels import choice
 
         _chosen.update(choice.measured_choice(module))
     return module if _chosen.get(name) else None

@@ -89,7 +89,7 @@ def measure(module, threads: int) -> Dict[str, Dict[str, float]]:
 
 def measured_choice(module, remeasure: bool = False) -> Dict[str, bool]:
     """name -> whether the kernel is chosen on this CPU (measured once, kept)."""
-    from alignment.kernels import build
+    from alignment.cpu_kernels import build
 
     path = cache_file()
     library = os.path.basename(build.build_dir(build.compiler()))

@@ -1,5 +1,5 @@
 // CPU kernels for the element-wise and row-reduction steps of a training / scoring step, as Paddle custom
-// operators (paddle/extension.h: PD_BUILD_OP / PD_BUILD_GRAD_OP), built just in time by alignment/kernels/build.py
+// operators (paddle/extension.h: PD_BUILD_OP / PD_BUILD_GRAD_OP), built just in time by alignment/cpu_kernels/build.py
 // with -O3 -march=native -fopenmp-simd so the compiler vectorises the loops below for this CPU (AVX-512 where it
 // has it; the row sums are `omp simd` reductions: one partial sum per vector lane; no OpenMP runtime is linked).
 // Each kernel splits its rows over `threads` std::threads (the caller passes the usable cores: Paddle's OpenMP runs
