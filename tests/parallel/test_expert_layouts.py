@@ -28,7 +28,7 @@ from tests.parallel.test_layouts import rl_args, rl_run_matches
 
 pytestmark = pytest.mark.parallel
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "models")
 LAYOUTS = {"ep2": 2, "ep2xdp2": 4}  # name: processes (expert_parallel_degree 2)
 
 
