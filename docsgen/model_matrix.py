@@ -35,10 +35,10 @@ DENSE_NEW = ["qwen3", "ernie4_5"]
 MOE = ["qwen3_moe", "ernie4_5_moe"]
 FIXTURED = ["llama"] + DENSE_NEW + MOE  # tests/fixtures/models (Llama 3.x RoPE scalings as llama3, linear, ...)
 # (check, family): the tests that check it
-VERIFIED: Dict[Tuple[str, str], List["Test"]] = {}
+VERIFIED: Dict[Tuple[str, str], List["Check"]] = {}
 
 
-class Test(NamedTuple):
+class Check(NamedTuple):
     """A test function in `path`; `token` (default: the family's model type, quoted) must appear in `where`
     (default: `path`), the file that names what the test runs on."""
     path: str
@@ -64,45 +64,45 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def verified(check: str, families: List[str], *tests: Test) -> None:
+def verified(check: str, families: List[str], *tests: Check) -> None:
     for family in families:
         VERIFIED.setdefault((check, family), []).extend(tests)
 
 
 TINY = "tiny_model_dir"  # the tiny LLaMA the suites build (tests/conftest.py)
 STAGE_FAMILIES = "tests/training/test_family_stages.py"  # FAMILIES: llama3, qwen3, ernie4_5 and the MoE families
-verified("logits", ["llama", "qwen2"], Test("tests/models/test_hf_parity.py", "test_logits_match_transformers"))
-verified("logits", FIXTURED, Test("tests/models/test_model_families.py", "test_logits_match_transformers", '"llama3"'))
+verified("logits", ["llama", "qwen2"], Check("tests/models/test_hf_parity.py", "test_logits_match_transformers"))
+verified("logits", FIXTURED, Check("tests/models/test_model_families.py", "test_logits_match_transformers", '"llama3"'))
 for family in ALL:
-    verified("live", [family], *(Test("tests/models/test_transformers_live.py", function,
+    verified("live", [family], *(Check("tests/models/test_transformers_live.py", function,
                                       '"llama3"' if family == "llama" else None)
                                  for function in ("test_logits_equal_transformers",
                                                   "test_greedy_tokens_through_the_decode_engine_are_transformers",
                                                   "test_what_we_save_loads_in_transformers_with_our_logits")))
-verified("greedy", ["llama", "qwen2"], Test("tests/models/test_hf_parity.py", "test_greedy_tokens_match_transformers"))
-verified("greedy", FIXTURED, Test("tests/models/test_model_families.py",
+verified("greedy", ["llama", "qwen2"], Check("tests/models/test_hf_parity.py", "test_greedy_tokens_match_transformers"))
+verified("greedy", FIXTURED, Check("tests/models/test_model_families.py",
                                   "test_greedy_tokens_through_the_decode_engine_match_transformers", '"llama3"'))
-verified("gguf", ["llama"], Test("tests/models/test_import_gguf.py", "test_weights_are_unpermuted_hf_layout", "llama"))
-verified("gguf", ["qwen2"] + DENSE_NEW + MOE, Test("tests/models/test_import_gguf_families.py",
+verified("gguf", ["llama"], Check("tests/models/test_import_gguf.py", "test_weights_are_unpermuted_hf_layout", "llama"))
+verified("gguf", ["qwen2"] + DENSE_NEW + MOE, Check("tests/models/test_import_gguf_families.py",
                                                    "test_imported_logits_are_the_checkpoints"))
-verified("lora", ["llama"], Test("tests/models/test_lora.py",
+verified("lora", ["llama"], Check("tests/models/test_lora.py",
                                  "test_lora_sft_trains_adapters_and_merges_to_the_same_logits", TINY))
-verified("lora", FIXTURED, Test("tests/models/test_family_lora.py", "test_lora_trains_saves_and_merges_on_every_family",
+verified("lora", FIXTURED, Check("tests/models/test_family_lora.py", "test_lora_trains_saves_and_merges_on_every_family",
                                 '"llama3"', STAGE_FAMILIES))
-verified("lora", ["qwen3_moe"], Test("tests/models/test_moe.py", "test_lora_wraps_every_expert_and_not_the_router"))
-verified("stages", FIXTURED, Test("tests/training/test_family_stages.py", "test_every_stage_trains_every_family",
+verified("lora", ["qwen3_moe"], Check("tests/models/test_moe.py", "test_lora_wraps_every_expert_and_not_the_router"))
+verified("stages", FIXTURED, Check("tests/training/test_family_stages.py", "test_every_stage_trains_every_family",
                                   '"llama3"'))
-verified("export", FIXTURED, Test("tests/inference/test_family_export.py",
+verified("export", FIXTURED, Check("tests/inference/test_family_export.py",
                                   "test_the_exported_program_gives_the_dynamic_models_logits", '"llama3"',
                                   STAGE_FAMILIES))
-verified("layouts", ["llama"], Test("tests/parallel/test_layouts.py", "test_combined_layout_equals_one_process", TINY))
-verified("layouts", DENSE_NEW + MOE, Test("tests/parallel/test_family_layouts.py",
+verified("layouts", ["llama"], Check("tests/parallel/test_layouts.py", "test_combined_layout_equals_one_process", TINY))
+verified("layouts", DENSE_NEW + MOE, Check("tests/parallel/test_family_layouts.py",
                                           "test_a_family_under_a_layout_equals_one_process"))
-verified("layouts", MOE, Test("tests/parallel/test_expert_layouts.py", "test_expert_parallel_step_equals_one_process"),
-         Test("tests/parallel/test_moe_tensor_parallel.py", "test_a_tensor_parallel_step_equals_one_process"))
-verified("replay", MOE, Test("tests/models/test_moe_replay.py",
+verified("layouts", MOE, Check("tests/parallel/test_expert_layouts.py", "test_expert_parallel_step_equals_one_process"),
+         Check("tests/parallel/test_moe_tensor_parallel.py", "test_a_tensor_parallel_step_equals_one_process"))
+verified("replay", MOE, Check("tests/models/test_moe_replay.py",
                              "test_replay_routes_the_training_forward_as_the_sampler_did"))
-verified("replay", ["qwen3_moe"], Test("tests/ppo/test_moe_replay_episodes.py",
+verified("replay", ["qwen3_moe"], Check("tests/ppo/test_moe_replay_episodes.py",
                                        "test_with_replay_the_first_ratio_is_exactly_one_and_no_routing_differs",
                                        "qwen3_moe"))
 
