@@ -87,8 +87,8 @@ verified("gguf", ["qwen2"] + DENSE_NEW + MOE, Check("tests/models/test_import_gg
                                                    "test_imported_logits_are_the_checkpoints"))
 verified("lora", ["llama"], Check("tests/models/test_lora.py",
                                  "test_lora_sft_trains_adapters_and_merges_to_the_same_logits", TINY))
-verified("lora", FIXTURED, Check("tests/models/test_family_lora.py", "test_lora_trains_saves_and_merges_on_every_family",
-                                '"llama3"', STAGE_FAMILIES))
+verified("lora", FIXTURED, Check("tests/models/test_family_lora.py",
+                                 "test_lora_trains_saves_and_merges_on_every_family", '"llama3"', STAGE_FAMILIES))
 verified("lora", ["qwen3_moe"], Check("tests/models/test_moe.py", "test_lora_wraps_every_expert_and_not_the_router"))
 verified("stages", FIXTURED, Check("tests/training/test_family_stages.py", "test_every_stage_trains_every_family",
                                   '"llama3"'))
