@@ -43,6 +43,8 @@ def hf_state_dict(model: nn.Layer) -> Dict[str, paddle.Tensor]:
     linear = linear_weight_names(model)
     out = {}
     for name, tensor in model.state_dict().items():
+        if getattr(tensor, "expert_parallel", False):
+            continue  # whole_experts below gathers every rank's experts
         if tp.is_split(tensor):
             tensor = tp.full_tensor(tensor)
         out[name] = tensor.T.contiguous() if name in linear else tensor.contiguous()

@@ -259,8 +259,8 @@ def load_trained_model(head: str, path: str, layout: Layout, lora_args, pipe_los
     config_class, model_class = _model_classes(head)
     model = load_pipeline_model(config_class, path, head, layout.pipeline, pipe_loss, **config) \
         if layout.pipeline > 1 else with_lora(model_class.from_pretrained(path, **config), lora_args, trainable)
-    if held_experts(model):  # every rank's log says which experts it trains
-        print(f"rank {launcher.rank()}: {held_experts(model)}")
+    if held := held_experts(model):  # every rank's log says which experts it trains
+        print(f"rank {launcher.rank()}: {held}")
     return model
 
 

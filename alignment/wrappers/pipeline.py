@@ -83,7 +83,8 @@ class PipelineModel:
         tensor-parallel slices are gathered, then each stage broadcasts its layers to the other stages)."""
         hcg = fleet.get_hybrid_communicate_group()
         group = hcg.get_pipe_parallel_group()
-        own = {name: (tp.full_tensor(p) if tp.is_split(p) else p.detach()) for name, p in self.hf_names().items()}
+        own = {name: (tp.full_tensor(p) if tp.is_split(p) else p.detach()) for name, p in self.hf_names().items()
+               if not getattr(p, "expert_parallel", False)}  # whole_experts gathers every rank's experts
         own.update({hf_name(name, self.config.num_hidden_layers): tensor  # expert parallelism: the group's experts
                     for name, tensor in whole_experts(self).items()})
         if getattr(self, "_stage_shapes", None) is None:  # which stage holds what: exchanged once

@@ -41,6 +41,8 @@ class WholeCopy:
                     own[name].set_value(tensor)
             else:  # sharding stage 3: each rank's slices gathered first
                 for name, param in source.named_parameters():
+                    if getattr(param, "expert_parallel", False):
+                        continue  # whole_experts below gathers every rank's experts
                     value = sharded.whole_value(param)
                     own[name].set_value(tp.gather_along(value, param.split_axis) if tp.is_split(param) else value)
                 for name, tensor in whole_experts(source).items():  # expert parallelism: the group's experts
