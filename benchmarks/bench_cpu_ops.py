@@ -101,6 +101,7 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
     """Our kernels (alignment/cpu_kernels): name -> (shape, Paddle's composition, torch, our kernel), the forward rows
     of `operations` and forward + backward of each, the calls returning what the tests compare (an output or the
     first input's gradient); {} where the library cannot be built."""
+    import numpy as np
     import paddle.nn.functional as F
     from paddle import _C_ops
 
@@ -122,6 +123,9 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
     w, tw = leaves(HIDDEN)
     gate, tgate = leaves(TOKENS, INTER)
     up, tup = leaves(TOKENS, INTER)
+    scores, tscores = leaves(8, HEADS, SEQ, SEQ)
+    causal = np.broadcast_to(np.triu(np.full([SEQ, SEQ], -1e9, "float32"), 1), [8, HEADS, SEQ, SEQ]).copy()
+    bias, tbias = paddle.to_tensor(causal), torch.from_numpy(causal) if torch else None
 
     def back(leaf, out):  # -> the leaf's gradient of out.sum()
         leaf.clear_gradient()
@@ -146,7 +150,7 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
     def t_nll(z):
         return tF.cross_entropy(z, tids, reduction="none")
 
-    lp, nm, sw = f"{TOKENS}x{VOCAB}", f"{TOKENS}x{HIDDEN}", f"{TOKENS}x{INTER}"
+    lp, nm, sw, at = f"{TOKENS}x{VOCAB}", f"{TOKENS}x{HIDDEN}", f"{TOKENS}x{INTER}", f"8x{HEADS}x{SEQ}x{SEQ}"
     return {
         "token log-probs over the vocabulary": (
             lp, lambda: nll(logits.detach()), lambda: t_nll(tlogits.detach()),
@@ -166,6 +170,12 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
         "RMSNorm, forward + backward": (
             nm, lambda: back(x, rms(x, w)), lambda: tback(tx, trms(tx, tw)),
             lambda: back(x, lib.alignment_rms_norm(x, w, EPS, n)[0])),
+        "attention softmax": (  # the causal mask added first, as the model (and transformers' eager attention)
+            at, lambda: F.softmax(scores.detach() + bias, -1), lambda: torch.softmax(tscores.detach() + tbias, -1),
+            lambda: lib.alignment_attention_softmax(scores.detach(), bias, n)),
+        "attention softmax, forward + backward": (
+            at, lambda: back(scores, F.softmax(scores + bias, -1)), lambda: tback(tscores, torch.softmax(
+                tscores + tbias, -1)), lambda: back(scores, lib.alignment_attention_softmax(scores, bias, n))),
     }
 
 def once_ms(fn: Callable[[], object]) -> float:

@@ -8,19 +8,20 @@ OMP_NUM_THREADS says) with loops the compiler vectorises for this CPU.
 | `token_log_probs` | logprobs.py: `cross_entropy_with_softmax` (log p(label)) and the entropy's pass over its softmax |
 | `rms_norm` | llama.py `RMSNorm.forward`, fused_decode.py `rms_norm`: square, mean, rsqrt and two multiplies |
 | `swiglu` | llama.py `MLP.forward`, fused_decode.py `_mlp`: `F.silu(gate) * up` |
+| `attention_softmax` | llama.py `Attention.forward`, fused_decode.py's steps: `F.softmax(scores + bias)` (csrc/attention_softmax.cc) |
 
 Each function returns the kernel's result, or None when it does not apply: the caller then runs its composition.
 It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
 without our library), when the library is built and the kernel is chosen. ALIGNMENT_CPU_KERNELS chooses: `auto`
 (the entry points' default, alignment/cpu_env.py) takes each kernel that ran faster than its composition when this
-CPU was measured (choice.py, once per CPU, kept); `on` takes all three, `off` (the default when the variable is
+CPU was measured (choice.py, once per CPU, kept); `on` takes all four, `off` (the default when the variable is
 unset, as for a library user) none. Gradients flow through each kernel's backward operator. Token log-probs clip
 z - max(z) at -64 before the log, as Paddle's cross-entropy kernel does (log p >= -64 - log S); the entropy is exact.
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import paddle
 
@@ -31,9 +32,11 @@ REPLACES: Dict[str, str] = {
     "token_log_probs": "cross_entropy_with_softmax (log p of the label) and the entropy over its softmax",
     "rms_norm": "RMSNorm: square, mean, rsqrt, multiply by the normed input and by the expanded weight",
     "swiglu": "SwiGLU: F.silu(gate) * up",
+    "attention_softmax": "attention's softmax(scores + bias): an add and Paddle's softmax",
 }
 MODES = ("auto", "on", "off")
 _chosen: Dict[str, bool] = {}
+_agreed: Dict[str, bool] = {}  # set by agree(): what every rank of a job runs
 
 
 def mode() -> str:
@@ -50,6 +53,8 @@ def threads() -> int:
 
 def _library(name: str):
     """The compiled module when kernel `name` is chosen, else None."""
+    if _agreed:
+        return build.load_kernels() if _agreed[name] else None
     current = mode()
     if current == "off":
         return None
@@ -108,7 +113,30 @@ def swiglu(gate, up) -> Optional[paddle.Tensor]:
     return None if module is None else module.alignment_swiglu(gate, up, threads())
 
 
-def reset() -> None:
-    """Forget this process's build attempt and choice (tests)."""
+def agree(all_ranks_min: Callable[[List[int]], List[int]]) -> Dict[str, bool]:
+    """Make every rank of a job run the same kernels: each rank's choice (built and measured here, where it was
+    not yet) goes through `all_ranks_min` (an element-wise minimum over the job's ranks), and a kernel runs only
+    where every rank took it. Ranks that build or measure apart (another host, a cache they cannot write) could
+    otherwise round RMSNorm's or SwiGLU's last bits differently, and tensor-parallel ranks would hold different
+    copies of the residual stream they are meant to share. Called by parallel/distributed.py once the groups
+    exist; returns the agreed choice."""
+    mine = [int(_library(name) is not None) for name in REPLACES]
+    _agreed.update({name: bool(flag) for name, flag in zip(REPLACES, all_ranks_min(mine))})
+    return dict(_agreed)
+
+
+@paddle.jit.not_to_static
+def attention_softmax(scores, bias) -> Optional[paddle.Tensor]:
+    """softmax(scores + bias) over the last axis of scores [..., T] and bias of the same shape (no gradient: a
+    mask), or None."""
+    if not _fits(scores, bias) or scores.shape != bias.shape:
+        return None
+    module = _library("attention_softmax")
+    return None if module is None else module.alignment_attention_softmax(scores, bias, threads())
+
+
+def forget_choice() -> None:
+    """Forget this process's choice and agreement (tests; the built library stays loaded: Paddle registers a
+    library's operators once per process)."""
     _chosen.clear()
-    build.reset()
+    _agreed.clear()

@@ -1,4 +1,4 @@
-"""Builds csrc/cpu_kernels.cc just in time with `paddle.utils.cpp_extension.load`, once per machine, and loads it.
+"""Builds csrc/*.cc just in time with `paddle.utils.cpp_extension.load`, once per machine, and loads it.
 
 The library is built with -O3 -march=native, so it is kept per CPU: in <cache>/kernels/<hash>, the hash over the
 source, Paddle's version, the CPU's model and flags, the compiler and its flags (<cache> as for alignment/mkl_path.py:
@@ -22,7 +22,9 @@ from typing import Optional
 from alignment import cpu_env, mkl_path
 
 NAME = "alignment_cpu_kernels"
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "cpu_kernels.cc")
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+SOURCES = [os.path.join(CSRC, name) for name in ("cpu_kernels.cc", "attention_softmax.cc")]
+HEADERS = [os.path.join(CSRC, "common.h")]
 # -fopenmp-simd: the `omp simd` reductions only, no OpenMP runtime; no trapping math lets the selects vectorise
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno"]
 _state = {"tried": False, "module": None, "why": ""}
@@ -41,8 +43,9 @@ def build_dir(cxx: str) -> str:
     except (OSError, subprocess.SubprocessError):
         version = ""
     digest = hashlib.sha256()
-    with open(SOURCE, "rb") as f:
-        digest.update(f.read())
+    for path in SOURCES + HEADERS:
+        with open(path, "rb") as f:
+            digest.update(f.read())
     for part in (importlib.metadata.version("paddlepaddle"), cpu.get("model name", ""), cpu.get("flags", ""),
                  cxx, version, " ".join(CFLAGS)):
         digest.update(part.encode() + b"\0")
@@ -90,7 +93,7 @@ def _build_and_load(cxx: str):
     log = os.path.join(where, "build.log")
     try:
         with mkl_path._locked(os.path.join(where, "build")), _quiet(log):
-            return load(name=NAME, sources=[SOURCE], extra_cxx_cflags=list(CFLAGS), build_directory=where)
+            return load(name=NAME, sources=list(SOURCES), extra_cxx_cflags=list(CFLAGS), build_directory=where)
     except Exception as error:  # noqa: BLE001 - any failure of the build means: Paddle's operations instead
         raise RuntimeError(_last_line(log) or str(error).splitlines()[0]) from error
     finally:
@@ -122,7 +125,3 @@ def load_kernels():
         print(f"cpu kernels: not built ({_state['why']}); Paddle's operations instead", flush=True)
     return _state["module"]
 
-
-def reset() -> None:
-    """Forget this process's attempt (tests)."""
-    _state.update(tried=False, module=None, why="")

@@ -37,7 +37,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment import cpu_kernels as kernels
-from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, swiglu
+from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, masked_softmax, swiglu
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
 from alignment.parallel import tensor_parallel as tp
@@ -186,8 +186,8 @@ class FusedDecoder:
         k_cache.put_along_axis_(index, k.reshape([b, kv_heads, 1, d]), 2)  # [b, kv_heads, width, d], in place
         v_cache.put_along_axis_(index, v.reshape([b, kv_heads, 1, d]), 2)
         # q head i attends with kv head i // groups (Attention's folded decode step)
-        scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k_cache, transpose_y=True) + bias
-        out = paddle.matmul(F.softmax(scores, axis=-1), v_cache).reshape([b, 1, heads * d])
+        scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k_cache, transpose_y=True)
+        out = paddle.matmul(masked_softmax(scores, bias), v_cache).reshape([b, 1, heads * d])
         return self._mlp(x + paddle.matmul(out, w.o), w)
 
     def _mlp(self, x, w: LayerWeights):
@@ -229,6 +229,6 @@ class FusedDecoder:
         k_cache.put_along_axis_(index, k.transpose([0, 2, 1, 3]), 2)  # [b, kv_heads, width, d], in place
         v_cache.put_along_axis_(index, v.transpose([0, 2, 1, 3]), 2)
         q = q.transpose([0, 2, 1, 3]).reshape([b, kv_heads, heads // kv_heads * s, d])  # q head i: kv head i // groups
-        scores = paddle.matmul(q, k_cache, transpose_y=True) + bias  # [b, kv_heads, groups s, width]
-        out = paddle.matmul(F.softmax(scores, axis=-1), v_cache).reshape([b, heads, s, d])
+        scores = paddle.matmul(q, k_cache, transpose_y=True)  # [b, kv_heads, groups s, width]
+        out = paddle.matmul(masked_softmax(scores, bias), v_cache).reshape([b, heads, s, d])
         return self._mlp(x + paddle.matmul(out.transpose([0, 2, 1, 3]).reshape([b, s, heads * d]), w.o), w)

@@ -15,6 +15,7 @@ import paddle
 import paddle.distributed as dist
 from paddle import _C_ops
 
+from alignment import cpu_kernels
 from alignment.launcher import rank, store_address, world_size
 from alignment.parallel.stores import wait_until_listening
 
@@ -32,9 +33,21 @@ def is_main_process() -> bool:
 def init_distributed(layout=None) -> None:
     """Start the process groups once: fleet's hybrid groups when `layout` (topology.Layout) splits models or
     optimizer states, else plain data parallelism. Called by the entry points before any model is built."""
-    global _hybrid, _trainers, _training_world
     if world_size() == 1 or dist.is_initialized():
         return
+    _start_groups(layout)
+    if not paddle.is_compiled_with_cuda():
+        cpu_kernels.agree(_all_ranks_min)
+
+
+def _all_ranks_min(values: List[int]) -> List[int]:
+    tensor = paddle.to_tensor(values, dtype="int64")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return tensor.tolist()
+
+
+def _start_groups(layout) -> None:
+    global _hybrid, _trainers, _training_world
     store = store_address()
     if rank() != 0 and store:  # a connect before rank 0 listens can connect to itself (stores.wait_until_listening)
         wait_until_listening(*store, STORE_WAIT_SECONDS)

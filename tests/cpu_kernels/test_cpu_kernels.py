@@ -144,6 +144,40 @@ def test_swiglu_forward_and_gradients_equal_the_composition(lib):
         np.testing.assert_allclose(ours[finite], theirs[finite], atol=1e-5 * np.abs(theirs[finite]).max(), rtol=1e-5)
 
 
+def _softmax64(scores, bias):
+    x = (scores + bias).astype("float64")  # added in float32, as both sides do: a masked row's keys become equal
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_attention_softmax_forward_and_gradient_equal_float64_and_the_composition(lib):
+    rng = np.random.default_rng(8)
+    shape = [2, 3, 5, 37]  # [b, h, s, t], t not a multiple of 16
+    scores_np = (rng.standard_normal(shape) * 4).astype("float32")
+    bias_np = np.zeros(shape, "float32")
+    bias_np[..., 30:] = -1e9  # masked keys (llama.MASK_VALUE)
+    bias_np[1, 2, 4, :] = -1e9  # a query whose keys are all masked: uniform weights in float32, as Paddle's
+    scores_np[0, 0, 0, 3] = 60.0  # one key takes almost all the weight
+    dy_np = rng.standard_normal(shape).astype("float32")
+    dy = paddle.to_tensor(dy_np)
+    results = []
+    for fn in (lambda s, b: lib.alignment_attention_softmax(s, b, THREADS), lambda s, b: F.softmax(s + b, axis=-1)):
+        scores = _leaf(scores_np)
+        probs = fn(scores, paddle.to_tensor(bias_np))
+        (probs * dy).sum().backward()
+        results.append([probs.numpy(), scores.grad.numpy()])
+    (ours, our_grad), (theirs, their_grad) = results
+    np.testing.assert_allclose(ours, theirs, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(our_grad, their_grad, atol=1e-6, rtol=1e-5)
+    want = _softmax64(scores_np, bias_np)
+    np.testing.assert_allclose(ours, want, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(our_grad, want * (dy_np - (dy_np * want).sum(-1, keepdims=True)), atol=1e-6, rtol=1e-4)
+    assert (ours[0, ..., 30:] == 0).all() and np.allclose(ours[1, 2, 4], 1 / 37)
+    one, two = (lib.alignment_attention_softmax(paddle.to_tensor(scores_np), paddle.to_tensor(bias_np), t).numpy()
+                for t in (1, 2))
+    assert (one == two).all()
+
+
 def test_every_row_has_the_same_bits_on_any_thread_count_and_alone(lib):
     """Rows are independent and reduced in one fixed order: a decode step's row equals the scoring pass's."""
     rng = np.random.default_rng(5)
@@ -190,6 +224,28 @@ def test_a_model_step_with_the_kernels_equals_the_composition(lib, monkeypatch):
         np.testing.assert_allclose(ours, theirs, atol=1e-5 * max(1.0, np.abs(theirs).max()), rtol=1e-4)
 
 
+def test_ranks_run_only_the_kernels_every_rank_took(lib, monkeypatch):
+    monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "on")
+    seen = []
+
+    def other_rank_lacks_rms_norm(mine):  # the element-wise minimum with a rank that chose [1, 0, 1, 1]
+        seen.append(list(mine))
+        return [min(a, b) for a, b in zip(mine, [1, 0, 1, 1])]
+
+    kernels.forget_choice()
+    try:
+        agreed = kernels.agree(other_rank_lacks_rms_norm)
+        assert seen == [[1, 1, 1, 1]]
+        assert list(kernels.REPLACES) == ["token_log_probs", "rms_norm", "swiglu", "attention_softmax"]
+        assert agreed == {"token_log_probs": True, "rms_norm": False, "swiglu": True, "attention_softmax": True}
+        x = paddle.ones([2, 8])
+        assert kernels.rms_norm(x, paddle.ones([8]), 1e-5) is None and kernels.swiglu(x, x) is not None
+        monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "off")  # the agreement holds for the rest of the job
+        assert kernels.swiglu(x, x) is not None
+    finally:
+        kernels.forget_choice()
+
+
 FALLBACK = """
 import json, sys
 import paddle
@@ -225,7 +281,7 @@ def test_the_benchmark_times_kernels_that_compute_what_paddle_and_torch_do(lib):
 
     calls = {}
     ops = bench_cpu_ops.operations(paddle, torch, calls)
-    assert len(calls) == 6
+    assert len(calls) == 8
     for name, kernel in calls.items():
         _, ours, theirs = ops[name]
         want = theirs().detach().numpy()

@@ -1,0 +1,72 @@
+// Helpers shared by the kernels' sources (cpu_kernels.cc, attention_softmax.cc): a vectorisable exp, the row
+// split over std::threads, a row's max, and the input check.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "paddle/extension.h"
+
+namespace alignment_kernels {
+
+
+// exp(x) with Cephes' expf polynomial (about 1 ulp on [-87, 88]), branch-free so loops over it vectorise; 0 below
+// -87.3 (and for -inf), NaN stays NaN
+inline float exp_approx(float x) {
+  float xc = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  float k = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - k * 0.693359375f;
+  r = r + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.3f ? 0.0f : y * scale;
+}
+
+constexpr int64_t kMinFloatsPerThread = 1 << 15;  // below this much work a thread's start costs more than it saves
+
+// f(begin, end) over [0, n) split into `threads` contiguous blocks, the calling thread taking the first; each block
+// at least kMinFloatsPerThread / floats_per_item items (a decode step's rows of 8 x 576 run on the calling thread)
+template <class F>
+inline void parallel_for(int64_t n, int64_t threads, F f, int64_t floats_per_item) {
+  const int64_t most = std::max<int64_t>(1, n * floats_per_item / kMinFloatsPerThread);
+  threads = std::max<int64_t>(1, std::min<int64_t>({threads, n, most}));
+  if (threads == 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+  std::vector<std::thread> workers;
+  workers.reserve(threads - 1);
+  int64_t block = (n + threads - 1) / threads;
+  for (int64_t t = 1; t < threads; ++t) {
+    int64_t begin = std::min(n, t * block), end = std::min(n, (t + 1) * block);
+    workers.emplace_back([=] { f(begin, end); });
+  }
+  f(int64_t{0}, std::min(n, block));
+  for (auto& w : workers) w.join();
+}
+
+inline float row_max(const float* __restrict z, int64_t v) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < v; ++i) m = z[i] > m ? z[i] : m;
+  return m;
+}
+
+inline void check_cpu_f32(const paddle::Tensor& t, const char* name) {
+  PD_CHECK(t.is_cpu(), name, " must be a CPU tensor");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, name, " must be float32");
+}
+
+}  // namespace alignment_kernels
