@@ -38,7 +38,6 @@ if not __package__:  # run as a script from a checkout: make `alignment` importa
 from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts, usable_cores  # noqa: E402
 
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
-os.environ.setdefault("ALIGNMENT_CPU_KERNELS", "auto")  # ours with our CPU kernels where they measured faster
 
 DEFAULT_MODEL = os.path.join(ROOT, "checkpoints", "smollm2-135m-instruct")
 BATCH, SEQ, PROMPT, NEW_TOKENS, MAX_GRAD_NORM, LR = 8, 128, 32, 64, 1.0, 1e-5

@@ -71,13 +71,16 @@ def _rl_step(r: dict) -> List[List[str]]:
 
 def _smollm2(r: dict) -> List[List[str]]:
     return [[row["workload"], f"{row['ours (Paddle)']['tokens_per_s']:.1f}",
-             f"{row['transformers (torch)']['tokens_per_s']:.1f}", f"**{_x(row['ratio'])}**"]
+             f"{row['transformers (torch)']['tokens_per_s']:.1f}", f"**{_x(row['ratio'])}**",
+             _x(row["kernels_ratio"]) if "kernels_ratio" in row else "-"]
             for row in r["rows"] if row.get("transformers (torch)")]
 
 
 def _cpu_ops(r: dict) -> List[List[str]]:
     return [[x["operation"], x["shape"], f"{x['paddle_ms']:.2f}", f"{x['torch_ms']:.2f}",
-             f"**{_x(x['paddle_over_torch'])}**"] for x in r["rows"] if "torch_ms" in x]
+             f"**{_x(x['paddle_over_torch'])}**", f"{x['kernel_ms']:.2f}" if "kernel_ms" in x else "-",
+             f"**{_x(x['kernel_ms'] / x['torch_ms'])}**" if "kernel_ms" in x else "-"]
+            for x in r["rows"] if "torch_ms" in x]
 
 
 def _machine_limits(r: dict) -> List[List[str]]:
@@ -254,10 +257,12 @@ TABLES: Dict[str, Table] = {
     "rl_step": Table(["ppo", "grpo"], "python benchmarks/bench_rl_step.py --algo ppo|grpo --steps 12",
                      ["algorithm", f"ours, {STEP}", "TRL peer s / step", "ours / TRL", "update, of GEMM peak"],
                      _rl_step),
-    "smollm2": Table(["smollm2"], "python benchmarks/bench_smollm2.py",
-                     ["workload", "ours tokens/s", "transformers tokens/s", "ours / transformers"], _smollm2),
+    "smollm2": Table(["smollm2"], "python benchmarks/bench_smollm2.py --without-kernels",
+                     ["workload", "ours tokens/s", "transformers tokens/s", "ours / transformers",
+                      "ours with our CPU kernels / without"], _smollm2),
     "cpu_ops": Table(["cpu_ops"], "python benchmarks/bench_cpu_ops.py",
-                     ["operation", "shape", "Paddle ms", "torch ms", "Paddle / torch (time)"], _cpu_ops),
+                     ["operation", "shape", "Paddle ms", "torch ms", "Paddle / torch (time)", "our kernel ms",
+                      "our kernel / torch (time)"], _cpu_ops),
     "machine_limits": Table(["machine_limits"], "python benchmarks/bench_machine_limits.py",
                             ["GEMM peak GFLOP/s", "bandwidth GB/s", "training step GFLOP/s", "its GEMMs alone",
                              "decode steps at batch 8, tokens/s of the bound", "their weight GEMMs alone"],

@@ -69,9 +69,10 @@ def test_two_process_dpo_equals_one_process_with_the_global_batch(tmp_path, tiny
     subprocess.run([sys.executable, *dpo, *common, "--per_device_train_batch_size", "8", "--output_dir",
                     str(tmp_path / "one")], cwd=REPO, check=True, capture_output=True)
     two, one = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
-    # the margin is beta x a difference of sequence log-prob sums of some -100s: float32 keeps those to ~1e-5, so
-    # its atol is 1e-6 (1 against 2 MKL threads per process sum the GEMMs in other orders)
-    for key, atol in (("loss", 1e-7), ("rewards/margin", 1e-6), ("rewards/accuracy", 1e-7)):
+    # the margin is beta (0.1) x a signed sum of four sequence log-prob sums of some -100s (chosen and rejected, policy
+    # and reference): float32 keeps each to ~1e-5, so its atol is 4e-6 (1 against 2 MKL threads per process sum the
+    # GEMMs in other orders)
+    for key, atol in (("loss", 1e-7), ("rewards/margin", 4e-6), ("rewards/accuracy", 1e-7)):
         np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-5, atol=atol, err_msg=key)
     assert two[1]["rewards/margin"] != 0.0  # the first step moved the policy away from the reference
     a = LlamaForCausalLM.from_pretrained(str(tmp_path / "one" / "model"))
