@@ -28,7 +28,7 @@ def headline() -> str:
                              f"[**{ratio:.2f}x**]({perf}#whole-rl-steps-on-smollm2-135m-against-trl)", run])
     for algo in ("ppo", "grpo"):
         for run in results_tables.kept_runs(algo)[:1]:
-            result, peer = run.record["result"], results_tables._peer_line(algo)
+            result, peer = run.record["result"], results_tables._peer_line(algo, run.machine)
             if peer:
                 ratio = result["sec_per_step_median"] / peer["median_step_s_excl_first"]
                 rows.append([f"{algo.upper()} step, TRL's small test shape, our time / TRL's",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Callable, Dict, List, Optional
 
 from benchmarks import record
@@ -46,21 +47,25 @@ def _rl_smollm2(r: dict) -> List[List[str]]:
     return rows
 
 
-def _peer_line(algo: str) -> Optional[dict]:
-    """The TRL peer's latest line for the small-shape step (trl_peer_results.jsonl)."""
+def _peer_line(algo: str, machine: Optional[dict]) -> Optional[dict]:
+    """The TRL peer's latest line for the small-shape step (trl_peer_results.jsonl) measured on the CPU of
+    `machine` (a run's record.Run.machine): its session names the same family and model numbers."""
+    machine = machine or {}
+    cpu = f"family {machine.get('family')} model {machine.get('model_number')}"
     path = os.path.join(record.RESULTS, "trl_peer_results.jsonl")
     found = None
     with open(path, encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
-            if row.get("run", "").split("[")[0] == algo:
+            session = row.get("session", "")
+            if row.get("run", "").split("[")[0] == algo and re.search(re.escape(cpu) + r"\b", session):
                 found = row
     return found
 
 
 def _rl_step(r: dict) -> List[List[str]]:
     result = r["result"]
-    peer = _peer_line(result["algo"])
+    peer = _peer_line(result["algo"], r.get("machine") or result.get("machine"))
     trl = f"{peer['median_step_s_excl_first']:.3f}" if peer else "-"
     ratio = f"**{_x(result['sec_per_step_median'] / peer['median_step_s_excl_first'])}**" if peer else "-"
     return [[result["algo"].upper(),
@@ -125,6 +130,12 @@ def _speculative(r: dict) -> List[List[str]]:
     return [[x["task"], str(x["batch"]), str(x["new_tokens"]), f"{x['plain_tokens_per_s']:.1f}",
              f"{x['lookup_tokens_per_s']:.1f}", f"**{_x(x['speedup'])}**", f"{x['accepted_per_verify']:.2f}",
              f"{100 * x['draft_acceptance']:.0f}%", str(x["same_tokens"])] for x in r["rows"]]
+
+
+def _speculative_rl(r: dict) -> List[List[str]]:
+    return [[x["task"], x["mode"], f"{x['generated_tokens']:.0f}", f"{x['tokens_per_s']:.1f}",
+             f"**{_x(x['tokens_per_s_ratio'])}**", f"{x['step_s']:.1f}", f"**{_x(x['step_speedup'])}**"]
+            for x in r["rows"]]
 
 
 def _engine_width(r: dict) -> List[List[str]]:
@@ -280,6 +291,9 @@ TABLES: Dict[str, Table] = {
     "speculative": Table(["speculative"], "python benchmarks/bench_speculative.py",
                          ["task", "batch", "new tokens", "plain tokens/s", "prompt lookup tokens/s", "speed-up",
                           "accepted per verify step", "drafted accepted", "same tokens"], _speculative),
+    "speculative_rl": Table(["speculative_rl"], "python benchmarks/bench_speculative_rl.py", [
+        "task", "decoding", "generated tokens", "generate tokens/s", "vs plain", "RL step s", "step speed-up"],
+        _speculative_rl),
     "engine_width": Table(["engine_width"], "python benchmarks/bench_engine_width.py",
                           ["model", "slots", "prompt", "new tokens", "capacity", "ladder's last width",
                            "ladder tokens/s", "fixed width tokens/s", "speed-up", "same bits",
