@@ -32,6 +32,9 @@ def test_without_torch_the_paddle_calls_still_run():
 
 def test_the_docs_table_renders_a_run():
     rows = [{"operation": "exp", "shape": "2x3", "paddle_ms": 3.0, "torch_ms": 1.5, "paddle_over_torch": 2.0},
-            {"operation": "add", "shape": "2x3", "paddle_ms": 1.0}]  # no torch: left out of the table
+            {"operation": "add", "shape": "2x3", "paddle_ms": 1.0},  # no torch: left out of the table
+            {"operation": "silu", "shape": "2x3", "paddle_ms": 4.0, "torch_ms": 2.0, "paddle_over_torch": 2.0,
+             "kernel_ms": 0.5}]  # our kernel: its time and its ratio to torch's
     cells = results_tables.TABLES["cpu_ops"].rows({"rows": rows})
-    assert cells == [["exp", "2x3", "3.00", "1.50", "**2.00x**"]]
+    assert cells == [["exp", "2x3", "3.00", "1.50", "**2.00x**", "-", "-"],
+                     ["silu", "2x3", "4.00", "2.00", "**2.00x**", "0.50", "**0.25x**"]]
