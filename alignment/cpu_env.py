@@ -29,9 +29,9 @@ settings"; `python benchmarks/bench_cpu_settings.py` re-measures any machine):
   kernel is an `omp parallel for` over 512-element chunks, memory-bound) on that many threads, and everything
   else keeps OMP_NUM_THREADS (`optimizer_threads()`). AdamW of the 8.3M-parameter peer policy 15.6 -> 9.1 ms,
   of SmolLM2-135M 227 -> 123 ms; element-wise loops give the same bits on any thread count. 1 turns it off.
-- ALIGNMENT_CPU_KERNELS=auto: our C++ kernels for token log-probs, RMSNorm and SwiGLU (alignment/cpu_kernels:
-  built once per CPU, threaded over the usable cores) run where they measured faster than Paddle's operations on
-  this CPU (docs/performance.md, "Where the time goes"); the ranks of a job agree on one
+- ALIGNMENT_CPU_KERNELS=auto: our C++ kernels for token log-probs, RMSNorm, SwiGLU and attention's softmax
+  (alignment/cpu_kernels: built once per CPU, threaded over the usable cores) run where they measured faster than
+  Paddle's operations on this CPU (docs/performance.md, "Where the time goes"); the ranks of a job agree on one
   choice. `on` takes all of them, `off` none (as for a library user who never calls this).
 Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone. A
 value this module set in a parent process (pytest, a driver script) is not the user's: the parent names what it

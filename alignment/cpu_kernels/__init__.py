@@ -8,7 +8,7 @@ OMP_NUM_THREADS says) with loops the compiler vectorises for this CPU.
 | `token_log_probs` | logprobs.py: `cross_entropy_with_softmax` (log p(label)) and the entropy's pass over its softmax |
 | `rms_norm` | llama.py `RMSNorm.forward`, fused_decode.py `rms_norm`: square, mean, rsqrt and two multiplies |
 | `swiglu` | llama.py `MLP.forward`, fused_decode.py `_mlp`: `F.silu(gate) * up` |
-| `attention_softmax` | llama.py `Attention.forward`, fused_decode.py's steps: `F.softmax(scores + bias)` (csrc/attention_softmax.cc) |
+| `attention_softmax` | llama.py `masked_softmax` (attention, fused_decode.py's steps): `F.softmax(scores + bias)` |
 
 Each function returns the kernel's result, or None when it does not apply: the caller then runs its composition.
 It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
@@ -129,8 +129,8 @@ def agree(all_ranks_min: Callable[[List[int]], List[int]]) -> Dict[str, bool]:
 def attention_softmax(scores, bias) -> Optional[paddle.Tensor]:
     """softmax(scores + bias) over the last axis of scores [..., T] and bias of the same shape (no gradient: a
     mask), or None."""
-    if not _fits(scores, bias) or scores.shape != bias.shape:
-        return None
+    if not _fits(scores, bias) or scores.shape != bias.shape or not bias.stop_gradient:
+        return None  # a bias that takes a gradient (learned, not a mask): the composition gives it one
     module = _library("attention_softmax")
     return None if module is None else module.alignment_attention_softmax(scores, bias, threads())
 

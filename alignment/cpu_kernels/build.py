@@ -151,4 +151,3 @@ def load_kernels():
         # on stdout, as the entry points' other `cpu:` lines: stderr is kept for a program's one error line
         print(f"cpu kernels: not built ({_state['why']}); Paddle's operations instead", flush=True)
     return _state["module"]
-

@@ -203,6 +203,11 @@ def test_inputs_the_kernels_do_not_take_go_to_paddle(lib, monkeypatch):
     assert kernels.rms_norm(x, paddle.ones([8], dtype="bfloat16"), 1e-5) is None
     assert kernels.swiglu(x, x) is None and kernels.token_log_probs(x, paddle.zeros([2], "int64")) is None
     assert kernels.rms_norm(paddle.ones([2, 8]), paddle.ones([8]), 1e-5) is not None
+    scores, mask = paddle.ones([2, 3, 4]), paddle.zeros([2, 3, 4])
+    assert kernels.attention_softmax(scores, mask) is not None
+    assert kernels.attention_softmax(scores, mask[:, :1]) is None  # another shape
+    learned = _leaf(np.zeros([2, 3, 4], "float32"))
+    assert kernels.attention_softmax(scores, learned) is None  # a bias that takes a gradient: the composition
     assert RMSNorm(8, 1e-5)(x).shape == [2, 8]  # the composition
 
 

@@ -13,7 +13,6 @@
 
 namespace alignment_kernels {
 
-
 // exp(x) with Cephes' expf polynomial (about 1 ulp on [-87, 88]), branch-free so loops over it vectorise; 0 below
 // -87.3 (and for -inf), NaN stays NaN
 inline float exp_approx(float x) {
