@@ -91,8 +91,9 @@ def _build_and_load(cxx: str):
     from paddle.utils.cpp_extension import load
 
     where = build_dir(cxx)
-    library, built = os.path.join(where, NAME, f"{NAME}.so"), os.path.join(where, BUILT)
-    if os.path.exists(built) and os.path.exists(library):
+    library = os.path.join(where, NAME, f"{NAME}.so")
+    finished = lambda: os.path.exists(os.path.join(where, BUILT)) and os.path.exists(library)  # noqa: E731
+    if finished():
         return _operators(library)
     os.makedirs(where, exist_ok=True)
     env = {"CC": os.environ.get("CC"), "CXX": os.environ.get("CXX")}
@@ -100,11 +101,11 @@ def _build_and_load(cxx: str):
     log = os.path.join(where, "build.log")
     try:
         with mkl_path._locked(os.path.join(where, "build")):
-            if os.path.exists(built) and os.path.exists(library):  # another process built it while we waited
+            if finished():  # another process built it while we waited
                 return _operators(library)
             with _quiet(log):
                 module = load(name=NAME, sources=list(SOURCES), extra_cxx_cflags=list(CFLAGS), build_directory=where)
-            open(built, "w").close()
+            open(os.path.join(where, BUILT), "w").close()
             return module
     except Exception as error:  # noqa: BLE001 - any failure of the build means: Paddle's operations instead
         raise RuntimeError(_last_line(log) or str(error).splitlines()[0]) from error
