@@ -16,9 +16,9 @@ call faults in no new memory page (`settle`: the heap's steady state, which a tr
 few steps); the CPU and ISA are printed with the figures; every figure is a ratio measured in the same run.
 --decode-only: the bandwidth and greedy decoding only, through generate's FusedDecoder and through the model's
 layers (`fused=False`) alternating with the prompt pass alone, each against the same bound.
-Ceilings (both modes; the training one in the full run only): the same phases reduced to their GEMMs, as
-Paddle's matmul runs them on random inputs: a decode step's weight GEMMs at batch 8 over the FusedDecoder's own
-weight copies, against the bandwidth bound, and a training step's forward and backward GEMMs (projections, the
+Ceilings (both modes; the training one in the full run only): the same phases reduced to their GEMMs on random
+inputs: a decode step's weight GEMMs at batch 8 as the FusedDecoder runs them (Paddle's matmul, or our decode GEMM
+kernel over its packed copies where alignment/cpu_kernels chose it), over the decoder's own weights, against the bandwidth bound, and a training step's forward and backward GEMMs (projections, the
 LM head, attention's products) against the GEMM peak. No arrangement of Paddle calls takes a phase past its
 ceiling; a target above it needs faster kernels, not fewer calls.
 """
@@ -171,18 +171,30 @@ def run_matmuls(calls) -> None:
 
 
 def decode_gemms(model, batch: int) -> list:
-    """The weight GEMMs of one FusedDecoder step at `batch` rows, over the weight copies the decoder itself makes
-    (q | k | v, o, gate, up and down per layer, then the LM head's slices); inputs [batch, 1, K] of random numbers."""
+    """The weight GEMMs of one FusedDecoder step at `batch` rows as the decoder runs them (fused_decode.matmul:
+    Paddle's matmul, or the decode GEMM kernel over its panels), over the weights it holds (q | k | v, o, gate, up
+    and down per layer, then the LM head); inputs [batch, 1, K] of random numbers -> calls for run_decode_gemms."""
     import paddle
 
-    from alignment.models.fused_decode import FusedDecoder
+    from alignment.models.fused_decode import FusedDecoder, Panels
 
     with paddle.no_grad():
         decoder = FusedDecoder(model, batch)  # weights only: no step is taken
     weights = [w for layer in decoder.layers for w in (layer.qkv, layer.o, layer.gate, layer.up, layer.down)]
     weights += decoder.head_slices
-    inputs = {k: paddle.rand([batch, 1, k]) for k in {int(w.shape[0]) for w in weights}}
-    return [(inputs[int(w.shape[0])], w, False, False) for w in weights]
+    fan_in = [int(w.packed.shape[1] if isinstance(w, Panels) else w.shape[0]) for w in weights]
+    inputs = {k: paddle.rand([batch, 1, k]) for k in set(fan_in)}
+    return [(inputs[k], w) for k, w in zip(fan_in, weights)]
+
+
+def run_decode_gemms(calls) -> None:
+    import paddle
+
+    from alignment.models.fused_decode import matmul
+
+    with paddle.no_grad():
+        for x, weight in calls:
+            matmul(x, weight)
 
 
 def train_gemms(model, batch: int, seq: int) -> tuple:
@@ -284,7 +296,7 @@ def decode_only(args) -> dict:
     ours = smol.Ours(smol.ensure_checkpoint(args.model))
     gemms = decode_gemms(ours.model, smol.BATCH)
     paths = {"fused": lambda: ours.generate(fused=True), "layers": lambda: ours.generate(fused=False),
-             "prompt": lambda: ours.generate(new_tokens=1), "weight_gemms": lambda: run_matmuls(gemms)}
+             "prompt": lambda: ours.generate(new_tokens=1), "weight_gemms": lambda: run_decode_gemms(gemms)}
     times = {name: [] for name in paths}
     warmups = {name: settle(fn) for name, fn in paths.items()}
     for _ in range(args.repeats):
@@ -337,7 +349,7 @@ def main(argv=None) -> dict:
     train_calls, train_gemm_flops = train_gemms(ours.model, smol.BATCH, smol.SEQ)
     seconds["train_gemms"] = median_seconds(lambda: run_matmuls(train_calls), args.repeats)
     decode_calls = decode_gemms(ours.model, smol.BATCH)
-    seconds["decode_gemms"] = median_seconds(lambda: run_matmuls(decode_calls), args.repeats)
+    seconds["decode_gemms"] = median_seconds(lambda: run_decode_gemms(decode_calls), args.repeats)
     del train_calls, decode_calls  # ~0.4 GB by their shapes, freed before the bandwidth is measured again
     memory = {"before": before, "after": bandwidth(args.repeats)}
     best, line = best_bandwidth(memory["before"], memory["after"])

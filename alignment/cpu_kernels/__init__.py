@@ -1,7 +1,8 @@
-"""Our CPU kernels, and what each replaces: C++ custom operators (csrc/cpu_kernels.cc, built by build.py) for the
-element-wise and row-reduction steps whose Paddle CPU kernels run 3-5x slower than torch's on one thread
-(docs/performance.md, "Where the time goes"). Each runs its rows on the usable cores (std::threads, whatever
-OMP_NUM_THREADS says) with loops the compiler vectorises for this CPU.
+"""Our CPU kernels, and what each replaces: C++ custom operators (csrc/*.cc, built by build.py) for the
+element-wise and row-reduction steps whose Paddle CPU kernels run 3-5x slower than torch's on one thread, and for
+a decode step's weight GEMMs, which MKL reads from memory below the bandwidth (docs/performance.md, "Where the time
+goes"). Each splits its rows or column panels over the usable cores (std::threads, whatever OMP_NUM_THREADS says)
+with loops the compiler vectorises for this CPU.
 
 | function | replaces (the Paddle composition the model code runs otherwise) |
 | --- | --- |
@@ -9,12 +10,13 @@ OMP_NUM_THREADS says) with loops the compiler vectorises for this CPU.
 | `rms_norm` | llama.py `RMSNorm.forward`, fused_decode.py `rms_norm`: square, mean, rsqrt and two multiplies |
 | `swiglu` | llama.py `MLP.forward`, fused_decode.py `_mlp`: `F.silu(gate) * up` |
 | `attention_softmax` | llama.py `masked_softmax` (attention, fused_decode.py's steps): `F.softmax(scores + bias)` |
+| `decode_matmul` | fused_decode.py's weight GEMMs (`paddle.matmul`, MKL's sgemm) over weights packed once per generate call |
 
 Each function returns the kernel's result, or None when it does not apply: the caller then runs its composition.
 It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
 without our library), when the library is built and the kernel is chosen. ALIGNMENT_CPU_KERNELS chooses: `auto`
 (the entry points' default, alignment/cpu_env.py) takes each kernel that ran faster than its composition when this
-CPU was measured (choice.py, once per CPU, kept); `on` takes all four, `off` (the default when the variable is
+CPU was measured (choice.py, once per CPU, kept); `on` takes all five, `off` (the default when the variable is
 unset, as for a library user) none. Gradients flow through each kernel's backward operator. Token log-probs clip
 z - max(z) at -64 before the log, as Paddle's cross-entropy kernel does (log p >= -64 - log S); the entropy is exact.
 """
@@ -33,6 +35,7 @@ REPLACES: Dict[str, str] = {
     "rms_norm": "RMSNorm: square, mean, rsqrt, multiply by the normed input and by the expanded weight",
     "swiglu": "SwiGLU: F.silu(gate) * up",
     "attention_softmax": "attention's softmax(scores + bias): an add and Paddle's softmax",
+    "decode_matmul": "a decode step's weight GEMMs: paddle.matmul (MKL's sgemm) over the fused decoder's weights",
 }
 MODES = ("auto", "on", "off")
 _chosen: Dict[str, bool] = {}
@@ -133,6 +136,25 @@ def attention_softmax(scores, bias) -> Optional[paddle.Tensor]:
         return None  # a bias that takes a gradient (learned, not a mask): the composition gives it one
     module = _library("attention_softmax")
     return None if module is None else module.alignment_attention_softmax(scores, bias, threads())
+
+
+@paddle.jit.not_to_static
+def pack_panels(weight, transposed: bool = False) -> Optional[paddle.Tensor]:
+    """weight [K, N] ([N, K] with transposed: an embedding as the LM head) copied into the column panels
+    [ceil(N / 32), K, 32] that `panel_matmul` streams, or None where the decode kernel does not run."""
+    if not _fits(weight) or weight.ndim != 2:
+        return None
+    module = _library("decode_matmul")
+    if module is None:
+        return None
+    with paddle.no_grad():
+        return module.alignment_pack_panels(weight, bool(transposed), threads())
+
+
+def panel_matmul(x, panels, n: int) -> paddle.Tensor:
+    """x [..., K] @ the weight that `pack_panels` packed into panels [ceil(n / 32), K, 32] -> [..., n], without a
+    gradient (a decode step's: each output one multiply-add chain over K, the same bits at any batch size)."""
+    return build.load_kernels().alignment_panel_matmul(x, panels, int(n), threads())
 
 
 def forget_choice() -> None:

@@ -1,7 +1,9 @@
 """Which kernels run faster than the Paddle compositions they replace on this CPU: measured once per CPU, kept.
 
 Each kernel and its composition run forward and backward at SmolLM2-135M's shapes (hidden 576, intermediate 1536,
-vocabulary 49,152; 256 rows of logits, 1024 of the rest) on the same random numbers, alternating in blocks of
+vocabulary 49,152; 256 rows of logits, 1024 of the rest) on the same random numbers; the decode GEMMs run forward
+at 8 rows over enough weights to fill twice the last-level cache (a real model's weights do not fit in it, and
+from the cache MKL's sgemm was the faster on an Intel Xeon with 300 MB of L3, from memory the slower), alternating in blocks of
 REPEATS calls, ROUNDS times; a kernel is chosen when its fastest call beats the composition's fastest (the fastest,
 not the median: a neighbour's load at that moment slows calls, never speeds them). It takes a few seconds. The
 choice is kept in `cpu_kernels.json` beside mkl_path's cache (the same directory), keyed by the CPU
@@ -24,9 +26,45 @@ from alignment import cpu_env, mkl_path
 
 CACHE_FILE = "cpu_kernels.json"
 REPEATS, ROUNDS = 3, 5
-METHOD = "fastest of 15 calls"  # part of the cache key: a kept choice made another way is measured again
+METHOD = "fastest of 15 calls, decode from memory"  # part of the cache key: a kept choice made another way is measured again
 LOGIT_ROWS, ROWS, HIDDEN, INTER, VOCAB, EPS = 256, 1024, 576, 1536, 49152, 1e-5
 SCORES = [8, 9, 128, 128]  # attention at 8 rows of 128 tokens, SmolLM2's 9 heads
+DECODE_ROWS, DECODE_BYTES = 8, (64 << 20, 768 << 20)  # the decode GEMMs' rows; their weights' bytes, bounds
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size from sysfs (0 where it does not say)."""
+    sizes = [0]
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for index in os.listdir(base) if os.path.isdir(base) else []:
+        try:
+            with open(os.path.join(base, index, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG") or 0) * scale)
+    return max(sizes)
+
+
+def decode_candidates(module, threads: int) -> tuple:
+    """(the panel GEMMs, paddle.matmul) of 8 rows over as many [576, 1536] weights as fill twice the
+    last-level cache, within DECODE_BYTES."""
+    low, high = DECODE_BYTES
+    count = -(-min(max(2 * last_level_cache_bytes(), low), high) // (HIDDEN * INTER * 4))
+    weights = [paddle.full([HIDDEN, INTER], 0.01 * (i % 7 - 3), "float32") for i in range(count)]
+    panels = [module.alignment_pack_panels(w, False, threads) for w in weights]
+    x = paddle.to_tensor(np.random.default_rng(1).standard_normal([DECODE_ROWS, 1, HIDDEN]).astype("float32"))
+
+    def kernel():
+        for packed in panels:
+            module.alignment_panel_matmul(x, packed, INTER, threads)
+
+    def composed():
+        for weight in weights:
+            paddle.matmul(x, weight)
+
+    return kernel, composed
 
 
 def cache_file() -> str:
@@ -69,6 +107,7 @@ def candidates(module, threads: int) -> Dict[str, tuple]:
         "swiglu": (lambda: run(module.alignment_swiglu(gate, up, threads)), lambda: run(F.silu(gate) * up)),
         "attention_softmax": (lambda: run(module.alignment_attention_softmax(scores, bias, threads)),
                               lambda: run(F.softmax(scores + bias, axis=-1))),
+        "decode_matmul": decode_candidates(module, threads),
     }
 
 

@@ -11,7 +11,12 @@ order: generated tokens, logits and log-probs are the same bits, except for tied
 The cache grows by concatenation as in the layer path: attending over a preallocated, masked width instead changed
 the bits (Paddle's CPU softmax gave the masked columns tiny nonzero weights, and the longer probs @ v rounded
 differently). The concatenated weights and
-LM-head slices are copies made per generate call: ~180 MB for SmolLM2-135M. Gate and up stay two GEMMs over the
+LM-head slices are copies made per generate call: ~180 MB for SmolLM2-135M. Where alignment/cpu_kernels chose its
+decode GEMM kernel, every projection and the LM head are instead packed once per call into the kernel's column
+panels (`Panels`: a copy of the decoder's weights, ~530 MB and ~0.25 s for SmolLM2-135M), which it streams from
+memory faster than MKL's sgemm reads the plain weights; each output is then one multiply-add chain over K, so the
+logits differ from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py)
+and these GEMMs give a row the same bits at any batch size. Gate and up stay two GEMMs over the
 model's own weights: one over [gate_proj | up_proj] took 40 ms a step over SmolLM2's 30 layers at batch 32, its
 transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
 
@@ -43,14 +48,34 @@ from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
 from alignment.parallel import tensor_parallel as tp
 
 
-class LayerWeights(NamedTuple):
+class Panels(NamedTuple):
+    """A weight [K, N] copied into the column panels that cpu_kernels.panel_matmul streams (the decode_matmul
+    kernel, where chosen: it read SmolLM2's weights from memory faster than MKL's sgemm at a decode step's rows)."""
+    packed: paddle.Tensor  # [ceil(N / 32), K, 32]
+    n: int
+
+
+class LayerWeights(NamedTuple):  # each projection a weight [K, N] or its Panels
     input_norm: paddle.Tensor  # [b, 1, hidden]: the RMSNorm weight expanded over the batch
-    qkv: paddle.Tensor  # [hidden, (heads + 2 kv_heads) d]
-    o: paddle.Tensor  # [heads d, hidden]
+    qkv: object  # [hidden, (heads + 2 kv_heads) d]
+    o: object  # [heads d, hidden]
     post_norm: paddle.Tensor  # [b, 1, hidden]
-    gate: paddle.Tensor  # [hidden, intermediate]: the model's own
-    up: paddle.Tensor  # [hidden, intermediate]
-    down: paddle.Tensor  # [intermediate, hidden]
+    gate: object  # [hidden, intermediate]: the model's own, or panels
+    up: object  # [hidden, intermediate]
+    down: object  # [intermediate, hidden]
+
+
+def matmul(x, weight):
+    """x [..., K] @ weight: a [K, N] tensor, or its Panels."""
+    if isinstance(weight, Panels):
+        return kernels.panel_matmul(x, weight.packed, weight.n)
+    return paddle.matmul(x, weight)
+
+
+def panels(weight, transposed: bool = False):
+    """weight ([K, N], or [N, K] transposed) as Panels where the decode_matmul kernel runs, else None."""
+    packed = kernels.pack_panels(weight, transposed)
+    return None if packed is None else Panels(packed, weight.shape[0 if transposed else 1])
 
 
 def fusable(model) -> bool:
@@ -76,11 +101,11 @@ def fusable(model) -> bool:
 def layer_weights(layer, batch: int) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     hidden = attn.q_proj.weight.shape[0]
-    return LayerWeights(
-        paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]),
-        paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1), attn.o_proj.weight,
-        paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]),
-        mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+    qkv = paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1)
+    projections = [qkv, attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+    qkv, o, gate, up, down = [panels(w) or w for w in projections]
+    return LayerWeights(paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]), qkv, o,
+                        paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]), gate, up, down)
 
 
 # The LM head as GEMMs over [hidden, about this many] vocabulary slices: MKL streamed SmolLM2's [576, 49152] head
@@ -154,7 +179,8 @@ class FusedDecoder:
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
         axis = 0 if self.tied else 1  # the vocabulary's
-        self.head_slices = vocab_slices(head, axis, head_slice_count(head.shape[axis]))
+        packed = panels(head, transposed=self.tied)
+        self.head_slices = [packed] if packed else vocab_slices(head, axis, head_slice_count(head.shape[axis]))
 
     def step(self, token, cache, column, mask, position):
         """Feed `token` [b] at `column` [b] of `cache` (a SlotCache, written in place) with the attention `mask`
@@ -180,7 +206,7 @@ class FusedDecoder:
 
     def _layer(self, x, w: LayerWeights, k_cache, v_cache, index, cos, sin, bias):
         b, heads, kv_heads, d = self.batch, self.heads, self.kv_heads, self.head_dim
-        qkv = paddle.matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([b, heads + 2 * kv_heads, d])
+        qkv = matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([b, heads + 2 * kv_heads, d])
         qkv = qkv * cos + paddle.matmul(qkv, self.rotate) * sin
         q, k, v = paddle.split(qkv, [heads, kv_heads, kv_heads], axis=1)
         k_cache.put_along_axis_(index, k.reshape([b, kv_heads, 1, d]), 2)  # [b, kv_heads, width, d], in place
@@ -188,13 +214,13 @@ class FusedDecoder:
         # q head i attends with kv head i // groups (Attention's folded decode step)
         scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k_cache, transpose_y=True)
         out = paddle.matmul(masked_softmax(scores, bias), v_cache).reshape([b, 1, heads * d])
-        return self._mlp(x + paddle.matmul(out, w.o), w)
+        return self._mlp(x + matmul(out, w.o), w)
 
     def _mlp(self, x, w: LayerWeights):
         """The layer's second half: x plus the SwiGLU MLP of its post-attention norm."""
         h = rms_norm(x, w.post_norm, self.eps)
-        gate, up = paddle.matmul(h, w.gate), paddle.matmul(h, w.up)
-        return x + paddle.matmul(swiglu(gate, up), w.down)
+        gate, up = matmul(h, w.gate), matmul(h, w.up)
+        return x + matmul(swiglu(gate, up), w.down)
 
     def verify(self, tokens, cache, columns, mask, positions):
         """Feed tokens [b, s] at columns [b, s] of `cache` (written in place), query j attending to the columns of
@@ -217,13 +243,13 @@ class FusedDecoder:
     def _head(self, x):
         """x [b, s, hidden] -> logits [b, s, vocab]: the final norm and the LM head, slice by vocabulary slice."""
         hidden = rms_norm(x, self.final_norm, self.eps)
-        logits = [paddle.matmul(hidden, part) for part in self.head_slices]  # [b, s, part]
+        logits = [matmul(hidden, part) for part in self.head_slices]  # [b, s, part]
         return paddle.concat(logits, axis=-1) if len(logits) > 1 else logits[0]
 
     def _verify_layer(self, x, w: LayerWeights, k_cache, v_cache, index, cos, sin, bias):
         b, s = x.shape[0], x.shape[1]
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        qkv = paddle.matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([b, s, heads + 2 * kv_heads, d])
+        qkv = matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([b, s, heads + 2 * kv_heads, d])
         qkv = qkv * cos + paddle.matmul(qkv, self.rotate) * sin
         q, k, v = paddle.split(qkv, [heads, kv_heads, kv_heads], axis=2)  # [b, s, *, d]
         k_cache.put_along_axis_(index, k.transpose([0, 2, 1, 3]), 2)  # [b, kv_heads, width, d], in place
@@ -231,4 +257,4 @@ class FusedDecoder:
         q = q.transpose([0, 2, 1, 3]).reshape([b, kv_heads, heads // kv_heads * s, d])  # q head i: kv head i // groups
         scores = paddle.matmul(q, k_cache, transpose_y=True)  # [b, kv_heads, groups s, width]
         out = paddle.matmul(masked_softmax(scores, bias), v_cache).reshape([b, heads, s, d])
-        return self._mlp(x + paddle.matmul(out.transpose([0, 2, 1, 3]).reshape([b, s, heads * d]), w.o), w)
+        return self._mlp(x + matmul(out.transpose([0, 2, 1, 3]).reshape([b, s, heads * d]), w.o), w)

@@ -89,13 +89,16 @@ def test_train_gemms_are_a_steps_forward_and_backward_products(tied):
 def test_decode_gemms_multiply_every_weight_the_decoder_streams(tied):
     limits = limits_module()
     model = tiny_model(tied)
+    from alignment.models.fused_decode import Panels, matmul
+
     calls = limits.decode_gemms(model, 4)
-    streamed = sum(int(b.size) for _, b, _, _ in calls)
+    shapes = [(int(w.packed.shape[1]), w.n) if isinstance(w, Panels) else tuple(w.shape) for _, w in calls]  # K, N
     norms = sum(int(p.size) for name, p in model.named_parameters() if "norm" in name)
     lookup_only = 0 if tied else int(model.model.embed_tokens.weight.size)  # an untied embedding is only indexed
-    assert streamed == sum(int(p.size) for p in model.parameters()) - norms - lookup_only
-    assert all(list(a.shape) == [4, 1, b.shape[0]] and not tx and not ty for a, b, tx, ty in calls)
-    limits.run_matmuls(calls)
+    assert sum(k * n for k, n in shapes) == sum(int(p.size) for p in model.parameters()) - norms - lookup_only
+    assert all(list(a.shape) == [4, 1, k] and list(matmul(a, w).shape) == [4, 1, n]
+               for (a, w), (k, n) in zip(calls, shapes))
+    limits.run_decode_gemms(calls)
 
 
 def test_decode_ceiling_is_a_batch_per_gemm_pass_against_the_bound():

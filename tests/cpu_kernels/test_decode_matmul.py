@@ -1,0 +1,92 @@
+"""The decode GEMM kernel (alignment/cpu_kernels/csrc/decode_matmul.cc) and the fused decoder over its panels:
+values against float64, the panel layout, the same bits at any batch size and thread count, and greedy decoding
+that keeps the layer path's tokens. Skipped where no library can be built (no C++ compiler)."""
+import numpy as np
+import paddle
+import pytest
+
+from alignment import cpu_kernels as kernels
+from alignment.cpu_kernels import build
+from alignment.models import GenerationConfig, generate
+from alignment.models.fused_decode import FusedDecoder, Panels, matmul
+from tests.models.test_model import left_padded_batch, tiny_model
+
+
+@pytest.fixture(scope="module")
+def lib():
+    module = build.load_kernels()
+    if module is None:
+        pytest.skip(f"no kernel library on this machine ({build._state['why']})")
+    return module
+
+
+@pytest.fixture
+def kernels_on(lib, monkeypatch):
+    monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "on")
+    kernels.forget_choice()
+    yield lib
+    kernels.forget_choice()
+
+
+def test_panels_hold_the_columns_in_blocks_of_32_padded_with_zeros(lib):
+    w = np.arange(3 * 40, dtype="float32").reshape([3, 40])  # [K, N]
+    packed = lib.alignment_pack_panels(paddle.to_tensor(w), False, 2).numpy()
+    assert packed.shape == (2, 3, 32)  # ceil(40 / 32) panels of [K, 32]
+    np.testing.assert_array_equal(packed[0], w[:, :32])
+    np.testing.assert_array_equal(packed[1, :, :8], w[:, 32:])
+    assert (packed[1, :, 8:] == 0).all()
+    transposed = lib.alignment_pack_panels(paddle.to_tensor(np.ascontiguousarray(w.T)), True, 1).numpy()
+    np.testing.assert_array_equal(transposed, packed)  # an embedding [N, K] packs as its transpose
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 24])
+def test_products_equal_float64_for_any_row_count(lib, rows):
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal([200, 75]).astype("float32")  # K 200, N 75: a partial last panel
+    x = rng.standard_normal([rows, 1, 200]).astype("float32")
+    packed = lib.alignment_pack_panels(paddle.to_tensor(w), False, 2)
+    y = lib.alignment_panel_matmul(paddle.to_tensor(x), packed, 75, 2).numpy()
+    assert y.shape == (rows, 1, 75)
+    exact = x.astype("float64") @ w.astype("float64")
+    np.testing.assert_allclose(y, exact, rtol=0, atol=2e-5 * np.abs(exact).max())
+
+
+def test_a_row_has_the_same_bits_alone_in_any_batch_and_on_any_thread_count(lib):
+    rng = np.random.default_rng(3)
+    w = paddle.to_tensor(rng.standard_normal([576, 1536]).astype("float32"))  # enough panels for 2 threads
+    x = paddle.to_tensor(rng.standard_normal([19, 576]).astype("float32"))
+    packed = lib.alignment_pack_panels(w, False, 2)
+    full = [lib.alignment_panel_matmul(x, packed, 1536, t).numpy() for t in (1, 2)]
+    np.testing.assert_array_equal(full[0], full[1])
+    for lo, hi in ((4, 5), (8, 16), (0, 3)):  # alone, in a full group of 8, in a partial one
+        np.testing.assert_array_equal(lib.alignment_panel_matmul(x[lo:hi], packed, 1536, 2).numpy(), full[0][lo:hi])
+
+
+def test_the_function_packs_float32_matrices_only_where_the_kernel_runs(kernels_on, monkeypatch):
+    w = paddle.ones([6, 40])
+    assert kernels.pack_panels(w.astype("bfloat16")) is None and kernels.pack_panels(paddle.ones([2, 6, 40])) is None
+    packed = kernels.pack_panels(w)
+    assert packed.shape == [2, 6, 32] and packed.stop_gradient
+    np.testing.assert_array_equal(kernels.panel_matmul(paddle.ones([3, 6]), packed, 40).numpy(), np.full([3, 40], 6))
+    monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "off")
+    kernels.forget_choice()
+    assert kernels.pack_panels(w) is None
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_fused_decoder_streams_panels_and_keeps_the_layer_paths_tokens(kernels_on, tied):
+    model = tiny_model(tie_word_embeddings=tied)
+    decoder = FusedDecoder(model, 3)
+    projections = [w for layer in decoder.layers for w in (layer.qkv, layer.o, layer.gate, layer.up, layer.down)]
+    assert all(isinstance(w, Panels) for w in projections + decoder.head_slices)
+    assert len(decoder.head_slices) == 1 and decoder.head_slices[0].n == model.config.vocab_size
+    hidden = paddle.randn([3, 1, model.config.hidden_size])
+    head = model.model.embed_tokens.weight.t() if tied else model.lm_head.weight
+    np.testing.assert_allclose(matmul(hidden, decoder.head_slices[0]).numpy(), paddle.matmul(hidden, head).numpy(),
+                               rtol=0, atol=1e-5)
+    ids, mask = left_padded_batch()
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None)
+    layers = generate(model, ids, mask, config, log_prob_temperature=1.0, fused=False)
+    fused = generate(model, ids, mask, config, log_prob_temperature=1.0)
+    np.testing.assert_array_equal(fused.sequences.numpy(), layers.sequences.numpy())
+    np.testing.assert_allclose(fused.log_probs.numpy(), layers.log_probs.numpy(), rtol=0, atol=1e-5)
