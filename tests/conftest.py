@@ -24,6 +24,19 @@ import alignment.dpo.losses  # noqa: E402,F401  the preference losses DPO argume
 import alignment.ppo.rl_math.registrations  # noqa: E402,F401  the estimators, losses, KL estimators PPO arguments name
 
 
+@pytest.fixture
+def paddles_operations(monkeypatch):
+    """Paddle's operations instead of our CPU kernels (ALIGNMENT_CPU_KERNELS=off) for a test that compares the bits
+    of two paths where only one would take a kernel: the fused decoder's decode kernels round differently from the
+    model's layers (tests/cpu_kernels check that path)."""
+    from alignment import cpu_kernels
+
+    monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "off")
+    cpu_kernels.forget_choice()
+    yield
+    cpu_kernels.forget_choice()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny LLaMA + tokenizer of tools/make_tiny.py, built once per test session."""

@@ -4,20 +4,24 @@ a decode step's weight GEMMs, which MKL reads from memory below the bandwidth (d
 goes"). Each splits its rows or column panels over the usable cores (std::threads, whatever OMP_NUM_THREADS says)
 with loops the compiler vectorises for this CPU.
 
-| function | replaces (the Paddle composition the model code runs otherwise) |
-| --- | --- |
-| `token_log_probs` | logprobs.py: `cross_entropy_with_softmax` (log p(label)) and the entropy's pass over its softmax |
-| `rms_norm` | llama.py `RMSNorm.forward`, fused_decode.py `rms_norm`: square, mean, rsqrt and two multiplies |
-| `swiglu` | llama.py `MLP.forward`, fused_decode.py `_mlp`: `F.silu(gate) * up` |
-| `attention_softmax` | llama.py `masked_softmax` (attention, fused_decode.py's steps): `F.softmax(scores + bias)` |
-| `decode_matmul` | fused_decode.py's weight GEMMs (`paddle.matmul`, MKL's sgemm) over weights packed once per generate call |
+- `token_log_probs` replaces logprobs.py's `cross_entropy_with_softmax` (log p(label)) and the entropy's pass over
+  its softmax;
+- `rms_norm`: llama.py `RMSNorm.forward`, fused_decode.py `rms_norm` (square, mean, rsqrt and two multiplies);
+- `swiglu`: llama.py `MLP.forward`, fused_decode.py `_mlp` (`F.silu(gate) * up`);
+- `attention_softmax`: llama.py `masked_softmax` (attention, fused_decode.py's steps: `F.softmax(scores + bias)`);
+- `decode_matmul`: fused_decode.py's weight GEMMs (`paddle.matmul`, MKL's sgemm), over weights packed once per
+  generate call;
+- `decode_attention`: fused_decode.py's decode step from q | k | v to the attention's output: RoPE (two
+  multiplies, a matmul, an add), the cache writes (`put_along_axis_`), q k^T, the softmax and @ v, with their
+  reshapes and split.
 
 Each function returns the kernel's result, or None when it does not apply: the caller then runs its composition.
 It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
 without our library), when the library is built and the kernel is chosen. ALIGNMENT_CPU_KERNELS chooses: `auto`
 (the entry points' default, alignment/cpu_env.py) takes each kernel that ran faster than its composition when this
-CPU was measured (choice.py, once per CPU, kept); `on` takes all five, `off` (the default when the variable is
-unset, as for a library user) none. Gradients flow through each kernel's backward operator. Token log-probs clip
+CPU was measured (choice.py, once per CPU, kept); `on` takes all six, `off` (the default when the variable is
+unset, as for a library user) none. Gradients flow through each kernel's backward operator (the two decode
+kernels take none: decoding runs without gradients). Token log-probs clip
 z - max(z) at -64 before the log, as Paddle's cross-entropy kernel does (log p >= -64 - log S); the entropy is exact.
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ REPLACES: Dict[str, str] = {
     "swiglu": "SwiGLU: F.silu(gate) * up",
     "attention_softmax": "attention's softmax(scores + bias): an add and Paddle's softmax",
     "decode_matmul": "a decode step's weight GEMMs: paddle.matmul (MKL's sgemm) over the fused decoder's weights",
+    "decode_attention": "a decode step's RoPE, cache writes and attention: a dozen Paddle calls per layer",
 }
 MODES = ("auto", "on", "off")
 _chosen: Dict[str, bool] = {}
@@ -155,6 +160,22 @@ def panel_matmul(x, panels, n: int) -> paddle.Tensor:
     """x [..., K] @ the weight that `pack_panels` packed into panels [ceil(n / 32), K, 32] -> [..., n], without a
     gradient (a decode step's: each output one multiply-add chain over K, the same bits at any batch size)."""
     return build.load_kernels().alignment_panel_matmul(x, panels, int(n), threads())
+
+
+@paddle.jit.not_to_static
+def decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, heads: int, interleaved: bool
+                     ) -> Optional[paddle.Tensor]:
+    """One decode step's attention (no gradient): qkv, cos, sin [b, heads + 2 kv_heads, d] (fused_decode.py's
+    layout and rotary tables), the caches [b, kv_heads, width, d] (the row's k and v are written at its column
+    [b], in place), bias [b, width] (additive, the mask) -> [b, 1, heads d]; or None."""
+    if not _fits(qkv, cos, sin, k_cache, v_cache, bias):
+        return None
+    module = _library("decode_attention")
+    if module is None:
+        return None
+    column = column.astype("int64").reshape([-1])
+    return module.alignment_decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, int(heads),
+                                             bool(interleaved), threads())[0]
 
 
 def forget_choice() -> None:

@@ -1,11 +1,12 @@
 """Which kernels run faster than the Paddle compositions they replace on this CPU: measured once per CPU, kept.
 
 Each kernel and its composition run forward and backward at SmolLM2-135M's shapes (hidden 576, intermediate 1536,
-vocabulary 49,152; 256 rows of logits, 1024 of the rest) on the same random numbers; the decode GEMMs run forward
-at 8 rows over enough weights to fill twice the last-level cache (a real model's weights do not fit in it, and
-from the cache MKL's sgemm was the faster on an Intel Xeon with 300 MB of L3, from memory the slower), alternating in blocks of
-REPEATS calls, ROUNDS times; a kernel is chosen when its fastest call beats the composition's fastest (the fastest,
-not the median: a neighbour's load at that moment slows calls, never speeds them). It takes a few seconds. The
+vocabulary 49,152; 256 rows of logits, 1024 of the rest) on the same random numbers; the two decode kernels run
+forward at a decode step's 8 rows, the GEMMs over enough weights to fill twice the last-level cache (a real model's
+weights do not fit in it, and from the cache MKL's sgemm was the faster on an Intel Xeon with 300 MB of L3, from
+memory the slower). Kernel and composition alternate in blocks of REPEATS calls, ROUNDS times; a kernel is chosen
+when its fastest call beats the composition's fastest (the fastest, not the median: a neighbour's load at that
+moment slows calls, never speeds them). It takes a few seconds. The
 choice is kept in `cpu_kernels.json` beside mkl_path's cache (the same directory), keyed by the CPU
 (mkl_path.cpu_key: vendor, family, model, flags, Paddle's version) and the library's build directory (its hash
 covers the source and the compiler); processes starting together measure once (a file lock).
@@ -67,6 +68,34 @@ def decode_candidates(module, threads: int) -> tuple:
     return kernel, composed
 
 
+def decode_attention_candidates(module, threads: int) -> tuple:
+    """(the decode attention kernel, the Paddle calls it replaces) for one layer of a decode step at 8 rows over
+    128 cached columns, SmolLM2's 9 heads, 3 kv heads and head size 64."""
+    b, heads, kv, d, width = DECODE_ROWS, 9, 3, 64, 128
+    rng = np.random.default_rng(2)
+    qkv, cos, sin = (paddle.to_tensor(rng.standard_normal([b, heads + 2 * kv, d]).astype("float32")) for _ in range(3))
+    k_cache, v_cache = (paddle.to_tensor(rng.standard_normal([b, kv, width, d]).astype("float32")) for _ in range(2))
+    column, bias = paddle.full([b], width - 1, "int64"), paddle.zeros([b, width])
+    rotate = np.zeros([d, d], "float32")  # rope.py's rotate_half_matrix
+    rotate[np.arange(d // 2), np.arange(d // 2) + d // 2], rotate[np.arange(d // 2) + d // 2, np.arange(d // 2)] = 1, -1
+    rotate = paddle.to_tensor(rotate)
+    index = paddle.expand(column.reshape([b, 1, 1, 1]), [b, kv, 1, d])
+    scores_bias = paddle.zeros([b, kv, heads // kv, width])
+
+    def kernel():
+        module.alignment_decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, heads, False, threads)
+
+    def composed():  # fused_decode.py's FusedDecoder._layer from q | k | v to the attention's output
+        roped = qkv * cos + paddle.matmul(qkv, rotate) * sin
+        q, k, v = paddle.split(roped, [heads, kv, kv], axis=1)
+        k_cache.put_along_axis_(index, k.reshape([b, kv, 1, d]), 2)
+        v_cache.put_along_axis_(index, v.reshape([b, kv, 1, d]), 2)
+        scores = paddle.matmul(q.reshape([b, kv, heads // kv, d]), k_cache, transpose_y=True)
+        paddle.matmul(F.softmax(scores + scores_bias, axis=-1), v_cache).reshape([b, 1, heads * d])
+
+    return kernel, composed
+
+
 def cache_file() -> str:
     return os.path.join(os.path.dirname(mkl_path.cache_file()), CACHE_FILE)
 
@@ -108,6 +137,7 @@ def candidates(module, threads: int) -> Dict[str, tuple]:
         "attention_softmax": (lambda: run(module.alignment_attention_softmax(scores, bias, threads)),
                               lambda: run(F.softmax(scores + bias, axis=-1))),
         "decode_matmul": decode_candidates(module, threads),
+        "decode_attention": decode_attention_candidates(module, threads),
     }
 
 

@@ -16,7 +16,9 @@ decode GEMM kernel, every projection and the LM head are instead packed once per
 panels (`Panels`: a copy of the decoder's weights, ~530 MB and ~0.25 s for SmolLM2-135M), which it streams from
 memory faster than MKL's sgemm reads the plain weights; each output is then one multiply-add chain over K, so the
 logits differ from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py)
-and these GEMMs give a row the same bits at any batch size. Gate and up stay two GEMMs over the
+and these GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's
+RoPE, cache writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the
+operations). Gate and up stay two GEMMs over the
 model's own weights: one over [gate_proj | up_proj] took 40 ms a step over SmolLM2's 30 layers at batch 32, its
 transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
 
@@ -170,6 +172,7 @@ class FusedDecoder:
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32, self.rope.interleaved)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]
+        self.attention_kernel = kernels.chosen("decode_attention")
 
     def load_weights(self, model) -> None:
         """Copy the model's weights into the fused layout (again after they change mid-generation: partial
@@ -186,11 +189,16 @@ class FusedDecoder:
         """Feed `token` [b] at `column` [b] of `cache` (a SlotCache, written in place) with the attention `mask`
         [b, width] and RoPE `position` [b, 1]; return the logits [b, vocab] float32 for the token after it."""
         b = self.batch
+        cos, sin = self.rotary_rows(position.reshape([b]), cache.width)
+        x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
+        if self.attention_kernel:
+            bias = (1 - mask.astype("float32")) * MASK_VALUE  # [b, width]
+            for i, weights in enumerate(self.layers):
+                x = self._kernel_layer(x, weights, cache.k[i], cache.v[i], column, cos, sin, bias)
+            return self._head(x).reshape([b, -1])
         bias = attention_bias(mask, 1, paddle.float32, self.heads)
         bias = bias.reshape([b, self.kv_heads, self.heads // self.kv_heads, -1])  # [b, kv_heads, groups, width]
-        cos, sin = self.rotary_rows(position.reshape([b]), cache.width)
         index = paddle.expand(column.reshape([b, 1, 1, 1]), [b, self.kv_heads, 1, self.head_dim])
-        x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
         for i, weights in enumerate(self.layers):
             x = self._layer(x, weights, cache.k[i], cache.v[i], index, cos, sin, bias)
         return self._head(x).reshape([b, -1])
@@ -214,6 +222,13 @@ class FusedDecoder:
         # q head i attends with kv head i // groups (Attention's folded decode step)
         scores = paddle.matmul(q.reshape([b, kv_heads, heads // kv_heads, d]), k_cache, transpose_y=True)
         out = paddle.matmul(masked_softmax(scores, bias), v_cache).reshape([b, 1, heads * d])
+        return self._mlp(x + matmul(out, w.o), w)
+
+    def _kernel_layer(self, x, w: LayerWeights, k_cache, v_cache, column, cos, sin, bias):
+        """_layer with RoPE, the cache writes and the attention in one kernel (cpu_kernels.decode_attention)."""
+        qkv = matmul(rms_norm(x, w.input_norm, self.eps), w.qkv).reshape([self.batch, -1, self.head_dim])
+        out = kernels.decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, self.heads,
+                                       self.rope.interleaved)  # [b, 1, heads d]
         return self._mlp(x + matmul(out, w.o), w)
 
     def _mlp(self, x, w: LayerWeights):

@@ -1,6 +1,6 @@
-"""The decode GEMM kernel (alignment/cpu_kernels/csrc/decode_matmul.cc) and the fused decoder over its panels:
-values against float64, the panel layout, the same bits at any batch size and thread count, and greedy decoding
-that keeps the layer path's tokens. Skipped where no library can be built (no C++ compiler)."""
+"""The decode GEMM kernel (alignment/cpu_kernels/csrc/decode_matmul.cc) and the fused decoder over its panels and
+the decode attention kernel: values against float64, the panel layout, the same bits at any batch size and thread
+count, and greedy decoding that keeps the layer path's tokens. Skipped where no library can be built (no C++ compiler)."""
 import numpy as np
 import paddle
 import pytest
@@ -74,9 +74,10 @@ def test_the_function_packs_float32_matrices_only_where_the_kernel_runs(kernels_
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_the_fused_decoder_streams_panels_and_keeps_the_layer_paths_tokens(kernels_on, tied):
+def test_the_fused_decoder_over_the_decode_kernels_keeps_the_layer_paths_tokens(kernels_on, tied):
     model = tiny_model(tie_word_embeddings=tied)
     decoder = FusedDecoder(model, 3)
+    assert decoder.attention_kernel  # decode_attention too
     projections = [w for layer in decoder.layers for w in (layer.qkv, layer.o, layer.gate, layer.up, layer.down)]
     assert all(isinstance(w, Panels) for w in projections + decoder.head_slices)
     assert len(decoder.head_slices) == 1 and decoder.head_slices[0].n == model.config.vocab_size

@@ -1,5 +1,7 @@
 """Fused decode steps (alignment/models/fused_decode.py) give the layer path's tokens and log-probs bit for bit
-(a tied head: its tokens, and log-probs to float rounding)."""
+(a tied head: its tokens, and log-probs to float rounding) where both run Paddle's operations. The decode kernels
+(cpu_kernels' decode_matmul and decode_attention) round differently; tests/cpu_kernels/test_decode_*.py check that
+path."""
 import numpy as np
 import paddle
 import pytest
@@ -22,7 +24,7 @@ def assert_same_bits(fused, layers, rounding: bool = False):
 @pytest.mark.parametrize("shape", [dict(), dict(num_key_value_heads=4), dict(num_key_value_heads=1),
                                    dict(tie_word_embeddings=True)],
                          ids=["grouped", "no-groups", "one-kv-head", "tied"])
-def test_greedy_tokens_and_log_probs_equal_the_layer_path(shape):
+def test_greedy_tokens_and_log_probs_equal_the_layer_path(shape, paddles_operations):
     model = tiny_model(**shape)
     assert fusable(model)
     ids, mask = left_padded_batch()
@@ -97,7 +99,7 @@ def test_rotary_rows_are_step_rotary_of_the_positions_across_table_rebuilds():
     assert widths == [14, 14, 14, 30, 30]
 
 
-def test_sampling_with_a_seed_equals_the_layer_path_with_eos_penalty_and_row_numbers():
+def test_sampling_with_a_seed_equals_the_layer_path_with_eos_penalty_and_row_numbers(paddles_operations):
     model = tiny_model()
     ids, mask = left_padded_batch()
     free = generate(model, ids, mask, GenerationConfig(max_new_tokens=8, do_sample=False)).sequences.numpy()

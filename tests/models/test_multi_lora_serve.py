@@ -113,7 +113,7 @@ def test_each_row_of_a_mixed_batch_is_its_adapters_bits(tiny_model_dir, adapters
     assert not np.array_equal(mixed[0], mixed[2])  # the adapters do change the logits
 
 
-def test_mixed_decode_steps_answer_as_each_adapter_alone(tiny_model_dir, adapters):
+def test_mixed_decode_steps_answer_as_each_adapter_alone(tiny_model_dir, adapters, paddles_operations):
     tokenizer = Tokenizer.from_pretrained(tiny_model_dir)
     multi = build_gateway(served_model(tiny_model_dir, adapters), tokenizer, SLOTS, CAPACITY, MAX_TOKENS,
                           name="tiny")
@@ -162,7 +162,8 @@ def server(tiny_model_dir, adapters, tmp_path_factory):
                              "--name", "tiny", *flags, "--port", "0", "--port-file", str(port_file),
                              "--max-sequences", str(SERVER_SLOTS), "--max-length", str(CAPACITY),
                              "--max-tokens", str(MAX_TOKENS)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ALIGNMENT_CPU_KERNELS": "off"})  # as paddles_operations
     deadline = time.time() + 120
     while not port_file.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.1)
@@ -173,7 +174,8 @@ def server(tiny_model_dir, adapters, tmp_path_factory):
     proc.wait(timeout=30)
 
 
-def test_the_server_answers_threads_of_different_adapters_as_each_alone(server, tiny_model_dir, adapters):
+def test_the_server_answers_threads_of_different_adapters_as_each_alone(server, tiny_model_dir, adapters,
+                                                                       paddles_operations):
     assert [m.id for m in server.models.list().data] == ["tiny", *ADAPTERS]
     with pytest.raises(openai.NotFoundError) as caught:
         server.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
