@@ -4,7 +4,8 @@
 
 Where a model step is slower than transformers', this tells whether the GEMMs or the other kernels are behind.
 Each operation runs at the shape the benchmark step of bench_smollm2.py gives it (8 x 128 tokens, hidden 576,
-intermediate 1536, 9 heads, vocabulary 49,152), on the same numbers in both libraries, alternating Paddle and
+intermediate 1536, 9 heads, vocabulary 49,152; the decode GEMMs at its generate workload's 8 rows), on the same
+numbers in both libraries, alternating Paddle and
 torch in blocks of --repeats calls (3 rounds, a warm-up call and an idle half second before each block); medians
 are reported. Paddle runs under alignment/cpu_env.py's settings (OpenMP 1 thread, MKL the usable cores), torch
 with `torch.set_num_threads(usable cores)`, both in this process. "Paddle / torch" is a ratio of times: above 1, Paddle's kernel is slower. torch is skipped, with a note,
@@ -151,7 +152,9 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
         return tF.cross_entropy(z, tids, reduction="none")
 
     lp, nm, sw, at = f"{TOKENS}x{VOCAB}", f"{TOKENS}x{HIDDEN}", f"{TOKENS}x{INTER}", f"8x{HEADS}x{SEQ}x{SEQ}"
+    decode = decode_gemms(paddle, torch, lib, n)
     return {
+        f"decode weight GEMMs from memory, {decode[0]} weights": decode[1:],
         "token log-probs over the vocabulary": (
             lp, lambda: nll(logits.detach()), lambda: t_nll(tlogits.detach()),
             lambda: -lib.alignment_token_logprobs(logits.detach(), pids, n)[0]),
@@ -177,6 +180,35 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
             at, lambda: back(scores, F.softmax(scores + bias, -1)), lambda: tback(tscores, torch.softmax(
                 tscores + tbias, -1)), lambda: back(scores, lib.alignment_attention_softmax(scores, bias, n))),
     }
+
+def decode_gemms(paddle, torch, lib, threads: int) -> tuple:
+    """(weight count, shape, Paddle's matmul, torch's linear, our decode GEMM kernel) of a decode step's 8 rows
+    times [576, 1536] weights, as many as fill twice the last-level cache (alignment/cpu_kernels/choice.py: a real
+    model's weights come from memory), each call running all of them and returning the last product. torch holds
+    each weight as transformers' Linear does ([out, in]); ours packed into the kernel's panels."""
+    import numpy as np
+
+    from alignment.cpu_kernels.choice import DECODE_ROWS, decode_weight_count
+
+    count = decode_weight_count(HIDDEN, INTER)
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal([HIDDEN, INTER]).astype("float32") / HIDDEN ** 0.5
+    x = rng.standard_normal([DECODE_ROWS, 1, HIDDEN]).astype("float32")
+    weights = [paddle.to_tensor(base * (1 + i / count)) for i in range(count)]
+    panels = [lib.alignment_pack_panels(w, False, threads) for w in weights]
+    tweights = [torch.from_numpy(np.ascontiguousarray((base * (1 + i / count)).T)) for i in range(count)] if torch \
+        else []
+    px, tx = paddle.to_tensor(x), torch.from_numpy(x) if torch else None
+
+    def run(fn, items):
+        for item in items:
+            out = fn(item)
+        return out
+
+    return (count, f"{DECODE_ROWS}x{HIDDEN}x{INTER}", lambda: run(lambda w: paddle.matmul(px, w), weights),
+            lambda: run(lambda w: torch.nn.functional.linear(tx, w), tweights),
+            lambda: run(lambda p: lib.alignment_panel_matmul(px, p, INTER, threads), panels))
+
 
 def once_ms(fn: Callable[[], object]) -> float:
     start = time.perf_counter()

@@ -48,11 +48,15 @@ def last_level_cache_bytes() -> int:
     return max(sizes)
 
 
-def decode_candidates(module, threads: int) -> tuple:
-    """(the panel GEMMs, paddle.matmul) of 8 rows over as many [576, 1536] weights as fill twice the
-    last-level cache, within DECODE_BYTES."""
+def decode_weight_count(k: int, n: int) -> int:
+    """How many float32 [k, n] weights fill twice the last-level cache, within DECODE_BYTES."""
     low, high = DECODE_BYTES
-    count = -(-min(max(2 * last_level_cache_bytes(), low), high) // (HIDDEN * INTER * 4))
+    return -(-min(max(2 * last_level_cache_bytes(), low), high) // (k * n * 4))
+
+
+def decode_candidates(module, threads: int) -> tuple:
+    """(the panel GEMMs, paddle.matmul) of 8 rows over decode_weight_count [576, 1536] weights."""
+    count = decode_weight_count(HIDDEN, INTER)
     weights = [paddle.full([HIDDEN, INTER], 0.01 * (i % 7 - 3), "float32") for i in range(count)]
     panels = [module.alignment_pack_panels(w, False, threads) for w in weights]
     x = paddle.to_tensor(np.random.default_rng(1).standard_normal([DECODE_ROWS, 1, HIDDEN]).astype("float32"))

@@ -288,7 +288,7 @@ def test_the_benchmark_times_kernels_that_compute_what_paddle_and_torch_do(lib):
 
     calls = {}
     ops = bench_cpu_ops.operations(paddle, torch, calls)
-    assert len(calls) == 8
+    assert len(calls) == 9
     for name, kernel in calls.items():
         _, ours, theirs = ops[name]
         want = theirs().detach().numpy()
