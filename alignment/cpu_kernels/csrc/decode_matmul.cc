@@ -90,12 +90,18 @@ std::vector<paddle::Tensor> PackPanelsForward(const paddle::Tensor& w, bool tran
   const float* src = w.data<float>();
   float* dst = packed.data<float>();
   parallel_for(panels, threads, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p)
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t j = 0; j < kPanel; ++j) {
-          const int64_t n = p * kPanel + j;
-          dst[(p * K + k) * kPanel + j] = n >= N ? 0.0f : (transposed ? src[n * K + k] : src[k * N + n]);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t cols = std::min(kPanel, N - p * kPanel);
+      for (int64_t k = 0; k < K; ++k) {
+        float* row = dst + (p * K + k) * kPanel;
+        if (transposed) {
+          for (int64_t j = 0; j < cols; ++j) row[j] = src[(p * kPanel + j) * K + k];
+        } else {
+          std::memcpy(row, src + k * N + p * kPanel, cols * sizeof(float));
         }
+        std::fill(row + cols, row + kPanel, 0.0f);
+      }
+    }
   }, K * kPanel);
   return {packed};
 }
