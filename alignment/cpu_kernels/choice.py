@@ -27,7 +27,8 @@ from alignment import cpu_env, mkl_path
 
 CACHE_FILE = "cpu_kernels.json"
 REPEATS, ROUNDS = 3, 5
-METHOD = "fastest of 15 calls, decode from memory"  # part of the cache key: a kept choice made another way is measured again
+# part of the cache key: a kept choice made another way is measured again
+METHOD = "fastest of 15 calls, decode from memory"
 LOGIT_ROWS, ROWS, HIDDEN, INTER, VOCAB, EPS = 256, 1024, 576, 1536, 49152, 1e-5
 SCORES = [8, 9, 128, 128]  # attention at 8 rows of 128 tokens, SmolLM2's 9 heads
 DECODE_ROWS, DECODE_BYTES = 8, (64 << 20, 768 << 20)  # the decode GEMMs' rows; their weights' bytes, bounds

@@ -1,6 +1,7 @@
 """The decode GEMM kernel (alignment/cpu_kernels/csrc/decode_matmul.cc) and the fused decoder over its panels and
 the decode attention kernel: values against float64, the panel layout, the same bits at any batch size and thread
-count, and greedy decoding that keeps the layer path's tokens. Skipped where no library can be built (no C++ compiler)."""
+count, and greedy decoding that keeps the layer path's tokens. Skipped where no library can be built (no C++
+compiler)."""
 import numpy as np
 import paddle
 import pytest
