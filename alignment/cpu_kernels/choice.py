@@ -13,6 +13,7 @@ covers the source and the compiler); processes starting together measure once (a
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -34,6 +35,7 @@ SCORES = [8, 9, 128, 128]  # attention at 8 rows of 128 tokens, SmolLM2's 9 head
 DECODE_ROWS, DECODE_BYTES = 8, (64 << 20, 768 << 20)  # the decode GEMMs' rows; their weights' bytes, bounds
 
 
+@functools.lru_cache(maxsize=None)
 def last_level_cache_bytes() -> int:
     """The largest CPU cache's size from sysfs (0 where it does not say)."""
     sizes = [0]

@@ -12,9 +12,9 @@ The cache grows by concatenation as in the layer path: attending over a prealloc
 the bits (Paddle's CPU softmax gave the masked columns tiny nonzero weights, and the longer probs @ v rounded
 differently). The concatenated weights and
 LM-head slices are copies made per generate call: ~180 MB for SmolLM2-135M. Where alignment/cpu_kernels chose its
-decode GEMM kernel, every projection and the LM head are instead packed once per call into the kernel's column
-panels (`Panels`: a copy of the decoder's weights, ~530 MB and ~0.25 s for SmolLM2-135M), which it streams from
-memory faster than MKL's sgemm reads the plain weights; each output is then one multiply-add chain over K, so the
+decode GEMM kernel and the weights exceed the last-level cache (`streams_from_memory`), every projection and the LM
+head are instead packed once per call into the kernel's column panels (`Panels`: a copy of the decoder's weights,
+~530 MB for SmolLM2-135M), which it streams from memory faster than MKL's sgemm reads the plain weights; each output is then one multiply-add chain over K, so the
 logits differ from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py)
 and these GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's
 RoPE, cache writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the
@@ -38,12 +38,13 @@ the tables.
 from __future__ import annotations
 
 import math
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 import paddle
 import paddle.nn.functional as F
 
 from alignment import cpu_kernels as kernels
+from alignment.cpu_kernels.choice import last_level_cache_bytes
 from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, masked_softmax, swiglu
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
@@ -74,10 +75,20 @@ def matmul(x, weight):
     return paddle.matmul(x, weight)
 
 
-def panels(weight, transposed: bool = False):
-    """weight ([K, N], or [N, K] transposed) as Panels where the decode_matmul kernel runs, else None."""
-    packed = kernels.pack_panels(weight, transposed)
+def panels(weight, transposed: bool = False, wanted: bool = True):
+    """weight ([K, N], or [N, K] transposed) as Panels where wanted and the decode_matmul kernel runs, else None."""
+    packed = kernels.pack_panels(weight, transposed) if wanted else None
     return None if packed is None else Panels(packed, weight.shape[0 if transposed else 1])
+
+
+def streams_from_memory(model) -> bool:
+    """Whether a decode step's weights (every decoder layer's and the LM head's) exceed the last-level cache: the
+    panels pay only then. From the cache MKL's sgemm was the faster (the peer's 33 MB policy in 300 MB of L3 on an
+    Intel Xeon, family 6 model 207: GRPO's generate 0.161 s a step with MKL, 0.166 with the panels)."""
+    streamed = sum(int(p.size) for p in model.model.layers.parameters()) + int(model.model.embed_tokens.weight.size)
+    if not model.config.tie_word_embeddings:
+        streamed += int(model.lm_head.weight.size)
+    return 4 * streamed > last_level_cache_bytes()
 
 
 def fusable(model) -> bool:
@@ -100,12 +111,12 @@ def fusable(model) -> bool:
     return model.config.tie_word_embeddings or type(model.lm_head) is tp.Linear and model.lm_head.bias is None
 
 
-def layer_weights(layer, batch: int) -> LayerWeights:
+def layer_weights(layer, batch: int, packed: bool = True) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     hidden = attn.q_proj.weight.shape[0]
     qkv = paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1)
     projections = [qkv, attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-    qkv, o, gate, up, down = [panels(w) or w for w in projections]
+    qkv, o, gate, up, down = [panels(w, wanted=packed) or w for w in projections]
     return LayerWeights(paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]), qkv, o,
                         paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]), gate, up, down)
 
@@ -163,9 +174,12 @@ class FusedDecoder:
 
     grows_cache = True  # any cache width (slot_cache.py's ladder)
 
-    def __init__(self, model, slots: int):
+    def __init__(self, model, slots: int, packed: Optional[bool] = None):
+        """packed: the weights in the decode GEMM kernel's panels where it runs (default: where they stream from
+        memory, `streams_from_memory`)."""
         cfg, attn = model.config, model.model.layers[0].self_attn
         self.batch = slots
+        self.packed = streams_from_memory(model) if packed is None else packed
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
@@ -177,12 +191,12 @@ class FusedDecoder:
     def load_weights(self, model) -> None:
         """Copy the model's weights into the fused layout (again after they change mid-generation: partial
         rollouts' in-flight weight updates)."""
-        self.layers = [layer_weights(layer, self.batch) for layer in model.model.layers]
+        self.layers = [layer_weights(layer, self.batch, self.packed) for layer in model.model.layers]
         self.final_norm = paddle.expand(model.model.norm.weight, [self.batch, 1, model.config.hidden_size])
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
         axis = 0 if self.tied else 1  # the vocabulary's
-        packed = panels(head, transposed=self.tied)
+        packed = panels(head, transposed=self.tied, wanted=self.packed)
         self.head_slices = [packed] if packed else vocab_slices(head, axis, head_slice_count(head.shape[axis]))
 
     def step(self, token, cache, column, mask, position):

@@ -74,8 +74,24 @@ def test_the_function_packs_float32_matrices_only_where_the_kernel_runs(kernels_
     assert kernels.pack_panels(w) is None
 
 
+def test_weights_are_packed_only_when_they_exceed_the_last_level_cache(kernels_on, monkeypatch):
+    from alignment.models import fused_decode
+
+    model = tiny_model()
+    streamed = 4 * (sum(int(p.size) for p in model.model.layers.parameters())
+                    + int(model.model.embed_tokens.weight.size) + int(model.lm_head.weight.size))
+    for cache, packed in ((streamed, False), (streamed - 1, True), (0, True)):  # 0: sysfs did not say
+        monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: cache)
+        assert fused_decode.streams_from_memory(model) is packed
+        assert isinstance(FusedDecoder(model, 2).layers[0].o, Panels) is packed
+    assert not isinstance(FusedDecoder(model, 2, packed=False).head_slices[0], Panels)
+
+
 @pytest.mark.parametrize("tied", [False, True])
-def test_the_fused_decoder_over_the_decode_kernels_keeps_the_layer_paths_tokens(kernels_on, tied):
+def test_the_fused_decoder_over_the_decode_kernels_keeps_the_layer_paths_tokens(kernels_on, tied, monkeypatch):
+    from alignment.models import fused_decode
+
+    monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: 0)  # as for a model larger than the cache
     model = tiny_model(tie_word_embeddings=tied)
     decoder = FusedDecoder(model, 3)
     assert decoder.attention_kernel  # decode_attention too
