@@ -21,14 +21,6 @@ from tests.helpers import REPO
 THREADS = 2
 
 
-@pytest.fixture(scope="module")
-def lib():
-    module = build.load_kernels()
-    if module is None:
-        pytest.skip(f"no kernel library on this machine ({build._state['why']})")
-    return module
-
-
 def _leaf(array):
     t = paddle.to_tensor(array)
     t.stop_gradient = False

@@ -7,18 +7,9 @@ import paddle
 import pytest
 
 from alignment import cpu_kernels as kernels
-from alignment.cpu_kernels import build
 from alignment.models.rope import rotate_half_matrix
 
 MASK = -1e9
-
-
-@pytest.fixture(scope="module")
-def lib():
-    module = build.load_kernels()
-    if module is None:
-        pytest.skip(f"no kernel library on this machine ({build._state['why']})")
-    return module
 
 
 def inputs(seed, b=3, heads=4, kv=2, d=8, width=10):

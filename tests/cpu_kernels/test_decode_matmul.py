@@ -7,18 +7,9 @@ import paddle
 import pytest
 
 from alignment import cpu_kernels as kernels
-from alignment.cpu_kernels import build
 from alignment.models import GenerationConfig, generate
 from alignment.models.fused_decode import FusedDecoder, Panels, matmul
 from tests.models.test_model import left_padded_batch, tiny_model
-
-
-@pytest.fixture(scope="module")
-def lib():
-    module = build.load_kernels()
-    if module is None:
-        pytest.skip(f"no kernel library on this machine ({build._state['why']})")
-    return module
 
 
 @pytest.fixture
