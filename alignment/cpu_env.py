@@ -30,9 +30,10 @@ settings"; `python benchmarks/bench_cpu_settings.py` re-measures any machine):
   else keeps OMP_NUM_THREADS (`optimizer_threads()`). AdamW of the 8.3M-parameter peer policy 15.6 -> 9.1 ms,
   of SmolLM2-135M 227 -> 123 ms; element-wise loops give the same bits on any thread count. 1 turns it off.
 - ALIGNMENT_CPU_KERNELS=auto: our C++ kernels for token log-probs, RMSNorm, SwiGLU, attention's softmax and a
-  decode step's weight GEMMs (alignment/cpu_kernels: built once per CPU, threaded over the usable cores) run where
-  they measured faster than Paddle's operations on this CPU (docs/performance.md, "Where the time goes"); the ranks
-  of a job agree on one choice. `on` takes all of them, `off` none (as for a library user who never calls this).
+  decode step's weight GEMMs and attention (alignment/cpu_kernels: built once per CPU, threaded over the usable
+  cores) run where they measured faster than Paddle's operations on this CPU (docs/performance.md, "Where the time
+  goes"); the ranks of a job agree on one choice. `on` takes all of them, `off` none (as for a library user who
+  never calls this).
 - KMP_BLOCKTIME=0: MKL's OpenMP threads sleep when a GEMM ends instead of spinning for 200 ms on a core that the
   kernels' threads then share. SmolLM2 greedy decoding with the decode GEMM kernel ran at 121 tokens/s with the
   spinning and 159 without; its training step was 3% faster (Intel Xeon, family 6 model 207).

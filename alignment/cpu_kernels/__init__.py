@@ -173,7 +173,8 @@ def decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, heads: int, 
     module = _library("decode_attention")
     if module is None:
         return None
-    column = column.astype("int64").reshape([-1])
+    if column.dtype != paddle.int64 or column.ndim != 1:  # the engine's columns are int64 [b] already
+        column = column.astype("int64").reshape([-1])
     return module.alignment_decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, int(heads),
                                              bool(interleaved), threads())[0]
 

@@ -11,16 +11,18 @@ order: generated tokens, logits and log-probs are the same bits, except for tied
 The cache grows by concatenation as in the layer path: attending over a preallocated, masked width instead changed
 the bits (Paddle's CPU softmax gave the masked columns tiny nonzero weights, and the longer probs @ v rounded
 differently). The concatenated weights and
-LM-head slices are copies made per generate call: ~180 MB for SmolLM2-135M. Where alignment/cpu_kernels chose its
-decode GEMM kernel and the weights exceed the last-level cache (`streams_from_memory`), every projection and the LM
-head are instead packed once per call into the kernel's column panels (`Panels`: a copy of the decoder's weights,
-~530 MB for SmolLM2-135M), which it streams from memory faster than MKL's sgemm reads the plain weights; each output is then one multiply-add chain over K, so the
-logits differ from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py)
-and these GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's
-RoPE, cache writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the
-operations). Gate and up stay two GEMMs over the
-model's own weights: one over [gate_proj | up_proj] took 40 ms a step over SmolLM2's 30 layers at batch 32, its
-transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
+LM-head slices are copies made per generate call: ~180 MB for SmolLM2-135M.
+
+Where alignment/cpu_kernels chose its decode GEMM kernel and the weights exceed the last-level cache
+(`streams_from_memory`), every projection and the LM head are instead packed once per call into the kernel's column
+panels (`Panels`: a copy of the decoder's weights, ~530 MB for SmolLM2-135M), which it streams from memory faster
+than MKL's sgemm reads the plain weights. Each output is then one multiply-add chain over K, so the logits differ
+from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py), and these
+GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's RoPE, cache
+writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations).
+
+Gate and up stay two GEMMs over the model's own weights: one over [gate_proj | up_proj] took 40 ms a step over
+SmolLM2's 30 layers at batch 32, its transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
 
 A tied LM head multiplies by a transposed copy of the embedding ([hidden, vocab], as an untied head is stored)
 instead of by the embedding with transpose_y: SmolLM2's head took 3.4 against 6.0 ms at batch 8 and 7.4 against
@@ -85,9 +87,8 @@ def streams_from_memory(model) -> bool:
     """Whether a decode step's weights (every decoder layer's and the LM head's) exceed the last-level cache: the
     panels pay only then. From the cache MKL's sgemm was the faster (the peer's 33 MB policy in 300 MB of L3 on an
     Intel Xeon, family 6 model 207: GRPO's generate 0.161 s a step with MKL, 0.166 with the panels)."""
-    streamed = sum(int(p.size) for p in model.model.layers.parameters()) + int(model.model.embed_tokens.weight.size)
-    if not model.config.tie_word_embeddings:
-        streamed += int(model.lm_head.weight.size)
+    head = model.model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight
+    streamed = sum(int(p.size) for p in model.model.layers.parameters()) + int(head.size)  # float32
     return 4 * streamed > last_level_cache_bytes()
 
 
