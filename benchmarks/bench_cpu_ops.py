@@ -181,6 +181,7 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
                 tscores + tbias, -1)), lambda: back(scores, lib.alignment_attention_softmax(scores, bias, n))),
     }
 
+
 def decode_gemms(paddle, torch, lib, threads: int) -> tuple:
     """(weight count, shape, Paddle's matmul, torch's linear, our decode GEMM kernel) of a decode step's 8 rows
     times [576, 1536] weights, as many as fill twice the last-level cache (alignment/cpu_kernels/choice.py: a real
@@ -194,10 +195,10 @@ def decode_gemms(paddle, torch, lib, threads: int) -> tuple:
     rng = np.random.default_rng(1)
     base = rng.standard_normal([HIDDEN, INTER]).astype("float32") / HIDDEN ** 0.5
     x = rng.standard_normal([DECODE_ROWS, 1, HIDDEN]).astype("float32")
-    weights = [paddle.to_tensor(base * (1 + i / count)) for i in range(count)]
+    arrays = [base * (1 + i / count) for i in range(count)]  # [K, N] each
+    weights = [paddle.to_tensor(a) for a in arrays]
     panels = [lib.alignment_pack_panels(w, False, threads) for w in weights]
-    tweights = [torch.from_numpy(np.ascontiguousarray((base * (1 + i / count)).T)) for i in range(count)] if torch \
-        else []
+    tweights = [torch.from_numpy(np.ascontiguousarray(a.T)) for a in arrays] if torch else []
     px, tx = paddle.to_tensor(x), torch.from_numpy(x) if torch else None
 
     def run(fn, items):

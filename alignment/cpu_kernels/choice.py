@@ -13,7 +13,6 @@ covers the source and the compiler); processes starting together measure once (a
 """
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import time
@@ -35,26 +34,10 @@ SCORES = [8, 9, 128, 128]  # attention at 8 rows of 128 tokens, SmolLM2's 9 head
 DECODE_ROWS, DECODE_BYTES = 8, (64 << 20, 768 << 20)  # the decode GEMMs' rows; their weights' bytes, bounds
 
 
-@functools.lru_cache(maxsize=None)
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache's size from sysfs (0 where it does not say)."""
-    sizes = [0]
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    for index in os.listdir(base) if os.path.isdir(base) else []:
-        try:
-            with open(os.path.join(base, index, "size")) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        sizes.append(int(text.rstrip("KMG") or 0) * scale)
-    return max(sizes)
-
-
 def decode_weight_count(k: int, n: int) -> int:
     """How many float32 [k, n] weights fill twice the last-level cache, within DECODE_BYTES."""
     low, high = DECODE_BYTES
-    return -(-min(max(2 * last_level_cache_bytes(), low), high) // (k * n * 4))
+    return -(-min(max(2 * cpu_env.last_level_cache_bytes(), low), high) // (k * n * 4))
 
 
 def decode_candidates(module, threads: int) -> tuple:

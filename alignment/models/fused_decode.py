@@ -46,7 +46,7 @@ import paddle
 import paddle.nn.functional as F
 
 from alignment import cpu_kernels as kernels
-from alignment.cpu_kernels.choice import last_level_cache_bytes
+from alignment.cpu_env import last_level_cache_bytes
 from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, masked_softmax, swiglu
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
@@ -77,9 +77,9 @@ def matmul(x, weight):
     return paddle.matmul(x, weight)
 
 
-def panels(weight, transposed: bool = False, wanted: bool = True):
-    """weight ([K, N], or [N, K] transposed) as Panels where wanted and the decode_matmul kernel runs, else None."""
-    packed = kernels.pack_panels(weight, transposed) if wanted else None
+def panels(weight, transposed: bool = False):
+    """weight ([K, N], or [N, K] transposed) as Panels where the decode_matmul kernel runs, else None."""
+    packed = kernels.pack_panels(weight, transposed)
     return None if packed is None else Panels(packed, weight.shape[0 if transposed else 1])
 
 
@@ -112,12 +112,12 @@ def fusable(model) -> bool:
     return model.config.tie_word_embeddings or type(model.lm_head) is tp.Linear and model.lm_head.bias is None
 
 
-def layer_weights(layer, batch: int, packed: bool = True) -> LayerWeights:
+def layer_weights(layer, batch: int, packed: bool) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     hidden = attn.q_proj.weight.shape[0]
     qkv = paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1)
     projections = [qkv, attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-    qkv, o, gate, up, down = [panels(w, wanted=packed) or w for w in projections]
+    qkv, o, gate, up, down = [panels(w) or w for w in projections] if packed else projections
     return LayerWeights(paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]), qkv, o,
                         paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]), gate, up, down)
 
@@ -197,7 +197,7 @@ class FusedDecoder:
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
         axis = 0 if self.tied else 1  # the vocabulary's
-        packed = panels(head, transposed=self.tied, wanted=self.packed)
+        packed = panels(head, transposed=self.tied) if self.packed else None
         self.head_slices = [packed] if packed else vocab_slices(head, axis, head_slice_count(head.shape[axis]))
 
     def step(self, token, cache, column, mask, position):
