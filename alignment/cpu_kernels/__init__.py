@@ -15,6 +15,10 @@ with loops the compiler vectorises for this CPU.
   multiplies, a matmul, an add), the cache writes (`put_along_axis_`), q k^T, the softmax and @ v, with their
   reshapes and split.
 
+Where both decode kernels run, `decode_layer` computes a whole decoder layer of a decode step in one call with
+their loops and the RMSNorm and SwiGLU rows (csrc/decode_layer.cc): fused_decode.py's dozen calls per layer and
+their thread starts in one, the same bits as the separate kernels.
+
 Each function returns the kernel's result, or None when it does not apply: the caller then runs its composition.
 It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
 without our library), when the library is built and the kernel is chosen. ALIGNMENT_CPU_KERNELS chooses: `auto`
@@ -177,6 +181,18 @@ def decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, heads: int, 
         column = column.astype("int64").reshape([-1])
     return module.alignment_decode_attention(qkv, cos, sin, k_cache, v_cache, column, bias, int(heads),
                                              bool(interleaved), threads())[0]
+
+
+def decode_layer(x, cos, sin, k_cache, v_cache, column, bias, input_norm, post_norm, packed: tuple, heads: int,
+                 interleaved: bool, eps: float) -> paddle.Tensor:
+    """One decoder layer of a decode step (no gradient): x [b, 1, hidden]; cos, sin, the caches, column and bias as
+    for `decode_attention` (the caches written in place); the norm weights [hidden]; packed: the q | k | v, o,
+    gate, up and down weights as `pack_panels` packed them. -> [b, 1, hidden]. For a caller that has the panels
+    and took `decode_attention` (both kernels chosen)."""
+    qkv, o, gate, up, down = packed
+    return build.load_kernels().alignment_decode_layer(x, input_norm, qkv, cos, sin, k_cache, v_cache, column, bias, o,
+                                                        post_norm, gate, up, down, int(heads), bool(interleaved),
+                                                        float(eps), threads())[0]
 
 
 def forget_choice() -> None:

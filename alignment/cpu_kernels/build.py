@@ -26,8 +26,9 @@ NAME = "alignment_cpu_kernels"
 BUILT = "built"  # written once a build finished: later processes register the library without Paddle's `load`
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCES = [os.path.join(CSRC, name)
-           for name in ("cpu_kernels.cc", "attention_softmax.cc", "decode_matmul.cc", "decode_attention.cc")]
-HEADERS = [os.path.join(CSRC, "common.h")]
+           for name in ("cpu_kernels.cc", "attention_softmax.cc", "decode_matmul.cc", "decode_attention.cc",
+                        "decode_layer.cc")]
+HEADERS = [os.path.join(CSRC, name) for name in ("common.h", "panels.h", "attention_row.h")]
 # -fopenmp-simd: the `omp simd` reductions only, no OpenMP runtime; no trapping math lets the selects vectorise
 CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno"]
 _state = {"tried": False, "module": None, "why": ""}

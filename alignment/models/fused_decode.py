@@ -19,7 +19,8 @@ panels (`Panels`: a copy of the decoder's weights, ~530 MB for SmolLM2-135M), wh
 than MKL's sgemm reads the plain weights. Each output is then one multiply-add chain over K, so the logits differ
 from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py), and these
 GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's RoPE, cache
-writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations).
+writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations); over
+packed weights the whole layer is one call (cpu_kernels.decode_layer), with the same bits.
 
 Gate and up stay two GEMMs over the model's own weights: one over [gate_proj | up_proj] took 40 ms a step over
 SmolLM2's 30 layers at batch 32, its transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
@@ -184,15 +185,21 @@ class FusedDecoder:
         self.heads, self.kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
+        self.attention_kernel = kernels.chosen("decode_attention")
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32, self.rope.interleaved)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]
-        self.attention_kernel = kernels.chosen("decode_attention")
 
     def load_weights(self, model) -> None:
         """Copy the model's weights into the fused layout (again after they change mid-generation: partial
         rollouts' in-flight weight updates)."""
         self.layers = [layer_weights(layer, self.batch, self.packed) for layer in model.model.layers]
+        # where both decode kernels run, a layer is one call (cpu_kernels.decode_layer) over, per layer, the norm
+        # weights [hidden] and the five packed panels
+        packed = self.attention_kernel and isinstance(self.layers[0].qkv, Panels)
+        self.kernel_layers = [(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                               tuple(p.packed for p in (w.qkv, w.o, w.gate, w.up, w.down)))
+                              for layer, w in zip(model.model.layers, self.layers)] if packed else []
         self.final_norm = paddle.expand(model.model.norm.weight, [self.batch, 1, model.config.hidden_size])
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
@@ -208,8 +215,12 @@ class FusedDecoder:
         x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
         if self.attention_kernel:
             bias = (1 - mask.astype("float32")) * MASK_VALUE  # [b, width]
-            for i, weights in enumerate(self.layers):
-                x = self._kernel_layer(x, weights, cache.k[i], cache.v[i], column, cos, sin, bias)
+            for i, (input_norm, post_norm, packed) in enumerate(self.kernel_layers):  # none unless packed
+                x = kernels.decode_layer(x, cos, sin, cache.k[i], cache.v[i], column, bias, input_norm, post_norm,
+                                         packed, self.heads, self.rope.interleaved, self.eps)
+            if not self.kernel_layers:
+                for i, weights in enumerate(self.layers):
+                    x = self._kernel_layer(x, weights, cache.k[i], cache.v[i], column, cos, sin, bias)
             return self._head(x).reshape([b, -1])
         bias = attention_bias(mask, 1, paddle.float32, self.heads)
         bias = bias.reshape([b, self.kv_heads, self.heads // self.kv_heads, -1])  # [b, kv_heads, groups, width]

@@ -1,5 +1,6 @@
-// Helpers shared by the kernels' sources (cpu_kernels.cc, attention_softmax.cc): a vectorisable exp, the row
-// split over std::threads, a row's max, and the input check.
+// Helpers shared by the kernels' sources: a vectorisable exp, the row split over std::threads, a row's max, the
+// RMSNorm and SwiGLU rows (cpu_kernels.cc's operators and decode_layer.cc compute them with this one code, so the
+// two give the same bits), and the input check.
 #pragma once
 
 #include <algorithm>
@@ -61,6 +62,22 @@ inline float row_max(const float* __restrict z, int64_t v) {
 #pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < v; ++i) m = z[i] > m ? z[i] : m;
   return m;
+}
+
+// out = (x * rs) * w with rs = 1 / sqrt(mean(x^2) + eps) over one row of h floats; returns rs
+inline float rms_norm_row(const float* __restrict x, const float* __restrict w, float* __restrict out, int64_t h,
+                          float eps) {
+  float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < h; ++i) ss += x[i] * x[i];
+  const float rs = 1.0f / std::sqrt(ss / static_cast<float>(h) + eps);
+  for (int64_t j = 0; j < h; ++j) out[j] = (x[j] * rs) * w[j];
+  return rs;
+}
+
+// o = silu(g) * u over n floats
+inline void swiglu_block(const float* __restrict g, const float* __restrict u, float* __restrict o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + exp_approx(-g[i])) * u[i];
 }
 
 inline void check_cpu_f32(const paddle::Tensor& t, const char* name) {

@@ -15,7 +15,9 @@ namespace {
 using alignment_kernels::check_cpu_f32;
 using alignment_kernels::exp_approx;
 using alignment_kernels::parallel_for;
+using alignment_kernels::rms_norm_row;
 using alignment_kernels::row_max;
+using alignment_kernels::swiglu_block;
 
 // out = -g * softmax(row) = -g * e^((row - m) - log S): the softmax part of d log p(label) / d row (m and log S
 // apart: m + log S rounds at large logits, row - m does not)
@@ -34,10 +36,6 @@ void exp_sums_row(const float* __restrict row, int64_t v, float m, float* s_out,
   }
   *s_out = s;
   *t_out = t;
-}
-
-void swiglu_block(const float* __restrict g, const float* __restrict u, float* __restrict o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + exp_approx(-g[i])) * u[i];
 }
 
 void swiglu_grad_block(const float* __restrict g, const float* __restrict u, const float* __restrict d,
@@ -161,16 +159,7 @@ std::vector<paddle::Tensor> RmsNormForward(const paddle::Tensor& x, const paddle
   const float *px = x.data<float>(), *w = weight.data<float>();
   float *py = y.data<float>(), *pr = rstd.data<float>();
   parallel_for(n, threads, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = px + r * hdim;
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < hdim; ++i) ss += row[i] * row[i];
-      const float rs = 1.0f / std::sqrt(ss / static_cast<float>(hdim) + eps);
-      pr[r] = rs;
-      float* out = py + r * hdim;
-      for (int64_t j = 0; j < hdim; ++j) out[j] = (row[j] * rs) * w[j];
-    }
+    for (int64_t r = begin; r < end; ++r) pr[r] = rms_norm_row(px + r * hdim, w, py + r * hdim, hdim, eps);
   }, hdim);
   return {y, rstd};
 }

@@ -5,75 +5,13 @@
 // step_rotary), the row's k and v written into the caches at its column (in place), then for each q head h
 // softmax(q_h . K_g + bias) . V_g with g = h / (H / KV). It replaces fused_decode.py's dozen Paddle calls per layer
 // between the q | k | v projection and the output projection (each call costs more than its arithmetic here).
-// Each sum runs in one fixed order over the columns, and masked columns add exact zeros (their exp is 0, their
-// cached values finite), so a row's bits depend neither on the other rows, nor on the cache's width, nor on the
-// thread count.
-#include "common.h"
-
-namespace {
+// The row's loops are attention_row.h's; masked columns add exact zeros (their exp is 0, their cached values finite).
+#include "attention_row.h"
 
 using alignment_kernels::check_cpu_f32;
-using alignment_kernels::exp_approx;
+using alignment_kernels::attend_row;
+using alignment_kernels::Shape;
 using alignment_kernels::parallel_for;
-
-// y = x cos + rotate_half(x) sin over one head of d floats; rotate_half as rope.py's rotate_half_matrix
-void rope_head(const float* x, const float* c, const float* s, float* y, int64_t d, bool interleaved) {
-  const int64_t half = d / 2;
-  for (int64_t i = 0; i < d; ++i) {
-    float rotated;
-    if (interleaved) rotated = (i % 2 == 0) ? -x[i + 1] : x[i - 1];
-    else rotated = i < half ? -x[i + half] : x[i - half];
-    y[i] = x[i] * c[i] + rotated * s[i];
-  }
-}
-
-struct Shape {
-  int64_t heads, kv_heads, d, width;
-  bool interleaved;
-};
-
-void attend_row(const float* qkv, const float* cos, const float* sin, float* k_cache, float* v_cache,
-                int64_t column, const float* bias, float* out, const Shape& n, std::vector<float>& scratch) {
-  const int64_t d = n.d, w = n.width, groups = n.heads / n.kv_heads;
-  scratch.resize(n.heads * d + w);
-  float* q = scratch.data();         // [H, d]: the roped queries
-  float* p = scratch.data() + n.heads * d;  // [W]: one head's scores, then its weights
-  for (int64_t h = 0; h < n.heads; ++h) rope_head(qkv + h * d, cos + h * d, sin + h * d, q + h * d, d, n.interleaved);
-  for (int64_t g = 0; g < n.kv_heads; ++g) {
-    const int64_t k_head = n.heads + g, v_head = n.heads + n.kv_heads + g;
-    float* k_slot = k_cache + (g * w + column) * d;
-    rope_head(qkv + k_head * d, cos + k_head * d, sin + k_head * d, k_slot, d, n.interleaved);
-    std::memcpy(v_cache + (g * w + column) * d, qkv + v_head * d, d * sizeof(float));  // v: cos 1, sin 0
-  }
-  for (int64_t h = 0; h < n.heads; ++h) {
-    const float* keys = k_cache + (h / groups) * w * d;
-    const float* values = v_cache + (h / groups) * w * d;
-    const float* qh = q + h * d;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < w; ++j) {
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < d; ++i) dot += qh[i] * keys[j * d + i];
-      p[j] = dot + bias[j];
-      m = p[j] > m ? p[j] : m;
-    }
-    float total = 0.0f;
-    for (int64_t j = 0; j < w; ++j) {
-      p[j] = exp_approx(p[j] - m);
-      total += p[j];
-    }
-    const float inv = 1.0f / total;
-    float* oh = out + h * d;
-    std::fill(oh, oh + d, 0.0f);
-    for (int64_t j = 0; j < w; ++j) {
-      const float weight = p[j] * inv;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) oh[i] += weight * values[j * d + i];
-    }
-  }
-}
-
-}  // namespace
 
 std::vector<paddle::Tensor> DecodeAttentionForward(const paddle::Tensor& qkv, const paddle::Tensor& cos,
                                                    const paddle::Tensor& sin, paddle::Tensor& k_cache,
