@@ -9,6 +9,7 @@ size 1 and none of this does anything.
 """
 from __future__ import annotations
 
+import faulthandler
 from typing import Dict, List
 
 import paddle
@@ -35,6 +36,9 @@ def init_distributed(layout=None) -> None:
     optimizer states, else plain data parallelism. Called by the entry points before any model is built."""
     if world_size() == 1 or dist.is_initialized():
         return
+    # a rank killed by a signal (SIGSEGV, SIGBUS, SIGABRT, ...) prints where each of its Python threads was, then
+    # Paddle's handler runs (faulthandler calls the one it replaced); the launcher alone says only "Exit code -11"
+    faulthandler.enable(all_threads=True)
     _start_groups(layout)
     if not paddle.is_compiled_with_cuda():
         cpu_kernels.agree(_all_ranks_min)
