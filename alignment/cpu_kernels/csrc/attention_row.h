@@ -24,6 +24,25 @@ struct Shape {
   bool interleaved;
 };
 
+// The caches [b, KV, W, d] alike, column int64 [b] inside them, bias [b, W] float32: -> the attention's shape
+inline Shape checked_attention_shape(const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
+                                     const paddle::Tensor& column, const paddle::Tensor& bias, int64_t heads,
+                                     bool interleaved) {
+  check_cpu_f32(k_cache, "the key cache");
+  check_cpu_f32(v_cache, "the value cache");
+  check_cpu_f32(bias, "bias");
+  PD_CHECK(column.dtype() == paddle::DataType::INT64, "column must be int64");
+  const auto& kv = k_cache.shape();  // [b, KV, W, d]
+  PD_CHECK(kv.size() == 4 && v_cache.shape() == kv, "the caches must be [b, kv_heads, width, d] alike");
+  const Shape n{heads, kv[1], kv[3], kv[2], interleaved};
+  PD_CHECK(n.heads % n.kv_heads == 0 && n.d % 2 == 0, "heads must be a multiple of kv_heads, d even");
+  PD_CHECK(bias.shape() == std::vector<int64_t>({kv[0], n.width}) && column.numel() == kv[0],
+           "bias must be [b, width] and column [b]");
+  const int64_t* col = column.data<int64_t>();
+  for (int64_t r = 0; r < kv[0]; ++r) PD_CHECK(col[r] >= 0 && col[r] < n.width, "a column is outside the cache");
+  return n;
+}
+
 inline void attend_row(const float* qkv, const float* cos, const float* sin, float* k_cache, float* v_cache,
                        int64_t column, const float* bias, float* out, const Shape& n, std::vector<float>& scratch) {
   const int64_t d = n.d, w = n.width, groups = n.heads / n.kv_heads;

@@ -10,6 +10,7 @@
 
 using alignment_kernels::check_cpu_f32;
 using alignment_kernels::attend_row;
+using alignment_kernels::checked_attention_shape;
 using alignment_kernels::Shape;
 using alignment_kernels::parallel_for;
 
@@ -18,21 +19,12 @@ std::vector<paddle::Tensor> DecodeAttentionForward(const paddle::Tensor& qkv, co
                                                    paddle::Tensor& v_cache, const paddle::Tensor& column,
                                                    const paddle::Tensor& bias, int heads, bool interleaved,
                                                    int threads) {
-  for (const auto* t : {&qkv, &cos, &sin, &bias}) check_cpu_f32(*t, "decode attention's inputs");
-  check_cpu_f32(k_cache, "the key cache");
-  check_cpu_f32(v_cache, "the value cache");
-  PD_CHECK(column.dtype() == paddle::DataType::INT64, "column must be int64");
-  const auto& kv = k_cache.shape();  // [b, KV, W, d]
-  PD_CHECK(kv.size() == 4 && v_cache.shape() == kv, "the caches must be [b, kv_heads, width, d] alike");
-  const Shape n{heads, kv[1], kv[3], kv[2], interleaved};
-  const int64_t b = kv[0], fused = n.heads + 2 * n.kv_heads;
-  PD_CHECK(n.heads % n.kv_heads == 0 && n.d % 2 == 0, "heads must be a multiple of kv_heads, d even");
+  for (const auto* t : {&qkv, &cos, &sin}) check_cpu_f32(*t, "decode attention's inputs");
+  const Shape n = checked_attention_shape(k_cache, v_cache, column, bias, heads, interleaved);
+  const int64_t b = k_cache.shape()[0], fused = n.heads + 2 * n.kv_heads;
   PD_CHECK(qkv.shape() == std::vector<int64_t>({b, fused, n.d}) && cos.shape() == qkv.shape() &&
                sin.shape() == qkv.shape(), "qkv, cos and sin must be [b, heads + 2 kv_heads, d]");
-  PD_CHECK(bias.shape() == std::vector<int64_t>({b, n.width}) && column.numel() == b,
-           "bias must be [b, width] and column [b]");
   const int64_t* col = column.data<int64_t>();
-  for (int64_t r = 0; r < b; ++r) PD_CHECK(col[r] >= 0 && col[r] < n.width, "a column is outside the cache");
   auto out = paddle::empty({b, 1, n.heads * n.d}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   const float *pq = qkv.data<float>(), *pc = cos.data<float>(), *ps = sin.data<float>(), *pb = bias.data<float>();
   float *pk = k_cache.data<float>(), *pv = v_cache.data<float>(), *po = out.data<float>();

@@ -17,6 +17,7 @@
 
 using alignment_kernels::attend_row;
 using alignment_kernels::check_cpu_f32;
+using alignment_kernels::checked_attention_shape;
 using alignment_kernels::kMinFloatsPerThread;
 using alignment_kernels::kPanel;
 using alignment_kernels::panel_all_rows;
@@ -81,26 +82,17 @@ std::vector<paddle::Tensor> DecodeLayerForward(
     const paddle::Tensor& column, const paddle::Tensor& bias, const paddle::Tensor& o_w,
     const paddle::Tensor& post_norm, const paddle::Tensor& gate_w, const paddle::Tensor& up_w,
     const paddle::Tensor& down_w, int heads, bool interleaved, float eps, int threads) {
-  for (const auto* t : {&x, &input_norm, &cos, &sin, &bias, &post_norm}) check_cpu_f32(*t, "decode layer's inputs");
-  check_cpu_f32(k_cache, "the key cache");
-  check_cpu_f32(v_cache, "the value cache");
-  PD_CHECK(column.dtype() == paddle::DataType::INT64, "column must be int64");
-  const auto& kv = k_cache.shape();  // [b, KV, W, d]
-  PD_CHECK(kv.size() == 4 && v_cache.shape() == kv, "the caches must be [b, kv_heads, width, d] alike");
-  const Shape n{heads, kv[1], kv[3], kv[2], interleaved};
-  const int64_t b = kv[0], hidden = x.shape().back(), fused = (n.heads + 2 * n.kv_heads) * n.d;
-  PD_CHECK(n.heads % n.kv_heads == 0 && n.d % 2 == 0, "heads must be a multiple of kv_heads, d even");
+  for (const auto* t : {&x, &input_norm, &cos, &sin, &post_norm}) check_cpu_f32(*t, "decode layer's inputs");
+  const Shape n = checked_attention_shape(k_cache, v_cache, column, bias, heads, interleaved);
+  const int64_t b = k_cache.shape()[0], hidden = x.shape().back(), fused = (n.heads + 2 * n.kv_heads) * n.d;
   PD_CHECK(x.numel() == b * hidden && input_norm.numel() == hidden && post_norm.numel() == hidden,
            "x must be [b, 1, hidden] and the norm weights [hidden]");
   PD_CHECK(cos.numel() == b * fused && sin.numel() == b * fused, "cos and sin must be [b, heads + 2 kv_heads, d]");
-  PD_CHECK(bias.shape() == std::vector<int64_t>({b, n.width}) && column.numel() == b,
-           "bias must be [b, width] and column [b]");
   const int64_t inner = down_w.shape().size() == 3 ? down_w.shape()[1] : 0;  // the MLP's intermediate size
   const Packed qkv = packed(qkv_w, hidden, fused, "qkv"), o = packed(o_w, n.heads * n.d, hidden, "o"),
                gate = packed(gate_w, hidden, inner, "gate"), up = packed(up_w, hidden, inner, "up"),
                down = packed(down_w, inner, hidden, "down");
   const int64_t* col = column.data<int64_t>();
-  for (int64_t r = 0; r < b; ++r) PD_CHECK(col[r] >= 0 && col[r] < n.width, "a column is outside the cache");
 
   auto out = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());  // [b, 1, H]
   const float *px = x.data<float>(), *pc = cos.data<float>(), *ps = sin.data<float>(), *pb = bias.data<float>();
