@@ -4,8 +4,7 @@ Each data rank trains on its own slice of every global batch; gradients are aver
 backward (explicitly, so models can be called through any method, not only DataParallel's forward); rank 0 writes
 logs and checkpoints. With tensor / pipeline parallelism or sharding (alignment/parallel/layout.py) the processes
 form fleet's hybrid groups: the ranks that hold parts of one model (its tensor slices and pipeline stages) are one
-data rank. A plain `python ...` run is world
-size 1 and none of this does anything.
+data rank. A plain `python ...` run is world size 1 and none of this does anything.
 """
 from __future__ import annotations
 
@@ -36,9 +35,7 @@ def init_distributed(layout=None) -> None:
     optimizer states, else plain data parallelism. Called by the entry points before any model is built."""
     if world_size() == 1 or dist.is_initialized():
         return
-    # a rank killed by a signal (SIGSEGV, SIGBUS, SIGABRT, ...) prints where each of its Python threads was, then
-    # Paddle's handler runs (faulthandler calls the one it replaced); the launcher alone says only "Exit code -11"
-    faulthandler.enable(all_threads=True)
+    faulthandler.enable(all_threads=True)  # a rank a signal kills prints its Python stacks, then Paddle's report
     _start_groups(layout)
     if not paddle.is_compiled_with_cuda():
         cpu_kernels.agree(_all_ranks_min)
@@ -194,8 +191,7 @@ def average_gradients(parameters) -> None:
     with paddle.no_grad():
         for param in parameters:
             if param.grad is not None:
-                # an expert's gradient already holds every token of its expert-parallel group (the exchange's
-                # backward): summed over the ranks that hold the same expert
+                # an expert's gradient holds its expert-parallel group's tokens: summed over that expert's holders
                 expert = getattr(param, "expert_parallel", False)
                 for group in _expert_data_groups() if expert else _data_groups():
                     dist.all_reduce(param.grad, group=group)
