@@ -215,10 +215,11 @@ class FusedDecoder:
         x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
         if self.attention_kernel:
             bias = (1 - mask.astype("float32")) * MASK_VALUE  # [b, width]
-            for i, (input_norm, post_norm, packed) in enumerate(self.kernel_layers):  # none unless packed
-                x = kernels.decode_layer(x, cos, sin, cache.k[i], cache.v[i], column, bias, input_norm, post_norm,
-                                         packed, self.heads, self.rope.interleaved, self.eps)
-            if not self.kernel_layers:
+            if self.kernel_layers:  # packed: a layer in one call
+                for i, (input_norm, post_norm, packed) in enumerate(self.kernel_layers):
+                    x = kernels.decode_layer(x, cos, sin, cache.k[i], cache.v[i], column, bias, input_norm,
+                                             post_norm, packed, self.heads, self.rope.interleaved, self.eps)
+            else:
                 for i, weights in enumerate(self.layers):
                     x = self._kernel_layer(x, weights, cache.k[i], cache.v[i], column, cos, sin, bias)
             return self._head(x).reshape([b, -1])
