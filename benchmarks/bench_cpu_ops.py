@@ -26,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if not __package__:  # run as a script from a checkout: make `alignment` and `benchmarks` importable
     sys.path.insert(0, ROOT)
 
-from alignment.cpu_env import apply_cpu_defaults, describe_machine, machine_facts, usable_cores  # noqa: E402
+from alignment.cpu_env import (apply_cpu_defaults, cpuinfo_fields, describe_machine, machine_facts,  # noqa: E402
+                                usable_cores)
 
 apply_cpu_defaults()
 
@@ -88,9 +89,11 @@ def operations(paddle, torch, kernels: Optional[Dict[str, Callable]] = None
         "SwiGLU, Paddle's fused swiglu": (f"{TOKENS}x{INTER}", lambda: F.swiglu(act, act2),
                                           lambda: tF.silu(tact) * tact2),
         "RMSNorm (ours)": (f"{TOKENS}x{HIDDEN}", lambda: norm(x), lambda: torch_rms(tx)),
-        "RMSNorm, Paddle's fused_rms_norm (no backward on CPU)": (
-            f"{TOKENS}x{HIDDEN}", lambda: fused_rms_norm(x, norm.weight, None, EPS, 1), lambda: torch_rms(tx)),
     }
+    if "avx512f" in cpuinfo_fields().get("flags", "").split():  # its CPU kernel (RmsNormAvxKernel) is AVX-512 code:
+        # SIGILL on an AVX2-only CPU (AMD EPYC Zen 3)
+        ops["RMSNorm, Paddle's fused_rms_norm (no backward on CPU)"] = (
+            f"{TOKENS}x{HIDDEN}", lambda: fused_rms_norm(x, norm.weight, None, EPS, 1), lambda: torch_rms(tx))
     for name, (shape, ours, theirs, kernel) in kernel_operations(paddle, torch, pair, pids, tids).items():
         ops[name] = (shape, ours, theirs)  # the forward rows keep their place
         if kernels is not None:
