@@ -200,9 +200,6 @@ def measured_choice(module, remeasure: bool = False) -> Dict[str, bool]:
         count = 1 if entry is None or remeasure else entry.get("measurements", 1) + 1
         if entry is None or remeasure or busy < entry.get("others_cores", 0.0):
             entry = {"chosen": chosen, "ms": figures, "others_cores": round(busy, 3)}
-        kept[key] = dict(entry, measurements=count)
-        if not _settled(kept[key]):
-            print(f"cpu kernels: other processes kept {busy:.2f} cores busy while the kernels were timed; "
-                  f"timed again by the next process (measurement {count} of at most {MEASUREMENTS})", flush=True)
+        kept[key] = dict(entry, measurements=count)  # silent: a program's output stays the same on a busy machine
         mkl_path._write_cache(path, kept)  # not kept when the directory is not writable: measured again next time
     return dict(entry["chosen"])
