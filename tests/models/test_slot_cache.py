@@ -9,6 +9,7 @@ from alignment.models import GenerationConfig
 from alignment.models.engine import DecodeEngine, LayerSteps, DecodeSequence
 from alignment.models.fused_decode import FusedDecoder
 from alignment.models.slot_cache import LADDER_FLOOR, SlotCache, ladder_width
+from tests.gemm_rows import needs_rows_their_own
 from tests.models.test_engine import smollm2_shaped
 
 
@@ -84,7 +85,7 @@ def play(model, rows, capacity=300, fixed_width=False, fused=True, lookup=0):
     return [(seq.turn, seq.turn_log_probs) for seq in seqs], engine.cache.width
 
 
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "layers"])
+@pytest.mark.parametrize("fused", [True, pytest.param(False, marks=needs_rows_their_own)], ids=["fused", "layers"])
 def test_growing_cache_gives_the_fixed_widths_bits(fused):
     model = smollm2_shaped()
     rng = np.random.default_rng(1)

@@ -17,6 +17,7 @@ from alignment.models.sampling import next_token, without_tokens
 from alignment.models.speculative import (acceptance_probability, accepted_lengths, draft_probabilities,
                                           greedy_agreement, point_mass_agreement, position_logits, prompt_lookup,
                                           residual_distribution)
+from tests.gemm_rows import needs_rows_their_own
 from tests.speculative_helpers import (PROMPTS, assert_log_probs_are_a_full_forwards, chi_square, chi_square_critical,
                                        copier, full_forward_log_probs, play_turns, sample_counts, sampler_probabilities)
 
@@ -199,6 +200,7 @@ def test_generate_with_prompt_lookup_gives_plain_generates_tokens():
     assert_log_probs_are_a_full_forwards(model, ids, mask, sampled)
 
 
+@needs_rows_their_own
 def test_sampled_log_probs_are_a_plain_forwards_and_a_rows_bits_its_own():
     model = copier()
     config = GenerationConfig(max_new_tokens=16, temperature=0.7, top_p=0.9, prompt_lookup_num_tokens=4)
