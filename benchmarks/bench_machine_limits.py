@@ -17,11 +17,11 @@ few steps); the CPU and ISA are printed with the figures; every figure is a rati
 --decode-only: the bandwidth and greedy decoding only, through generate's FusedDecoder and through the model's
 layers (`fused=False`) alternating with the prompt pass alone, each against the same bound.
 Ceilings (both modes; the training one in the full run only): the same phases reduced to their GEMMs on random
-inputs: a decode step's weight GEMMs at batch 8 as the FusedDecoder runs them (Paddle's matmul, or our decode GEMM
-kernel over its packed copies where alignment/cpu_kernels chose it), over the decoder's own weights, against the
-bandwidth bound, and a training step's forward and backward GEMMs (projections, the LM head, attention's products)
+inputs: a decode step's weight GEMMs at batch 8 over the FusedDecoder's weights, one call each (Paddle's matmul, or
+our decode GEMM kernel where the decoder packed them: where alignment/cpu_kernels chose that kernel or the decode
+layer kernel, which runs the same panel loops inside one call per layer), against the bandwidth bound, and a training step's forward and backward GEMMs (projections, the LM head, attention's products)
 against the GEMM peak. No arrangement of Paddle calls takes a phase past its ceiling; a target above it needs faster
-kernels, not fewer calls.
+kernels, not fewer calls (the decode layer kernel, which calls nothing per GEMM, can pass the decode ceiling).
 """
 from __future__ import annotations
 

@@ -13,17 +13,19 @@ with loops the compiler vectorises for this CPU.
   generate call;
 - `decode_attention`: fused_decode.py's decode step from q | k | v to the attention's output: RoPE (two
   multiplies, a matmul, an add), the cache writes (`put_along_axis_`), q k^T, the softmax and @ v, with their
-  reshapes and split.
-
-Where both decode kernels run, `decode_layer` computes a whole decoder layer of a decode step in one call with
-their loops and the RMSNorm and SwiGLU rows (csrc/decode_layer.cc): fused_decode.py's dozen calls per layer and
-their thread starts in one, the same bits as the separate kernels.
+  reshapes and split;
+- `decode_layer`: fused_decode.py's decoder layer of a decode step, a dozen calls (two norms, five weight GEMMs,
+  the attention, SwiGLU, two adds), in one call over the layer's weights packed into the decode GEMM's panels
+  (csrc/decode_layer.cc): the loops of `decode_matmul` and `decode_attention` and the RMSNorm and SwiGLU rows, the
+  same bits as those kernels called one by one. MKL's sgemm pays a thread start and a packing of the weight per
+  call, which at a decode step's 8 rows over SmolLM2's small projections ([576, 576], [576, 960]) costs as much as
+  reading the weight: so the layer in one call can win where the decode GEMM alone does not.
 
 Each function returns the kernel's result, or None when it does not apply: the caller then runs its composition.
 It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
 without our library), when the library is built and the kernel is chosen. ALIGNMENT_CPU_KERNELS chooses: `auto`
 (the entry points' default, alignment/cpu_env.py) takes each kernel that ran faster than its composition when this
-CPU was measured (choice.py, once per CPU, kept); `on` takes all six, `off` (the default when the variable is
+CPU was measured (choice.py, once per CPU, kept); `on` takes all seven, `off` (the default when the variable is
 unset, as for a library user) none. Gradients flow through each kernel's backward operator (the two decode
 kernels take none: decoding runs without gradients). Token log-probs clip
 z - max(z) at -64 before the log, as Paddle's cross-entropy kernel does (log p >= -64 - log S); the entropy is exact.
@@ -45,6 +47,7 @@ REPLACES: Dict[str, str] = {
     "attention_softmax": "attention's softmax(scores + bias): an add and Paddle's softmax",
     "decode_matmul": "a decode step's weight GEMMs: paddle.matmul (MKL's sgemm) over the fused decoder's weights",
     "decode_attention": "a decode step's RoPE, cache writes and attention: a dozen Paddle calls per layer",
+    "decode_layer": "a decode step's decoder layer: norms, MKL's GEMMs, attention and SwiGLU, a dozen calls",
 }
 MODES = ("auto", "on", "off")
 _chosen: Dict[str, bool] = {}
@@ -148,12 +151,13 @@ def attention_softmax(scores, bias) -> Optional[paddle.Tensor]:
 
 
 @paddle.jit.not_to_static
-def pack_panels(weight, transposed: bool = False) -> Optional[paddle.Tensor]:
+def pack_panels(weight, transposed: bool = False, kernel: str = "decode_matmul") -> Optional[paddle.Tensor]:
     """weight [K, N] ([N, K] with transposed: an embedding as the LM head) copied into the column panels
-    [ceil(N / 32), K, 32] that `panel_matmul` streams, or None where the decode kernel does not run."""
+    [ceil(N / 32), K, 32] that `panel_matmul` and `decode_layer` stream, or None where `kernel` (the one that
+    will read them) does not run."""
     if not _fits(weight) or weight.ndim != 2:
         return None
-    module = _library("decode_matmul")
+    module = _library(kernel)
     if module is None:
         return None
     with paddle.no_grad():
@@ -187,8 +191,8 @@ def decode_layer(x, cos, sin, k_cache, v_cache, column, bias, input_norm, post_n
                  interleaved: bool, eps: float) -> paddle.Tensor:
     """One decoder layer of a decode step (no gradient): x [b, 1, hidden]; cos, sin, the caches, column and bias as
     for `decode_attention` (the caches written in place); the norm weights [hidden]; packed: the q | k | v, o,
-    gate, up and down weights as `pack_panels` packed them. -> [b, 1, hidden]. For a caller that has the panels
-    and took `decode_attention` (both kernels chosen)."""
+    gate, up and down weights as `pack_panels(..., kernel="decode_layer")` packed them. -> [b, 1, hidden]. For a
+    caller that has those panels (the kernel chosen)."""
     qkv, o, gate, up, down = packed
     return build.load_kernels().alignment_decode_layer(x, input_norm, qkv, cos, sin, k_cache, v_cache, column, bias, o,
                                                         post_norm, gate, up, down, int(heads), bool(interleaved),

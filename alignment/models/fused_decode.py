@@ -19,8 +19,10 @@ panels (`Panels`: a copy of the decoder's weights, ~530 MB for SmolLM2-135M), wh
 than MKL's sgemm reads the plain weights. Each output is then one multiply-add chain over K, so the logits differ
 from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py), and these
 GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's RoPE, cache
-writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations); over
-packed weights the whole layer is one call (cpu_kernels.decode_layer), with the same bits.
+writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations). Where it
+chose its decode layer kernel and the weights stream from memory, the layers' weights are packed into the panels
+whether or not the decode GEMM alone was chosen, and the whole layer is one call (cpu_kernels.decode_layer), with
+the bits of `_kernel_layer` over the panels.
 
 Gate and up stay two GEMMs over the model's own weights: one over [gate_proj | up_proj] took 40 ms a step over
 SmolLM2's 30 layers at batch 32, its transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
@@ -78,9 +80,9 @@ def matmul(x, weight):
     return paddle.matmul(x, weight)
 
 
-def panels(weight, transposed: bool = False):
-    """weight ([K, N], or [N, K] transposed) as Panels where the decode_matmul kernel runs, else None."""
-    packed = kernels.pack_panels(weight, transposed)
+def panels(weight, transposed: bool = False, kernel: str = "decode_matmul"):
+    """weight ([K, N], or [N, K] transposed) as Panels where `kernel` (the one that reads them) runs, else None."""
+    packed = kernels.pack_panels(weight, transposed, kernel)
     return None if packed is None else Panels(packed, weight.shape[0 if transposed else 1])
 
 
@@ -113,12 +115,13 @@ def fusable(model) -> bool:
     return model.config.tie_word_embeddings or type(model.lm_head) is tp.Linear and model.lm_head.bias is None
 
 
-def layer_weights(layer, batch: int, packed: bool) -> LayerWeights:
+def layer_weights(layer, batch: int, packer: Optional[str]) -> LayerWeights:
+    """packer: the kernel whose panels hold the projections where it runs (None: the plain weights)."""
     attn, mlp = layer.self_attn, layer.mlp
     hidden = attn.q_proj.weight.shape[0]
     qkv = paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1)
     projections = [qkv, attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-    qkv, o, gate, up, down = [panels(w) or w for w in projections] if packed else projections
+    qkv, o, gate, up, down = [panels(w, kernel=packer) or w for w in projections] if packer else projections
     return LayerWeights(paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]), qkv, o,
                         paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]), gate, up, down)
 
@@ -186,6 +189,7 @@ class FusedDecoder:
         self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
         self.attention_kernel = kernels.chosen("decode_attention")
+        self.layer_kernel = self.packed and kernels.chosen("decode_layer")
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32, self.rope.interleaved)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]
@@ -193,10 +197,11 @@ class FusedDecoder:
     def load_weights(self, model) -> None:
         """Copy the model's weights into the fused layout (again after they change mid-generation: partial
         rollouts' in-flight weight updates)."""
-        self.layers = [layer_weights(layer, self.batch, self.packed) for layer in model.model.layers]
-        # where both decode kernels run, a layer is one call (cpu_kernels.decode_layer) over, per layer, the norm
-        # weights [hidden] and the five packed panels
-        packed = self.attention_kernel and isinstance(self.layers[0].qkv, Panels)
+        packer = "decode_layer" if self.layer_kernel else "decode_matmul" if self.packed else None
+        self.layers = [layer_weights(layer, self.batch, packer) for layer in model.model.layers]
+        # where the decode layer kernel runs, a layer is one call (cpu_kernels.decode_layer) over, per layer, the
+        # norm weights [hidden] and the five packed panels
+        packed = self.layer_kernel and isinstance(self.layers[0].qkv, Panels)
         self.kernel_layers = [(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                                tuple(p.packed for p in (w.qkv, w.o, w.gate, w.up, w.down)))
                               for layer, w in zip(model.model.layers, self.layers)] if packed else []
@@ -213,9 +218,9 @@ class FusedDecoder:
         b = self.batch
         cos, sin = self.rotary_rows(position.reshape([b]), cache.width)
         x = F.embedding(token.unsqueeze(-1), self.embedding)  # [b, 1, hidden]
-        if self.attention_kernel:
+        if self.attention_kernel or self.kernel_layers:
             bias = (1 - mask.astype("float32")) * MASK_VALUE  # [b, width]
-            if self.kernel_layers:  # packed: a layer in one call
+            if self.kernel_layers:  # a layer in one call
                 for i, (input_norm, post_norm, packed) in enumerate(self.kernel_layers):
                     x = kernels.decode_layer(x, cos, sin, cache.k[i], cache.v[i], column, bias, input_norm,
                                              post_norm, packed, self.heads, self.rope.interleaved, self.eps)

@@ -78,3 +78,33 @@ def test_weights_that_are_not_packed_and_columns_outside_the_cache_raise(packed_
     with pytest.raises(Exception, match="outside the cache"):
         kernels.decode_layer(x, cos, sin, *caches, paddle.to_tensor([1, 8]), bias, input_norm, post_norm, packed, 4,
                              False, 1e-6)
+
+
+def test_the_layer_kernel_alone_packs_the_layers_and_keeps_mkls_lm_head(lib, monkeypatch):
+    """Chosen where the decode GEMM alone is not (an AMD EPYC Zen 3: MKL wins one [576, 1536] GEMM, loses a layer):
+    the layers' weights go into panels and each layer is one call, the LM head stays MKL's slices; the logits are
+    the bits of the decoder with every kernel on and the same head."""
+    monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: 0)
+    monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "auto")
+    model, batch, width = tiny_model(**WIDE), 2, 10
+    kernels.forget_choice()
+    try:
+        kernels._chosen.update({name: name == "decode_layer" for name in kernels.REPLACES})
+        alone = FusedDecoder(model, batch)
+        assert not kernels.chosen("decode_matmul") and not kernels.chosen("decode_attention")
+        assert len(alone.kernel_layers) == model.config.num_hidden_layers
+        assert all(not isinstance(part, fused_decode.Panels) for part in alone.head_slices)
+        kernels._chosen.update({name: True for name in kernels.REPLACES})
+        every = FusedDecoder(model, batch)
+        assert isinstance(every.head_slices[0], fused_decode.Panels)
+        every.head_slices = alone.head_slices
+        rng = np.random.default_rng(1)
+        caches = [[paddle.to_tensor(rng.standard_normal([batch, alone.kv_heads, width, alone.head_dim]).astype(
+            "float32")) for _ in alone.layers] for _ in range(2)]
+        kernels._chosen.update({name: name == "decode_layer" for name in kernels.REPLACES})
+        got, got_caches = step(alone, caches, width, batch)
+        want, want_caches = step(every, caches, width, batch)
+    finally:
+        kernels.forget_choice()
+    for a, b in zip(got + got_caches, want + want_caches):
+        np.testing.assert_array_equal(a, b)
