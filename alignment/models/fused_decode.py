@@ -19,10 +19,12 @@ panels (`Panels`: a copy of the decoder's weights, ~530 MB for SmolLM2-135M), wh
 than MKL's sgemm reads the plain weights. Each output is then one multiply-add chain over K, so the logits differ
 from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py), and these
 GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's RoPE, cache
-writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations). Where it
-chose its decode layer kernel and the weights stream from memory, the layers' weights are packed into the panels
-whether or not the decode GEMM alone was chosen, and the whole layer is one call (cpu_kernels.decode_layer), with
-the bits of `_kernel_layer` over the panels.
+writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations). Over
+packed weights the whole layer is one call (cpu_kernels.decode_layer), with the bits of `_kernel_layer` over the
+panels: where both decode kernels were chosen, or where the decode layer kernel was (measured at a decode step's 8
+rows, choice.DECODE_ROWS) and the decoder has at most that many slots; then the layers' weights are packed whether
+or not the decode GEMM alone was chosen. At 16 and 32 rows MKL's GEMMs catch up (0.84-1.4x on an AMD EPYC Zen 3,
+within that machine's noise), and the panels cost memory (~0.45 GB for SmolLM2's layers).
 
 Gate and up stay two GEMMs over the model's own weights: one over [gate_proj | up_proj] took 40 ms a step over
 SmolLM2's 30 layers at batch 32, its transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
@@ -50,6 +52,7 @@ import paddle.nn.functional as F
 
 from alignment import cpu_kernels as kernels
 from alignment.cpu_env import last_level_cache_bytes
+from alignment.cpu_kernels.choice import DECODE_ROWS
 from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, masked_softmax, swiglu
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
@@ -189,7 +192,8 @@ class FusedDecoder:
         self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
         self.attention_kernel = kernels.chosen("decode_attention")
-        self.layer_kernel = self.packed and kernels.chosen("decode_layer")
+        both = kernels.chosen("decode_matmul") and self.attention_kernel
+        self.layer_kernel = self.packed and (both or slots <= DECODE_ROWS and kernels.chosen("decode_layer"))
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32, self.rope.interleaved)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]
@@ -197,6 +201,7 @@ class FusedDecoder:
     def load_weights(self, model) -> None:
         """Copy the model's weights into the fused layout (again after they change mid-generation: partial
         rollouts' in-flight weight updates)."""
+        self.layers = self.kernel_layers = self.head_slices = []  # the old copies go before the new ones come
         packer = "decode_layer" if self.layer_kernel else "decode_matmul" if self.packed else None
         self.layers = [layer_weights(layer, self.batch, packer) for layer in model.model.layers]
         # where the decode layer kernel runs, a layer is one call (cpu_kernels.decode_layer) over, per layer, the

@@ -6,6 +6,7 @@ import paddle
 import pytest
 
 from alignment import cpu_kernels as kernels
+from alignment.cpu_kernels.choice import DECODE_ROWS
 from alignment.models import fused_decode
 from alignment.models.fused_decode import FusedDecoder
 from tests.models.test_model import tiny_model
@@ -82,8 +83,8 @@ def test_weights_that_are_not_packed_and_columns_outside_the_cache_raise(packed_
 
 def test_the_layer_kernel_alone_packs_the_layers_and_keeps_mkls_lm_head(lib, monkeypatch):
     """Chosen where the decode GEMM alone is not (an AMD EPYC Zen 3: MKL wins one [576, 1536] GEMM, loses a layer):
-    the layers' weights go into panels and each layer is one call, the LM head stays MKL's slices; the logits are
-    the bits of the decoder with every kernel on and the same head."""
+    at up to the 8 slots it was measured at, the layers' weights go into panels and each layer is one call, the LM
+    head stays MKL's slices; the logits are the bits of the decoder with every kernel on and the same head."""
     monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: 0)
     monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "auto")
     model, batch, width = tiny_model(**WIDE), 2, 10
@@ -94,6 +95,8 @@ def test_the_layer_kernel_alone_packs_the_layers_and_keeps_mkls_lm_head(lib, mon
         assert not kernels.chosen("decode_matmul") and not kernels.chosen("decode_attention")
         assert len(alone.kernel_layers) == model.config.num_hidden_layers
         assert all(not isinstance(part, fused_decode.Panels) for part in alone.head_slices)
+        wide = FusedDecoder(model, DECODE_ROWS + 1)  # more slots than it was measured at: MKL's GEMMs stay
+        assert wide.kernel_layers == [] and not isinstance(wide.layers[0].qkv, fused_decode.Panels)
         kernels._chosen.update({name: True for name in kernels.REPLACES})
         every = FusedDecoder(model, batch)
         assert isinstance(every.head_slices[0], fused_decode.Panels)
