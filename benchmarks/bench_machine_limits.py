@@ -19,7 +19,8 @@ layers (`fused=False`) alternating with the prompt pass alone, each against the 
 Ceilings (both modes; the training one in the full run only): the same phases reduced to their GEMMs on random
 inputs: a decode step's weight GEMMs at batch 8 over the FusedDecoder's weights, one call each (Paddle's matmul, or
 our decode GEMM kernel where the decoder packed them: where alignment/cpu_kernels chose that kernel or the decode
-layer kernel, which runs the same panel loops inside one call per layer), against the bandwidth bound, and a training step's forward and backward GEMMs (projections, the LM head, attention's products)
+layer kernel, which runs the same panel loops inside one call per layer), against the bandwidth bound, and a
+training step's forward and backward GEMMs (projections, the LM head, attention's products)
 against the GEMM peak. No arrangement of Paddle calls takes a phase past its ceiling; a target above it needs faster
 kernels, not fewer calls (the decode layer kernel, which calls nothing per GEMM, can pass the decode ceiling).
 """
@@ -269,8 +270,8 @@ def decode_ceiling(gemms_s: float, bound: float) -> dict:
 
 
 def print_decode_ceiling(ceiling: dict) -> None:
-    print(f"ceiling: decode steps that ran only their weight GEMMs (as the fused decoder runs them) at batch "
-          f"{smol.BATCH}: {ceiling['decode_gemms_tokens_s']:.1f} tokens/s = "
+    print(f"ceiling: decode steps that ran only their weight GEMMs (one call each over the fused decoder's weights) "
+          f"at batch {smol.BATCH}: {ceiling['decode_gemms_tokens_s']:.1f} tokens/s = "
           f"{ceiling['decode_gemms_of_bound']:.0%} of the bound")
 
 

@@ -3,16 +3,16 @@
 Each kernel and its composition run forward and backward at SmolLM2-135M's shapes (hidden 576, intermediate 1536,
 vocabulary 49,152; 256 rows of logits, 1024 of the rest) on the same random numbers; the three decode kernels run
 forward at a decode step's 8 rows, the GEMMs and layers over enough weights to fill twice the last-level cache (a
-real model's weights do not fit in it, and from the cache MKL's sgemm was the faster on an Intel Xeon with 300 MB
-of L3, from memory the slower). Kernel and composition alternate in blocks of REPEATS calls, ROUNDS times; a kernel is chosen
-when its fastest call beats the composition's fastest (the fastest, not the median: a neighbour's load at that
-moment slows calls, never speeds them). It takes a few seconds. A load that lasts the whole measurement (another
-program on the cores the kernels' threads need) can still reverse a choice, so the CPU time other processes and the
-hypervisor's steal used meanwhile is counted (/proc/stat): above BUSY_CORES the next process measures again, up to
-MEASUREMENTS times, and the quietest measurement stands. The
-choice is kept in `cpu_kernels.json` beside mkl_path's cache (the same directory), keyed by the CPU
-(mkl_path.cpu_key: vendor, family, model, flags, Paddle's version) and the library's build directory (its hash
-covers the source and the compiler); processes starting together measure once (a file lock).
+real model's weights do not fit in it, and from the cache MKL's sgemm was the faster on an Intel Xeon with 300 MB of
+L3, from memory the slower). Kernel and composition alternate in blocks of REPEATS calls, ROUNDS times; a kernel is
+chosen when its fastest call beats the composition's fastest (the fastest, not the median: a neighbour's load at
+that moment slows calls, never speeds them). It takes a few seconds. A load that lasts the whole measurement
+(another program on the cores the kernels' threads need) can still reverse a choice, so the CPU time other processes
+and the hypervisor's steal used meanwhile is counted (/proc/stat): above BUSY_CORES the next process measures again,
+up to MEASUREMENTS times, and the quietest measurement stands. The choice is kept in `cpu_kernels.json` beside
+mkl_path's cache (the same directory), keyed by the CPU (mkl_path.cpu_key: vendor, family, model, flags, Paddle's
+version) and the library's build directory (its hash covers the source and the compiler); processes starting
+together measure once (a file lock).
 """
 from __future__ import annotations
 
