@@ -183,7 +183,7 @@ class FusedDecoder:
     grows_cache = True  # any cache width (slot_cache.py's ladder)
 
     def __init__(self, model, slots: int, packed: Optional[bool] = None):
-        """packed: the weights in the decode GEMM kernel's panels where it runs (default: where they stream from
+        """packed: the weights in the decode kernels' panels where one runs (default: where they stream from
         memory, `streams_from_memory`)."""
         cfg, attn = model.config, model.model.layers[0].self_attn
         self.batch = slots
@@ -192,8 +192,11 @@ class FusedDecoder:
         self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
         self.attention_kernel = kernels.chosen("decode_attention")
-        both = kernels.chosen("decode_matmul") and self.attention_kernel
-        self.layer_kernel = self.packed and (both or slots <= DECODE_ROWS and kernels.chosen("decode_layer"))
+        layer_alone = slots <= DECODE_ROWS and kernels.chosen("decode_layer")
+        # the panels' kernel: the decode GEMM's where chosen, else the layer kernel's where it runs alone
+        self.packer = None if not self.packed else "decode_matmul" if kernels.chosen("decode_matmul") else (
+            "decode_layer" if layer_alone else None)
+        self.layer_kernel = self.packer is not None and (layer_alone or self.attention_kernel)
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32, self.rope.interleaved)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]
@@ -202,8 +205,7 @@ class FusedDecoder:
         """Copy the model's weights into the fused layout (again after they change mid-generation: partial
         rollouts' in-flight weight updates)."""
         self.layers = self.kernel_layers = self.head_slices = []  # the old copies go before the new ones come
-        packer = "decode_layer" if self.layer_kernel else "decode_matmul" if self.packed else None
-        self.layers = [layer_weights(layer, self.batch, packer) for layer in model.model.layers]
+        self.layers = [layer_weights(layer, self.batch, self.packer) for layer in model.model.layers]
         # where the decode layer kernel runs, a layer is one call (cpu_kernels.decode_layer) over, per layer, the
         # norm weights [hidden] and the five packed panels
         packed = self.layer_kernel and isinstance(self.layers[0].qkv, Panels)

@@ -97,6 +97,9 @@ def test_the_layer_kernel_alone_packs_the_layers_and_keeps_mkls_lm_head(lib, mon
         assert all(not isinstance(part, fused_decode.Panels) for part in alone.head_slices)
         wide = FusedDecoder(model, DECODE_ROWS + 1)  # more slots than it was measured at: MKL's GEMMs stay
         assert wide.kernel_layers == [] and not isinstance(wide.layers[0].qkv, fused_decode.Panels)
+        kernels._chosen.update({name: name != "decode_layer" for name in kernels.REPLACES})
+        both = FusedDecoder(model, DECODE_ROWS + 1)  # both decode kernels: the panels are there, a layer is one call
+        assert len(both.kernel_layers) == model.config.num_hidden_layers
         kernels._chosen.update({name: True for name in kernels.REPLACES})
         every = FusedDecoder(model, batch)
         assert isinstance(every.head_slices[0], fused_decode.Panels)
