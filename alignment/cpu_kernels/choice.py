@@ -2,9 +2,10 @@
 
 Each kernel and its composition run forward and backward at SmolLM2-135M's shapes (hidden 576, intermediate 1536,
 vocabulary 49,152; 256 rows of logits, 1024 of the rest) on the same random numbers; the three decode kernels run
-forward at a decode step's 8 rows, the GEMMs and layers over enough weights to fill twice the last-level cache (a
-real model's weights do not fit in it, and from the cache MKL's sgemm was the faster on an Intel Xeon with 300 MB of
-L3, from memory the slower). Kernel and composition alternate in blocks of REPEATS calls, ROUNDS times; a kernel is
+forward at a decode step's 8 rows (the decode layer also at an RL rollout's widths and from the cache,
+DECODE_LAYER_USES), the GEMMs and layers over enough weights to fill twice the last-level cache (a real model's
+weights do not fit in it, and from the cache MKL's sgemm was the faster on an Intel Xeon with 300 MB of L3, from
+memory the slower). Kernel and composition alternate in blocks of REPEATS calls, ROUNDS times; a kernel is
 chosen when its fastest call beats the composition's fastest (the fastest, not the median: a neighbour's load at
 that moment slows calls, never speeds them). It takes a few seconds. A load that lasts the whole measurement
 (another program on the cores the kernels' threads need) can still reverse a choice, so the CPU time other processes
@@ -31,7 +32,7 @@ from alignment import cpu_env, mkl_path
 CACHE_FILE = "cpu_kernels.json"
 REPEATS, ROUNDS = 3, 5
 # part of the cache key: a kept choice made another way is measured again
-METHOD = "fastest of 15 calls, decode from memory, decode layer"
+METHOD = "fastest of 15 calls, decode from memory, decode layer at 8, 32 and 16 cached rows"
 LOGIT_ROWS, ROWS, HIDDEN, INTER, VOCAB, EPS = 256, 1024, 576, 1536, 49152, 1e-5
 SCORES = [8, 9, 128, 128]  # attention at 8 rows of 128 tokens, SmolLM2's 9 heads
 DECODE_ROWS, DECODE_BYTES = 8, (64 << 20, 768 << 20)  # the decode GEMMs' rows; their weights' bytes, bounds
@@ -92,39 +93,53 @@ def decode_attention_candidates(module, threads: int) -> tuple:
     return kernel, composed
 
 
+# (rows, distinct layers): the decode layer kernel's uses, timed together: a decode step at DECODE_ROWS and at an RL
+# rollout's width through real-model layers streamed from memory (0: as many as fill twice the last-level cache),
+# and an RL width through two layers in turn, which stay in the cache (a small policy)
+DECODE_LAYER_USES = ((DECODE_ROWS, 0), (32, 0), (16, 2))
+
+
 def decode_layer_candidates(module, threads: int) -> tuple:
     """(the decode layer kernel over its panels, the layer as fused_decode.py's `_kernel_layer` runs it: our norm,
-    attention and SwiGLU kernels between MKL's GEMMs, the fastest composition) for decode steps at 8 rows through
-    enough SmolLM2 layers ([576, 960], [576, 576], [576, 1536] twice and [1536, 576]) to fill twice the
-    last-level cache, each over 128 cached columns."""
-    b, heads, kv, d, width = DECODE_ROWS, 9, 3, 64, 128
+    attention and SwiGLU kernels between MKL's GEMMs, the fastest composition) through SmolLM2 layers ([576, 960],
+    [576, 576], [576, 1536] twice and [1536, 576]) over 128 cached columns, at each of DECODE_LAYER_USES (a layer
+    in the cache runs as many times as one from memory)."""
+    heads, kv, d, width = 9, 3, 64, 128
     shapes = [[HIDDEN, (heads + 2 * kv) * d], [heads * d, HIDDEN], [HIDDEN, INTER], [HIDDEN, INTER], [INTER, HIDDEN]]
-    per_layer = sum(k * n for k, n in shapes)
-    count = decode_weight_count(1, per_layer)
+    streamed = decode_weight_count(1, sum(k * n for k, n in shapes))
     rng = np.random.default_rng(3)
     layers = [[paddle.full(shape, 0.01 * ((i + j) % 7 - 3), "float32") for j, shape in enumerate(shapes)]
-              for i in range(count)]
+              for i in range(streamed)]
     packed = [[module.alignment_pack_panels(w, False, threads) for w in layer] for layer in layers]
     norm = paddle.ones([HIDDEN])
-    x = paddle.to_tensor(rng.standard_normal([b, 1, HIDDEN]).astype("float32"))
-    cos, sin = (paddle.to_tensor(rng.standard_normal([b, heads + 2 * kv, d]).astype("float32")) for _ in range(2))
-    caches = [[paddle.zeros([b, kv, width, d]) for _ in range(2)] for _ in range(count)]
-    column, bias = paddle.full([b], width - 1, "int64"), paddle.zeros([b, width])
+    uses = []  # (rows, x, cos, sin, the caches of each layer, column, bias, the layers in order) of each use
+    for b, resident in DECODE_LAYER_USES:
+        order = list(range(streamed)) if not resident else [i % resident for i in range(streamed)]
+        x = paddle.to_tensor(rng.standard_normal([b, 1, HIDDEN]).astype("float32"))
+        cos, sin = (paddle.to_tensor(rng.standard_normal([b, heads + 2 * kv, d]).astype("float32")) for _ in range(2))
+        caches = [[paddle.zeros([b, kv, width, d]) for _ in range(2)] for _ in range(max(order) + 1)]
+        column, bias = paddle.full([b], width - 1, "int64"), paddle.zeros([b, width])
+        uses.append((b, x, cos, sin, caches, column, bias, order))
 
     def kernel():
-        for (qkv, o, gate, up, down), (k_cache, v_cache) in zip(packed, caches):
-            module.alignment_decode_layer(x, norm, qkv, cos, sin, k_cache, v_cache, column, bias, o, norm, gate, up,
-                                          down, heads, False, EPS, threads)
+        for _, x, cos, sin, caches, column, bias, order in uses:
+            for i in order:
+                (qkv, o, gate, up, down), (k_cache, v_cache) = packed[i], caches[i]
+                module.alignment_decode_layer(x, norm, qkv, cos, sin, k_cache, v_cache, column, bias, o, norm, gate,
+                                              up, down, heads, False, EPS, threads)
 
     def composed():
-        for (qkv, o, gate, up, down), (k_cache, v_cache) in zip(layers, caches):
-            h = module.alignment_rms_norm(x, norm, EPS, threads)[0]
-            q = paddle.matmul(h, qkv).reshape([b, -1, d])
-            out = module.alignment_decode_attention(q, cos, sin, k_cache, v_cache, column, bias, heads, False,
-                                                    threads)[0]
-            x1 = x + paddle.matmul(out, o)
-            h = module.alignment_rms_norm(x1, norm, EPS, threads)[0]
-            x1 + paddle.matmul(module.alignment_swiglu(paddle.matmul(h, gate), paddle.matmul(h, up), threads), down)
+        for b, x, cos, sin, caches, column, bias, order in uses:
+            for i in order:
+                (qkv, o, gate, up, down), (k_cache, v_cache) = layers[i], caches[i]
+                h = module.alignment_rms_norm(x, norm, EPS, threads)[0]
+                q = paddle.matmul(h, qkv).reshape([b, -1, d])
+                out = module.alignment_decode_attention(q, cos, sin, k_cache, v_cache, column, bias, heads, False,
+                                                        threads)[0]
+                x1 = x + paddle.matmul(out, o)
+                h = module.alignment_rms_norm(x1, norm, EPS, threads)[0]
+                x1 + paddle.matmul(module.alignment_swiglu(paddle.matmul(h, gate), paddle.matmul(h, up), threads),
+                                   down)
 
     return kernel, composed
 

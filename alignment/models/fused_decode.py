@@ -21,10 +21,10 @@ from the layer path's by float rounding (the same tokens in tests/cpu_kernels/te
 GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's RoPE, cache
 writes and attention run there, one call per layer (`_kernel_layer`; the verify step keeps the operations). Over
 packed weights the whole layer is one call (cpu_kernels.decode_layer), with the bits of `_kernel_layer` over the
-panels: where both decode kernels were chosen, or where the decode layer kernel was (measured at a decode step's 8
-rows, choice.DECODE_ROWS) and the decoder has at most that many slots; then the layers' weights are packed whether
-or not the decode GEMM alone was chosen. At 16 and 32 rows MKL's GEMMs catch up (0.84-1.4x on an AMD EPYC Zen 3,
-within that machine's noise), and the panels cost memory (~0.45 GB for SmolLM2's layers).
+panels: where both decode kernels were chosen, or wherever the decode layer kernel was (measured at a decode step's
+8 rows and an RL rollout's 16 and 32, from memory and from the cache: choice.DECODE_LAYER_USES); then the layers'
+weights are packed whether or not the decode GEMM alone was chosen and whatever the model's size, and the LM head
+stays MKL's. The panels cost memory (~0.45 GB for SmolLM2's layers).
 
 Gate and up stay two GEMMs over the model's own weights: one over [gate_proj | up_proj] took 40 ms a step over
 SmolLM2's 30 layers at batch 32, its transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
@@ -52,7 +52,6 @@ import paddle.nn.functional as F
 
 from alignment import cpu_kernels as kernels
 from alignment.cpu_env import last_level_cache_bytes
-from alignment.cpu_kernels.choice import DECODE_ROWS
 from alignment.models.llama import MASK_VALUE, LlamaForCausalLM, RMSNorm, attention_bias, masked_softmax, swiglu
 from alignment.models.moe import MoeBlock
 from alignment.models.rope import RopeConfig, rope_cos_sin, rotate_half_matrix
@@ -183,8 +182,9 @@ class FusedDecoder:
     grows_cache = True  # any cache width (slot_cache.py's ladder)
 
     def __init__(self, model, slots: int, packed: Optional[bool] = None):
-        """packed: the weights in the decode kernels' panels where one runs (default: where they stream from
-        memory, `streams_from_memory`)."""
+        """packed: the weights in the decode kernels' panels where one runs (default: the layers' wherever the
+        decode layer kernel was chosen, every projection's and the LM head's where they stream from memory,
+        `streams_from_memory`; False: none)."""
         cfg, attn = model.config, model.model.layers[0].self_attn
         self.batch = slots
         self.packed = streams_from_memory(model) if packed is None else packed
@@ -192,11 +192,11 @@ class FusedDecoder:
         self.eps, self.rope = cfg.rms_norm_eps, cfg.rope
         self.tied = cfg.tie_word_embeddings
         self.attention_kernel = kernels.chosen("decode_attention")
-        layer_alone = slots <= DECODE_ROWS and kernels.chosen("decode_layer")
-        # the panels' kernel: the decode GEMM's where chosen, else the layer kernel's where it runs alone
-        self.packer = None if not self.packed else "decode_matmul" if kernels.chosen("decode_matmul") else (
-            "decode_layer" if layer_alone else None)
-        self.layer_kernel = self.packer is not None and (layer_alone or self.attention_kernel)
+        layer = packed is not False and kernels.chosen("decode_layer")
+        # the layers' panels: the decode GEMM's where it runs over weights from memory, else the layer kernel's
+        self.packer = "decode_matmul" if self.packed and kernels.chosen("decode_matmul") else (
+            "decode_layer" if layer else None)
+        self.layer_kernel = self.packer is not None and (layer or self.attention_kernel)
         self.load_weights(model)
         self.rotate = rotate_half_matrix(self.head_dim, paddle.float32, self.rope.interleaved)
         self.rotary = (None, None)  # step_rotary of positions 0 .. len - 1, [positions, heads + 2 kv_heads, d]

@@ -83,9 +83,11 @@ def test_weights_that_are_not_packed_and_columns_outside_the_cache_raise(packed_
 
 def test_the_layer_kernel_alone_packs_the_layers_and_keeps_mkls_lm_head(lib, monkeypatch):
     """Chosen where the decode GEMM alone is not (an AMD EPYC Zen 3: MKL wins one [576, 1536] GEMM, loses a layer):
-    at up to the 8 slots it was measured at, the layers' weights go into panels and each layer is one call, the LM
-    head stays MKL's slices; the logits are the bits of the decoder with every kernel on and the same head."""
-    monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: 0)
+    at any width, and for a model in the cache too, the layers' weights go into panels and each layer is one call,
+    the LM head stays MKL's slices; the logits are the bits of the decoder with every kernel on and the same head.
+    Explicitly unpacked (packed=False), nothing is packed."""
+    cache = {"bytes": 0}
+    monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: cache["bytes"])
     monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "auto")
     model, batch, width = tiny_model(**WIDE), 2, 10
     kernels.forget_choice()
@@ -95,8 +97,16 @@ def test_the_layer_kernel_alone_packs_the_layers_and_keeps_mkls_lm_head(lib, mon
         assert not kernels.chosen("decode_matmul") and not kernels.chosen("decode_attention")
         assert len(alone.kernel_layers) == model.config.num_hidden_layers
         assert all(not isinstance(part, fused_decode.Panels) for part in alone.head_slices)
-        wide = FusedDecoder(model, DECODE_ROWS + 1)  # more slots than it was measured at: MKL's GEMMs stay
-        assert wide.kernel_layers == [] and not isinstance(wide.layers[0].qkv, fused_decode.Panels)
+        wide = FusedDecoder(model, 4 * DECODE_ROWS)  # an RL rollout's width: the layer kernel still
+        assert len(wide.kernel_layers) == model.config.num_hidden_layers
+        cache["bytes"] = 1 << 40  # the model fits in the cache
+        assert not fused_decode.streams_from_memory(model)
+        resident = FusedDecoder(model, batch)
+        assert len(resident.kernel_layers) == model.config.num_hidden_layers
+        assert all(not isinstance(part, fused_decode.Panels) for part in resident.head_slices)
+        unpacked = FusedDecoder(model, batch, packed=False)
+        assert unpacked.kernel_layers == [] and not isinstance(unpacked.layers[0].qkv, fused_decode.Panels)
+        cache["bytes"] = 0
         kernels._chosen.update({name: name != "decode_layer" for name in kernels.REPLACES})
         both = FusedDecoder(model, DECODE_ROWS + 1)  # both decode kernels: the panels are there, a layer is one call
         assert len(both.kernel_layers) == model.config.num_hidden_layers

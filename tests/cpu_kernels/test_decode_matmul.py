@@ -31,14 +31,15 @@ def test_panels_hold_the_columns_in_blocks_of_32_padded_with_zeros(lib):
     np.testing.assert_array_equal(transposed, packed)  # an embedding [N, K] packs as its transpose
 
 
-@pytest.mark.parametrize("rows", [1, 5, 8, 13, 24])
-def test_products_equal_float64_for_any_row_count(lib, rows):
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 8, 13, 24])
+@pytest.mark.parametrize("n", [75, 90])  # a last panel of 11 columns (under half of it), of 26 (over half)
+def test_products_equal_float64_for_any_row_count(lib, rows, n):
     rng = np.random.default_rng(rows)
-    w = rng.standard_normal([200, 75]).astype("float32")  # K 200, N 75: a partial last panel
+    w = rng.standard_normal([200, n]).astype("float32")  # K 200: a partial last panel
     x = rng.standard_normal([rows, 1, 200]).astype("float32")
     packed = lib.alignment_pack_panels(paddle.to_tensor(w), False, 2)
-    y = lib.alignment_panel_matmul(paddle.to_tensor(x), packed, 75, 2).numpy()
-    assert y.shape == (rows, 1, 75)
+    y = lib.alignment_panel_matmul(paddle.to_tensor(x), packed, n, 2).numpy()
+    assert y.shape == (rows, 1, n)
     exact = x.astype("float64") @ w.astype("float64")
     np.testing.assert_allclose(y, exact, rtol=0, atol=2e-5 * np.abs(exact).max())
 
@@ -65,17 +66,28 @@ def test_the_function_packs_float32_matrices_only_where_the_kernel_runs(kernels_
     assert kernels.pack_panels(w) is None
 
 
-def test_weights_are_packed_only_when_they_exceed_the_last_level_cache(kernels_on, monkeypatch):
+def test_the_gemm_kernels_panels_are_made_only_when_the_weights_exceed_the_last_level_cache(lib, monkeypatch):
+    """The decode GEMM kernel without the layer kernel packs every projection and the LM head only for a model
+    larger than the cache; with the layer kernel too the layers are packed at any size, the head still only then."""
     from alignment.models import fused_decode
 
     model = tiny_model()
     assert not model.config.tie_word_embeddings  # the untied embedding is only indexed: not streamed
     streamed = 4 * (sum(int(p.size) for p in model.model.layers.parameters()) + int(model.lm_head.weight.size))
-    for cache, packed in ((streamed, False), (streamed - 1, True), (0, True)):  # 0: sysfs did not say
-        monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: cache)
-        assert fused_decode.streams_from_memory(model) is packed
-        assert isinstance(FusedDecoder(model, 2).layers[0].o, Panels) is packed
-    assert not isinstance(FusedDecoder(model, 2, packed=False).head_slices[0], Panels)
+    monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "auto")
+    kernels.forget_choice()
+    try:
+        for layer_kernel in (False, True):
+            kernels._chosen.update({name: layer_kernel or name != "decode_layer" for name in kernels.REPLACES})
+            for cache, packed in ((streamed, False), (streamed - 1, True), (0, True)):  # 0: sysfs did not say
+                monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: cache)
+                assert fused_decode.streams_from_memory(model) is packed
+                decoder = FusedDecoder(model, 2)
+                assert isinstance(decoder.layers[0].o, Panels) is (packed or layer_kernel)
+                assert isinstance(decoder.head_slices[0], Panels) is packed
+                assert not isinstance(FusedDecoder(model, 2, packed=False).head_slices[0], Panels)
+    finally:
+        kernels.forget_choice()
 
 
 @pytest.mark.parametrize("tied", [False, True])
