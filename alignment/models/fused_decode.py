@@ -15,7 +15,8 @@ LM-head slices are copies made per generate call: ~180 MB for SmolLM2-135M.
 
 Where alignment/cpu_kernels chose its decode GEMM kernel and the weights exceed the last-level cache
 (`streams_from_memory`), every projection and the LM head are instead packed once per call into the kernel's column
-panels (`Panels`: a copy of the decoder's weights, ~530 MB for SmolLM2-135M), which it streams from memory faster
+panels (`Panels`: a copy of the decoder's weights, ~530 MB for SmolLM2-135M, kept with the model and rewritten in
+place by its next decoder: `_KEPT_PANELS`), which it streams from memory faster
 than MKL's sgemm reads the plain weights. Each output is then one multiply-add chain over K, so the logits differ
 from the layer path's by float rounding (the same tokens in tests/cpu_kernels/test_decode_matmul.py), and these
 GEMMs give a row the same bits at any batch size. Where it chose its decode attention kernel, a step's RoPE, cache
@@ -24,7 +25,7 @@ packed weights the whole layer is one call (cpu_kernels.decode_layer), with the 
 panels: where both decode kernels were chosen, or wherever the decode layer kernel was (measured at a decode step's
 8 rows and an RL rollout's 16 and 32, from memory and from the cache: choice.DECODE_LAYER_USES); then the layers'
 weights are packed whether or not the decode GEMM alone was chosen and whatever the model's size, and the LM head
-stays MKL's. The panels cost memory (~0.45 GB for SmolLM2's layers).
+stays MKL's. The panels cost memory (~0.45 GB for SmolLM2's layers) for as long as the model lives.
 
 Gate and up stay two GEMMs over the model's own weights: one over [gate_proj | up_proj] took 40 ms a step over
 SmolLM2's 30 layers at batch 32, its transpose 27 ms, the two 27 ms (2 AMD EPYC Zen 4 cores, MKL_DEBUG_CPU_TYPE=5).
@@ -45,6 +46,7 @@ the tables.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import List, NamedTuple, Optional
 
 import paddle
@@ -82,10 +84,27 @@ def matmul(x, weight):
     return paddle.matmul(x, weight)
 
 
-def panels(weight, transposed: bool = False, kernel: str = "decode_matmul"):
-    """weight ([K, N], or [N, K] transposed) as Panels where `kernel` (the one that reads them) runs, else None."""
+# The panels made for an owner (a decoder layer, or the model for its LM head), by name: the next decoder of the same
+# model packs into them in place. Made afresh at every generate call, SmolLM2's ~0.5 GB of panels left holes in the
+# heap at every RL step that the training step's buffers did not fit in (GRPO's peak RSS grew by ~1.7 GB); kept,
+# they cost their size once. Decoders of one model share them: every decoder reads the model's current weights, and
+# a decoder whose model changed under it stops at its next step (engine.py, StaleWeights) unless it reloads.
+_KEPT_PANELS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def panels(weight, transposed: bool = False, kernel: str = "decode_matmul", owner=None, name: str = ""):
+    """weight ([K, N], or [N, K] transposed) as Panels where `kernel` (the one that reads them) runs, else None;
+    written into the panels kept for `owner` under `name` where it has them."""
     packed = kernels.pack_panels(weight, transposed, kernel)
-    return None if packed is None else Panels(packed, weight.shape[0 if transposed else 1])
+    if packed is None:
+        return None
+    if owner is not None:
+        kept = _KEPT_PANELS.setdefault(owner, {})
+        if name in kept and kept[name].shape == packed.shape:
+            packed = paddle.assign(packed, output=kept[name])
+        else:
+            kept[name] = packed
+    return Panels(packed, weight.shape[0 if transposed else 1])
 
 
 def streams_from_memory(model) -> bool:
@@ -123,7 +142,9 @@ def layer_weights(layer, batch: int, packer: Optional[str]) -> LayerWeights:
     hidden = attn.q_proj.weight.shape[0]
     qkv = paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1)
     projections = [qkv, attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-    qkv, o, gate, up, down = [panels(w, kernel=packer) or w for w in projections] if packer else projections
+    names = ("qkv", "o", "gate", "up", "down")
+    qkv, o, gate, up, down = [panels(w, kernel=packer, owner=layer, name=n) or w
+                              for w, n in zip(projections, names)] if packer else projections
     return LayerWeights(paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]), qkv, o,
                         paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]), gate, up, down)
 
@@ -216,7 +237,7 @@ class FusedDecoder:
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
         axis = 0 if self.tied else 1  # the vocabulary's
-        packed = panels(head, transposed=self.tied) if self.packed else None
+        packed = panels(head, transposed=self.tied, owner=model, name="lm_head") if self.packed else None
         self.head_slices = [packed] if packed else vocab_slices(head, axis, head_slice_count(head.shape[axis]))
 
     def step(self, token, cache, column, mask, position):

@@ -111,3 +111,23 @@ def test_the_fused_decoder_over_the_decode_kernels_keeps_the_layer_paths_tokens(
     fused = generate(model, ids, mask, config, log_prob_temperature=1.0)
     np.testing.assert_array_equal(fused.sequences.numpy(), layers.sequences.numpy())
     np.testing.assert_allclose(fused.log_probs.numpy(), layers.log_probs.numpy(), rtol=0, atol=1e-5)
+
+
+def test_the_next_decoder_of_a_model_packs_into_the_same_panels_with_the_new_weights(kernels_on, monkeypatch):
+    """A generate call per RL step: the panels are written in place (the heap does not fragment), and carry the
+    weights the model has when the decoder is made."""
+    from alignment.models import fused_decode
+
+    monkeypatch.setattr(fused_decode, "last_level_cache_bytes", lambda: 0)
+    model = tiny_model()
+    first = FusedDecoder(model, 2)
+    kept = first.layers[0].o.packed
+    x = paddle.to_tensor(np.random.default_rng(4).standard_normal([3, model.config.hidden_size]).astype("float32"))
+    o_proj = model.model.layers[0].self_attn.o_proj.weight
+    with paddle.no_grad():
+        o_proj.set_value(o_proj * 2.0)
+    second = FusedDecoder(model, 5)
+    assert second.layers[0].o.packed is kept and second.head_slices[0].packed is first.head_slices[0].packed
+    np.testing.assert_allclose(matmul(x, second.layers[0].o).numpy(), (x @ o_proj).numpy(), rtol=1e-5, atol=1e-5)
+    other = FusedDecoder(tiny_model(), 2)  # another model: panels of its own
+    assert other.layers[0].o.packed is not kept
