@@ -114,7 +114,7 @@ def decode_layer_candidates(module, threads: int) -> tuple:
     norm = paddle.ones([HIDDEN])
     uses = []  # (rows, x, cos, sin, the caches of each layer, column, bias, the layers in order) of each use
     for b, resident in DECODE_LAYER_USES:
-        order = list(range(streamed)) if not resident else [i % resident for i in range(streamed)]
+        order = [i % (resident or streamed) for i in range(streamed)]
         x = paddle.to_tensor(rng.standard_normal([b, 1, HIDDEN]).astype("float32"))
         cos, sin = (paddle.to_tensor(rng.standard_normal([b, heads + 2 * kv, d]).astype("float32")) for _ in range(2))
         caches = [[paddle.zeros([b, kv, width, d]) for _ in range(2)] for _ in range(max(order) + 1)]

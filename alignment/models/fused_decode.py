@@ -86,24 +86,24 @@ def matmul(x, weight):
 
 # The panels made for an owner (a decoder layer, or the model for its LM head), by name: the next decoder of the same
 # model packs into them in place. Made afresh at every generate call, SmolLM2's ~0.5 GB of panels left holes in the
-# heap at every RL step that the training step's buffers did not fit in (GRPO's peak RSS grew by ~1.7 GB); kept,
-# they cost their size once. Decoders of one model share them: every decoder reads the model's current weights, and
-# a decoder whose model changed under it stops at its next step (engine.py, StaleWeights) unless it reloads.
+# heap at every RL step that the training step's buffers did not fit in (SmolLM2 GRPO's peak RSS 8.47 GiB, kept
+# 7.23: an AMD EPYC Zen 3, family 25 model 1); kept, they cost their size once. Decoders of one model share them:
+# every decoder reads the model's current weights, and a decoder whose model changed under it stops at its next step
+# (engine.py, StaleWeights) unless it reloads.
 _KEPT_PANELS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def panels(weight, transposed: bool = False, kernel: str = "decode_matmul", owner=None, name: str = ""):
+def panels(weight, owner, name: str, transposed: bool = False, kernel: str = "decode_matmul"):
     """weight ([K, N], or [N, K] transposed) as Panels where `kernel` (the one that reads them) runs, else None;
     written into the panels kept for `owner` under `name` where it has them."""
     packed = kernels.pack_panels(weight, transposed, kernel)
     if packed is None:
         return None
-    if owner is not None:
-        kept = _KEPT_PANELS.setdefault(owner, {})
-        if name in kept and kept[name].shape == packed.shape:
-            packed = paddle.assign(packed, output=kept[name])
-        else:
-            kept[name] = packed
+    kept = _KEPT_PANELS.setdefault(owner, {})
+    if name in kept and kept[name].shape == packed.shape:
+        packed = paddle.assign(packed, output=kept[name])
+    else:
+        kept[name] = packed
     return Panels(packed, weight.shape[0 if transposed else 1])
 
 
@@ -143,7 +143,7 @@ def layer_weights(layer, batch: int, packer: Optional[str]) -> LayerWeights:
     qkv = paddle.concat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], axis=1)
     projections = [qkv, attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
     names = ("qkv", "o", "gate", "up", "down")
-    qkv, o, gate, up, down = [panels(w, kernel=packer, owner=layer, name=n) or w
+    qkv, o, gate, up, down = [panels(w, layer, n, kernel=packer) or w
                               for w, n in zip(projections, names)] if packer else projections
     return LayerWeights(paddle.expand(layer.input_layernorm.weight, [batch, 1, hidden]), qkv, o,
                         paddle.expand(layer.post_attention_layernorm.weight, [batch, 1, hidden]), gate, up, down)
@@ -237,7 +237,7 @@ class FusedDecoder:
         self.embedding = model.model.embed_tokens.weight  # [vocab, hidden]
         head = self.embedding if self.tied else model.lm_head.weight  # lm_head: [hidden, vocab]
         axis = 0 if self.tied else 1  # the vocabulary's
-        packed = panels(head, transposed=self.tied, owner=model, name="lm_head") if self.packed else None
+        packed = panels(head, model, "lm_head", transposed=self.tied) if self.packed else None
         self.head_slices = [packed] if packed else vocab_slices(head, axis, head_slice_count(head.shape[axis]))
 
     def step(self, token, cache, column, mask, position):

@@ -85,7 +85,7 @@ def test_the_gemm_kernels_panels_are_made_only_when_the_weights_exceed_the_last_
                 decoder = FusedDecoder(model, 2)
                 assert isinstance(decoder.layers[0].o, Panels) is (packed or layer_kernel)
                 assert isinstance(decoder.head_slices[0], Panels) is packed
-                assert not isinstance(FusedDecoder(model, 2, packed=False).head_slices[0], Panels)
+        assert not isinstance(FusedDecoder(model, 2, packed=False).head_slices[0], Panels)
     finally:
         kernels.forget_choice()
 

@@ -46,10 +46,10 @@ inline void panel_rows(const float* __restrict x, int64_t K, const float* __rest
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 // AVX2 has 16 vector registers: a pass holds R <= 6 rows of one 16-column half of the panel (12 accumulators, two
-// weight vectors, the broadcast), BLIS's 6 x 16 block. Over all 32 columns at once 8 rows take 32 accumulators,
-// which the compiler spilled to the stack: 25-33 GFLOP/s a core against 67-87 for this block (an AMD EPYC Zen 3,
-// family 25 model 1, weights from L2 and L3). The first half's pass prefetches the whole panel row; the second
-// reads it from L2.
+// weight vectors, the broadcast), BLIS's 6 x 16 block. Over all 32 columns at once 8 rows take 32 accumulators, more
+// than the registers: the decode layer kernel ran at 28-30 GFLOP/s on one thread with that loop, 53-64 with this
+// block (an AMD EPYC Zen 3, family 25 model 1, 8-32 rows of the TRL peer's layer). The first half's pass prefetches
+// the whole panel row; the second reads it from L2.
 constexpr int64_t kRows = 6;
 constexpr int64_t kHalf = 16;
 
