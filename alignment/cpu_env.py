@@ -34,9 +34,11 @@ settings"; `python benchmarks/bench_cpu_settings.py` re-measures any machine):
   cores) run where they measured faster than Paddle's operations on this CPU (docs/performance.md, "Where the time
   goes"); the ranks of a job agree on one choice. `on` takes all of them, `off` none (as for a library user who
   never calls this).
-- KMP_BLOCKTIME=0: MKL's OpenMP threads sleep when a GEMM ends instead of spinning for 200 ms on a core that the
-  kernels' threads then share. SmolLM2 greedy decoding with the decode GEMM kernel ran at 121 tokens/s with the
-  spinning and 159 without; its training step was 3% faster (Intel Xeon, family 6 model 207).
+- KMP_BLOCKTIME=10: the OpenMP threads (MKL's, and our kernels', which run on the same team) spin 10 ms after a
+  parallel region ends before they sleep, where the runtime's default is 200 ms. On a 2-core AMD EPYC Zen 3 KVM
+  guest waking a sleeping thread cost about as much as a small GEMM or a kernel call, so 0 slowed rollouts by a
+  third; 10 ms covers the Python between a step's regions and bounds what a spinning thread takes from other
+  processes on the cores (environments, a reward server). bench_cpu_settings.py times 0 and 200 beside it.
 Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone. A
 value this module set in a parent process (pytest, a driver script) is not the user's: the parent names what it
 set in ALIGNMENT_CPU_DEFAULTS, and a child chooses those again for itself.
@@ -136,7 +138,7 @@ def cpu_defaults(cpu: Dict[str, str], cores: int, choose=None) -> Dict[str, str]
     settings = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": str(max(1, cores)),
                 "FLAGS_use_stride_kernel": "0", "FLAGS_new_executor_serial_run": "1", "ALIGNMENT_MALLOC": "heap",
                 "ALIGNMENT_OPTIMIZER_THREADS": str(max(1, cores)), "ALIGNMENT_CPU_KERNELS": "auto",
-                "KMP_BLOCKTIME": "0"}
+                "KMP_BLOCKTIME": "10"}
     path = mkl_code_path(cpu, choose)
     if path is not None:
         settings["MKL_DEBUG_CPU_TYPE"] = path

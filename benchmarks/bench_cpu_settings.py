@@ -1,6 +1,6 @@
 """Which CPU settings make Paddle fastest on this machine: fp32 GEMM GFLOP/s (1024 x 1024 x 1024, and SmolLM2's
-decode GEMM 8 x 576 x 1536) and a training step's tokens/s under each candidate setting, each measured in a fresh
-process (the variables only act before paddle is imported).
+decode GEMM 8 x 576 x 1536), a training step's tokens/s and a rollout's (16 prompts x 32 greedy tokens) under each
+candidate setting, each measured in a fresh process (the variables only act before paddle is imported).
 
     python benchmarks/bench_cpu_settings.py [--repeats 3] [--rounds 2] [--json out.json]
 
@@ -8,8 +8,8 @@ Candidates: what alignment/cpu_env.py chooses for this CPU (on an AMD CPU with A
 alignment/mkl_path.py measured faster), the same without / with MKL_DEBUG_CPU_TYPE=5 (and =7, MKL's AVX-512 path,
 on an AMD CPU with AVX-512), OpenMP threads instead of (or as well as) MKL threads, one MKL
 thread, Paddle's strided views left on, glibc's default allocator instead of ALIGNMENT_MALLOC=heap, and the
-optimizer step on one OpenMP thread instead of ALIGNMENT_OPTIMIZER_THREADS = cores (identical candidates are
-measured once). Prints one row per candidate with ratios to the chosen setting and the spread of its rounds, so
+optimizer step on one OpenMP thread instead of ALIGNMENT_OPTIMIZER_THREADS = cores, and the OpenMP threads sleeping
+as soon as a parallel region ends or spinning the runtime's 200 ms (identical candidates are measured once). Prints one row per candidate with ratios to the chosen setting and the spread of its rounds, so
 the choice can be re-checked on any new machine (the CPU model is printed with the figures); a candidate ahead of
 the chosen one by less than the rounds' spread is reported as a tie, not as a better setting.
 """
@@ -63,8 +63,17 @@ def step():
     optimizer.clear_grad()
 
 train = best(step, REPEATS)
+from alignment.models import GenerationConfig, generate
+prompts = paddle.randint(3, 8000, [16, 14])
+greedy = GenerationConfig(max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+def rollout():
+    with paddle.no_grad():
+        generate(model, prompts, paddle.ones_like(prompts), greedy)
+
+rollouts = best(rollout, REPEATS)
 print(json.dumps({"gemm_gflops": 2 * 1024 ** 3 / gemm / 1e9, "decode_gemm_gflops": 2 * 8 * 576 * 1536 / decode / 1e9,
-                  "train_tokens_per_s": 8 * 128 / train}))
+                  "train_tokens_per_s": 8 * 128 / train, "generate_tokens_per_s": 16 * 32 / rollouts}))
 """
 
 
@@ -83,7 +92,9 @@ def candidates() -> dict:
              "one MKL thread": {**chosen, "MKL_NUM_THREADS": "1"},
              "strided views on (Paddle's default)": {**chosen, "FLAGS_use_stride_kernel": "1"},
              "glibc's default allocator": {**chosen, "ALIGNMENT_MALLOC": "system"},
-             "optimizer step on one thread": {**chosen, "ALIGNMENT_OPTIMIZER_THREADS": "1"}}
+             "optimizer step on one thread": {**chosen, "ALIGNMENT_OPTIMIZER_THREADS": "1"},
+             "OpenMP threads sleep at once (KMP_BLOCKTIME=0)": {**chosen, "KMP_BLOCKTIME": "0"},
+             "OpenMP threads spin 200 ms (the runtime's default)": {**chosen, "KMP_BLOCKTIME": "200"}}
     unique = {}
     for name, settings in found.items():  # on AMD the chosen setting already has MKL_DEBUG_CPU_TYPE 5 or 7
         if settings not in unique.values():
@@ -137,13 +148,14 @@ def main(argv=None) -> dict:
     for r in results.values():  # how far apart the rounds of one candidate were: the noise of this machine
         r["spread"] = max(r["rounds_tokens_per_s"]) / min(r["rounds_tokens_per_s"]) - 1.0
     base = results["chosen for this CPU"]
-    print(f"{'setting':40s} {'GEMM GFLOP/s':>13s} {'x chosen':>9s} {'decode GEMM':>12s} {'x chosen':>9s} "
-          f"{'train tok/s':>12s} {'x chosen':>9s} {'spread':>7s}")
+    print(f"{'setting':50s} {'GEMM GFLOP/s':>13s} {'x chosen':>9s} {'decode GEMM':>12s} {'x chosen':>9s} "
+          f"{'train tok/s':>12s} {'x chosen':>9s} {'spread':>7s} {'rollout tok/s':>14s} {'x chosen':>9s}")
     for name, r in results.items():
-        print(f"{name:40s} {r['gemm_gflops']:13.1f} {r['gemm_gflops'] / base['gemm_gflops']:9.2f} "
+        print(f"{name:50s} {r['gemm_gflops']:13.1f} {r['gemm_gflops'] / base['gemm_gflops']:9.2f} "
               f"{r['decode_gemm_gflops']:12.1f} {r['decode_gemm_gflops'] / base['decode_gemm_gflops']:9.2f} "
               f"{r['train_tokens_per_s']:12.0f} {r['train_tokens_per_s'] / base['train_tokens_per_s']:9.2f} "
-              f"{100 * r['spread']:6.1f}%")
+              f"{100 * r['spread']:6.1f}% {r['generate_tokens_per_s']:14.0f} "
+              f"{r['generate_tokens_per_s'] / base['generate_tokens_per_s']:9.2f}")
     print(verdict(results))
     facts = {k: v for k, v in machine_facts().items() if k != "settings"}  # settings: per candidate
     if not args.no_save:

@@ -115,9 +115,14 @@ def _cpu_settings(r: dict) -> List[List[str]]:
         return ([f"{x['decode_gemm_gflops']:.0f}", _x(x["decode_gemm_gflops"] / decode)] if decode
                 else ["-", "-"])
 
+    def rollout_cells(x: dict) -> List[str]:  # recorded since the OpenMP block time is chosen by it
+        rollout = base.get("generate_tokens_per_s")
+        return ([f"{x['generate_tokens_per_s']:.0f}", _x(x["generate_tokens_per_s"] / rollout)] if rollout
+                else ["-", "-"])
+
     return [[name, f"{x['gemm_gflops']:.0f}", _x(x["gemm_gflops"] / base["gemm_gflops"]), *decode_cells(x),
              f"{x['train_tokens_per_s']:.0f}", _x(x["train_tokens_per_s"] / base["train_tokens_per_s"]),
-             f"{100 * x['spread']:.1f}%"] for name, x in r["results"].items()]
+             f"{100 * x['spread']:.1f}%", *rollout_cells(x)] for name, x in r["results"].items()]
 
 
 def _rollout(r: dict) -> List[List[str]]:
@@ -283,7 +288,7 @@ TABLES: Dict[str, Table] = {
                           "weight GEMMs alone", "bound tokens/s"], _decode_only),
     "cpu_settings": Table(["cpu_settings"], "python benchmarks/bench_cpu_settings.py",
                           ["setting", "GEMM GFLOP/s", "x chosen", "decode GEMM GFLOP/s", "x chosen", "train tokens/s",
-                           "x chosen", "spread"],
+                           "x chosen", "spread", "rollout tokens/s", "x chosen"],
                           _cpu_settings),
     "rollout": Table(["rollout"], "python benchmarks/bench_rollout.py",
                      ["prompt", "batch", "KV cache eager", "KV cache static step", "no cache", "KV / no cache",

@@ -1,8 +1,8 @@
 """Our CPU kernels, and what each replaces: C++ custom operators (csrc/*.cc, built by build.py) for the
 element-wise and row-reduction steps whose Paddle CPU kernels run 3-5x slower than torch's on one thread, and for
 a decode step's weight GEMMs, which MKL reads from memory below the bandwidth (docs/performance.md, "Where the time
-goes"). Each splits its rows or column panels over the usable cores (std::threads, whatever OMP_NUM_THREADS says)
-with loops the compiler vectorises for this CPU.
+goes"). Each splits its rows or column panels over the usable cores (an OpenMP team on the runtime MKL's GEMMs use,
+whatever OMP_NUM_THREADS says) with loops the compiler vectorises for this CPU.
 
 - `token_log_probs` replaces logprobs.py's `cross_entropy_with_softmax` (log p(label)) and the entropy's pass over
   its softmax;

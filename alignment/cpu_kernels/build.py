@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import types
-from typing import Optional
+from typing import List, Optional
 
 from alignment import cpu_env, mkl_path
 
@@ -29,14 +29,26 @@ SOURCES = [os.path.join(CSRC, name)
            for name in ("cpu_kernels.cc", "attention_softmax.cc", "decode_matmul.cc", "decode_attention.cc",
                         "decode_layer.cc")]
 HEADERS = [os.path.join(CSRC, name) for name in ("common.h", "panels.h", "attention_row.h")]
-# -fopenmp-simd: the `omp simd` reductions only, no OpenMP runtime; no trapping math lets the selects vectorise
-CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno"]
+# -fopenmp: the kernels' threads are an OpenMP team (common.h parallel_for); no trapping math lets the selects vectorise
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-fno-math-errno"]
 _state = {"tried": False, "module": None, "why": ""}
 
 
 def compiler() -> Optional[str]:
     """The C++ compiler's path ($CXX, else c++), or None when there is none."""
     return shutil.which(os.environ.get("CXX") or "c++")
+
+
+def openmp_link_flags() -> List[str]:
+    """The OpenMP runtime the kernels link: Paddle's libiomp5 where Paddle ships it, the one MKL's GEMMs run on, so
+    that a kernel's team is the GEMM's threads, still awake (KMP_BLOCKTIME), rather than a second pool contending
+    for the cores; else the compiler's own."""
+    import paddle
+
+    libs = os.path.join(os.path.dirname(paddle.__file__), "libs")
+    if os.path.exists(os.path.join(libs, "libiomp5.so")):
+        return [f"-L{libs}", "-liomp5", f"-Wl,-rpath,{libs}"]
+    return ["-fopenmp"]
 
 
 def build_dir(cxx: str) -> str:
@@ -51,7 +63,7 @@ def build_dir(cxx: str) -> str:
         with open(path, "rb") as f:
             digest.update(f.read())
     for part in (importlib.metadata.version("paddlepaddle"), cpu.get("model name", ""), cpu.get("flags", ""),
-                 cxx, version, " ".join(CFLAGS)):
+                 cxx, version, " ".join(CFLAGS + openmp_link_flags())):
         digest.update(part.encode() + b"\0")
     return os.path.join(os.path.dirname(mkl_path.cache_file()), "kernels", digest.hexdigest()[:16])
 
@@ -106,7 +118,8 @@ def _build_and_load(cxx: str):
             if finished():  # another process built it while we waited
                 return _operators(library)
             with _quiet(log):
-                module = load(name=NAME, sources=list(SOURCES), extra_cxx_cflags=list(CFLAGS), build_directory=where)
+                module = load(name=NAME, sources=list(SOURCES), extra_cxx_cflags=list(CFLAGS),
+                              extra_ldflags=openmp_link_flags(), build_directory=where)
             open(os.path.join(where, BUILT), "w").close()
             return module
     except Exception as error:  # noqa: BLE001 - any failure of the build means: Paddle's operations instead

@@ -1,4 +1,4 @@
-// Helpers shared by the kernels' sources: a vectorisable exp, the row split over std::threads, a row's max, the
+// Helpers shared by the kernels' sources: a vectorisable exp, the row split over an OpenMP team, a row's max, the
 // RMSNorm and SwiGLU rows (cpu_kernels.cc's operators and decode_layer.cc compute them with this one code, so the
 // two give the same bits), and the input check.
 #pragma once
@@ -7,8 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <vector>
+
+#include <omp.h>
 
 #include "paddle/extension.h"
 
@@ -36,8 +37,11 @@ inline float exp_approx(float x) {
 
 constexpr int64_t kMinFloatsPerThread = 1 << 15;  // below this much work a thread's start costs more than it saves
 
-// f(begin, end) over [0, n) split into `threads` contiguous blocks, the calling thread taking the first; each block
-// at least kMinFloatsPerThread / floats_per_item items (a decode step's rows of 8 x 576 run on the calling thread)
+// f(begin, end) over [0, n) split into contiguous blocks, one per thread of an OpenMP team of at most `threads`
+// (thread 0, the caller, taking the first); each block at least kMinFloatsPerThread / floats_per_item items (a
+// decode step's rows of 8 x 576 run on the calling thread). The team is the OpenMP runtime's, the one MKL's GEMMs
+// run on (Paddle's libiomp5, build.py): its workers are already awake after a GEMM, where a thread started per call
+// waited for a core the GEMM's idle worker was still spinning on.
 template <class F>
 inline void parallel_for(int64_t n, int64_t threads, F f, int64_t floats_per_item) {
   const int64_t most = std::max<int64_t>(1, n * floats_per_item / kMinFloatsPerThread);
@@ -46,15 +50,13 @@ inline void parallel_for(int64_t n, int64_t threads, F f, int64_t floats_per_ite
     f(int64_t{0}, n);
     return;
   }
-  std::vector<std::thread> workers;
-  workers.reserve(threads - 1);
-  int64_t block = (n + threads - 1) / threads;
-  for (int64_t t = 1; t < threads; ++t) {
-    int64_t begin = std::min(n, t * block), end = std::min(n, (t + 1) * block);
-    workers.emplace_back([=] { f(begin, end); });
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();  // the runtime may give fewer
+    const int64_t block = (n + team - 1) / team;
+    const int64_t begin = std::min(n, t * block), end = std::min(n, (t + 1) * block);
+    if (begin < end) f(begin, end);
   }
-  f(int64_t{0}, std::min(n, block));
-  for (auto& w : workers) w.join();
 }
 
 inline float row_max(const float* __restrict z, int64_t v) {

@@ -6,10 +6,9 @@
 // qkv, o, gate, up and down are weights packed into column panels (decode_matmul.cc's alignment_pack_panels).
 // It is fused_decode.py's `_kernel_layer` over the separate kernels (rms_norm, panel_matmul, decode_attention,
 // swiglu) with their row functions (common.h, panels.h, attention_row.h): the same bits as those kernels called one
-// by one. What goes is the dozen Paddle calls of a layer and the thread starts of each kernel: the threads start
-// once per layer and meet at a barrier between the phases. Every phase splits panels (or rows) into contiguous
+// by one. What goes is the dozen Paddle calls of a layer and a parallel region per kernel: the layer's OpenMP team
+// meets at a barrier between the phases. Every phase splits panels (or rows) into contiguous
 // blocks, and each output is computed whole by one thread, so the bits do not depend on the thread count.
-#include <atomic>
 #include <utility>
 
 #include "attention_row.h"
@@ -26,25 +25,6 @@ using alignment_kernels::Shape;
 using alignment_kernels::swiglu_block;
 
 namespace {
-
-// The threads of one call wait here between phases; the last to arrive releases the others (spinning, yielding).
-class Barrier {
- public:
-  explicit Barrier(int64_t n) : n_(n) {}
-  void wait() {
-    const int64_t generation = generation_.load(std::memory_order_acquire);
-    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
-      arrived_.store(0, std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_acq_rel);
-      return;
-    }
-    while (generation_.load(std::memory_order_acquire) == generation) std::this_thread::yield();
-  }
-
- private:
-  const int64_t n_;
-  std::atomic<int64_t> arrived_{0}, generation_{0};
-};
 
 struct Packed {
   const float* data;
@@ -103,41 +83,41 @@ std::vector<paddle::Tensor> DecodeLayerForward(
   const int64_t weights = qkv.k * qkv.n + o.k * o.n + 2 * gate.k * gate.n + down.k * down.n;
   const int64_t team = std::max<int64_t>(1, std::min<int64_t>(threads, weights / kMinFloatsPerThread));
   const int64_t row_cache = n.kv_heads * n.width * n.d;
-  Barrier barrier(team);
 
-  auto run = [&](int64_t t) {
+  auto run = [&](int64_t t, int64_t team) {  // thread t of `team`; they meet at a barrier between the phases
     if (t == 0)  // the input norm: a few rows, on one thread
       for (int64_t r = 0; r < b; ++r) rms_norm_row(px + r * hidden, in_w, &h[r * hidden], hidden, eps);
-    barrier.wait();
+#pragma omp barrier
     gemm_share(h.data(), b, qkv, q.data(), t, team);  // q | k | v
-    barrier.wait();
+#pragma omp barrier
     const auto [first, last] = share(b, t, team);  // attention, row by row
     std::vector<float> scratch;
     for (int64_t r = first; r < last; ++r)
       attend_row(&q[r * fused], pc + r * fused, ps + r * fused, pk + r * row_cache, pv + r * row_cache, col[r],
                  pb + r * n.width, &attended[r * n.heads * n.d], n, scratch);
-    barrier.wait();
+#pragma omp barrier
     const auto [o0, o1] = gemm_share(attended.data(), b, o, y.data(), t, team);  // x1 = x + o(attention)
     for (int64_t r = 0; r < b; ++r)
       for (int64_t j = o0; j < o1; ++j) x1[r * hidden + j] = px[r * hidden + j] + y[r * hidden + j];
-    barrier.wait();
+#pragma omp barrier
     if (t == 0)
       for (int64_t r = 0; r < b; ++r) rms_norm_row(&x1[r * hidden], post_w, &h[r * hidden], hidden, eps);
-    barrier.wait();
+#pragma omp barrier
     const auto [m0, m1] = gemm_share(h.data(), b, gate, g.data(), t, team);  // SwiGLU on this thread's columns
     gemm_share(h.data(), b, up, u.data(), t, team);
     for (int64_t r = 0; r < b; ++r)
       swiglu_block(&g[r * inner + m0], &u[r * inner + m0], &a[r * inner + m0], m1 - m0);
-    barrier.wait();
+#pragma omp barrier
     const auto [d0, d1] = gemm_share(a.data(), b, down, y.data(), t, team);  // out = x1 + down(a)
     for (int64_t r = 0; r < b; ++r)
       for (int64_t j = d0; j < d1; ++j) po[r * hidden + j] = x1[r * hidden + j] + y[r * hidden + j];
   };
-  std::vector<std::thread> workers;
-  workers.reserve(team - 1);
-  for (int64_t t = 1; t < team; ++t) workers.emplace_back(run, t);
-  run(0);
-  for (auto& w : workers) w.join();
+  if (team == 1) {
+    run(0, 1);
+  } else {
+#pragma omp parallel num_threads(team)  // the OpenMP runtime's team, MKL's (common.h parallel_for)
+    run(omp_get_thread_num(), omp_get_num_threads());
+  }
   return {out};
 }
 
