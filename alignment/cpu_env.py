@@ -36,8 +36,8 @@ settings"; `python benchmarks/bench_cpu_settings.py` re-measures any machine):
   never calls this).
 - KMP_BLOCKTIME=10: the OpenMP threads (MKL's, and our kernels', which run on the same team) spin 10 ms after a
   parallel region ends before they sleep, where the runtime's default is 200 ms. On a 2-core AMD EPYC Zen 3 KVM
-  guest waking a sleeping thread cost about as much as a small GEMM or a kernel call, so 0 slowed rollouts by a
-  third; 10 ms covers the Python between a step's regions and bounds what a spinning thread takes from other
+  guest waking a sleeping thread cost about as much as a small GEMM or a kernel call, so 0 cost rollouts about 40%
+  of their speed; 10 ms covers the Python between a step's regions and bounds what a spinning thread takes from other
   processes on the cores (environments, a reward server). bench_cpu_settings.py times 0 and 200 beside it.
 Nothing is set on a machine with a CUDA build of Paddle installed, and values the user set are left alone. A
 value this module set in a parent process (pytest, a driver script) is not the user's: the parent names what it

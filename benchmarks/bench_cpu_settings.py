@@ -9,7 +9,8 @@ alignment/mkl_path.py measured faster), the same without / with MKL_DEBUG_CPU_TY
 on an AMD CPU with AVX-512), OpenMP threads instead of (or as well as) MKL threads, one MKL
 thread, Paddle's strided views left on, glibc's default allocator instead of ALIGNMENT_MALLOC=heap, and the
 optimizer step on one OpenMP thread instead of ALIGNMENT_OPTIMIZER_THREADS = cores, and the OpenMP threads sleeping
-as soon as a parallel region ends or spinning the runtime's 200 ms (identical candidates are measured once). Prints one row per candidate with ratios to the chosen setting and the spread of its rounds, so
+as soon as a parallel region ends or spinning the runtime's 200 ms (identical candidates are measured once). Prints
+one row per candidate with ratios to the chosen setting and the spread of its rounds, so
 the choice can be re-checked on any new machine (the CPU model is printed with the figures); a candidate ahead of
 the chosen one by less than the rounds' spread is reported as a tie, not as a better setting.
 """

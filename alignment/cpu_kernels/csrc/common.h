@@ -35,13 +35,12 @@ inline float exp_approx(float x) {
   return x < -87.3f ? 0.0f : y * scale;
 }
 
-constexpr int64_t kMinFloatsPerThread = 1 << 15;  // below this much work a thread's start costs more than it saves
+constexpr int64_t kMinFloatsPerThread = 1 << 15;  // below this much work a second thread costs more than it saves
 
 // f(begin, end) over [0, n) split into contiguous blocks, one per thread of an OpenMP team of at most `threads`
 // (thread 0, the caller, taking the first); each block at least kMinFloatsPerThread / floats_per_item items (a
 // decode step's rows of 8 x 576 run on the calling thread). The team is the OpenMP runtime's, the one MKL's GEMMs
-// run on (Paddle's libiomp5, build.py): its workers are already awake after a GEMM, where a thread started per call
-// waited for a core the GEMM's idle worker was still spinning on.
+// run on (Paddle's libiomp5, build.py), so its workers are still awake after a GEMM (KMP_BLOCKTIME, cpu_env.py).
 template <class F>
 inline void parallel_for(int64_t n, int64_t threads, F f, int64_t floats_per_item) {
   const int64_t most = std::max<int64_t>(1, n * floats_per_item / kMinFloatsPerThread);

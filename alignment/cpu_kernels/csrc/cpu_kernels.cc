@@ -3,7 +3,8 @@
 // with -O3 -march=native -fopenmp so the compiler vectorises the loops below for this CPU (AVX-512 where it has
 // it; the row sums are `omp simd` reductions: one partial sum per vector lane). Each kernel splits its rows over an
 // OpenMP team of `threads` (common.h parallel_for; the caller passes the usable cores, whatever OMP_NUM_THREADS
-// says: Paddle's own OpenMP loops run on one thread under alignment/cpu_env.py). float32 only; the Python side sends anything else to Paddle's ops.
+// says: Paddle's own OpenMP loops run on one thread under alignment/cpu_env.py). float32 only; the Python side
+// sends anything else to Paddle's ops.
 //   token_logprobs: log softmax(z)[label] (clipped as Paddle's, at z - max >= -64), the entropy, the row's max and
 //                   log-sum; backward g (onehot - softmax)
 //   rms_norm:       x * rsqrt(mean(x^2) + eps) * w, and 1 / rms; backward dx and dw

@@ -7,8 +7,8 @@
 // It is fused_decode.py's `_kernel_layer` over the separate kernels (rms_norm, panel_matmul, decode_attention,
 // swiglu) with their row functions (common.h, panels.h, attention_row.h): the same bits as those kernels called one
 // by one. What goes is the dozen Paddle calls of a layer and a parallel region per kernel: the layer's OpenMP team
-// meets at a barrier between the phases. Every phase splits panels (or rows) into contiguous
-// blocks, and each output is computed whole by one thread, so the bits do not depend on the thread count.
+// meets at a barrier between the phases. Every phase splits panels (or rows) into contiguous blocks, and each
+// output is computed whole by one thread, so the bits do not depend on the thread count.
 #include <utility>
 
 #include "attention_row.h"
