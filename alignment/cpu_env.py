@@ -218,11 +218,11 @@ def _paddle_library(name: str):
 
 
 def share_cores(processes: int) -> None:
-    """From now on this process runs MKL and the optimizer step on the usable cores over `processes`, where the
-    start-up default divided them among every process on the host. For ranks whose neighbours on the host mostly
-    wait: an asynchronous run's training ranks beside its rollout ranks (on 2 cores, 1 rollout + 1 training rank
-    took 2.1-2.6 s a step with 2 MKL threads on the training rank, 3.4 s with 1; benchmarks/bench_async.py). Only
-    counts this module chose change; the user's stay."""
+    """From now on this process runs MKL, our CPU kernels and the optimizer step on the usable cores over
+    `processes`, where the start-up default divided them among every process on the host. For ranks whose
+    neighbours on the host mostly wait: an asynchronous run's training ranks beside its rollout ranks (on 2 cores,
+    1 rollout + 1 training rank took 2.1-2.6 s a step with 2 MKL threads on the training rank, 3.4 s with 1;
+    benchmarks/bench_async.py). Only counts this module chose change; the user's stay."""
     threads = str(cores_per_process(processes))
     mkl = _paddle_library("libmklml_intel.so") if "MKL_NUM_THREADS" in _applied else None
     if mkl is not None:

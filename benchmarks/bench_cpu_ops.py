@@ -130,6 +130,21 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
     scores, tscores = leaves(8, HEADS, SEQ, SEQ)
     causal = np.broadcast_to(np.triu(np.full([SEQ, SEQ], -1e9, "float32"), 1), [8, HEADS, SEQ, SEQ]).copy()
     bias, tbias = paddle.to_tensor(causal), torch.from_numpy(causal) if torch else None
+    d = HIDDEN // HEADS
+    q, tq = leaves(8, SEQ, HEADS, d)  # a projection's output, [b, s, h, d]
+    angles = np.arange(SEQ)[:, None] * (10000.0 ** (-np.arange(0, d, 2) / d))[None]  # [s, d/2]
+    tables = [np.concatenate([f(angles)] * 2, -1).astype("float32") for f in (np.cos, np.sin)]  # [s, d]
+    cos, sin = (paddle.to_tensor(np.broadcast_to(t[None, :, None], [8, SEQ, HEADS, d]).copy()) for t in tables)
+    tcos, tsin = (torch.from_numpy(t[None, None]) if torch else None for t in tables)  # [1, 1, s, d], broadcast
+    rotate = paddle.to_tensor(np.roll(np.eye(d, dtype="float32"), d // 2, 1) * np.where(np.arange(d) < d // 2, 1, -1)
+                              [:, None].astype("float32"))
+
+    def rope(a):  # llama.py's composition: rope.py apply_rope, then to head-major
+        return (a * cos + paddle.matmul(a, rotate) * sin).transpose([0, 2, 1, 3])
+
+    def trope(a):  # transformers' apply_rotary_pos_emb on the head-major view
+        a = a.transpose(1, 2)
+        return a * tcos + torch.cat([-a[..., d // 2:], a[..., :d // 2]], -1) * tsin
 
     def back(leaf, out):  # -> the leaf's gradient of out.sum()
         leaf.clear_gradient()
@@ -155,6 +170,7 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
         return tF.cross_entropy(z, tids, reduction="none")
 
     lp, nm, sw, at = f"{TOKENS}x{VOCAB}", f"{TOKENS}x{HIDDEN}", f"{TOKENS}x{INTER}", f"8x{HEADS}x{SEQ}x{SEQ}"
+    qs = f"8x{SEQ}x{HEADS}x{d}"
     decode = decode_gemms(paddle, torch, lib, n)
     return {
         f"decode weight GEMMs from memory, {decode[0]} weights": decode[1:],
@@ -182,6 +198,12 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
         "attention softmax, forward + backward": (
             at, lambda: back(scores, F.softmax(scores + bias, -1)), lambda: tback(tscores, torch.softmax(
                 tscores + tbias, -1)), lambda: back(scores, lib.alignment_attention_softmax(scores, bias, n))),
+        "RoPE on q, to head-major": (
+            qs, lambda: rope(q.detach()), lambda: trope(tq.detach()),
+            lambda: lib.alignment_rope(q.detach(), cos, sin, False, n)),
+        "RoPE on q, forward + backward": (
+            qs, lambda: back(q, rope(q)), lambda: tback(tq, trope(tq)),
+            lambda: back(q, lib.alignment_rope(q, cos, sin, False, n))),
     }
 
 

@@ -5,8 +5,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.cpu_env import apply_cpu_defaults  # noqa: E402
+from alignment.cpu_env import apply_cpu_defaults, cores_per_process  # noqa: E402
 
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # the default suite's workers share the cores as a launch's processes do: MKL, our kernels and the optimizer on
+    # the cores over the workers (as a user running two jobs on one machine would set), not a team each per core
+    for _key in ("MKL_NUM_THREADS", "ALIGNMENT_OPTIMIZER_THREADS"):
+        os.environ.setdefault(_key, str(cores_per_process(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
 import pytest  # noqa: E402
@@ -81,10 +86,10 @@ def offline_datasets(monkeypatch, tmp_path):
     """No network (a test that connects fails) and a private `datasets` cache."""
     import socket
 
-    from alignment.data import builtin
+    import datasets
 
     def refuse(*args, **kwargs):
         raise AssertionError("network access attempted")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(builtin.datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))

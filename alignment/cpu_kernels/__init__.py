@@ -9,6 +9,8 @@ whatever OMP_NUM_THREADS says) with loops the compiler vectorises for this CPU.
 - `rms_norm`: llama.py `RMSNorm.forward`, fused_decode.py `rms_norm` (square, mean, rsqrt and two multiplies);
 - `swiglu`: llama.py `MLP.forward`, fused_decode.py `_mlp` (`F.silu(gate) * up`);
 - `attention_softmax`: llama.py `masked_softmax` (attention, fused_decode.py's steps: `F.softmax(scores + bias)`);
+- `rope`: rope.py `rope_heads_first` (q's and k's RoPE in a training or scoring pass: two multiplies, a matmul by
+  the rotation, an add, and the transpose to head-major), with the same bits as that composition;
 - `decode_matmul`: fused_decode.py's weight GEMMs (`paddle.matmul`, MKL's sgemm), over weights packed once per
   generate call;
 - `decode_attention`: fused_decode.py's decode step from q | k | v to the attention's output: RoPE (two
@@ -25,7 +27,7 @@ Each function returns the kernel's result, or None when it does not apply: the c
 It applies to float32 CPU tensors in eager mode (never inside a static program, which exported models must run
 without our library), when the library is built and the kernel is chosen. ALIGNMENT_CPU_KERNELS chooses: `auto`
 (the entry points' default, alignment/cpu_env.py) takes each kernel that ran faster than its composition when this
-CPU was measured (choice.py, once per CPU, kept); `on` takes all seven, `off` (the default when the variable is
+CPU was measured (choice.py, once per CPU, kept); `on` takes all eight, `off` (the default when the variable is
 unset, as for a library user) none. Gradients flow through each kernel's backward operator (the two decode
 kernels take none: decoding runs without gradients). Token log-probs clip
 z - max(z) at -64 before the log, as Paddle's cross-entropy kernel does (log p >= -64 - log S); the entropy is exact.
@@ -45,6 +47,7 @@ REPLACES: Dict[str, str] = {
     "rms_norm": "RMSNorm: square, mean, rsqrt, multiply by the normed input and by the expanded weight",
     "swiglu": "SwiGLU: F.silu(gate) * up",
     "attention_softmax": "attention's softmax(scores + bias): an add and Paddle's softmax",
+    "rope": "RoPE on q and k: two multiplies, a matmul by the rotation, an add and the transpose to head-major",
     "decode_matmul": "a decode step's weight GEMMs: paddle.matmul (MKL's sgemm) over the fused decoder's weights",
     "decode_attention": "a decode step's RoPE, cache writes and attention: a dozen Paddle calls per layer",
     "decode_layer": "a decode step's decoder layer: norms, MKL's GEMMs, attention and SwiGLU, a dozen calls",
@@ -62,8 +65,10 @@ def mode() -> str:
 
 
 def threads() -> int:
-    """The kernels' thread count: the usable cores over the processes on this host, as MKL's (cpu_env)."""
-    return cpu_env.cores_per_process()
+    """The kernels' thread count: MKL's (MKL_NUM_THREADS: cpu_env's usable cores over the processes on this host,
+    share_cores' count, or the user's), else the usable cores over those processes."""
+    value = os.environ.get("MKL_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else cpu_env.cores_per_process()
 
 
 def _library(name: str):
@@ -148,6 +153,18 @@ def attention_softmax(scores, bias) -> Optional[paddle.Tensor]:
         return None  # a bias that takes a gradient (learned, not a mask): the composition gives it one
     module = _library("attention_softmax")
     return None if module is None else module.alignment_attention_softmax(scores, bias, threads())
+
+
+@paddle.jit.not_to_static
+def rope(x, cos, sin, interleaved: bool) -> Optional[paddle.Tensor]:
+    """x cos + rotate_half(x) sin of x, cos, sin [b, s, heads, d] (cos and sin tables: no gradient), moved to
+    head-major [b, heads, s, d]; or None."""
+    if not _fits(x, cos, sin) or x.ndim != 4 or cos.shape != x.shape or sin.shape != x.shape:
+        return None
+    if not (cos.stop_gradient and sin.stop_gradient):
+        return None  # tables that take a gradient: the composition gives them one
+    module = _library("rope")
+    return None if module is None else module.alignment_rope(x, cos, sin, bool(interleaved), threads())
 
 
 @paddle.jit.not_to_static

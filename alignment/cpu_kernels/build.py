@@ -27,7 +27,7 @@ BUILT = "built"  # written once a build finished: later processes register the l
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCES = [os.path.join(CSRC, name)
            for name in ("cpu_kernels.cc", "attention_softmax.cc", "decode_matmul.cc", "decode_attention.cc",
-                        "decode_layer.cc")]
+                        "decode_layer.cc", "rope.cc")]
 HEADERS = [os.path.join(CSRC, name) for name in ("common.h", "panels.h", "attention_row.h")]
 # -fopenmp: the kernels' threads are an OpenMP team (common.h parallel_for); no trapping math lets the selects vectorise
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-fno-math-errno"]

@@ -35,6 +35,7 @@ REPEATS, ROUNDS = 3, 5
 METHOD = "fastest of 15 calls, decode from memory, decode layer at 8, 32 and 16 cached rows"
 LOGIT_ROWS, ROWS, HIDDEN, INTER, VOCAB, EPS = 256, 1024, 576, 1536, 49152, 1e-5
 SCORES = [8, 9, 128, 128]  # attention at 8 rows of 128 tokens, SmolLM2's 9 heads
+QUERIES = [8, 128, 9, 64]  # their queries, for RoPE
 DECODE_ROWS, DECODE_BYTES = 8, (64 << 20, 768 << 20)  # the decode GEMMs' rows; their weights' bytes, bounds
 # other processes' load above which a measurement is taken again by the next process, up to MEASUREMENTS times:
 # a kernel threaded over both cores of a 2-core machine timed 6x slower than its composition while pip ran
@@ -165,6 +166,9 @@ def candidates(module, threads: int) -> Dict[str, tuple]:
     scores = _leaf(rng.standard_normal(SCORES).astype("float32"))  # [b, h, s, t]
     causal = np.triu(np.full(SCORES[2:], -1e9, "float32"), 1)  # [s, t]
     bias = paddle.to_tensor(np.broadcast_to(causal, SCORES).copy())  # [b, h, s, t]
+    q = _leaf(rng.standard_normal(QUERIES).astype("float32"))  # [b, s, h, d]
+    cos, sin = (paddle.to_tensor(rng.standard_normal(QUERIES).astype("float32")) for _ in range(2))
+    rotate = paddle.to_tensor(np.roll(np.eye(QUERIES[-1], dtype="float32"), QUERIES[-1] // 2, axis=1))  # a permutation
 
     def run(*outputs):
         paddle.autograd.backward([o.sum() for o in outputs])
@@ -184,6 +188,8 @@ def candidates(module, threads: int) -> Dict[str, tuple]:
         "swiglu": (lambda: run(module.alignment_swiglu(gate, up, threads)), lambda: run(F.silu(gate) * up)),
         "attention_softmax": (lambda: run(module.alignment_attention_softmax(scores, bias, threads)),
                               lambda: run(F.softmax(scores + bias, axis=-1))),
+        "rope": (lambda: run(module.alignment_rope(q, cos, sin, False, threads)),
+                 lambda: run((q * cos + paddle.matmul(q, rotate) * sin).transpose([0, 2, 1, 3]))),
         "decode_matmul": decode_candidates(module, threads),
         "decode_attention": decode_attention_candidates(module, threads),
         "decode_layer": decode_layer_candidates(module, threads),
@@ -236,7 +242,7 @@ def _settled(entry) -> bool:
 
 def measured_choice(module, remeasure: bool = False) -> Dict[str, bool]:
     """name -> whether the kernel is chosen on this CPU (measured once on a quiet machine, kept)."""
-    from alignment.cpu_kernels import build
+    from alignment.cpu_kernels import build, threads
 
     path = cache_file()
     library = os.path.basename(build.build_dir(build.compiler()))
@@ -247,7 +253,7 @@ def measured_choice(module, remeasure: bool = False) -> Dict[str, bool]:
         if entry is not None and not remeasure and _settled(entry):
             return dict(entry["chosen"])
         before, start = cpu_seconds(), time.perf_counter()
-        figures = measure(module, cpu_env.cores_per_process())
+        figures = measure(module, threads())
         busy = others_cores(before, cpu_seconds(), time.perf_counter() - start)
         chosen = {name: f["kernel_ms"] < f["paddle_ms"] for name, f in figures.items()}
         count = 1 if entry is None or remeasure else entry.get("measurements", 1) + 1

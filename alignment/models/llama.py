@@ -20,7 +20,7 @@ from alignment import cpu_kernels as kernels
 from alignment.models.checkpoint import PretrainedMixin
 from alignment.models.config import LlamaConfig
 from alignment.models.moe import moe_block
-from alignment.models.rope import Rotary, apply_rope, rotary_tables
+from alignment.models.rope import Rotary, rope_heads_first, rotary_tables
 from alignment.parallel import tensor_parallel as tp
 from alignment.models.logprobs import entropy_from_logits, gather_log_probs, log_probs_and_entropy
 
@@ -122,10 +122,10 @@ class Attention(nn.Layer):
         v = self.v_proj(x).reshape([b, s, self.num_kv_heads, self.head_dim])
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # [b, s, heads, d], normalised over d
-        q = apply_rope(q, rope.cos_q, rope.sin_q, rope.rotate).transpose([0, 2, 1, 3])  # [b, h, s, d]
-        k = apply_rope(k, rope.cos_k, rope.sin_k, rope.rotate)
+        q = rope_heads_first(q, rope.cos_q, rope.sin_q, rope)  # [b, h, s, d]
         # the cache is kept head-major, so a decode step transposes its one new position, not the whole cache
-        k, v = k.transpose([0, 2, 1, 3]), v.transpose([0, 2, 1, 3])  # [b, kv_heads, s, d]
+        k = rope_heads_first(k, rope.cos_k, rope.sin_k, rope)  # [b, kv_heads, s, d]
+        v = v.transpose([0, 2, 1, 3])
         if past is not None and cache_column is not None:
             # a scatter, not a one-hot blend: broadcasting multiplies are ~40x slower than same-shape ones on CPU
             column = cache_column.reshape([-1, 1, 1, 1]) if cache_column.ndim == 1 else \

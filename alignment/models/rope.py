@@ -21,6 +21,8 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import paddle
 
+from alignment import cpu_kernels as kernels
+
 
 class RopeConfig(NamedTuple):
     theta: float  # rope_theta
@@ -173,6 +175,7 @@ class Rotary(NamedTuple):
     cos_k: paddle.Tensor
     sin_k: paddle.Tensor
     rotate: paddle.Tensor
+    interleaved: bool = False  # RopeConfig.interleaved: the layout `rotate` is of
 
 
 def rotary_tables(position_ids, head_dim: int, rope: RopeConfig, dtype, q_heads: int, kv_heads: int) -> Rotary:
@@ -188,7 +191,7 @@ def rotary_tables(position_ids, head_dim: int, rope: RopeConfig, dtype, q_heads:
     # q's tables are scaled in float32, before any cast to a half-precision dtype (one rounding)
     return Rotary(per_head(paddle.scale(cos, scale), q_heads), per_head(paddle.scale(sin, scale), q_heads),
                   per_head(cos, kv_heads), per_head(sin, kv_heads),
-                  rotate_half_matrix(head_dim, dtype, rope.interleaved))
+                  rotate_half_matrix(head_dim, dtype, rope.interleaved), rope.interleaved)
 
 
 def rotate_half_matrix(head_dim: int, dtype, interleaved: bool = False) -> paddle.Tensor:
@@ -205,3 +208,10 @@ def rotate_half_matrix(head_dim: int, dtype, interleaved: bool = False) -> paddl
 def apply_rope(x, cos, sin, rotate):
     """x [b, s, heads, d]; cos, sin: the Rotary tables of these heads."""
     return x * cos + paddle.matmul(x, rotate) * sin
+
+
+def rope_heads_first(x, cos, sin, rotary: Rotary):
+    """apply_rope, then x [b, s, heads, d] -> [b, heads, s, d]: our CPU kernel where chosen (the same bits), else
+    Paddle's operations."""
+    fused = kernels.rope(x, cos, sin, rotary.interleaved)
+    return apply_rope(x, cos, sin, rotary.rotate).transpose([0, 2, 1, 3]) if fused is None else fused

@@ -225,18 +225,18 @@ def test_ranks_run_only_the_kernels_every_rank_took(lib, monkeypatch):
     monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "on")
     seen = []
 
-    def other_rank_lacks_rms_norm(mine):  # the element-wise minimum with a rank that chose [1, 0, 1, 1, 1, 1, 1]
+    def other_rank_lacks_rms_norm(mine):  # the element-wise minimum with a rank that chose [1, 0, 1, 1, 1, ...]
         seen.append(list(mine))
-        return [min(a, b) for a, b in zip(mine, [1, 0, 1, 1, 1, 1, 1])]
+        return [min(a, b) for a, b in zip(mine, [1, 0, 1, 1, 1, 1, 1, 1])]
 
     kernels.forget_choice()
     try:
         agreed = kernels.agree(other_rank_lacks_rms_norm)
-        assert seen == [[1, 1, 1, 1, 1, 1, 1]]
-        assert list(kernels.REPLACES) == ["token_log_probs", "rms_norm", "swiglu", "attention_softmax",
+        assert seen == [[1, 1, 1, 1, 1, 1, 1, 1]]
+        assert list(kernels.REPLACES) == ["token_log_probs", "rms_norm", "swiglu", "attention_softmax", "rope",
                                           "decode_matmul", "decode_attention", "decode_layer"]
         assert agreed == {"token_log_probs": True, "rms_norm": False, "swiglu": True, "attention_softmax": True,
-                          "decode_matmul": True, "decode_attention": True, "decode_layer": True}
+                          "rope": True, "decode_matmul": True, "decode_attention": True, "decode_layer": True}
         x = paddle.ones([2, 8])
         assert kernels.rms_norm(x, paddle.ones([8]), 1e-5) is None and kernels.swiglu(x, x) is not None
         monkeypatch.setenv("ALIGNMENT_CPU_KERNELS", "off")  # the agreement holds for the rest of the job
@@ -280,7 +280,7 @@ def test_the_benchmark_times_kernels_that_compute_what_paddle_and_torch_do(lib):
 
     calls = {}
     ops = bench_cpu_ops.operations(paddle, torch, calls)
-    assert len(calls) == 9
+    assert len(calls) == 11
     for name, kernel in calls.items():
         _, ours, theirs = ops[name]
         want = theirs().detach().numpy()

@@ -20,5 +20,5 @@ def test_two_ranks_agree_on_one_choice(tmp_path, settings, expected):
     launch(tmp_path / "logs", [SCRIPT, *settings, str(tmp_path)], nproc=2, timeout=600)
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
     assert ranks[0] == ranks[1] == {"token_log_probs": expected, "rms_norm": expected, "swiglu": expected,
-                                    "attention_softmax": expected, "decode_matmul": expected,
+                                    "attention_softmax": expected, "rope": expected, "decode_matmul": expected,
                                     "decode_attention": expected, "decode_layer": expected}

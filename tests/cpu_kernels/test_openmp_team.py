@@ -59,3 +59,17 @@ def test_a_team_smaller_than_asked_for_computes_every_row_with_the_same_bits(lib
     layers, full_team = _outputs()
     assert layers > 0  # the decode layer kernel ran
     assert _outputs(OMP_THREAD_LIMIT="1") == [layers, full_team]  # the runtime gives 1 thread where 2 are asked
+
+
+def test_the_kernels_team_is_as_large_as_mkls(monkeypatch):
+    from alignment import cpu_env, cpu_kernels
+
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")  # a user's or share_cores' count: the kernels follow it
+    assert cpu_kernels.threads() == 3
+    monkeypatch.setenv("PADDLE_LOCAL_SIZE", "1")
+    for unusable in ("", "0", "two"):
+        monkeypatch.setenv("MKL_NUM_THREADS", unusable)
+        assert cpu_kernels.threads() == cpu_env.usable_cores()
+    monkeypatch.delenv("MKL_NUM_THREADS")
+    monkeypatch.setenv("PADDLE_LOCAL_SIZE", str(2 * cpu_env.usable_cores()))  # more processes than cores: 1 each
+    assert cpu_kernels.threads() == 1

@@ -6,10 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import pytest
 
 from alignment.config.registry import DATASETS
-import alignment.data.builtin as builtin
 from alignment.data import (
     DataFormatError,
     DatasetSpec,
@@ -247,9 +247,9 @@ def test_hub_loading_without_path(monkeypatch):
 
     def fake_load_dataset(name, split, **kwargs):
         calls.append((name, split, kwargs))
-        return builtin.datasets.Dataset.from_list([pku_row(), pku_row(response_1="4")])
+        return datasets.Dataset.from_list([pku_row(), pku_row(response_1="4")])
 
-    monkeypatch.setattr(builtin.datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     with pytest.raises(DataFormatError, match=r"^PKU-Alignment/PKU-SafeRLHF-30K \(test\) row index 1: response_0 and"):
         RawDataset.load("PKU-SafeRLHF-30K/test", revision="main")
     assert calls == [("PKU-Alignment/PKU-SafeRLHF-30K", "test", {"revision": "main"})]
