@@ -63,7 +63,7 @@ Dims checked_dims(const paddle::Tensor& x, const paddle::Tensor& cos, const padd
   return {x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]};
 }
 
-// f(row [b s index], seq-major offset of head h, head-major offset of head h) over every (row, head)
+// f(offset of x[b, s, h] in the [b, s, heads, d] layout, offset of out[b, h, s] in [b, heads, s, d]) for every b, s, h
 template <class F>
 void each_head(const Dims& n, int threads, F f) {
   parallel_for(n.b * n.s, threads, [&](int64_t begin, int64_t end) {
