@@ -13,7 +13,6 @@ import re
 import warnings
 from typing import Any, ClassVar
 
-
 from alignment.data.jsonfiles import json_type_name, load_json_file, resolve_data_files, scan_records
 from alignment.data.raw import DataFormatError, RawDataset, RawSample, messages_problem
 from alignment.inputs import short
@@ -142,7 +141,7 @@ class JsonRowsDataset(RawDataset):
     def _load_hub_rows(self, hub_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         if self.HUB_ID is None:
             raise ValueError(f"Dataset {self.NAME!r} needs a local path (e.g. '{self.NAME}:1.0:data/file.jsonl')")
-        import datasets  # here, not at the top: ~0.6 s of every process start, and only a hub download needs it
+        import datasets  # here, not at the top: over a second of every process start, for a hub download only
 
         try:
             return datasets.load_dataset(self.HUB_ID, split=self.split, **hub_kwargs).to_list()
