@@ -405,3 +405,12 @@ def test_a_relative_user_module_path_is_found_beside_the_argument_file(tmp_path,
     assert module.Beside.NAME == "beside-args-file"
     with pytest.raises(FileNotFoundError, match="looked for .*cfg/other.py and .*other.py"):
         import_user_modules(["other.py"], base_dir=str(tmp_path / "cfg"))
+
+
+def test_starting_a_stage_does_not_import_datasets():
+    """`datasets` costs over a second of every process start (each rank of a launch): only a hub download loads it."""
+    code = ("import sys; import alignment.ppo.run_ppo, alignment.sft.run_sft, alignment.dpo.run_dpo, "
+            "alignment.dpo.run_kto, alignment.rm.run_reward; print('datasets' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
