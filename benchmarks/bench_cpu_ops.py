@@ -110,6 +110,7 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
     from paddle import _C_ops
 
     from alignment.cpu_kernels import build, threads
+    from alignment.models.rope import apply_rope, rotate_half_matrix
 
     lib = build.load_kernels()
     if lib is None:
@@ -136,11 +137,10 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
     tables = [np.concatenate([f(angles)] * 2, -1).astype("float32") for f in (np.cos, np.sin)]  # [s, d]
     cos, sin = (paddle.to_tensor(np.broadcast_to(t[None, :, None], [8, SEQ, HEADS, d]).copy()) for t in tables)
     tcos, tsin = (torch.from_numpy(t[None, None]) if torch else None for t in tables)  # [1, 1, s, d], broadcast
-    rotate = paddle.to_tensor(np.roll(np.eye(d, dtype="float32"), d // 2, 1) * np.where(np.arange(d) < d // 2, 1, -1)
-                              [:, None].astype("float32"))
+    rotate = rotate_half_matrix(d, paddle.float32)
 
     def rope(a):  # llama.py's composition: rope.py apply_rope, then to head-major
-        return (a * cos + paddle.matmul(a, rotate) * sin).transpose([0, 2, 1, 3])
+        return apply_rope(a, cos, sin, rotate).transpose([0, 2, 1, 3])
 
     def trope(a):  # transformers' apply_rotary_pos_emb on the head-major view
         a = a.transpose(1, 2)

@@ -5,7 +5,8 @@
 // Paddle's composition (rope.py apply_rope, then a transpose) rounds each product once and the sum once, its matmul
 // by the signed permutation being exact; these loops do the same without fused multiply-adds (fp-contract=off), so
 // the two give the same bits forward and backward. rotate_half pairs feature i with i + d/2 (HF's layout) or 2i
-// with 2i + 1 (interleaved), as rope.py's rotate_half_matrix.
+// with 2i + 1 (interleaved), as rope.py's rotate_half_matrix. attention_row.h's rope_head, the decode kernels' RoPE,
+// is left free to fuse (they round differently from the model's layers anyway); sharing it would change their bits.
 #include "common.h"
 
 namespace {
