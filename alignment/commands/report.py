@@ -1,5 +1,5 @@
 """A run's report: report.md (final / min / max of every metric by family, the monitors' events, the plots) and one
-PNG per family (rewards, KL, entropy, lengths, evaluation, timings) with the events marked
+SVG page per family (rewards, KL, entropy, lengths, evaluation, timings) with the events marked
 (alignment/training/run_report.py).
 
     python tools/report.py outputs/tiny-grpo

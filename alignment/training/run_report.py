@@ -1,5 +1,5 @@
 """A run's report: report.md (final / min / max of every metric by family, the monitors' events, the plots) and one
-PNG per family (rewards, KL, entropy, lengths, evaluation, timings) with the events marked.
+SVG page per family (rewards, KL, entropy, lengths, evaluation, timings) with the events marked.
 
 The PPO family writes it at the end of every run (and when monitor_action stop ends one); `python tools/report.py
 RUN` (alignment/commands/report.py) writes it again for any run directory holding metrics.jsonl (and
@@ -13,8 +13,9 @@ from typing import Dict, List, Tuple
 from alignment.fileio import write_text_atomic
 from alignment.training.logger import read_series
 from alignment.training.monitors import EVENTS_FILE, describe, read_events
+from alignment.training.svg_chart import chart_svg
 
-# (family, whether a metric belongs to it); the first that matches takes a metric; plotted families get a PNG
+# (family, whether it is plotted, whether a metric belongs to it); the first that matches takes a metric
 FAMILIES: List[Tuple[str, bool, object]] = [
     ("evaluation", True, lambda key: key.startswith("eval/")),
     ("monitors", False, lambda key: key.startswith("monitor/")),
@@ -25,7 +26,7 @@ FAMILIES: List[Tuple[str, bool, object]] = [
     ("lengths", True, lambda key: "length" in key or key == "truncated"),
     ("training", False, lambda key: True),
 ]
-MAX_PANELS = 6  # per PNG: the family's first metrics (the table lists them all)
+MAX_PANELS = 6  # per page: the family's first metrics (the table lists them all)
 LEFT_OUT = ("time/step_start",)  # a clock reading, not a quantity
 
 
@@ -42,29 +43,11 @@ def grouped(series: Dict[str, list]) -> Dict[str, List[str]]:
 
 
 def plot_family(path: str, family: str, keys: List[str], series: Dict[str, list], events: List[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = keys[:MAX_PANELS]
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), squeeze=False)
-    for ax, key in zip(axes.flat, keys):
-        steps, values = zip(*series[key])
-        ax.plot(steps, values, "o-" if len(steps) < 30 else "-", markersize=3, linewidth=1.2)
-        for event in events:
-            ax.axvline(event["step"], color="red", linestyle="--", linewidth=1)
-            ax.annotate(event["monitor"], (event["step"], 1), xycoords=("data", "axes fraction"), fontsize=7,
-                        color="red", rotation=90, va="top", ha="right")
-        ax.set_title(key, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes.flat[-1].set_xlabel("step")
-    fig.suptitle(family)
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=80)
-    plt.close(fig)
-    os.replace(tmp, path)
+    """The family's SVG page (alignment/training/svg_chart.py): its first MAX_PANELS metrics, each event a red dashed
+    line at its step."""
+    marks = [(event["step"], str(event["monitor"])) for event in events
+             if isinstance(event["step"], (int, float)) and not isinstance(event["step"], bool)]
+    write_text_atomic(path, chart_svg(family, [(key, series[key]) for key in keys[:MAX_PANELS]], marks))
 
 
 def number(value: float) -> str:
@@ -88,25 +71,18 @@ def report_text(run: str, groups: Dict[str, List[str]], series: Dict[str, list],
     return "\n".join(lines) + "\n"
 
 
-def plotting_available() -> bool:
-    """matplotlib is the `plots` extra: without it report.md is written without its PNGs."""
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
-
-
 def write_report(run: str) -> str:
-    """Write <run>/report.md and its PNGs from <run>/metrics.jsonl and <run>/monitor_events.jsonl; -> its path."""
+    """Write <run>/report.md and its SVG pages from <run>/metrics.jsonl and <run>/monitor_events.jsonl; -> its path."""
     metrics = os.path.join(run, "metrics.jsonl")
     if not os.path.exists(metrics):
         raise FileNotFoundError(f"{metrics}: no such file (is {run} a run's output_dir?)")
     series = read_series(metrics)
     events = read_events(os.path.join(run, EVENTS_FILE))
     groups, plots = grouped(series), []
-    plotted = {name for name, plot, _ in FAMILIES if plot} if plotting_available() else set()
+    plotted = {name for name, plot, _ in FAMILIES if plot}
     for family, keys in groups.items():
         if family in plotted:
-            name = f"report_{family}.png"
+            name = f"report_{family}.svg"
             plot_family(os.path.join(run, name), family, keys, series, events)
             plots.append(name)
     path = os.path.join(run, "report.md")

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -15,6 +16,8 @@ from alignment.config.monitors import MonitorArguments
 from alignment.ppo import run_ppo
 from alignment.training.monitors import MONITORS, RunMonitors, read_events
 from tests.helpers import REPO, read_metrics
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 DEFAULTS = MonitorArguments()
 
@@ -146,8 +149,11 @@ def test_a_collapsing_run_reports_its_events(tiny_model_dir, tmp_path, capsys):
     for event in events:
         assert f"- monitor {event['monitor']} fired at step {event['step']}:" in text
     for family in ("rewards", "kl", "entropy", "lengths", "timings"):
-        assert f"![report_{family}](report_{family}.png)" in text
-        assert (out / f"report_{family}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"![report_{family}](report_{family}.svg)" in text
+        page = ET.parse(out / f"report_{family}.svg").getroot()
+        assert page.find(f"{SVG}polyline") is not None
+        marked = [t.text for t in page.iter(f"{SVG}text") if t.get("fill") == "red"]  # each event in each panel
+        assert sorted(set(marked)) == sorted({e["monitor"] for e in events})
     final_entropy = logged[max(logged)]["entropy"]
     assert f"| entropy | `entropy` | 8 | {final_entropy:.4g} |" in text
     (out / "report.md").unlink()
@@ -187,16 +193,16 @@ def test_the_report_command_needs_a_run(tmp_path, capsys):
     assert "None: no monitor fired." in (tmp_path / "report.md").read_text()
 
 
-def test_without_matplotlib_the_report_is_written_without_plots(tmp_path, monkeypatch):
-    from alignment.training import run_report
-
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5, "entropy": 2.0}) + "\n")
-    monkeypatch.setattr(run_report, "plotting_available", lambda: False)  # the `plots` extra not installed
-    run_report.write_report(str(tmp_path))
-    assert "reward/mean" in (tmp_path / "report.md").read_text() and not list(tmp_path.glob("*.png"))
-    monkeypatch.undo()
-    run_report.write_report(str(tmp_path))
-    assert (tmp_path / "report_rewards.png").exists()
+def test_the_report_and_its_pages_need_no_matplotlib(tmp_path):
+    rows = [{"step": 1, "reward/mean": 0.5, "entropy": 2.0}, {"step": 2, "reward/mean": float("nan"), "entropy": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    blocked = "import sys; sys.modules['matplotlib'] = None; from alignment.training.run_report import write_report; "
+    done = subprocess.run([sys.executable, "-c", blocked + f"write_report({str(tmp_path)!r})"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "![report_rewards](report_rewards.svg)" in (tmp_path / "report.md").read_text()
+    assert sorted(p.name for p in tmp_path.glob("*.svg")) == ["report_entropy.svg", "report_rewards.svg"]
+    ET.parse(tmp_path / "report_rewards.svg")
 
 
 def test_a_resumed_history_fires_as_the_straight_run():
