@@ -18,12 +18,22 @@ import pytest  # noqa: E402
 
 
 def pytest_xdist_auto_num_workers(config):
-    """pytest.ini's `-n auto`: the default suite on two worker processes (pytest-xdist; its tests are mostly
-    one-threaded process starts and tiny runs); the parallel and slow suites one test at a time, since their tests
-    start processes of their own or load the CPU on purpose."""
-    if config.option.markexpr != "not slow and not parallel":
-        return 0
-    return 2 if len(os.sched_getaffinity(0)) >= 2 else 0
+    """pytest.ini's `-n auto`. The default suite: two worker processes (pytest-xdist; its tests are mostly
+    one-threaded process starts and tiny runs). The parallel suite: 1.5 workers a core (3 on 2 cores), at most one
+    per 4 GiB of free memory (a launch of 8 ranks holds ~3.6 GiB, ~450 MB a rank on the tiny model): its launches
+    wait much of their time (the launcher polls its ranks each second, ranks meet at stores, one rank writes while
+    the others have ended), so one test at a time kept 2 cores 58% busy (31m43s) and three workers kept them 96% busy
+    (19m13s, the same CPU seconds), measured on a 2-core AMD EPYC Zen 3. The slow suite: one test at a time, since
+    its tests load the CPU on purpose (the same bits on an idle and on a loaded machine) and hold a real model each."""
+    markexpr = config.option.markexpr
+    cores = len(os.sched_getaffinity(0))
+    if markexpr == "not slow and not parallel":
+        return 2 if cores >= 2 else 0
+    if markexpr == "parallel":
+        memory_gib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2 ** 30
+        workers = min(cores + cores // 2, int(memory_gib // 4))
+        return workers if workers >= 2 else 0
+    return 0
 
 import alignment.dpo.losses  # noqa: E402,F401  the preference losses DPO arguments name
 import alignment.ppo.rl_math.registrations  # noqa: E402,F401  the estimators, losses, KL estimators PPO arguments name

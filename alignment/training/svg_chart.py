@@ -38,7 +38,8 @@ def label(value: float) -> str:
     return f"{value:.4g}"
 
 
-def panel(key: str, points: Sequence[Tuple[float, float]], events: Sequence[Tuple[float, str]], top: float) -> List[str]:
+def panel(key: str, points: Sequence[Tuple[float, float]], events: Sequence[Tuple[float, str]],
+          top: float) -> List[str]:
     """The SVG elements of one metric's panel whose top edge is at y = top. Non-finite values are left out (the
     line breaks there)."""
     x0, x1, y0, y1 = LEFT, WIDTH - RIGHT, top + TOP, top + PANEL_HEIGHT - BOTTOM  # the plot area
