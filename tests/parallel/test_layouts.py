@@ -2,8 +2,8 @@
 pipeline x sharding x data parallel for PPO (gae) and a critic-free estimator (RLOO with GRPO's KL-in-loss), SFT,
 the reward model and DPO each under a tensor/sharding/data and a pipeline layout, and checkpoints resumed under
 another layout. Marked `parallel`. Each run's per-step losses, KL and rewards and its final weights must equal the
-one-process run's within 1e-5 (relative); `python -m pytest -m parallel -q -s tests/parallel/test_layouts.py` prints the
-worst relative difference of each layout (the README's table).
+one-process run's within 1e-5 (relative); `python -m pytest -m parallel -n 0 -q -s tests/parallel/test_layouts.py`
+prints the worst relative difference of each layout (the README's table; `-n 0`: xdist workers' prints are not shown).
 
 The per-process batch is the global batch over the data degree (data parallel x sharding): 8 rollouts in
 micro-batches of 4 with 2 accumulation steps in one process are 8/d per process in micro-batches of 4/d.

@@ -4,8 +4,8 @@ and 4 gloo processes against one process on the same global batch, with the tole
 SFT, the reward model and DPO, PPO (gae: policy and critic sharded, the policy generating from a whole copy under
 stage 3) and RLOO, combined with tensor and data parallelism, with LoRA, with offload of the sharded optimizer
 states; checkpoints resumed from stage 3 in one process and back; and a rank killed with SIGKILL mid-step. Marked
-`parallel`; `python -m pytest -m parallel -q -s tests/parallel/test_sharding.py` prints the worst difference of each
-case.
+`parallel`; `python -m pytest -m parallel -n 0 -q -s tests/parallel/test_sharding.py` prints the worst difference of
+each case.
 
 sharding_segment_size 1000 splits every matrix of the tiny model (the smallest has 8192 elements) and leaves the
 norms whole, so stage 3 slices what it would slice in a real model.
