@@ -5,6 +5,7 @@ previews show SVG where they show PNG."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import List, Sequence, Tuple
 from xml.sax.saxutils import escape
 
@@ -17,7 +18,8 @@ def nice_ticks(low: float, high: float, count: int = 5, whole: bool = False) -> 
     """Round tick values (1, 2 or 5 x 10^k apart; whole numbers if `whole`) covering [low, high] (finite) with about
     `count` ticks; [low, high] itself where the range is too wide or too fine for floats to step through."""
     if not high > low:
-        low, high = low - (abs(low) * 0.1 or 1.0), high + (abs(high) * 0.1 or 1.0)
+        pad = abs(low) * 0.1 or 1.0
+        low, high = max(low - pad, -sys.float_info.max), min(high + pad, sys.float_info.max)
     rough = (high - low) / max(count - 1, 1)
     if not 0 < rough < math.inf:
         return [low, high]
@@ -30,7 +32,7 @@ def nice_ticks(low: float, high: float, count: int = 5, whole: bool = False) -> 
         value = first + k * step
         ticks.append(round(value, digits) + 0.0)  # round: 0.30000000000000004 -> 0.3; + 0.0: -0.0 -> 0.0
         if value >= high - step * 1e-9:
-            return ticks if ticks[-1] > ticks[0] else [low, high]
+            return ticks if ticks[0] < ticks[-1] < math.inf else [low, high]
     return [low, high]
 
 

@@ -1,6 +1,7 @@
 """The run report's SVG line charts (alignment/training/svg_chart.py): round ticks, values placed where the axes
 say, breaks at non-finite values, events inside the steps drawn, text escaped; well-formed XML throughout."""
 import math
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -20,6 +21,7 @@ SVG = "{http://www.w3.org/2000/svg}"
     (1.0, 3.0, True, [1.0, 2.0, 3.0]),  # steps: no 1.5
     (7.0, 7.0, True, [6.0, 7.0, 8.0]),
     (-1e308, 1e308, False, [-1e308, 1e308]),  # the range overflows a float: the ends themselves
+    (1.7e308, 1.7e308, False, [1.7e308 - 1.7e308 * 0.1, sys.float_info.max]),  # padded ends stay finite
 ])
 def test_ticks_are_round_and_cover_the_range(low, high, whole, expected):
     assert nice_ticks(low, high, whole=whole) == expected
