@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from alignment.cpu_env import apply_cpu_defaults, cores_per_process  # noqa: E402
 
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    # the default suite's workers share the cores as a launch's processes do: MKL, our kernels and the optimizer on
+    # a suite's xdist workers share the cores as a launch's processes do: MKL, our kernels and the optimizer on
     # the cores over the workers (as a user running two jobs on one machine would set), not a team each per core
     for _key in ("MKL_NUM_THREADS", "ALIGNMENT_OPTIMIZER_THREADS"):
         os.environ.setdefault(_key, str(cores_per_process(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
