@@ -5,7 +5,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from alignment.cpu_env import apply_cpu_defaults, cores_per_process  # noqa: E402
+from alignment.cpu_env import apply_cpu_defaults, cores_per_process, usable_cores  # noqa: E402
 
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     # a suite's xdist workers share the cores as a launch's processes do: MKL, our kernels and the optimizer on
@@ -20,13 +20,14 @@ import pytest  # noqa: E402
 def pytest_xdist_auto_num_workers(config):
     """pytest.ini's `-n auto`. The default suite: two worker processes (pytest-xdist; its tests are mostly
     one-threaded process starts and tiny runs). The parallel suite: 1.5 workers a core (3 on 2 cores), at most one
-    per 4 GiB of free memory (a launch of 8 ranks holds ~3.6 GiB, ~450 MB a rank on the tiny model): its launches
-    wait much of their time (the launcher polls its ranks each second, ranks meet at stores, one rank writes while
-    the others have ended), so one test at a time kept 2 cores 58% busy (31m43s) and three workers kept them 96% busy
-    (19m13s, the same CPU seconds), measured on a 2-core AMD EPYC Zen 3. The slow suite: one test at a time, since
-    its tests load the CPU on purpose (the same bits on an idle and on a loaded machine) and hold a real model each."""
+    per 4 GiB of free memory (a launch of 8 ranks: ~3.6 GiB, estimated from a rank's ~450 MB measured on the tiny
+    model): its launches wait much of their time (the launcher polls its ranks each second, ranks meet at stores, one
+    rank writes while the others have ended), so one test at a time kept 2 cores 58% busy (31m43s) and three workers
+    kept them 96% busy (19m13s, the same CPU seconds), measured on a 2-core AMD EPYC Zen 3. The slow suite: one test
+    at a time, since its tests load the CPU on purpose (the same bits on an idle and on a loaded machine) and hold a
+    real model each."""
     markexpr = config.option.markexpr
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     if markexpr == "not slow and not parallel":
         return 2 if cores >= 2 else 0
     if markexpr == "parallel":

@@ -4,11 +4,13 @@ end (five pages) while this takes milliseconds and needs no package; browsers, G
 previews show SVG where they show PNG."""
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from typing import List, Sequence, Tuple
 from xml.sax.saxutils import escape
 
+NAMESPACE = "http://www.w3.org/2000/svg"
 WIDTH, PANEL_HEIGHT, TITLE_HEIGHT = 640, 190, 34
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 26, 30  # a panel's margins around its plot area, in pixels
 FONT = 'font-family="sans-serif"'
@@ -68,15 +70,10 @@ def panel(key: str, points: Sequence[Tuple[float, float]], events: Sequence[Tupl
         x = to_x(tick)
         parts += [f'<line x1="{x}" y1="{y0}" x2="{x}" y2="{y1}" stroke="#eee"/>',
                   f'<text x="{x}" y="{y1 + 14}" text-anchor="middle" font-size="10" {FONT}>{label(tick)}</text>']
-    runs, run = [], []  # the finite stretches of the line
-    for step, value in points:
-        if math.isfinite(value):
-            run.append(f"{to_x(step)},{to_y(value)}")
-        elif run:
-            runs.append(run)
-            run = []
-    runs += [run] if run else []
-    parts += [f'<polyline points="{" ".join(r)}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>' for r in runs]
+    for is_finite, stretch in itertools.groupby(points, key=lambda point: math.isfinite(point[1])):
+        if is_finite:
+            line = " ".join(f"{to_x(s)},{to_y(v)}" for s, v in stretch)
+            parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>')
     if len(finite) < 30:
         parts += [f'<circle cx="{to_x(s)}" cy="{to_y(v)}" r="2.5" fill="#1f77b4"/>' for s, v in finite]
     for step, name in (event for event in events if xs[0] <= event[0] <= xs[-1]):
@@ -92,7 +89,7 @@ def chart_svg(title: str, series: Sequence[Tuple[str, Sequence[Tuple[float, floa
     """An SVG page: `title`, then one panel per (metric name, [(step, value), ...]), the x axis the step; each
     (step, name) of `events` a red dashed line in every panel."""
     height = TITLE_HEIGHT + PANEL_HEIGHT * len(series) + 10
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+    parts = [f'<svg xmlns="{NAMESPACE}" width="{WIDTH}" height="{height}" '
              f'viewBox="0 0 {WIDTH} {height}">', f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
              f'<text x="{WIDTH / 2}" y="22" text-anchor="middle" font-size="15" {FONT}>{escape(title)}</text>']
     for i, (key, points) in enumerate(series):

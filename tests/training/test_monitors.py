@@ -15,9 +15,10 @@ from alignment.commands import report
 from alignment.config.monitors import MonitorArguments
 from alignment.ppo import run_ppo
 from alignment.training.monitors import MONITORS, RunMonitors, read_events
+from alignment.training.svg_chart import NAMESPACE
 from tests.helpers import REPO, read_metrics
 
-SVG = "{http://www.w3.org/2000/svg}"
+SVG = f"{{{NAMESPACE}}}"  # ElementTree's prefix for the SVG namespace
 
 DEFAULTS = MonitorArguments()
 

@@ -6,10 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from alignment.training.svg_chart import BOTTOM, LEFT, PANEL_HEIGHT, RIGHT, TITLE_HEIGHT, TOP, WIDTH, chart_svg, \
-    nice_ticks
+from alignment.training.svg_chart import BOTTOM, LEFT, NAMESPACE, PANEL_HEIGHT, RIGHT, TITLE_HEIGHT, TOP, WIDTH, \
+    chart_svg, nice_ticks
 
-SVG = "{http://www.w3.org/2000/svg}"
+SVG = f"{{{NAMESPACE}}}"  # ElementTree's prefix for the SVG namespace
 
 
 @pytest.mark.parametrize("low, high, whole, expected", [
