@@ -17,6 +17,7 @@ from paddle import _C_ops
 
 from alignment import cpu_kernels
 from alignment.launcher import rank, store_address, world_size
+from alignment.parallel.buckets import reduce_in_buckets
 from alignment.parallel.stores import wait_until_listening
 
 _hybrid = None  # fleet's HybridCommunicateGroup once init_distributed set up a hybrid layout
@@ -182,20 +183,18 @@ def shard(indices, num_shards: int = None, index: int = None):
 
 
 def average_gradients(parameters) -> None:
-    """All-reduce every gradient over the data ranks and divide by their number (no-op for one data rank). Every
-    rank must hold the same gradients: an MoE expert no token of a rank chose still gets a zero one there
-    (expert_parallel.idle_term)."""
+    """All-reduce every gradient over the data ranks and divide by their number (no-op for one data rank), a
+    bucket of gradients per collective (parallel/buckets.py). Every rank must hold the same gradients: an MoE
+    expert no token of a rank chose still gets a zero one there (expert_parallel.idle_term)."""
     world = data_world_size()
     if world == 1:
         return
-    with paddle.no_grad():
-        for param in parameters:
-            if param.grad is not None:
-                # an expert's gradient holds its expert-parallel group's tokens: summed over that expert's holders
-                expert = getattr(param, "expert_parallel", False)
-                for group in _expert_data_groups() if expert else _data_groups():
-                    dist.all_reduce(param.grad, group=group)
-                param.grad.scale_(1.0 / world)
+    held = [param for param in parameters if param.grad is not None]
+    for expert in (False, True):  # an expert's gradient holds its expert-parallel group's tokens: summed over
+        groups = _expert_data_groups() if expert else _data_groups()  # that expert's holders
+        grads = [param.grad for param in held if bool(getattr(param, "expert_parallel", False)) == expert]
+        reduce_in_buckets(grads, lambda flat, groups=groups: [dist.all_reduce(flat, group=g) for g in groups],
+                          1.0 / world)
 
 
 def _expert_data_groups() -> list:
