@@ -35,12 +35,14 @@ apply_cpu_defaults()
 # of calls waits that out, so neither library is timed against the other's spinning threads
 SETTLE_S, ROUNDS = 0.5, 3
 TOKENS, HIDDEN, INTER, HEADS, SEQ, VOCAB, EPS = 1024, 576, 1536, 9, 128, 49152, 1e-5
+LAYERS, KV_WIDTH, HEAD_DIM = 30, 192, 64  # SmolLM2's layers, its k / v projections' width (3 heads) and head size
 
 
-def operations(paddle, torch, kernels: Optional[Dict[str, Callable]] = None
+def operations(paddle, torch, kernels: Optional[Dict[str, Callable]] = None, score_layers: int = LAYERS
                ) -> Dict[str, Tuple[str, Callable, Callable]]:
     """name -> (shape, Paddle call, torch call) over the same random numbers (torch None: no torch calls); for the
-    operations our kernels replace, `kernels` (when given) receives name -> our kernel's call."""
+    operations our kernels replace, `kernels` (when given) receives name -> our kernel's call. score_layers: the
+    layers of the scoring pass's GEMMs (fewer: a quicker test of the same calls)."""
     import numpy as np
     import paddle.nn.functional as F
     from paddle.incubate.nn.functional import fused_rms_norm
@@ -94,6 +96,7 @@ def operations(paddle, torch, kernels: Optional[Dict[str, Callable]] = None
         # SIGILL on an AVX2-only CPU (AMD EPYC Zen 3)
         ops["RMSNorm, Paddle's fused_rms_norm (no backward on CPU)"] = (
             f"{TOKENS}x{HIDDEN}", lambda: fused_rms_norm(x, norm.weight, None, EPS, 1), lambda: torch_rms(tx))
+    ops[f"a scoring pass's GEMMs ({score_layers} layers, LM head)"] = score_gemms(paddle, torch, rng, score_layers)
     for name, (shape, ours, theirs, kernel) in kernel_operations(paddle, torch, pair, pids, tids).items():
         ops[name] = (shape, ours, theirs)  # the forward rows keep their place
         if kernels is not None:
@@ -205,6 +208,53 @@ def kernel_operations(paddle, torch, pair, pids, tids) -> Dict[str, tuple]:
             qs, lambda: back(q, rope(q)), lambda: tback(tq, trope(tq)),
             lambda: back(q, lib.alignment_rope(q, cos, sin, False, n))),
     }
+
+
+def score_gemms(paddle, torch, rng, layer_count: int) -> tuple:
+    """(shape, Paddle call, torch call) of a scoring pass's GEMMs at bench_smollm2's score workload: per layer q, k,
+    v, o, gate, up and down over the layer's own weights (Paddle x @ W [in, out], as our Linear; torch F.linear over
+    [out, in], as transformers'), attention's q k^T and p v over every head (k and v repeated to the query heads, as
+    our model does), then the tied LM head on the 8 x 127 positions token log-probs take. What the pass costs with
+    nothing but its GEMMs: the score workload cannot beat transformers' by more than this row's torch / Paddle."""
+    import numpy as np
+
+    def weight(fan_in, fan_out):
+        a = rng.standard_normal([fan_in, fan_out]).astype("float32") / fan_in ** 0.5
+        return paddle.to_tensor(a), torch.from_numpy(np.ascontiguousarray(a.T)) if torch else None
+
+    widths = [(HIDDEN, HIDDEN), (HIDDEN, KV_WIDTH), (HIDDEN, KV_WIDTH), (HIDDEN, HIDDEN), (HIDDEN, INTER),
+              (HIDDEN, INTER), (INTER, HIDDEN)]  # q, k, v, o, gate, up, down
+    layers = [[weight(*w) for w in widths] for _ in range(layer_count)]
+    inputs = {k: rng.standard_normal([TOKENS, k]).astype("float32") for k in (HIDDEN, INTER)}
+    heads = rng.standard_normal([2, TOKENS // SEQ, HEADS, SEQ, HEAD_DIM]).astype("float32")  # q, k (= v)
+    probs = rng.standard_normal([TOKENS // SEQ, HEADS, SEQ, SEQ]).astype("float32")
+    head_rows = rng.standard_normal([TOKENS - TOKENS // SEQ, HIDDEN]).astype("float32")
+    table = rng.standard_normal([VOCAB, HIDDEN]).astype("float32")
+    p_in = {k: paddle.to_tensor(a) for k, a in inputs.items()}
+    p_heads, p_probs, p_rows, p_table = (paddle.to_tensor(a) for a in (heads, probs, head_rows, table))
+
+    def ours():
+        for layer in layers:
+            for (w, _), (fan_in, _) in zip(layer, widths):
+                paddle.matmul(p_in[fan_in], w)
+            paddle.matmul(p_heads[0], p_heads[1], transpose_y=True)
+            paddle.matmul(p_probs, p_heads[1])
+        return paddle.matmul(p_rows, p_table, transpose_y=True)
+
+    if not torch:
+        return f"{TOKENS} tokens, SmolLM2", ours, None
+    t_in = {k: torch.from_numpy(a) for k, a in inputs.items()}
+    t_heads, t_probs, t_rows, t_table = (torch.from_numpy(a) for a in (heads, probs, head_rows, table))
+
+    def theirs():
+        for layer in layers:
+            for (_, w), (fan_in, _) in zip(layer, widths):
+                torch.nn.functional.linear(t_in[fan_in], w)
+            torch.matmul(t_heads[0], t_heads[1].transpose(-1, -2))
+            torch.matmul(t_probs, t_heads[1])
+        return torch.nn.functional.linear(t_rows, t_table)
+
+    return f"{TOKENS} tokens, SmolLM2", ours, theirs
 
 
 def decode_gemms(paddle, torch, lib, threads: int) -> tuple:

@@ -16,12 +16,12 @@ call faults in no new memory page (`settle`: the heap's steady state, which a tr
 few steps); the CPU and ISA are printed with the figures; every figure is a ratio measured in the same run.
 --decode-only: the bandwidth and greedy decoding only, through generate's FusedDecoder and through the model's
 layers (`fused=False`) alternating with the prompt pass alone, each against the same bound.
-Ceilings (both modes; the training one in the full run only): the same phases reduced to their GEMMs on random
-inputs: a decode step's weight GEMMs at batch 8 over the FusedDecoder's weights, one call each (Paddle's matmul, or
-our decode GEMM kernel where the decoder packed them: where alignment/cpu_kernels chose that kernel or the decode
-layer kernel, which runs the same panel loops inside one call per layer), against the bandwidth bound, and a
-training step's forward and backward GEMMs (projections, the LM head, attention's products)
-against the GEMM peak. No arrangement of Paddle calls takes a phase past its ceiling; a target above it needs faster
+Ceilings (both modes; the training and scoring ones in the full run only): the same phases reduced to their GEMMs
+on random inputs: a decode step's weight GEMMs at batch 8 over the FusedDecoder's weights, one call each (Paddle's
+matmul, or our decode GEMM kernel where the decoder packed them: where alignment/cpu_kernels chose that kernel or the
+decode layer kernel, which runs the same panel loops inside one call per layer), against the bandwidth bound, a
+training step's forward and backward GEMMs (projections, the LM head, attention's products) against the GEMM peak,
+and a scoring pass's forward GEMMs, also as a share of the score workload's time (what is left for everything else). No arrangement of Paddle calls takes a phase past its ceiling; a target above it needs faster
 kernels, not fewer calls (the decode layer kernel, which calls nothing per GEMM, can pass the decode ceiling).
 """
 from __future__ import annotations
@@ -199,11 +199,12 @@ def run_decode_gemms(calls) -> None:
             matmul(x, weight)
 
 
-def train_gemms(model, batch: int, seq: int) -> tuple:
+def train_gemms(model, batch: int, seq: int, backward: bool = True) -> tuple:
     """(calls, FLOPs) of a training step's GEMMs on [batch, seq] tokens: every projection forward (x @ W) and
     backward (dY @ W^T, X^T @ dY) over the model's own weights, the LM head on seq - 1 positions as
     token_log_probs takes them (tied: against the embedding, transpose_y), and per layer attention's q @ k^T and
-    p @ v with their four backward products; random inputs, one tensor per shape."""
+    p @ v with their four backward products; random inputs, one tensor per shape. backward=False: the forward
+    products only (a scoring pass's GEMMs)."""
     import paddle
 
     cfg, tokens = model.config, batch * seq
@@ -218,17 +219,20 @@ def train_gemms(model, batch: int, seq: int) -> tuple:
         attn, mlp = layer.self_attn, layer.mlp
         for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             k, n = lin.weight.shape
-            calls += [(rand(tokens, k), lin.weight, False, False), (rand(tokens, n), lin.weight, False, True),
-                      (rand(tokens, k), rand(tokens, n), True, False)]
+            calls += [(rand(tokens, k), lin.weight, False, False)]
+            calls += [(rand(tokens, n), lin.weight, False, True), (rand(tokens, k), rand(tokens, n), True, False)
+                      ] if backward else []
         q, s = rand(batch, cfg.num_attention_heads, seq, d), rand(batch, cfg.num_attention_heads, seq, seq)
-        calls += [(q, q, False, True), (s, q, False, False),  # scores, out
-                  (s, q, False, False), (s, q, True, False),  # d scores @ k -> dq, d scores^T @ q -> dk
-                  (q, q, False, True), (s, q, True, False)]  # d out @ v^T -> d probs, probs^T @ d out -> dv
+        calls += [(q, q, False, True), (s, q, False, False)]  # scores, out
+        calls += [(s, q, False, False), (s, q, True, False),  # d scores @ k -> dq, d scores^T @ q -> dk
+                  (q, q, False, True), (s, q, True, False)  # d out @ v^T -> d probs, probs^T @ d out -> dv
+                  ] if backward else []
     head = model.model.embed_tokens.weight if cfg.tie_word_embeddings else model.lm_head.weight
     rows, tied = batch * (seq - 1), cfg.tie_word_embeddings
     hidden, grad = rand(rows, cfg.hidden_size), rand(rows, cfg.vocab_size)
-    calls += [(hidden, head, False, tied), (grad, head, False, not tied),
-              (grad, hidden, True, False) if tied else (hidden, grad, True, False)]
+    calls += [(hidden, head, False, tied)]
+    calls += [(grad, head, False, not tied), (grad, hidden, True, False) if tied else (hidden, grad, True, False)
+              ] if backward else []
     flops = 0.0
     for a, b, tx, ty in calls:
         m, k = (a.shape[-1], a.shape[-2]) if tx else (a.shape[-2], a.shape[-1])
@@ -351,9 +355,11 @@ def main(argv=None) -> dict:
     seconds = {name: median_seconds(fn, args.repeats, warm=True) for name, fn in workloads.items()}
     train_calls, train_gemm_flops = train_gemms(ours.model, smol.BATCH, smol.SEQ)
     seconds["train_gemms"] = median_seconds(lambda: run_matmuls(train_calls), args.repeats)
+    score_calls, score_gemm_flops = train_gemms(ours.model, smol.BATCH, smol.SEQ, backward=False)
+    seconds["score_gemms"] = median_seconds(lambda: run_matmuls(score_calls), args.repeats)
     decode_calls = decode_gemms(ours.model, smol.BATCH)
     seconds["decode_gemms"] = median_seconds(lambda: run_decode_gemms(decode_calls), args.repeats)
-    del train_calls, decode_calls  # ~0.4 GB by their shapes, freed before the bandwidth is measured again
+    del train_calls, score_calls, decode_calls  # ~0.4 GB by their shapes, freed before the bandwidth is measured again
     memory = {"before": before, "after": bandwidth(args.repeats)}
     best, line = best_bandwidth(memory["before"], memory["after"])
     tokens = smol.BATCH * smol.SEQ
@@ -366,7 +372,10 @@ def main(argv=None) -> dict:
     # the whole call's bound: its prompt pass at the GEMM peak, its decode steps at the bandwidth bound
     generate_bound_s = prompt_work / (peak * 1e9) + smol.BATCH * (smol.NEW_TOKENS - 1) / bound
     train_gemms_gflops = train_gemm_flops / seconds["train_gemms"] / 1e9
+    score_gemms_gflops = score_gemm_flops / seconds["score_gemms"] / 1e9
     ceiling = {"train_gemms_gflops": train_gemms_gflops, "train_gemms_of_peak": train_gemms_gflops / peak,
+               "score_gemms_gflops": score_gemms_gflops, "score_gemms_of_peak": score_gemms_gflops / peak,
+               "score_gemms_of_score": seconds["score_gemms"] / seconds["score"],
                **decode_ceiling(seconds["decode_gemms"], bound)}
     result = {"machine": machine_facts(), "gemm_gflops": gemm, "gemm_peak_gflops": peak, "bandwidth_gb_s": memory,
               "train_gflops": train_gflops, "train_of_peak": train_gflops / peak, "score_gflops": score_gflops,
@@ -384,6 +393,9 @@ def main(argv=None) -> dict:
           f"{result['generate_of_bound']:.0%}")
     print(f"ceiling: the training step's own GEMMs alone (Paddle's matmul) {train_gemms_gflops:.0f} GFLOP/s = "
           f"{ceiling['train_gemms_of_peak']:.0%} of the GEMM peak")
+    print(f"ceiling: a scoring pass's own GEMMs alone {score_gemms_gflops:.0f} GFLOP/s = "
+          f"{ceiling['score_gemms_of_peak']:.0%} of the GEMM peak; they take "
+          f"{ceiling['score_gemms_of_score']:.0%} of the score workload's time")
     print_decode_ceiling(ceiling)
     return write_result("machine_limits", result, args)
 

@@ -94,6 +94,9 @@ def _machine_limits(r: dict) -> List[List[str]]:
     return [[f"{r['gemm_peak_gflops']:.0f}", f"{bandwidth:.1f}",
              f"{r['train_gflops']:.0f} = **{r['train_of_peak']:.0%}**",
              f"{ceiling['train_gemms_of_peak']:.0%}" if "train_gemms_of_peak" in ceiling else "-",
+             f"{r['score_gflops']:.0f} = **{r['score_of_peak']:.0%}**",
+             f"{ceiling['score_gemms_of_peak']:.0%}, {ceiling['score_gemms_of_score']:.0%} of its time"
+             if "score_gemms_of_score" in ceiling else "-",
              f"{r['decode_steps_tokens_s']:.1f} = **{r['decode_steps_of_bound']:.0%}** of "
              f"{r['decode_bound_tokens_s']:.0f}",
              f"{ceiling['decode_gemms_of_bound']:.0%}" if "decode_gemms_of_bound" in ceiling else "-"]]
@@ -281,7 +284,7 @@ TABLES: Dict[str, Table] = {
                       "our kernel / torch (time)"], _cpu_ops),
     "machine_limits": Table(["machine_limits"], "python benchmarks/bench_machine_limits.py",
                             ["GEMM peak GFLOP/s", "bandwidth GB/s", "training step GFLOP/s", "its GEMMs alone",
-                             "decode steps at batch 8, tokens/s of the bound", "their weight GEMMs alone"],
+                             "scoring GFLOP/s", "its GEMMs alone", "decode steps at batch 8, tokens/s of the bound", "their weight GEMMs alone"],
                             _machine_limits),
     "decode_only": Table(["decode_only"], "python benchmarks/bench_machine_limits.py --decode-only",
                          ["fused decoder tokens/s (of bound)", "model layers tokens/s (of bound)",

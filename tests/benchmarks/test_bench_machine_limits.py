@@ -86,6 +86,22 @@ def test_train_gemms_are_a_steps_forward_and_backward_products(tied):
 
 
 @pytest.mark.parametrize("tied", [False, True])
+def test_score_gemms_are_the_forward_products_only(tied):
+    limits = limits_module()
+    model = tiny_model(tied)
+    batch, seq = 3, 5
+    calls, flops = limits.train_gemms(model, batch, seq, backward=False)
+    cfg, tokens = model.config, batch * seq
+    projections = sum(int(p.size) for name, p in model.named_parameters() if "proj" in name)
+    attention = 2 * 2 * batch * seq * seq * cfg.hidden_size * cfg.num_hidden_layers  # q k^T and p v
+    head = 2 * batch * (seq - 1) * cfg.vocab_size * cfg.hidden_size
+    assert flops == 2 * projections * tokens + attention + head
+    assert len(calls) == cfg.num_hidden_layers * (7 + 2) + 1
+    assert flops * 3 == limits.train_gemms(model, batch, seq)[1]  # a step's backward is twice its forward
+    limits.run_matmuls(calls)
+
+
+@pytest.mark.parametrize("tied", [False, True])
 def test_decode_gemms_multiply_every_weight_the_decoder_streams(tied):
     limits = limits_module()
     model = tiny_model(tied)
