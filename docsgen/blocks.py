@@ -19,13 +19,16 @@ def headline() -> str:
     """README's small results table: each figure from a result file, linked to the page that explains it."""
     rows = []
     perf = "docs/performance.md"
-    for run in results_tables.kept_runs("rl_smollm2")[:1]:
-        for algo in ("grpo", "ppo"):
-            side = run.record["runs"].get(algo)
+    kept = record.files_to_keep()  # a run may measure one algorithm: each figure from the newest run that has it
+    smollm2_runs = results_tables.kept_runs("rl_smollm2", tuple(kept))
+    for algo in ("grpo", "ppo"):
+        for run in smollm2_runs:
+            side = run.record.get("runs", {}).get(algo)
             if side and side.get("trl"):
                 ratio = side["ours"]["step_s_median"] / side["trl"]["step_s_median"]
                 rows.append([f"{algo.upper()} step on SmolLM2-135M, our time / TRL's",
                              f"[**{ratio:.2f}x**]({perf}#whole-rl-steps-on-smollm2-135m-against-trl)", run])
+                break
     for algo in ("ppo", "grpo"):
         for run in results_tables.kept_runs(algo)[:1]:
             result, peer = run.record["result"], results_tables._peer_line(algo, run.machine)
