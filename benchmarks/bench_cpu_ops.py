@@ -215,7 +215,8 @@ def score_gemms(paddle, torch, rng, layer_count: int) -> tuple:
     v, o, gate, up and down over the layer's own weights (Paddle x @ W [in, out], as our Linear; torch F.linear over
     [out, in], as transformers'), attention's q k^T and p v over every head (k and v repeated to the query heads, as
     our model does), then the tied LM head on the 8 x 127 positions token log-probs take. What the pass costs with
-    nothing but its GEMMs: the score workload cannot beat transformers' by more than this row's torch / Paddle."""
+    nothing but its GEMMs: the score workload's lead over transformers' is at most (this row's torch time plus
+    transformers' time outside its GEMMs) / this row's Paddle time."""
     import numpy as np
 
     def weight(fan_in, fan_out):

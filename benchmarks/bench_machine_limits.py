@@ -21,8 +21,9 @@ on random inputs: a decode step's weight GEMMs at batch 8 over the FusedDecoder'
 matmul, or our decode GEMM kernel where the decoder packed them: where alignment/cpu_kernels chose that kernel or the
 decode layer kernel, which runs the same panel loops inside one call per layer), against the bandwidth bound, a
 training step's forward and backward GEMMs (projections, the LM head, attention's products) against the GEMM peak,
-and a scoring pass's forward GEMMs, also as a share of the score workload's time (what is left for everything else). No arrangement of Paddle calls takes a phase past its ceiling; a target above it needs faster
-kernels, not fewer calls (the decode layer kernel, which calls nothing per GEMM, can pass the decode ceiling).
+and a scoring pass's forward GEMMs, also as a share of the score workload's time (the rest is everything else). No
+arrangement of Paddle calls takes a phase past its ceiling; a target above it needs faster kernels, not fewer calls
+(the decode layer kernel, which calls nothing per GEMM, can pass the decode ceiling).
 """
 from __future__ import annotations
 

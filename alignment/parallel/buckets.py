@@ -2,7 +2,7 @@
 
 A collective has a fixed cost (on gloo, a few dozen system calls and a wait until every rank of the group has
 arrived), which dominates for the many small tensors of a model (norms, biases, small projections): a tiny LLaMA's
-PPO step under tensor x data parallelism spent a fifth of its collectives on per-tensor gradient all-reduces.
+PPO step under tensor x data parallelism spent over a quarter of its collectives on per-tensor gradient all-reduces.
 Buckets of consecutive tensors of one dtype, flattened into one buffer, reduced, and copied back, do the same
 element-wise sums in a handful of calls (Paddle's DataParallel buckets its gradients the same way).
 """
