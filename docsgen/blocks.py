@@ -19,8 +19,8 @@ def headline() -> str:
     """README's small results table: each figure from a result file, linked to the page that explains it."""
     rows = []
     perf = "docs/performance.md"
-    kept = record.files_to_keep()  # a run may measure one algorithm: each figure from the newest run that has it
-    smollm2_runs = results_tables.kept_runs("rl_smollm2", tuple(kept))
+    # a run may measure one algorithm: each figure from the newest kept run (latest or cited) that has it
+    smollm2_runs = results_tables.kept_runs("rl_smollm2", tuple(record.cited()))
     for algo in ("grpo", "ppo"):
         for run in smollm2_runs:
             side = run.record.get("runs", {}).get(algo)

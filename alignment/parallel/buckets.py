@@ -36,14 +36,11 @@ def reduce_in_buckets(tensors: List[paddle.Tensor], reduce: Callable[[paddle.Ten
     each tensor ends holding its own elements of the result, as if reduced and scaled alone."""
     with paddle.no_grad():
         for run in buckets(tensors, limit_bytes):
-            if len(run) == 1:
-                flat = tensors[run[0]]
-                reduce(flat)
-                flat.scale_(scale)
-                continue
-            flat = paddle.concat([tensors[i].reshape([-1]) for i in run])
+            alone = len(run) == 1  # reduced in place, no copies
+            flat = tensors[run[0]] if alone else paddle.concat([tensors[i].reshape([-1]) for i in run])
             reduce(flat)
             flat.scale_(scale)
-            parts = paddle.split(flat, [int(tensors[i].size) for i in run])
-            for i, part in zip(run, parts):
-                paddle.assign(part.reshape(tensors[i].shape), output=tensors[i])
+            if not alone:
+                parts = paddle.split(flat, [int(tensors[i].size) for i in run])
+                for i, part in zip(run, parts):
+                    paddle.assign(part.reshape(tensors[i].shape), output=tensors[i])
