@@ -14,6 +14,15 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         os.environ.setdefault(_key, str(cores_per_process(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 apply_cpu_defaults()  # this CPU's thread and MKL settings, before paddle is imported
 
+# paddle.distributed.launch takes its master's port from PORT_RANGE (default 35100:64000, from a random start),
+# which overlaps Linux's ephemeral ports (32768-60999): in the seconds between the launcher's choice and rank 0's
+# bind (Paddle's import), a gloo connection of a concurrent test can take that port, and rank 0 aborts in
+# TCPStore's libuv server (seen once in CI). Each xdist worker's launches take ports below the ephemeral range,
+# in a slice of their own.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+_slice = int(_worker[2:]) % 10 if _worker[2:].isdigit() else 0
+os.environ.setdefault("PORT_RANGE", f"{10000 + 2000 * _slice}:{11999 + 2000 * _slice}")
+
 import pytest  # noqa: E402
 
 

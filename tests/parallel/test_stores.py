@@ -2,6 +2,8 @@
 rendezvous store, and every client's socket sends its requests at once (TCP_NODELAY)."""
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,6 +12,8 @@ import pytest
 from alignment.launcher import store_address
 from alignment.parallel.stores import (FD_DIR, SOCKET_TABLES, connected_tcp_sockets, is_local_address,
                                        listening_ports, no_delay_to, rank_zero_store, wait_until_listening)
+
+EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 class Rendezvous:
@@ -105,3 +109,18 @@ def test_the_store_address_is_read_as_paddles_global_store_reads_it(monkeypatch,
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert store_address() == expected
+
+
+@pytest.mark.parallel
+@pytest.mark.skipif(not os.path.exists(EPHEMERAL_PORTS), reason="reads Linux's ephemeral port range")
+def test_the_suites_launches_take_their_master_port_below_the_ephemeral_range(tmp_path):
+    """tests/conftest.py's PORT_RANGE: a port the launcher picked in the ephemeral range can be taken by another
+    test's connection before rank 0 binds it."""
+    script = tmp_path / "show_master.py"
+    script.write_text("import os\nprint('master', os.environ['PADDLE_MASTER'])\n")
+    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "1", "--log_dir",
+                    str(tmp_path / "logs"), str(script)], check=True, capture_output=True, timeout=120)
+    port = int((tmp_path / "logs" / "workerlog.0").read_text().split("master ", 1)[1].split()[0].rsplit(":", 1)[1])
+    low, high = (int(bound) for bound in os.environ["PORT_RANGE"].split(":"))
+    with open(EPHEMERAL_PORTS) as ranges:
+        assert low <= port <= high < int(ranges.read().split()[0])
