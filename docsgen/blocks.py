@@ -9,7 +9,7 @@ import re
 from typing import Callable, Dict, List, Tuple
 
 from benchmarks import record
-from docsgen import model_matrix, paddlenlp_keys, results_tables
+from docsgen import model_matrix, paddlenlp_keys, results_tables, targets
 
 REPO = record.REPO
 BLOCK = re.compile(r"(<!-- generated: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
@@ -73,6 +73,7 @@ GENERATORS: Dict[str, Callable[..., str]] = {
     "results": lambda name, *extra: results_tables.render(name, tuple(extra)),
     "headline": headline,
     "model-matrix": model_matrix.model_matrix,
+    "targets": targets.targets_table,
 }
 
 
