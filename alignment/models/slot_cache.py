@@ -151,10 +151,14 @@ class SlotCache:
         return paddle.to_tensor(columns), paddle.to_tensor(mask), paddle.to_tensor(positions)
 
     def after_step(self, feeding: np.ndarray) -> None:
-        """A decode step wrote one column per feeding slot; the scratch column goes back to zeros."""
+        """A decode step wrote one column per slot (step_inputs' columns); the scratch column goes back to zeros
+        where a slot wrote it: one not feeding, or one fed at the last column. When every slot feeds its own next
+        column, as in a lockstep rollout, nothing is cleared (a column assignment per layer per step)."""
+        wrote_scratch = not feeding.all() or int(self.lengths.max(initial=0)) >= self.scratch
         self.lengths = self.lengths + feeding.astype("int64")
-        for t in self.k + self.v:
-            t[:, :, self.scratch] = 0.0
+        if wrote_scratch:
+            for t in self.k + self.v:
+                t[:, :, self.scratch] = 0.0
 
     def verify_inputs(self, feeding: np.ndarray, width: int):
         """For a step where the slots `feeding` [slots] bool feed `width` tokens each (speculative decoding's

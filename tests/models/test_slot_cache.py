@@ -121,3 +121,23 @@ def test_a_sequence_has_the_same_bits_in_every_slot(slots):
     for slot in range(1, slots - 1):
         tokens, log_probs = play_turns(model, rows, slots=[slot, slots - 1])
         assert (tokens[0], log_probs[0]) == (reference[0][0], reference[1][0]), f"slot {slot}"
+
+
+@pytest.mark.parametrize("feeding, lengths", [([True, True, True], [3, 5, 0]), ([True, False, True], [3, 5, 0]),
+                                              ([True, True, True], [3, 127, 0])], ids=["all", "one-paused", "full"])
+def test_a_step_leaves_the_scratch_column_zero_and_keeps_the_written_ones(feeding, lengths):
+    cache = SlotCache(layers=2, kv_heads=1, head_dim=2, slots=3, capacity=127)
+    cache.lengths = np.asarray(lengths, "int64")
+    feeding = np.asarray(feeding)
+    column, _, _ = cache.step_inputs(feeding)
+    for t in cache.k + cache.v:  # what a decode step writes: each slot's row at its column
+        for slot, c in enumerate(column.numpy()):
+            t[slot, :, int(c)] = float(slot + 1)
+    cache.after_step(feeding)
+    for t in cache.k + cache.v:
+        values = t.numpy()
+        assert not values[:, :, cache.scratch].any()
+        for slot in np.flatnonzero(feeding):
+            if lengths[slot] < cache.scratch:
+                assert (values[slot, :, lengths[slot]] == slot + 1).all()
+    assert cache.lengths.tolist() == [n + f for n, f in zip(lengths, feeding)]
