@@ -1,9 +1,9 @@
 """Whether this CPU's GEMM (Paddle's matmul, MKL) rounds a row the same whatever the number of rows beside it.
 
 MKL's AVX2 path (MKL_DEBUG_CPU_TYPE=5, as cpu_env sets it on an AMD EPYC Zen 3) does not: x[:m] @ W for m < 4
-differs in its last bits from the first m rows of x @ W; nor does its AVX-512 path (7) on an AMD EPYC Zen 4. The engine keeps its decode steps at a fixed number of
-rows; tests that compare a row's bits between runs that put different numbers of rows through some GEMM need the
-stronger property and skip without it, saying so.
+differs in its last bits from the first m rows of x @ W; nor does its AVX-512 path (7) on an AMD EPYC Zen 4. The
+engine keeps its decode steps at a fixed number of rows; tests that compare a row's bits between runs that put
+different numbers of rows through some GEMM need the stronger property and skip without it, saying so.
 """
 import functools
 import os
