@@ -31,7 +31,7 @@ def headline() -> str:
                 break
     for algo in ("ppo", "grpo"):
         for run in results_tables.kept_runs(algo)[:1]:
-            result, peer = run.record["result"], results_tables._peer_line(algo, run.machine)
+            result, peer = run.record["result"], results_tables.peer_line(algo, run.machine)
             if peer:
                 ratio = result["sec_per_step_median"] / peer["median_step_s_excl_first"]
                 rows.append([f"{algo.upper()} step, TRL's small test shape, our time / TRL's",

@@ -47,7 +47,7 @@ def _rl_smollm2(r: dict) -> List[List[str]]:
     return rows
 
 
-def _peer_line(algo: str, machine: Optional[dict]) -> Optional[dict]:
+def peer_line(algo: str, machine: Optional[dict]) -> Optional[dict]:
     """The TRL peer's latest line for the small-shape step (trl_peer_results.jsonl) measured on the CPU of
     `machine` (a run's record.Run.machine): its session names the same family and model numbers."""
     machine = machine or {}
@@ -65,7 +65,7 @@ def _peer_line(algo: str, machine: Optional[dict]) -> Optional[dict]:
 
 def _rl_step(r: dict) -> List[List[str]]:
     result = r["result"]
-    peer = _peer_line(result["algo"], r.get("machine") or result.get("machine"))
+    peer = peer_line(result["algo"], r.get("machine") or result.get("machine"))
     trl = f"{peer['median_step_s_excl_first']:.3f}" if peer else "-"
     ratio = f"**{_x(result['sec_per_step_median'] / peer['median_step_s_excl_first'])}**" if peer else "-"
     return [[result["algo"].upper(),

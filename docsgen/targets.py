@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 from benchmarks import record
-from docsgen.results_tables import _peer_line
+from docsgen.results_tables import peer_line
 
 
 class Target(NamedTuple):
@@ -26,7 +26,7 @@ def _smollm2(workload: str):
 
 def _small_shape(algo: str):
     def figure(r: dict, machine: Optional[dict]) -> Optional[float]:
-        peer = _peer_line(algo, machine)
+        peer = peer_line(algo, machine)
         return None if peer is None else r["result"]["sec_per_step_median"] / peer["median_step_s_excl_first"]
     return figure
 

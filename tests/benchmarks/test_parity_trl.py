@@ -67,7 +67,7 @@ def test_a_small_shape_run_is_compared_with_the_trl_peer_line_of_its_own_cpu():
     from docsgen import results_tables
 
     for family, model in (("6", "207"), ("26", "2")):
-        line = results_tables._peer_line("ppo", {"family": family, "model_number": model})
+        line = results_tables.peer_line("ppo", {"family": family, "model_number": model})
         assert f"family {family} model {model}" in line["session"] and line["run"] == "ppo"
-    assert results_tables._peer_line("ppo", {"family": "6", "model_number": "20"}) is None  # not model 207's
-    assert results_tables._peer_line("grpo", {"family": "99", "model_number": "1"}) is None
+    assert results_tables.peer_line("ppo", {"family": "6", "model_number": "20"}) is None  # not model 207's
+    assert results_tables.peer_line("grpo", {"family": "99", "model_number": "1"}) is None
