@@ -23,23 +23,21 @@ def headline() -> str:
     smollm2_runs = results_tables.kept_runs("rl_smollm2", tuple(record.cited()))
     for algo in ("grpo", "ppo"):
         for run in smollm2_runs:
-            side = run.record.get("runs", {}).get(algo)
-            if side and side.get("trl"):
-                ratio = side["ours"]["step_s_median"] / side["trl"]["step_s_median"]
+            ratio = results_tables.rl_smollm2_ratio(run.record, algo)
+            if ratio is not None:
                 rows.append([f"{algo.upper()} step on SmolLM2-135M, our time / TRL's",
                              f"[**{ratio:.2f}x**]({perf}#whole-rl-steps-on-smollm2-135m-against-trl)", run])
                 break
     for algo in ("ppo", "grpo"):
         for run in results_tables.kept_runs(algo)[:1]:
-            result, peer = run.record["result"], results_tables.peer_line(algo, run.machine)
-            if peer:
-                ratio = result["sec_per_step_median"] / peer["median_step_s_excl_first"]
+            ratio = results_tables.small_shape_ratio(run.record, run.machine)
+            if ratio is not None:
                 rows.append([f"{algo.upper()} step, TRL's small test shape, our time / TRL's",
                              f"[**{ratio:.2f}x**]({perf}#rl-steps-on-trls-small-test-shape)", run])
     for run in results_tables.kept_runs("smollm2")[:1]:
-        train = next(row for row in run.record["rows"] if row["workload"] == "train_step")
+        train = results_tables.smollm2_ratio(run.record, "train_step")
         rows.append(["SmolLM2-135M training tokens/s, ours / transformers",
-                     f"[**{train['ratio']:.2f}x**]({perf}#smollm2-135m-against-transformers)", run])
+                     f"[**{train:.2f}x**]({perf}#smollm2-135m-against-transformers)", run])
     for run in results_tables.kept_runs("grpo_reasoning")[:1]:
         for key, name in (("sampled_pass@1", "pass@1 (8 samples at temperature 1)"), ("greedy", "greedy pass@1")):
             seeds = [s for s in run.record["seeds"] if key in s["gain"]]

@@ -30,19 +30,34 @@ def _x(value: float) -> str:
     return f"{value:.2f}x"
 
 
+def rl_smollm2_ratio(r: dict, algo: str) -> Optional[float]:
+    """Our step time over TRL's for `algo` in a bench_rl_smollm2 run; None where the run did not time both."""
+    run = r.get("runs", {}).get(algo)
+    if not run or not run.get("trl"):
+        return None
+    return run["ours"]["step_s_median"] / run["trl"]["step_s_median"]
+
+
+def smollm2_ratio(r: dict, workload: str) -> Optional[float]:
+    """Ours over transformers' tokens/s for `workload` in a bench_smollm2 run; None where it has no such row."""
+    row = next((x for x in r.get("rows", []) if x.get("workload") == workload and "ratio" in x), None)
+    return None if row is None else row["ratio"]
+
+
 def _rl_smollm2(r: dict) -> List[List[str]]:
     rows = []
     for algo in ("grpo", "ppo"):
-        run = r["runs"].get(algo)
-        if not run or not run.get("trl"):
+        ratio = rl_smollm2_ratio(r, algo)
+        if ratio is None:
             continue
+        run = r["runs"][algo]
         ours, trl = run["ours"], run["trl"]
         rows.append([algo.upper(),
                      f"{ours['step_s_median']:.2f} ({ours['generate_s_median']:.2f} / {ours['score_s_median']:.2f}"
                      f" / {ours['train_s_median']:.2f})",
                      f"{trl['step_s_median']:.2f} ({trl['generate_s_median']:.2f} / {trl['score_s_median']:.2f}"
                      f" / {trl['train_s_median']:.2f})",
-                     f"**{_x(ours['step_s_median'] / trl['step_s_median'])}**",
+                     f"**{_x(ratio)}**",
                      f"{ours['peak_rss_gib']:.2f} / {trl['peak_rss_gib']:.2f}"])
     return rows
 
@@ -63,14 +78,20 @@ def peer_line(algo: str, machine: Optional[dict]) -> Optional[dict]:
     return found
 
 
+def small_shape_ratio(r: dict, machine: Optional[dict]) -> Optional[float]:
+    """Our step time over the TRL peer's on the CPU of `machine` in a bench_rl_step run; None without a peer line."""
+    peer = peer_line(r["result"]["algo"], machine)
+    return None if peer is None else r["result"]["sec_per_step_median"] / peer["median_step_s_excl_first"]
+
+
 def _rl_step(r: dict) -> List[List[str]]:
     result = r["result"]
-    peer = peer_line(result["algo"], r.get("machine") or result.get("machine"))
-    trl = f"{peer['median_step_s_excl_first']:.3f}" if peer else "-"
-    ratio = f"**{_x(result['sec_per_step_median'] / peer['median_step_s_excl_first'])}**" if peer else "-"
+    machine = r.get("machine") or result.get("machine")
+    peer, ratio = peer_line(result["algo"], machine), small_shape_ratio(r, machine)
     return [[result["algo"].upper(),
              f"{result['sec_per_step_median']:.3f} ({result['generate_s_median']:.3f} / "
-             f"{result['score_s_median']:.3f} / {result['train_s_median']:.3f})", trl, ratio,
+             f"{result['score_s_median']:.3f} / {result['train_s_median']:.3f})",
+             f"{peer['median_step_s_excl_first']:.3f}" if peer else "-", f"**{_x(ratio)}**" if peer else "-",
              f"{100 * result['update_fraction_of_peak']:.0f}%"]]
 
 

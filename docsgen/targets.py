@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 from benchmarks import record
-from docsgen.results_tables import peer_line
+from docsgen.results_tables import rl_smollm2_ratio, small_shape_ratio, smollm2_ratio
 
 
 class Target(NamedTuple):
@@ -17,39 +17,16 @@ class Target(NamedTuple):
     percent: bool = False
 
 
-def _smollm2(workload: str):
-    def figure(r: dict, machine: Optional[dict]) -> Optional[float]:
-        row = next((x for x in r.get("rows", []) if x.get("workload") == workload and "ratio" in x), None)
-        return None if row is None else row["ratio"]
-    return figure
-
-
-def _small_shape(algo: str):
-    def figure(r: dict, machine: Optional[dict]) -> Optional[float]:
-        peer = peer_line(algo, machine)
-        return None if peer is None else r["result"]["sec_per_step_median"] / peer["median_step_s_excl_first"]
-    return figure
-
-
-def _rl_smollm2(algo: str):
-    def figure(r: dict, machine: Optional[dict]) -> Optional[float]:
-        run = r.get("runs", {}).get(algo)
-        if not run or not run.get("trl"):
-            return None
-        return run["ours"]["step_s_median"] / run["trl"]["step_s_median"]
-    return figure
-
-
 TARGETS = [
     Target("training step, of the GEMM peak", "machine_limits", True, 0.65,
            lambda r, machine: r.get("train_of_peak"), percent=True),
-    Target("training, / transformers", "smollm2", True, 1.2, _smollm2("train_step")),
-    Target("scoring, / transformers", "smollm2", True, 1.2, _smollm2("score")),
-    Target("generation, / transformers", "smollm2", True, 1.3, _smollm2("generate")),
-    Target("PPO step, small shape, / TRL", "ppo", False, 0.5, _small_shape("ppo")),
-    Target("GRPO step, small shape, / TRL", "grpo", False, 0.5, _small_shape("grpo")),
-    Target("PPO step, SmolLM2, / TRL", "rl_smollm2", False, 0.5, _rl_smollm2("ppo")),
-    Target("GRPO step, SmolLM2, / TRL", "rl_smollm2", False, 0.5, _rl_smollm2("grpo")),
+    Target("training, / transformers", "smollm2", True, 1.2, lambda r, machine: smollm2_ratio(r, "train_step")),
+    Target("scoring, / transformers", "smollm2", True, 1.2, lambda r, machine: smollm2_ratio(r, "score")),
+    Target("generation, / transformers", "smollm2", True, 1.3, lambda r, machine: smollm2_ratio(r, "generate")),
+    Target("PPO step, small shape, / TRL", "ppo", False, 0.5, small_shape_ratio),
+    Target("GRPO step, small shape, / TRL", "grpo", False, 0.5, small_shape_ratio),
+    Target("PPO step, SmolLM2, / TRL", "rl_smollm2", False, 0.5, lambda r, machine: rl_smollm2_ratio(r, "ppo")),
+    Target("GRPO step, SmolLM2, / TRL", "rl_smollm2", False, 0.5, lambda r, machine: rl_smollm2_ratio(r, "grpo")),
 ]
 
 
